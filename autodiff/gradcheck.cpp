@@ -1,0 +1,133 @@
+// Finite-difference gradient checker (see gradcheck.hpp for the method).
+#include "tapegrad/autodiff/gradcheck.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "ops/kernel.hpp"
+#include "tapegrad/autodiff/tape.hpp"
+
+namespace tapegrad {
+namespace {
+using namespace detail;
+
+// A new leaf with its own copy of x's whole storage and x's exact layout, so a strided input
+// stays strided and perturbing it never touches the caller's tensor.
+Tensor private_copy(const Tensor& x) {
+  auto impl = std::make_shared<TensorImpl>();
+  const auto& src = *x.impl()->storage;
+  impl->storage = std::make_shared<Storage>(src.bytes);
+  if (src.bytes) std::memcpy(impl->storage->data, src.data, src.bytes);
+  impl->shape = x.shape();
+  impl->strides = x.strides();
+  impl->offset = x.offset();
+  impl->dtype = x.dtype();
+  impl->leaf_requires_grad = x.requires_grad();
+  return Tensor(std::move(impl));
+}
+
+bool has_aliasing(const Tensor& x) {
+  for (std::size_t d = 0; d < x.shape().size(); ++d)
+    if (x.strides()[d] == 0 && x.shape()[d] > 1) return true;
+  return false;
+}
+
+double projected_loss(const std::vector<Tensor>& outputs, const std::vector<std::vector<double>>& w) {
+  double loss = 0.0;
+  for (std::size_t o = 0; o < outputs.size(); ++o) {
+    const auto v = outputs[o].to_vector<double>();
+    for (std::size_t i = 0; i < v.size(); ++i) loss += v[i] * w[o][i];
+  }
+  return loss;
+}
+
+Shape unravel(std::int64_t flat, const Shape& shape) {
+  Shape index(shape.size());
+  for (std::size_t d = shape.size(); d-- > 0;) {
+    index[d] = flat % shape[d];
+    flat /= shape[d];
+  }
+  return index;
+}
+
+}  // namespace
+
+std::string GradcheckResult::report() const {
+  if (elements_checked == 0) return "gradcheck: no input requires grad, nothing was checked";
+  return fmt::format(
+      "gradcheck: {} over {} element(s); worst: input {} at {}: analytic {:.10g}, numeric {:.10g}, |diff| {:.3g}",
+      ok ? "passed" : "FAILED", elements_checked, input, shape_str(index), analytic, numeric, abs_error);
+}
+
+GradcheckResult gradcheck(const GradcheckFn& f, const std::vector<Tensor>& inputs, const GradcheckOptions& options) {
+  if (!(options.eps > 0) || !(options.atol >= 0) || !(options.rtol >= 0))
+    fail<ValueError>("gradcheck: options need eps > 0, atol >= 0 and rtol >= 0, got eps={} atol={} rtol={}",
+                     options.eps, options.atol, options.rtol);
+  std::vector<Tensor> xs;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& x = inputs[i];
+    check_dtype("gradcheck", fmt::format("inputs[{}]", i).c_str(), x, DType::float64);
+    if (x.requires_grad() && has_aliasing(x))
+      fail<ValueError>("gradcheck: argument 'inputs[{}]' (shape {}, strides {}) has elements that share memory "
+                       "(an expanded view); pass the unexpanded tensor and expand inside the function",
+                       i, shape_str(x.shape()), shape_str(x.strides()));
+    xs.push_back(private_copy(x));
+  }
+
+  // Analytic: one backward of L = sum_o <w_o, f(x)_o>, i.e. grad_outputs = w.
+  const std::vector<Tensor> outputs = f(xs);
+  Generator gen(options.seed);
+  std::vector<Tensor> weights, grad_outputs_for, recorded;
+  std::vector<std::vector<double>> w;
+  for (std::size_t o = 0; o < outputs.size(); ++o) {
+    check_dtype("gradcheck", fmt::format("f(inputs)[{}]", o).c_str(), outputs[o], DType::float64);
+    weights.push_back(randn(outputs[o].shape(), gen, DType::float64));
+    w.push_back(weights.back().to_vector<double>());
+    if (outputs[o].requires_grad()) {
+      recorded.push_back(outputs[o]);
+      grad_outputs_for.push_back(weights.back());
+    }
+  }
+  if (!recorded.empty()) backward(recorded, grad_outputs_for);
+
+  GradcheckResult result;
+  double worst = -std::numeric_limits<double>::infinity();
+  NoGradGuard no_grad;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    if (!inputs[i].requires_grad()) continue;
+    const Tensor& x = xs[i];
+    const std::vector<double> analytic =
+        x.grad().defined() ? x.grad().to_vector<double>() : std::vector<double>(static_cast<std::size_t>(x.numel()), 0.0);
+    double* base = static_cast<double*>(x.raw_data());
+    for (std::int64_t e = 0; e < x.numel(); ++e) {
+      const Shape index = unravel(e, x.shape());
+      std::int64_t at = 0;
+      for (std::size_t d = 0; d < index.size(); ++d) at += index[d] * x.strides()[d];
+      const double saved = base[at];
+      base[at] = saved + options.eps;
+      const double plus = projected_loss(f(xs), w);
+      base[at] = saved - options.eps;
+      const double minus = projected_loss(f(xs), w);
+      base[at] = saved;
+      const double numeric = (plus - minus) / (2 * options.eps);
+      const double a = analytic[static_cast<std::size_t>(e)];
+      const double err = std::abs(a - numeric);
+      const double excess = std::isfinite(err) ? err - options.atol - options.rtol * std::abs(numeric)
+                                               : std::numeric_limits<double>::infinity();
+      ++result.elements_checked;
+      if (excess > 0) result.ok = false;
+      if (excess > worst) {
+        worst = excess;
+        result.input = i;
+        result.index = index;
+        result.analytic = a;
+        result.numeric = numeric;
+        result.abs_error = err;
+      }
+    }
+  }
+  return result;
+}
+
+}  // namespace tapegrad

@@ -1,0 +1,201 @@
+// The per-thread tape: recording ops and running them backward.
+#include "tapegrad/autodiff/tape.hpp"
+
+#include <atomic>
+
+#include "autodiff/check.hpp"
+#include "autodiff/tensor_impl.hpp"
+#include "ops/kernel.hpp"
+#include "tapegrad/ops/elementwise.hpp"
+
+namespace tapegrad {
+namespace detail {
+namespace {
+
+// Where an input's gradient goes: into a leaf's .grad, or into output `slot` of an earlier node.
+struct Edge {
+  std::shared_ptr<TensorImpl> leaf;
+  std::int64_t node = -1;
+  std::int32_t slot = 0;
+  Shape shape;  // the input's shape and dtype, to check what a backward returns
+  DType dtype = DType::float32;
+};
+
+struct OutputMeta {
+  Shape shape;
+  DType dtype;
+};
+
+struct Node {
+  const char* name;
+  std::vector<Edge> inputs;
+  std::vector<bool> needs_grad;
+  std::vector<OutputMeta> outputs;
+  BackwardFn backward;
+};
+
+// Epochs are unique across threads, so a tensor recorded on one thread's tape is never mistaken
+// for a live node of another's, even when a thread-local tape reuses a dead thread's address.
+std::atomic<std::uint64_t> next_epoch{1};
+
+struct Tape {
+  std::vector<Node> nodes;
+  std::uint64_t epoch = next_epoch.fetch_add(1);
+};
+
+thread_local Tape tape;
+thread_local bool grad_enabled = true;
+
+void accumulate(Tensor& slot, const Tensor& g) { slot = slot.defined() ? add(slot, g) : g; }
+
+void accumulate_leaf(TensorImpl& leaf, const Tensor& g) {
+  if (leaf.grad.defined()) {
+    leaf.grad = add(leaf.grad, g);
+    return;
+  }
+  // Keep g itself only when nothing else can see its storage: a leaf's gradient must not alias
+  // an upstream gradient the caller still holds, nor be a broadcast (stride 0) view.
+  const bool exclusive = g.is_contiguous() && g.impl()->storage.use_count() == 1;
+  leaf.grad = exclusive ? g : clone(g);
+}
+
+}  // namespace
+
+bool has_live_node(const TensorImpl& impl) noexcept {
+  return impl.node >= 0 && impl.tape == &tape && impl.epoch == tape.epoch;
+}
+
+}  // namespace detail
+
+using detail::fail;
+using detail::shape_str;
+
+bool is_grad_enabled() noexcept { return detail::grad_enabled; }
+NoGradGuard::NoGradGuard() noexcept : previous_(detail::grad_enabled) { detail::grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { detail::grad_enabled = previous_; }
+
+void clear_tape() {
+  detail::tape.nodes.clear();
+  detail::tape.epoch = detail::next_epoch.fetch_add(1);
+}
+std::size_t tape_size() noexcept { return detail::tape.nodes.size(); }
+
+bool should_record(std::span<const Tensor> inputs) {
+  if (!detail::grad_enabled) return false;
+  for (const auto& t : inputs)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+bool record_op(const char* name, std::span<const Tensor> inputs, std::span<Tensor> outputs,
+               BackwardFn backward) {
+  if (!should_record(inputs)) return false;
+  auto& tape = detail::tape;
+  const auto index = static_cast<std::int64_t>(tape.nodes.size());
+  detail::Node node{name, {}, {}, {}, std::move(backward)};
+  node.inputs.reserve(inputs.size());
+  node.needs_grad.reserve(inputs.size());
+  for (const auto& t : inputs) {
+    detail::Edge e;
+    if (t.defined()) {
+      auto* impl = t.impl();
+      if (detail::has_live_node(*impl)) {
+        e.node = impl->node;
+        e.slot = impl->slot;
+      } else if (impl->leaf_requires_grad) {
+        e.leaf = t.impl_ptr();
+      }
+      e.shape = impl->shape;
+      e.dtype = impl->dtype;
+    }
+    node.needs_grad.push_back(e.leaf != nullptr || e.node >= 0);
+    node.inputs.push_back(std::move(e));
+  }
+  node.outputs.reserve(outputs.size());
+  for (std::size_t k = 0; k < outputs.size(); ++k) {
+    auto* impl = outputs[k].impl();
+    if (!is_floating(impl->dtype))
+      fail<DTypeError>("{}: output {} is {}; only floating outputs can carry gradient", name, k, impl->dtype);
+    impl->leaf_requires_grad = false;
+    impl->node = index;
+    impl->slot = static_cast<std::int32_t>(k);
+    impl->tape = &tape;
+    impl->epoch = tape.epoch;
+    node.outputs.push_back({impl->shape, impl->dtype});
+  }
+  tape.nodes.push_back(std::move(node));
+  return true;
+}
+
+void backward(const Tensor& output) {
+  detail::check_defined("backward", "output", output);
+  if (output.numel() != 1)
+    fail<ShapeError>("backward: argument 'output' must have exactly one element to start from an "
+                     "implicit gradient of 1, got shape {}; pass grad_outputs for a non-scalar output",
+                     shape_str(output.shape()));
+  backward({output}, {ones(output.shape(), output.dtype())});
+}
+
+void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs) {
+  if (outputs.size() != grad_outputs.size())
+    fail<ValueError>("backward: got {} outputs but {} grad_outputs; give one gradient per output",
+                     outputs.size(), grad_outputs.size());
+  auto& tape = detail::tape;
+  std::int64_t last = -1;
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    const Tensor& out = outputs[i];
+    const Tensor& g = grad_outputs[i];
+    if (!out.defined()) fail<Error>("backward: outputs[{}] is an undefined tensor", i);
+    if (!out.requires_grad())
+      fail<GraphError>("backward: outputs[{}] (shape {}, {}) does not require grad: no input of the "
+                       "ops that made it requires grad, it was made under NoGradGuard, or its tape "
+                       "was cleared",
+                       i, shape_str(out.shape()), out.dtype());
+    if (!g.defined()) fail<Error>("backward: grad_outputs[{}] is an undefined tensor", i);
+    if (g.shape() != out.shape() || g.dtype() != out.dtype())
+      fail<ShapeError>("backward: grad_outputs[{}] must match outputs[{}]: expected {} {}, got {} {}",
+                       i, i, out.dtype(), shape_str(out.shape()), g.dtype(), shape_str(g.shape()));
+    last = std::max(last, out.impl()->node);
+  }
+
+  NoGradGuard no_grad;
+  std::vector<std::vector<Tensor>> pending(static_cast<std::size_t>(last + 1));
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    auto* impl = outputs[i].impl();
+    if (impl->node < 0 || !detail::has_live_node(*impl)) {
+      detail::accumulate_leaf(*impl, grad_outputs[i]);
+      continue;
+    }
+    auto& slots = pending[static_cast<std::size_t>(impl->node)];
+    slots.resize(tape.nodes[static_cast<std::size_t>(impl->node)].outputs.size());
+    detail::accumulate(slots[static_cast<std::size_t>(impl->slot)], grad_outputs[i]);
+  }
+
+  for (std::int64_t n = last; n >= 0; --n) {
+    auto& slots = pending[static_cast<std::size_t>(n)];
+    if (slots.empty()) continue;
+    const detail::Node& node = tape.nodes[static_cast<std::size_t>(n)];
+    std::vector<Tensor> grads = node.backward(slots, node.needs_grad);
+    slots = {};  // release this node's upstream gradients as soon as they are used
+    if (grads.size() != node.inputs.size())
+      fail<GraphError>("backward of {}: returned {} gradients for {} inputs", node.name,
+                       grads.size(), node.inputs.size());
+    for (std::size_t k = 0; k < grads.size(); ++k) {
+      const Tensor& g = grads[k];
+      const detail::Edge& e = node.inputs[k];
+      if (!g.defined() || !node.needs_grad[k]) continue;
+      if (g.shape() != e.shape || g.dtype() != e.dtype)
+        fail<GraphError>("backward of {}: gradient for input {} must be {} {}, got {} {}", node.name,
+                         k, e.dtype, shape_str(e.shape), g.dtype(), shape_str(g.shape()));
+      if (e.leaf) {
+        detail::accumulate_leaf(*e.leaf, g);
+      } else {
+        auto& target = pending[static_cast<std::size_t>(e.node)];
+        target.resize(tape.nodes[static_cast<std::size_t>(e.node)].outputs.size());
+        detail::accumulate(target[static_cast<std::size_t>(e.slot)], g);
+      }
+    }
+  }
+}
+
+}  // namespace tapegrad

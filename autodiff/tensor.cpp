@@ -1,0 +1,202 @@
+// Tensor handle, storage and the argument checks every op shares.
+#include <cstdlib>
+#include <new>
+
+#include "autodiff/check.hpp"
+#include "autodiff/tensor_impl.hpp"
+#include "ops/kernel.hpp"
+#include "tapegrad/autodiff/tape.hpp"
+#include "tapegrad/ops/cast.hpp"
+#include "tapegrad/ops/view.hpp"
+
+namespace tapegrad {
+namespace detail {
+
+Storage::Storage(std::size_t n) : bytes(n) {
+  // aligned_alloc needs a size that is a multiple of the alignment, and never 0.
+  const std::size_t rounded = (n + 63) / 64 * 64;
+  data = static_cast<std::byte*>(std::aligned_alloc(64, rounded == 0 ? 64 : rounded));
+  if (data == nullptr) throw std::bad_alloc();
+}
+Storage::~Storage() { std::free(data); }
+
+std::int64_t shape_numel(const Shape& shape) noexcept {
+  std::int64_t n = 1;
+  for (auto s : shape) n *= s;
+  return n;
+}
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape strides(shape.size());
+  std::int64_t s = 1;
+  for (std::size_t i = shape.size(); i-- > 0;) {
+    strides[i] = s;
+    s *= std::max<std::int64_t>(shape[i], 1);
+  }
+  return strides;
+}
+
+Tensor make_view(const Tensor& base, Shape shape, Shape strides, std::int64_t offset) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = base.impl()->storage;
+  impl->shape = std::move(shape);
+  impl->strides = std::move(strides);
+  impl->offset = offset;
+  impl->dtype = base.dtype();
+  return Tensor(std::move(impl));
+}
+
+Tensor new_tensor(const Shape& shape, DType dtype) {
+  for (auto s : shape)
+    if (s < 0) fail<ShapeError>("empty: shape must have no negative size, got {}", shape_str(shape));
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(static_cast<std::size_t>(shape_numel(shape)) * itemsize(dtype));
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+void check_defined(const char* op, const char* name, const Tensor& t) {
+  if (!t.defined()) fail<Error>("{}: argument '{}' is an undefined tensor", op, name);
+}
+
+void check_floating(const char* op, const char* name, const Tensor& t) {
+  check_defined(op, name, t);
+  if (!is_floating(t.dtype()))
+    fail<DTypeError>("{}: argument '{}' must be float32 or float64, got {} with shape {}", op, name,
+                     t.dtype(), shape_str(t.shape()));
+}
+
+DType check_same_float(const char* op, const char* a_name, const Tensor& a, const char* b_name,
+                       const Tensor& b) {
+  check_floating(op, a_name, a);
+  check_floating(op, b_name, b);
+  if (a.dtype() != b.dtype())
+    fail<DTypeError>(
+        "{}: arguments '{}' ({} {}) and '{}' ({} {}) must have the same dtype; tapegrad never "
+        "mixes float32 and float64 silently, convert one with to()",
+        op, a_name, a.dtype(), shape_str(a.shape()), b_name, b.dtype(), shape_str(b.shape()));
+  return a.dtype();
+}
+
+void check_dtype(const char* op, const char* name, const Tensor& t, DType expected) {
+  check_defined(op, name, t);
+  if (t.dtype() != expected)
+    fail<DTypeError>("{}: argument '{}' must be {}, got {} with shape {}", op, name, expected,
+                     t.dtype(), shape_str(t.shape()));
+}
+
+std::int64_t wrap_dim(const char* op, const char* name, std::int64_t dim, std::int64_t rank) {
+  if (dim < -rank || dim >= rank || rank == 0)
+    fail<ShapeError>("{}: argument '{}' = {} is out of range for rank {} (expected {} <= {} < {})",
+                     op, name, dim, rank, -rank, name, rank);
+  return dim < 0 ? dim + rank : dim;
+}
+
+}  // namespace detail
+
+using detail::fail;
+using detail::shape_str;
+
+Tensor::Tensor(std::shared_ptr<detail::TensorImpl> impl) noexcept : impl_(std::move(impl)) {}
+
+static const detail::TensorImpl& checked(const std::shared_ptr<detail::TensorImpl>& p) {
+  if (!p) fail<Error>("Tensor: this tensor is undefined (default-constructed)");
+  return *p;
+}
+
+DType Tensor::dtype() const { return checked(impl_).dtype; }
+const Shape& Tensor::shape() const { return checked(impl_).shape; }
+const Shape& Tensor::strides() const { return checked(impl_).strides; }
+std::int64_t Tensor::offset() const { return checked(impl_).offset; }
+std::int64_t Tensor::dim() const { return static_cast<std::int64_t>(shape().size()); }
+std::int64_t Tensor::size(std::int64_t d) const {
+  return shape()[static_cast<std::size_t>(detail::wrap_dim("Tensor::size", "d", d, dim()))];
+}
+std::int64_t Tensor::numel() const { return detail::shape_numel(shape()); }
+
+bool Tensor::is_contiguous() const {
+  const auto& impl = checked(impl_);
+  std::int64_t expected = 1;
+  for (std::size_t i = impl.shape.size(); i-- > 0;) {
+    if (impl.shape[i] == 1) continue;
+    if (impl.strides[i] != expected) return false;
+    expected *= impl.shape[i];
+  }
+  return true;
+}
+
+bool Tensor::shares_storage_with(const Tensor& other) const {
+  return defined() && other.defined() && impl_->storage == other.impl_->storage;
+}
+
+void* Tensor::raw_data() const {
+  const auto& impl = checked(impl_);
+  return impl.storage->data + impl.offset * static_cast<std::int64_t>(itemsize(impl.dtype));
+}
+
+void Tensor::check_element_type(DType requested) const {
+  if (dtype() != requested)
+    fail<DTypeError>("Tensor::data: requested {} elements from a {} tensor of shape {}", requested,
+                     dtype(), shape_str(shape()));
+}
+
+template <class T> std::vector<T> Tensor::to_vector() const {
+  std::vector<T> out;
+  out.reserve(static_cast<std::size_t>(numel()));
+  Tensor c = contiguous();
+  detail::visit_any(dtype(), [&]<class S>(detail::Tag<S>) {
+    const S* p = static_cast<const S*>(c.raw_data());
+    for (std::int64_t i = 0; i < c.numel(); ++i) out.push_back(static_cast<T>(p[i]));
+  });
+  return out;
+}
+template std::vector<float> Tensor::to_vector<float>() const;
+template std::vector<double> Tensor::to_vector<double>() const;
+template std::vector<bool> Tensor::to_vector<bool>() const;
+template std::vector<std::int64_t> Tensor::to_vector<std::int64_t>() const;
+
+double Tensor::item() const {
+  if (numel() != 1)
+    fail<ShapeError>("Tensor::item: expected a tensor with exactly one element, got shape {}",
+                     shape_str(shape()));
+  return to_vector<double>()[0];
+}
+
+bool Tensor::requires_grad() const {
+  const auto& impl = checked(impl_);
+  return impl.leaf_requires_grad || detail::has_live_node(impl);
+}
+
+Tensor& Tensor::set_requires_grad(bool on) {
+  auto& impl = const_cast<detail::TensorImpl&>(checked(impl_));
+  if (detail::has_live_node(impl))
+    fail<GraphError>(
+        "Tensor::set_requires_grad: this tensor (shape {}) is the output of a recorded op; only "
+        "leaves can change requires_grad (use detach() to make a new leaf)",
+        shape_str(impl.shape));
+  if (on && !is_floating(impl.dtype))
+    fail<DTypeError>("Tensor::set_requires_grad: only float32/float64 tensors can require grad, "
+                     "this one is {} with shape {}",
+                     impl.dtype, shape_str(impl.shape));
+  impl.leaf_requires_grad = on;
+  return *this;
+}
+
+bool Tensor::is_leaf() const { return !detail::has_live_node(checked(impl_)); }
+Tensor Tensor::grad() const { return checked(impl_).grad; }
+void Tensor::zero_grad() { const_cast<detail::TensorImpl&>(checked(impl_)).grad = Tensor(); }
+
+Tensor Tensor::detach() const {
+  const auto& impl = checked(impl_);
+  return detail::make_view(*this, impl.shape, impl.strides, impl.offset);
+}
+
+Tensor Tensor::contiguous() const { return tapegrad::contiguous(*this); }
+Tensor Tensor::reshape(Shape s) const { return tapegrad::reshape(*this, std::move(s)); }
+Tensor Tensor::permute(std::vector<std::int64_t> d) const { return tapegrad::permute(*this, std::move(d)); }
+Tensor Tensor::transpose(std::int64_t a, std::int64_t b) const { return tapegrad::transpose(*this, a, b); }
+Tensor Tensor::to(DType d) const { return tapegrad::to(*this, d); }
+
+}  // namespace tapegrad

@@ -1,0 +1,47 @@
+// Internal: what a Tensor handle points at. Not installed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "tapegrad/autodiff/tensor.hpp"
+
+namespace tapegrad::detail {
+
+// 64-byte aligned bytes (oneDNN and vector loads like it that way).
+struct Storage {
+  explicit Storage(std::size_t bytes);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  std::byte* data = nullptr;
+  std::size_t bytes = 0;
+};
+
+struct TapeRef;  // defined in tape.cpp
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  Shape shape;
+  Shape strides;  // in elements
+  std::int64_t offset = 0;
+  DType dtype = DType::float32;
+
+  // Autograd. A leaf requires grad when `leaf_requires_grad`; a non-leaf when it was produced by
+  // node `node` of tape `tape` and that tape has not been cleared since (epoch matches).
+  bool leaf_requires_grad = false;
+  Tensor grad;
+  std::int64_t node = -1;
+  std::int32_t slot = 0;
+  const void* tape = nullptr;
+  std::uint64_t epoch = 0;
+};
+
+std::int64_t shape_numel(const Shape& shape) noexcept;
+Shape contiguous_strides(const Shape& shape);
+Tensor make_view(const Tensor& base, Shape shape, Shape strides, std::int64_t offset);
+// True when this non-leaf still links to a live node of this thread's tape.
+bool has_live_node(const TensorImpl& impl) noexcept;
+
+}  // namespace tapegrad::detail

@@ -1,0 +1,49 @@
+// Finite-difference gradient checking, part of the public API.
+//
+// gradcheck compares the tape's gradient with float64 central differences. To check every
+// output at the cost of one backward, it differentiates the scalar L = sum_o <w_o, f(x)_o> with
+// fixed seeded random weights w_o (a random vector-Jacobian product: a wrong gradient shows up
+// with probability 1). Each element x of each input that requires grad is then perturbed:
+//   numeric = (L(x + eps) - L(x - eps)) / (2 eps),   pass when |analytic - numeric| <= atol + rtol |numeric|.
+// Inputs keep their layout (a transposed or sliced input stays one), so the check exercises
+// non-contiguous paths. An input whose elements alias each other (an expanded view) cannot be
+// perturbed one element at a time: pass the small tensor and expand inside the function.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tapegrad/autodiff/tensor.hpp"
+
+namespace tapegrad {
+
+struct GradcheckOptions {
+  double eps = 1e-6;
+  double atol = 1e-7;
+  double rtol = 1e-5;
+  std::uint64_t seed = 0;  // for the projection weights w_o
+};
+
+struct GradcheckResult {
+  bool ok = true;
+  std::size_t elements_checked = 0;
+  // The worst element (largest |analytic - numeric| - rtol |numeric|).
+  std::size_t input = 0;  // which input
+  Shape index;            // its multi-index in that input
+  double analytic = 0.0;
+  double numeric = 0.0;
+  double abs_error = 0.0;
+  std::string report() const;  // one paragraph, for failure messages and examples
+};
+
+using GradcheckFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+
+// `inputs` must be float64. Those with requires_grad() are checked; the others are passed
+// through unchanged. The inputs given are not modified.
+GradcheckResult gradcheck(const GradcheckFn& f, const std::vector<Tensor>& inputs,
+                          const GradcheckOptions& options = {});
+
+}  // namespace tapegrad

@@ -1,0 +1,154 @@
+// Tensor: a strided, reference-counted view of shared storage, plus its autograd state.
+//
+// Copying a Tensor copies the handle, not the data: both handles see the same values, the same
+// requires_grad flag and the same accumulated gradient (as in PyTorch). Views (reshape, permute,
+// slice, expand...) are new tensors over the same storage. No public op writes into its inputs.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tapegrad/autodiff/dtype.hpp"
+
+namespace tapegrad {
+
+using Shape = std::vector<std::int64_t>;
+
+namespace detail {
+struct TensorImpl;
+}
+
+class Tensor {
+ public:
+  Tensor() = default;  // an undefined tensor: defined() is false
+  explicit Tensor(std::shared_ptr<detail::TensorImpl> impl) noexcept;
+
+  bool defined() const noexcept { return impl_ != nullptr; }
+
+  // Layout. Strides and offset count elements, not bytes.
+  DType dtype() const;
+  const Shape& shape() const;
+  const Shape& strides() const;
+  std::int64_t offset() const;
+  std::int64_t dim() const;
+  std::int64_t size(std::int64_t d) const;  // negative d counts from the end
+  std::int64_t numel() const;
+  bool is_contiguous() const;
+  bool shares_storage_with(const Tensor& other) const;
+
+  // Pointer to element [0, ..., 0]. T must match dtype() (checked).
+  template <class T> T* data() const {
+    check_element_type(dtype_of<T>());
+    return static_cast<T*>(raw_data());
+  }
+  void* raw_data() const;
+
+  // Values in row-major order, converted to T (bool/int64/float conversions as in C++).
+  template <class T> std::vector<T> to_vector() const;
+  // The single value of a one-element tensor, as double.
+  double item() const;
+
+  // Autograd state.
+  bool requires_grad() const;
+  // Marks a leaf as wanting a gradient. Only floating leaves can; a recorded op's output cannot
+  // be changed (detach() it first).
+  Tensor& set_requires_grad(bool on = true);
+  bool is_leaf() const;
+  Tensor grad() const;  // undefined until a backward reached this leaf
+  void zero_grad();     // drops the accumulated gradient
+  // The same storage and layout with no autograd history.
+  Tensor detach() const;
+
+  // Convenience members for the free functions of the same name.
+  Tensor contiguous() const;
+  Tensor reshape(Shape shape) const;
+  Tensor permute(std::vector<std::int64_t> dims) const;
+  Tensor transpose(std::int64_t dim0, std::int64_t dim1) const;
+  Tensor to(DType dtype) const;
+
+  detail::TensorImpl* impl() const noexcept { return impl_.get(); }
+  const std::shared_ptr<detail::TensorImpl>& impl_ptr() const noexcept { return impl_; }
+
+ private:
+  void check_element_type(DType requested) const;
+  std::shared_ptr<detail::TensorImpl> impl_;
+};
+
+extern template std::vector<float> Tensor::to_vector<float>() const;
+extern template std::vector<double> Tensor::to_vector<double>() const;
+extern template std::vector<bool> Tensor::to_vector<bool>() const;
+extern template std::vector<std::int64_t> Tensor::to_vector<std::int64_t>() const;
+
+// ---- Factories -------------------------------------------------------------------------------
+
+Tensor empty(const Shape& shape, DType dtype = float32);  // uninitialised values
+Tensor zeros(const Shape& shape, DType dtype = float32);
+Tensor ones(const Shape& shape, DType dtype = float32);
+Tensor full(const Shape& shape, double value, DType dtype = float32);
+Tensor zeros_like(const Tensor& t);
+Tensor ones_like(const Tensor& t);
+Tensor scalar(double value, DType dtype = float32);  // rank 0
+// [start, start + step, ...) up to but excluding end, like numpy.arange.
+Tensor arange(double start, double end, double step = 1.0, DType dtype = int64);
+Tensor arange(std::int64_t end, DType dtype = int64);
+
+// A tensor holding a copy of `values` (row-major) with the given shape; values.size() must
+// equal the product of shape.
+Tensor from_vector(std::span<const float> values, const Shape& shape);
+Tensor from_vector(std::span<const double> values, const Shape& shape);
+Tensor from_vector(std::span<const std::int64_t> values, const Shape& shape);
+Tensor from_bools(const std::vector<bool>& values, const Shape& shape);
+
+// Small nested literals for tests and examples: tensor({{1, 2}, {3, 4}}) is a float32 [2, 2].
+using Init1 = std::initializer_list<double>;
+using Init2 = std::initializer_list<Init1>;
+using Init3 = std::initializer_list<Init2>;
+using Init4 = std::initializer_list<Init3>;
+Tensor tensor(Init1 values, DType dtype = float32);
+Tensor tensor(Init2 values, DType dtype = float32);
+Tensor tensor(Init3 values, DType dtype = float32);
+Tensor tensor(Init4 values, DType dtype = float32);
+using Bool1 = std::initializer_list<bool>;
+using Bool2 = std::initializer_list<Bool1>;
+using Bool3 = std::initializer_list<Bool2>;
+Tensor mask(Bool1 values);  // bool tensors: mask({{true, false}, {true, true}})
+Tensor mask(Bool2 values);
+Tensor mask(Bool3 values);
+
+// Seeded random numbers. The stream is std::mt19937_64 (its output is fixed by the C++
+// standard) turned into values by tapegrad's own transforms, so a seed gives the same tensor
+// on every platform and standard library.
+class Generator {
+ public:
+  explicit Generator(std::uint64_t seed);
+  double uniform();  // [0, 1)
+  double normal();   // mean 0, standard deviation 1
+  std::uint64_t next_u64();
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+};
+Tensor randn(const Shape& shape, Generator& gen, DType dtype = float32);
+Tensor rand(const Shape& shape, Generator& gen, DType dtype = float32, double low = 0.0,
+            double high = 1.0);
+Tensor randn(const Shape& shape, std::uint64_t seed, DType dtype = float32);
+Tensor rand(const Shape& shape, std::uint64_t seed, DType dtype = float32, double low = 0.0,
+            double high = 1.0);
+
+// A readable, summarised rendering: shape, dtype and values (numpy-style "..." past 1000
+// elements). fmt::print("{}", t) uses it too.
+std::string to_string(const Tensor& t);
+
+}  // namespace tapegrad
+
+template <>
+struct fmt::formatter<tapegrad::Tensor> : fmt::formatter<std::string_view> {
+  auto format(const tapegrad::Tensor& t, fmt::format_context& ctx) const {
+    return fmt::formatter<std::string_view>::format(tapegrad::to_string(t), ctx);
+  }
+};

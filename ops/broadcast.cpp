@@ -1,0 +1,64 @@
+// Broadcasting: shapes, strides, and the reduction that undoes it in backward.
+#include "ops/kernel.hpp"
+#include "tapegrad/ops/reduction.hpp"
+#include "tapegrad/ops/view.hpp"
+
+namespace tapegrad {
+namespace detail {
+
+Shape broadcast_strides(const Tensor& t, const Shape& shape) {
+  Shape out(shape.size(), 0);
+  const std::size_t lead = shape.size() - t.shape().size();
+  for (std::size_t i = 0; i < t.shape().size(); ++i)
+    out[lead + i] = t.shape()[i] == 1 && shape[lead + i] != 1 ? 0 : t.strides()[i];
+  return out;
+}
+
+Tensor sum_to(const Tensor& g, const Shape& shape) {
+  if (g.shape() == shape) return g;
+  const std::size_t lead = g.shape().size() - shape.size();
+  Dims dims;
+  for (std::size_t i = 0; i < g.shape().size(); ++i)
+    if (i < lead || (shape[i - lead] == 1 && g.shape()[i] != 1)) dims.push_back(static_cast<std::int64_t>(i));
+  Tensor s = dims.empty() ? g : sum(g, dims, /*keepdim=*/true);
+  return reshape(s, shape);
+}
+
+void copy_into(const Tensor& dst, const Tensor& src) {
+  visit_any(dst.dtype(), [&]<class T>(Tag<T>) { map_into<T, T>(dst, [](T v) { return v; }, src); });
+}
+
+Tensor clone(const Tensor& t) {
+  Tensor out = new_tensor(t.shape(), t.dtype());
+  copy_into(out, t);
+  return out;
+}
+
+}  // namespace detail
+
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
+  return detail::broadcast_args(op, "a", a, "b", b);
+}
+
+}  // namespace tapegrad
+
+namespace tapegrad::detail {
+
+Shape broadcast_args(const char* op, const char* a_name, const Shape& x, const char* b_name,
+                     const Shape& y) {
+  if (x == y) return x;
+  const std::size_t n = std::max(x.size(), y.size());
+  Shape out(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::int64_t p = i + x.size() >= n ? x[i + x.size() - n] : 1;
+    const std::int64_t q = i + y.size() >= n ? y[i + y.size() - n] : 1;
+    if (p != q && p != 1 && q != 1)
+      fail<ShapeError>("{}: argument '{}' with shape {} does not broadcast with argument '{}' with "
+                       "shape {} (dim {} from the end: {} vs {})",
+                       op, b_name, shape_str(y), a_name, shape_str(x), n - i, q, p);
+    out[i] = p == 1 ? q : p;
+  }
+  return out;
+}
+
+}  // namespace tapegrad::detail

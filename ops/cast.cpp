@@ -1,0 +1,26 @@
+// Explicit dtype conversion; between floating dtypes the gradient is converted back.
+#include "ops/kernel.hpp"
+#include "tapegrad/ops/cast.hpp"
+
+namespace tapegrad {
+using namespace detail;
+
+Tensor to(const Tensor& x, DType dtype) {
+  check_defined("to", "x", x);
+  if (x.dtype() == dtype) return x;
+  Tensor out = new_tensor(x.shape(), dtype);
+  visit_any(dtype, [&]<class D>(Tag<D>) {
+    visit_any(x.dtype(), [&]<class S>(Tag<S>) {
+      map_into<D, S>(out, [](S v) { return static_cast<D>(v); }, x);
+    });
+  });
+  if (is_floating(dtype) && is_floating(x.dtype())) {
+    // dx = g converted to x's dtype
+    record("to", {x}, out, [from = x.dtype()](std::span<const Tensor> g, const std::vector<bool>&) {
+      return std::vector<Tensor>{to(g[0], from)};
+    });
+  }
+  return out;
+}
+
+}  // namespace tapegrad

@@ -1,0 +1,109 @@
+// Unary elementwise ops. Each is a small struct: the forward f(x) and the local derivative
+// df(x, y) = dy/dx, side by side; the shared backward is dx = g * df(x, y). `uses_x`/`uses_y`
+// say which of input and output the derivative reads, so only those are kept on the tape.
+#include <cmath>
+#include <numbers>
+
+#include "ops/kernel.hpp"
+#include "tapegrad/ops/elementwise.hpp"
+
+namespace tapegrad {
+namespace {
+using namespace detail;
+
+struct Neg {
+  static constexpr const char* name = "neg";
+  static constexpr bool uses_x = false, uses_y = false;
+  template <class T> T f(T x) const { return -x; }
+  template <class T> T df(T, T) const { return T(-1); }
+};
+struct Exp {
+  static constexpr const char* name = "exp";
+  static constexpr bool uses_x = false, uses_y = true;
+  template <class T> T f(T x) const { return std::exp(x); }
+  template <class T> T df(T, T y) const { return y; }  // (e^x)' = e^x
+};
+struct Log {
+  static constexpr const char* name = "log";
+  static constexpr bool uses_x = true, uses_y = false;
+  template <class T> T f(T x) const { return std::log(x); }
+  template <class T> T df(T x, T) const { return T(1) / x; }
+};
+struct Sqrt {
+  static constexpr const char* name = "sqrt";
+  static constexpr bool uses_x = false, uses_y = true;
+  template <class T> T f(T x) const { return std::sqrt(x); }
+  template <class T> T df(T, T y) const { return T(0.5) / y; }  // 1 / (2 sqrt x)
+};
+struct Pow {
+  static constexpr const char* name = "pow";
+  static constexpr bool uses_x = true, uses_y = false;
+  double p;
+  template <class T> T f(T x) const { return std::pow(x, static_cast<T>(p)); }
+  // p x^(p-1); exactly 0 for p = 0, where x^(-1) at x = 0 would turn 0 * inf into NaN.
+  template <class T> T df(T x, T) const {
+    return p == 0.0 ? T(0) : static_cast<T>(p) * std::pow(x, static_cast<T>(p - 1.0));
+  }
+};
+struct Tanh {
+  static constexpr const char* name = "tanh";
+  static constexpr bool uses_x = false, uses_y = true;
+  template <class T> T f(T x) const { return std::tanh(x); }
+  template <class T> T df(T, T y) const { return T(1) - y * y; }
+};
+struct Relu {
+  static constexpr const char* name = "relu";
+  static constexpr bool uses_x = true, uses_y = false;
+  template <class T> T f(T x) const { return x > T(0) ? x : T(0); }
+  template <class T> T df(T x, T) const { return x > T(0) ? T(1) : T(0); }  // 0 at the kink, as PyTorch
+};
+struct Gelu {
+  static constexpr const char* name = "gelu";
+  static constexpr bool uses_x = true, uses_y = false;
+  template <class T> static T cdf(T x) { return T(0.5) * (T(1) + std::erf(x * static_cast<T>(std::numbers::sqrt2 / 2))); }
+  template <class T> T f(T x) const { return x * cdf(x); }
+  // (x Phi(x))' = Phi(x) + x phi(x), phi the normal density
+  template <class T> T df(T x, T) const {
+    const T pdf = std::exp(T(-0.5) * x * x) * static_cast<T>(0.5 * std::numbers::inv_sqrtpi * std::numbers::sqrt2);
+    return cdf(x) + x * pdf;
+  }
+};
+
+template <class Op> Tensor unary(const Tensor& x, Op op = {}) {
+  check_floating(Op::name, "x", x);
+  Tensor y = new_tensor(x.shape(), x.dtype());
+  visit_float(x.dtype(), Op::name, [&]<class T>(Tag<T>) {
+    map_into<T, T>(y, [&](T v) { return op.template f<T>(v); }, x);
+  });
+  // dx = g * df(x, y)
+  record(Op::name, {x}, y,
+         [op, xs = Op::uses_x ? x : Tensor(), ys = Op::uses_y ? y.detach() : Tensor()](
+             std::span<const Tensor> g, const std::vector<bool>&) {
+           Tensor dx = new_tensor(g[0].shape(), g[0].dtype());
+           // An operand the derivative ignores is replaced by g, which is always at hand.
+           const Tensor& xa = xs.defined() ? xs : g[0];
+           const Tensor& ya = ys.defined() ? ys : g[0];
+           visit_float(dx.dtype(), Op::name, [&]<class T>(Tag<T>) {
+             map_into<T, T, T, T>(dx, [&](T gv, T xv, T yv) { return gv * op.template df<T>(xv, yv); }, g[0], xa, ya);
+           });
+           return std::vector<Tensor>{dx};
+         });
+  return y;
+}
+
+}  // namespace
+
+Tensor neg(const Tensor& x) { return unary<Neg>(x); }
+Tensor exp(const Tensor& x) { return unary<Exp>(x); }
+Tensor log(const Tensor& x) { return unary<Log>(x); }
+Tensor sqrt(const Tensor& x) { return unary<Sqrt>(x); }
+Tensor pow(const Tensor& x, double exponent) {
+  if (!std::isfinite(exponent))
+    fail<ValueError>("pow: argument 'exponent' must be finite, got {}", exponent);
+  return unary<Pow>(x, Pow{exponent});
+}
+Tensor tanh(const Tensor& x) { return unary<Tanh>(x); }
+Tensor relu(const Tensor& x) { return unary<Relu>(x); }
+Tensor gelu(const Tensor& x) { return unary<Gelu>(x); }
+
+}  // namespace tapegrad

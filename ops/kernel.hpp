@@ -1,0 +1,160 @@
+// Internal: the loop engine every elementwise op and reduction runs on, and dtype dispatch.
+//
+// StridedLoop walks N operands over one shape, each with its own element strides (0 on a
+// broadcast dim). It drops size-1 dims and merges dims that are contiguous for every operand,
+// so a contiguous op becomes one flat run and a transposed one two nested runs.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "autodiff/check.hpp"
+#include "autodiff/tensor_impl.hpp"
+#include "tapegrad/autodiff/tape.hpp"
+
+namespace tapegrad::detail {
+
+template <class T> struct Tag { using type = T; };
+
+template <class F> decltype(auto) visit_float(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case DType::float32: return f(Tag<float>{});
+    case DType::float64: return f(Tag<double>{});
+    default: fail<DTypeError>("{}: expected a floating tensor (float32 or float64), got {}", op, dtype);
+  }
+}
+
+template <class F> decltype(auto) visit_any(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::float32: return f(Tag<float>{});
+    case DType::float64: return f(Tag<double>{});
+    case DType::bool_: return f(Tag<bool>{});
+    case DType::int64: return f(Tag<std::int64_t>{});
+  }
+  __builtin_unreachable();
+}
+
+// Strides of `t` read as if it had been broadcast to `shape` (0 on new and stretched dims).
+// The caller has checked that t broadcasts to shape.
+Shape broadcast_strides(const Tensor& t, const Shape& shape);
+
+template <std::size_t N>
+class StridedLoop {
+ public:
+  StridedLoop(const Shape& shape, const std::array<const Shape*, N>& strides) {
+    // Walk from the innermost dim outwards, merging into the current group while every
+    // operand's stride continues it.
+    for (std::int64_t d = static_cast<std::int64_t>(shape.size()) - 1; d >= 0; --d) {
+      const std::int64_t n = shape[static_cast<std::size_t>(d)];
+      if (n == 0) {
+        empty_ = true;
+        return;
+      }
+      if (n == 1) continue;
+      bool merge = !sizes_.empty();
+      for (std::size_t k = 0; merge && k < N; ++k)
+        merge = (*strides[k])[static_cast<std::size_t>(d)] == strides_[k].back() * sizes_.back();
+      if (merge) {
+        sizes_.back() *= n;
+        continue;
+      }
+      sizes_.push_back(n);
+      for (std::size_t k = 0; k < N; ++k) strides_[k].push_back((*strides[k])[static_cast<std::size_t>(d)]);
+    }
+  }
+
+  // Calls run(offsets, n, inner) for each innermost run of n elements; operand k's elements are
+  // at offsets[k] + i * inner[k].
+  template <class F> void for_each_run(F&& run) const {
+    std::array<std::int64_t, N> offsets{};
+    if (empty_) return;
+    if (sizes_.empty()) {
+      run(offsets, std::int64_t{1}, std::array<std::int64_t, N>{});
+      return;
+    }
+    std::array<std::int64_t, N> inner;
+    for (std::size_t k = 0; k < N; ++k) inner[k] = strides_[k][0];
+    const std::size_t outer = sizes_.size() - 1;
+    std::vector<std::int64_t> counter(outer, 0);
+    for (;;) {
+      run(offsets, sizes_[0], inner);
+      std::size_t d = 1;
+      for (; d <= outer; ++d) {
+        for (std::size_t k = 0; k < N; ++k) offsets[k] += strides_[k][d];
+        if (++counter[d - 1] < sizes_[d]) break;
+        for (std::size_t k = 0; k < N; ++k) offsets[k] -= strides_[k][d] * sizes_[d];
+        counter[d - 1] = 0;
+      }
+      if (d > outer) return;
+    }
+  }
+
+ private:
+  bool empty_ = false;
+  std::vector<std::int64_t> sizes_;  // innermost first
+  std::array<std::vector<std::int64_t>, N> strides_;
+};
+
+// out[i] = f(in_0[i], in_1[i], ...) over out's shape; each input broadcasts to it.
+template <class Out, class... In, class F, class... Ts>
+void map_into(const Tensor& out, F&& f, const Ts&... in) {
+  static_assert(sizeof...(Ts) == sizeof...(In) && (std::is_same_v<Ts, Tensor> && ...));
+  constexpr std::size_t N = 1 + sizeof...(In);
+  const Shape* out_strides = &out.strides();
+  std::array<Shape, sizeof...(In)> in_strides{broadcast_strides(in, out.shape())...};
+  std::array<const Shape*, N> all{};
+  all[0] = out_strides;
+  for (std::size_t k = 1; k < N; ++k) all[k] = &in_strides[k - 1];
+  StridedLoop<N> loop(out.shape(), all);
+  Out* po = static_cast<Out*>(out.raw_data());
+  std::tuple<const In*...> pi{static_cast<const In*>(in.raw_data())...};
+  loop.for_each_run([&](const std::array<std::int64_t, N>& off, std::int64_t n,
+                        const std::array<std::int64_t, N>& inner) {
+    [&]<std::size_t... K>(std::index_sequence<K...>) {
+      Out* o = po + off[0];
+      std::tuple<const In*...> p{(std::get<K>(pi) + off[K + 1])...};
+      const bool unit = inner[0] == 1 && ((inner[K + 1] == 1) && ...);
+      if (unit) {
+        for (std::int64_t i = 0; i < n; ++i) o[i] = f(std::get<K>(p)[i]...);
+      } else {
+        for (std::int64_t i = 0; i < n; ++i)
+          o[i * inner[0]] = f(std::get<K>(p)[i * inner[K + 1]]...);
+      }
+    }(std::index_sequence_for<In...>{});
+  });
+}
+
+// A fresh contiguous tensor.
+Tensor new_tensor(const Shape& shape, DType dtype);
+
+// Sums g over the dims that broadcasting added or stretched, giving a tensor of `shape`
+// (the backward of every broadcasting op).
+Tensor sum_to(const Tensor& g, const Shape& shape);
+
+// Copies src (broadcast to dst's shape) into dst's elements. Internal only: used on tensors a
+// kernel just created, never on a caller's tensor.
+void copy_into(const Tensor& dst, const Tensor& src);
+// A contiguous copy with its own storage (never a view of t).
+Tensor clone(const Tensor& t);
+
+}  // namespace tapegrad::detail
+
+namespace tapegrad::detail {
+
+// Records a one-output op (see record_op); the backward is only wrapped in a std::function when
+// the op is actually recorded.
+template <class Backward>
+void record(const char* name, std::initializer_list<Tensor> inputs, Tensor& out, Backward&& backward) {
+  const std::span<const Tensor> in(inputs.begin(), inputs.size());
+  if (should_record(in)) record_op(name, in, std::span<Tensor>(&out, 1), std::forward<Backward>(backward));
+}
+
+// The broadcast shape of two arguments, or a ShapeError naming both arguments and shapes.
+Shape broadcast_args(const char* op, const char* a_name, const Shape& a, const char* b_name,
+                     const Shape& b);
+
+}  // namespace tapegrad::detail

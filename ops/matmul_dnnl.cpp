@@ -1,0 +1,184 @@
+// Every oneDNN call in tapegrad lives in this file (oneDNN 2.6 API: matmul::desc, then
+// primitive_desc, then primitive).
+//
+// Recipe: 1. describe a, b and c by dims and strides (a transposed view is just other strides,
+// no copy); 2. build the primitive once per layout and keep it in a per-thread cache; 3. wrap
+// the three buffers in dnnl::memory and execute.
+#include <array>
+#include <bit>
+#include <string>
+#include <unordered_map>
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "ops/kernel.hpp"
+#include "ops/matmul_kernels.hpp"
+#include "tapegrad/ops/view.hpp"
+
+namespace tapegrad::detail {
+namespace {
+
+using dnnl::memory;
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+dnnl::stream& cpu_stream() {
+  thread_local dnnl::stream stream(cpu_engine());
+  return stream;
+}
+
+// An operand as oneDNN will see it.
+struct Layout {
+  memory::dims dims, strides;
+};
+
+// Batch dims that were broadcast by stride 0 become size 1 (oneDNN broadcasts size-1 batch dims
+// itself); size-1 dims get the stride a dense layout would give them, so oneDNN recognises
+// plain and transposed layouts. Returns false when neither of the two matrix dims has unit
+// stride: gemm kernels need a row- or column-major matrix, so such an operand is copied.
+bool describe(const Tensor& x, Layout& out) {
+  const std::size_t r = x.shape().size();
+  out.dims.assign(x.shape().begin(), x.shape().end());
+  out.strides.assign(x.strides().begin(), x.strides().end());
+  const std::int64_t rows = out.dims[r - 2], cols = out.dims[r - 1];
+  if (cols == 1) out.strides[r - 1] = rows == 1 ? 1 : out.strides[r - 2] == 1 ? rows : 1;
+  if (rows == 1) out.strides[r - 2] = out.strides[r - 1] == 1 ? cols : 1;
+  const bool row_major = out.strides[r - 1] == 1 && out.strides[r - 2] >= cols;
+  const bool col_major = out.strides[r - 2] == 1 && out.strides[r - 1] >= rows;
+  if (!row_major && !col_major) return false;
+  std::int64_t span = std::max(out.strides[r - 2] * rows, out.strides[r - 1] * cols);
+  for (std::size_t d = r - 2; d-- > 0;) {
+    if (out.strides[d] == 0) out.dims[d] = 1;
+    if (out.dims[d] == 1) out.strides[d] = span;
+    span = std::max(span, out.strides[d] * out.dims[d]);
+  }
+  return true;
+}
+
+struct Entry {
+  dnnl::matmul primitive;
+  memory::desc a, b, c;
+};
+
+struct KeyHash {
+  std::size_t operator()(const std::vector<std::int64_t>& key) const noexcept {
+    std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
+    for (auto v : key) h = (h ^ static_cast<std::uint64_t>(v)) * 1099511628211ull;
+    return static_cast<std::size_t>(h);
+  }
+};
+
+void append(std::vector<std::int64_t>& key, const Layout& l) {
+  key.insert(key.end(), l.dims.begin(), l.dims.end());
+  key.insert(key.end(), l.strides.begin(), l.strides.end());
+}
+
+// Rounds to nearest even, keeping NaN a (quiet) NaN.
+std::uint16_t to_bf16(float f) {
+  std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+// x (float32, any strides) rounded to a contiguous bfloat16 buffer of the shape `l` describes.
+std::vector<std::uint16_t> bf16_copy(const Tensor& x, Layout& l) {
+  Shape shape(l.dims.begin(), l.dims.end());
+  // Only the region the layout covers: a stride-0 batch dim was turned into size 1.
+  Tensor region = make_view(x, shape, Shape(x.strides().begin(), x.strides().end()), x.offset());
+  std::vector<std::uint16_t> out(static_cast<std::size_t>(shape_numel(shape)));
+  const Shape dense = contiguous_strides(shape);
+  StridedLoop<2> loop(shape, {&dense, &region.strides()});
+  const float* src = static_cast<const float*>(region.raw_data());
+  loop.for_each_run([&](const auto& off, std::int64_t n, const auto& inner) {
+    for (std::int64_t i = 0; i < n; ++i) out[static_cast<std::size_t>(off[0] + i * inner[0])] = to_bf16(src[off[1] + i * inner[1]]);
+  });
+  l.strides.assign(dense.begin(), dense.end());
+  return out;
+}
+
+const Entry& primitive_for(const Layout& a, const Layout& b, const Layout& c, bool bf16) {
+  thread_local std::unordered_map<std::vector<std::int64_t>, Entry, KeyHash> cache;
+  std::vector<std::int64_t> key{bf16 ? 1 : 0};
+  append(key, a);
+  append(key, b);
+  append(key, c);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  const auto in_type = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+  Entry e;
+  e.a = memory::desc(a.dims, in_type, a.strides);
+  e.b = memory::desc(b.dims, in_type, b.strides);
+  e.c = memory::desc(c.dims, memory::data_type::f32, c.strides);
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(e.a, e.b, e.c), cpu_engine());
+  e.primitive = dnnl::matmul(pd);
+  return cache.emplace(std::move(key), std::move(e)).first->second;
+}
+
+// Whether oneDNN picks a real gemm kernel for this layout, rather than its slow reference
+// loop (which it uses for layouts its kernels do not take).
+bool has_fast_kernel(const Layout& a, const Layout& b, const Layout& c) {
+  const memory::desc da(a.dims, memory::data_type::f32, a.strides);
+  const memory::desc db(b.dims, memory::data_type::f32, b.strides);
+  const memory::desc dc(c.dims, memory::data_type::f32, c.strides);
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(da, db, dc), cpu_engine());
+  return std::string(pd.impl_info_str()).find("ref") == std::string::npos;
+}
+
+void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
+  Layout la, lb, lc;
+  if (!describe(a, la)) return run(clone(a), b, c, bf16);
+  if (!describe(b, lb)) return run(a, clone(b), c, bf16);
+  describe(c, lc);
+  std::vector<std::uint16_t> a16, b16;
+  void* pa = a.raw_data();
+  void* pb = b.raw_data();
+  if (bf16) {
+    a16 = bf16_copy(a, la);
+    b16 = bf16_copy(b, lb);
+    pa = a16.data();
+    pb = b16.data();
+  } else {
+    // Decided once per layout: strided layouts oneDNN only runs on its reference loop are
+    // cheaper to copy first.
+    thread_local std::unordered_map<std::vector<std::int64_t>, bool, KeyHash> fast;
+    std::vector<std::int64_t> key;
+    append(key, la);
+    append(key, lb);
+    auto [it, inserted] = fast.try_emplace(key, true);
+    if (inserted) it->second = a.is_contiguous() && b.is_contiguous() ? true : has_fast_kernel(la, lb, lc);
+    if (!it->second) return run(a.is_contiguous() ? a : clone(a), b.is_contiguous() ? b : clone(b), c, false);
+  }
+  const Entry& e = primitive_for(la, lb, lc, bf16);
+  memory ma(e.a, cpu_engine(), pa), mb(e.b, cpu_engine(), pb), mc(e.c, cpu_engine(), c.raw_data());
+  e.primitive.execute(cpu_stream(), {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+  cpu_stream().wait();
+}
+
+}  // namespace
+
+void matmul_dnnl(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
+  const std::size_t rank = c.shape().size();
+  if (rank <= DNNL_MAX_NDIMS) return run(a, b, c, bf16);
+  // Past oneDNN's rank limit: fold the batch dims into one.
+  NoGradGuard no_grad;
+  const std::int64_t m = c.shape()[rank - 2], n = c.shape()[rank - 1], k = a.shape()[rank - 1];
+  Shape batch(c.shape().begin(), c.shape().end() - 2);
+  auto fold = [&](const Tensor& x, std::int64_t rows, std::int64_t cols) {
+    Shape full = batch;
+    full.push_back(rows);
+    full.push_back(cols);
+    return reshape(clone(expand(x, full)), {-1, rows, cols});
+  };
+  run(fold(a, m, k), fold(b, k, n), reshape(c, {-1, m, n}), bf16);
+}
+
+bool dnnl_bf16_native() noexcept {
+  const auto isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  return (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
+}
+
+}  // namespace tapegrad::detail

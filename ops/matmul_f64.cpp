@@ -1,0 +1,61 @@
+// float64 matmul. oneDNN has no float64 matmul on CPU, and float64 exists here for exact
+// gradient checks and references, so this favours clarity over peak speed: each batch's A and
+// B are packed into contiguous row-major panels, then C += A[i, k] * B[k, :] runs over
+// contiguous rows (which the compiler vectorises), in k-blocks that keep B's rows in cache.
+#include <algorithm>
+
+#include "ops/kernel.hpp"
+#include "ops/matmul_kernels.hpp"
+
+namespace tapegrad::detail {
+namespace {
+
+constexpr std::int64_t kBlockK = 128;
+
+// Copies the [rows, cols] matrix at p (strides rs, cs) into dst, row-major.
+void pack(const double* p, std::int64_t rows, std::int64_t cols, std::int64_t rs, std::int64_t cs, double* dst) {
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (std::int64_t j = 0; j < cols; ++j) dst[i * cols + j] = p[i * rs + j * cs];
+}
+
+void gemm(const double* a, const double* b, double* c, std::int64_t m, std::int64_t k, std::int64_t n) {
+  std::fill(c, c + m * n, 0.0);
+  for (std::int64_t k0 = 0; k0 < k; k0 += kBlockK) {
+    const std::int64_t k1 = std::min(k, k0 + kBlockK);
+    for (std::int64_t i = 0; i < m; ++i) {
+      double* __restrict row = c + i * n;
+      for (std::int64_t kk = k0; kk < k1; ++kk) {
+        const double aik = a[i * k + kk];
+        const double* __restrict brow = b + kk * n;
+        for (std::int64_t j = 0; j < n; ++j) row[j] += aik * brow[j];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void matmul_f64(const Tensor& a, const Tensor& b, const Tensor& c) {
+  const std::size_t r = c.shape().size();
+  const std::int64_t m = c.shape()[r - 2], n = c.shape()[r - 1], k = a.shape()[r - 1];
+  const Shape batch(c.shape().begin(), c.shape().end() - 2);
+  const Shape sa = broadcast_strides(make_view(a, Shape(a.shape().begin(), a.shape().end() - 2),
+                                               Shape(a.strides().begin(), a.strides().end() - 2), a.offset()), batch);
+  const Shape sb = broadcast_strides(make_view(b, Shape(b.shape().begin(), b.shape().end() - 2),
+                                               Shape(b.strides().begin(), b.strides().end() - 2), b.offset()), batch);
+  const Shape sc(c.strides().begin(), c.strides().end() - 2);
+  std::vector<double> pa(static_cast<std::size_t>(m * k)), pb(static_cast<std::size_t>(k * n));
+  const double* base_a = static_cast<const double*>(a.raw_data());
+  const double* base_b = static_cast<const double*>(b.raw_data());
+  double* base_c = static_cast<double*>(c.raw_data());
+  StridedLoop<3> loop(batch, {&sa, &sb, &sc});
+  loop.for_each_run([&](const auto& off, std::int64_t count, const auto& inner) {
+    for (std::int64_t t = 0; t < count; ++t) {
+      pack(base_a + off[0] + t * inner[0], m, k, a.strides()[r - 2], a.strides()[r - 1], pa.data());
+      pack(base_b + off[1] + t * inner[1], k, n, b.strides()[r - 2], b.strides()[r - 1], pb.data());
+      gemm(pa.data(), pb.data(), base_c + off[2] + t * inner[2], m, k, n);
+    }
+  });
+}
+
+}  // namespace tapegrad::detail

@@ -1,0 +1,109 @@
+// sum, mean, max over dims. Forward and backward side by side.
+#include <cmath>
+#include <limits>
+
+#include "ops/kernel.hpp"
+#include "tapegrad/ops/cast.hpp"
+#include "tapegrad/ops/compare.hpp"
+#include "tapegrad/ops/elementwise.hpp"
+#include "tapegrad/ops/reduction.hpp"
+#include "tapegrad/ops/view.hpp"
+#include "tapegrad/ops/where.hpp"
+
+namespace tapegrad {
+namespace {
+using namespace detail;
+
+struct Plan {
+  std::vector<bool> reduced;  // per input dim
+  Shape kept;                 // input shape with reduced dims set to 1
+  Shape result;               // kept, or kept without the reduced dims
+  std::int64_t count = 1;     // elements folded into each result
+};
+
+Plan plan_reduction(const char* op, const Tensor& x, const Dims& dims, bool keepdim) {
+  check_floating(op, "x", x);
+  const std::int64_t rank = x.dim();
+  Plan p{std::vector<bool>(static_cast<std::size_t>(rank), dims.empty()), x.shape(), {}, 1};
+  for (auto d : dims) {
+    const auto k = static_cast<std::size_t>(wrap_dim(op, "dims", d, rank));
+    if (p.reduced[k]) fail<ShapeError>("{}: argument 'dims' names dim {} twice (input shape {})", op, d, shape_str(x.shape()));
+    p.reduced[k] = true;
+  }
+  for (std::size_t k = 0; k < p.kept.size(); ++k) {
+    if (!p.reduced[k]) continue;
+    p.count *= p.kept[k];
+    p.kept[k] = 1;
+  }
+  for (std::size_t k = 0; k < p.kept.size(); ++k)
+    if (keepdim || !p.reduced[k]) p.result.push_back(p.kept[k]);
+  return p;
+}
+
+// Folds x into a tensor of shape p.kept with acc = combine(acc, v), accumulating in Acc.
+template <class T, class Acc, class Combine>
+Tensor fold(const Tensor& x, const Plan& p, Acc init, Combine combine) {
+  std::vector<Acc> acc(static_cast<std::size_t>(shape_numel(p.kept)), init);
+  Shape acc_strides = contiguous_strides(p.kept);
+  for (std::size_t k = 0; k < acc_strides.size(); ++k)
+    if (p.reduced[k]) acc_strides[k] = 0;
+  StridedLoop<2> loop(x.shape(), {&acc_strides, &x.strides()});
+  const T* px = static_cast<const T*>(x.raw_data());
+  loop.for_each_run([&](const auto& off, std::int64_t n, const auto& inner) {
+    Acc* a = acc.data() + off[0];
+    const T* v = px + off[1];
+    for (std::int64_t i = 0; i < n; ++i) a[i * inner[0]] = combine(a[i * inner[0]], static_cast<Acc>(v[i * inner[1]]));
+  });
+  Tensor out = new_tensor(p.kept, x.dtype());
+  T* po = static_cast<T*>(out.raw_data());
+  for (std::size_t i = 0; i < acc.size(); ++i) po[i] = static_cast<T>(acc[i]);
+  return out;
+}
+
+}  // namespace
+
+Tensor sum(const Tensor& x, const Dims& dims, bool keepdim) {
+  const Plan p = plan_reduction("sum", x, dims, keepdim);
+  // Accumulate in double so float32 sums of many elements keep their precision.
+  Tensor kept = visit_float(x.dtype(), "sum", [&]<class T>(Tag<T>) {
+    return fold<T, double>(x, p, 0.0, [](double a, double v) { return a + v; });
+  });
+  Tensor out = make_view(kept, p.result, contiguous_strides(p.result), 0);
+  // dx = g broadcast back over the reduced dims
+  record("sum", {x}, out, [kept_shape = p.kept, x_shape = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {
+    return std::vector<Tensor>{expand(reshape(g[0], kept_shape), x_shape)};
+  });
+  return out;
+}
+
+Tensor mean(const Tensor& x, const Dims& dims, bool keepdim) {
+  const Plan p = plan_reduction("mean", x, dims, keepdim);
+  return div(sum(x, dims, keepdim), static_cast<double>(p.count));
+}
+
+Tensor max(const Tensor& x, const Dims& dims, bool keepdim) {
+  const Plan p = plan_reduction("max", x, dims, keepdim);
+  if (p.count == 0 && shape_numel(p.kept) > 0)
+    fail<ShapeError>("max: cannot reduce over a zero-size dim (input shape {}); the maximum of nothing is undefined",
+                     shape_str(x.shape()));
+  Tensor kept = visit_float(x.dtype(), "max", [&]<class T>(Tag<T>) {
+    // NaN wins: once the accumulator is NaN it stays NaN.
+    return fold<T, T>(x, p, -std::numeric_limits<T>::infinity(),
+                      [](T a, T v) { return (std::isnan(a) || a >= v) ? a : v; });
+  });
+  Tensor out = make_view(kept, p.result, contiguous_strides(p.result), 0);
+  // dx = [x == max] g / (number of tied maxima), the gradient shared among ties
+  record("max", {x}, out, [x, kept = kept, kept_shape = p.kept, d = dims](std::span<const Tensor> g, const std::vector<bool>&) {
+    const Tensor is_max = eq(x, kept);
+    const Tensor ties = sum(to(is_max, x.dtype()), d, /*keepdim=*/true);
+    const Tensor share = div(reshape(g[0], kept_shape), ties);
+    return std::vector<Tensor>{where(is_max, share, scalar(0.0, x.dtype()))};
+  });
+  return out;
+}
+
+Tensor sum(const Tensor& x) { return sum(x, {}, false); }
+Tensor mean(const Tensor& x) { return mean(x, {}, false); }
+Tensor max(const Tensor& x) { return max(x, {}, false); }
+
+}  // namespace tapegrad

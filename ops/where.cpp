@@ -1,0 +1,41 @@
+// where / masked_fill: the selected values get the gradient, the others get zero.
+#include "ops/kernel.hpp"
+#include "tapegrad/ops/view.hpp"
+#include "tapegrad/ops/where.hpp"
+
+namespace tapegrad {
+using namespace detail;
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  check_dtype("where", "cond", cond, DType::bool_);
+  check_defined("where", "a", a);
+  check_defined("where", "b", b);
+  if (a.dtype() != b.dtype())
+    fail<DTypeError>("where: arguments 'a' ({} {}) and 'b' ({} {}) must have the same dtype",
+                     a.dtype(), shape_str(a.shape()), b.dtype(), shape_str(b.shape()));
+  const Shape ab = broadcast_args("where", "a", a.shape(), "b", b.shape());
+  const Shape shape = broadcast_args("where", "a and b (broadcast)", ab, "cond", cond.shape());
+  Tensor out = new_tensor(shape, a.dtype());
+  visit_any(a.dtype(), [&]<class T>(Tag<T>) {
+    map_into<T, bool, T, T>(out, [](bool c, T x, T y) { return c ? x : y; }, cond, a, b);
+  });
+  // da = cond ? g : 0,  db = cond ? 0 : g   (each summed to its input's shape)
+  record("where", {a, b}, out, [cond, sa = a.shape(), sb = b.shape()](std::span<const Tensor> g, const std::vector<bool>& needs) {
+    const Tensor zero = scalar(0.0, g[0].dtype());
+    return std::vector<Tensor>{needs[0] ? sum_to(where(cond, g[0], zero), sa) : Tensor(),
+                               needs[1] ? sum_to(where(cond, zero, g[0]), sb) : Tensor()};
+  });
+  return out;
+}
+
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
+  check_defined("masked_fill", "x", x);
+  check_dtype("masked_fill", "mask", mask, DType::bool_);
+  if (broadcast_args("masked_fill", "x", x.shape(), "mask", mask.shape()) != x.shape())
+    fail<ShapeError>("masked_fill: argument 'mask' with shape {} must broadcast to the shape of "
+                     "argument 'x', {}",
+                     shape_str(mask.shape()), shape_str(x.shape()));
+  return where(mask, scalar(value, x.dtype()), x);
+}
+
+}  // namespace tapegrad

@@ -23,23 +23,27 @@ struct Printer {
     });
   }
 
+  void separator(std::size_t d) {
+    out += ',';
+    if (d + 1 < t.shape().size()) {
+      out += '\n';
+      out.append(d + 1, ' ');
+    } else {
+      out += ' ';
+    }
+  }
+
   void level(std::size_t d, std::int64_t offset) {
     if (d == t.shape().size()) return element(offset);
     const std::int64_t n = t.shape()[d];
+    const bool cut = summarise && n > 2 * kEdgeItems;
     out += '[';
     for (std::int64_t i = 0; i < n; ++i) {
-      if (summarise && n > 2 * kEdgeItems && i == kEdgeItems) {
-        out += "..., ";
+      if (i > 0) separator(d);
+      if (cut && i == kEdgeItems) {
+        out += "...";
+        separator(d);
         i = n - kEdgeItems;
-      }
-      if (i > 0 && out.back() != ' ') {
-        out += ',';
-        if (d + 1 < t.shape().size()) {
-          out += '\n';
-          out.append(d + 1, ' ');
-        } else {
-          out += ' ';
-        }
       }
       level(d + 1, offset + i * t.strides()[d]);
     }

@@ -84,38 +84,46 @@ std::uint16_t to_bf16(float f) {
   return static_cast<std::uint16_t>(u >> 16);
 }
 
-// x (float32, any strides) rounded to a contiguous bfloat16 buffer of the shape `l` describes.
-std::vector<std::uint16_t> bf16_copy(const Tensor& x, Layout& l) {
+// x (float32, any strides) rounded to bfloat16, as a contiguous buffer of the shape `l`
+// describes (a stride-0 batch dim was already turned into size 1 there). Out is either raw
+// bfloat16 bits (uint16_t) or float32 holding the rounded values (for the emulated path).
+template <class Out> std::vector<Out> bf16_copy(const Tensor& x, Layout& l) {
   Shape shape(l.dims.begin(), l.dims.end());
-  // Only the region the layout covers: a stride-0 batch dim was turned into size 1.
-  Tensor region = make_view(x, shape, Shape(x.strides().begin(), x.strides().end()), x.offset());
-  std::vector<std::uint16_t> out(static_cast<std::size_t>(shape_numel(shape)));
+  Tensor region = make_view(x, shape, x.strides(), x.offset());
+  std::vector<Out> out(static_cast<std::size_t>(shape_numel(shape)));
   const Shape dense = contiguous_strides(shape);
   StridedLoop<2> loop(shape, {&dense, &region.strides()});
   const float* src = static_cast<const float*>(region.raw_data());
   loop.for_each_run([&](const auto& off, std::int64_t n, const auto& inner) {
-    for (std::int64_t i = 0; i < n; ++i) out[static_cast<std::size_t>(off[0] + i * inner[0])] = to_bf16(src[off[1] + i * inner[1]]);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::uint16_t bits = to_bf16(src[off[1] + i * inner[1]]);
+      if constexpr (std::is_same_v<Out, std::uint16_t>) out[static_cast<std::size_t>(off[0] + i * inner[0])] = bits;
+      else out[static_cast<std::size_t>(off[0] + i * inner[0])] = std::bit_cast<float>(std::uint32_t{bits} << 16);
+    }
   });
   l.strides.assign(dense.begin(), dense.end());
   return out;
 }
 
-const Entry& primitive_for(const Layout& a, const Layout& b, const Layout& c, bool bf16) {
+// The cached primitive for this layout, or nullptr when oneDNN has no kernel for it (bfloat16
+// on a CPU without AVX512-BF16/AMX).
+const Entry* primitive_for(const Layout& a, const Layout& b, const Layout& c, bool bf16) {
   thread_local std::unordered_map<std::vector<std::int64_t>, Entry, KeyHash> cache;
   std::vector<std::int64_t> key{bf16 ? 1 : 0};
   append(key, a);
   append(key, b);
   append(key, c);
   auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
+  if (it != cache.end()) return it->second.primitive ? &it->second : nullptr;
   const auto in_type = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
   Entry e;
   e.a = memory::desc(a.dims, in_type, a.strides);
   e.b = memory::desc(b.dims, in_type, b.strides);
   e.c = memory::desc(c.dims, memory::data_type::f32, c.strides);
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(e.a, e.b, e.c), cpu_engine());
-  e.primitive = dnnl::matmul(pd);
-  return cache.emplace(std::move(key), std::move(e)).first->second;
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(e.a, e.b, e.c), cpu_engine(), /*allow_empty=*/bf16);
+  if (pd) e.primitive = dnnl::matmul(pd);
+  const Entry& stored = cache.emplace(std::move(key), std::move(e)).first->second;
+  return stored.primitive ? &stored : nullptr;
 }
 
 // Whether oneDNN picks a real gemm kernel for this layout, rather than its slow reference
@@ -137,10 +145,18 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   void* pa = a.raw_data();
   void* pb = b.raw_data();
   if (bf16) {
-    a16 = bf16_copy(a, la);
-    b16 = bf16_copy(b, lb);
+    a16 = bf16_copy<std::uint16_t>(a, la);
+    b16 = bf16_copy<std::uint16_t>(b, lb);
     pa = a16.data();
     pb = b16.data();
+    if (!primitive_for(la, lb, lc, true)) {
+      // No bfloat16 kernel on this CPU: products of bfloat16 values are exact in float32, so
+      // float32 kernels on the rounded operands compute the same thing.
+      auto ar = bf16_copy<float>(a, la), br = bf16_copy<float>(b, lb);
+      Tensor ta = from_vector(std::span<const float>(ar), Shape(la.dims.begin(), la.dims.end()));
+      Tensor tb = from_vector(std::span<const float>(br), Shape(lb.dims.begin(), lb.dims.end()));
+      return run(ta, tb, c, false);
+    }
   } else {
     // Decided once per layout: strided layouts oneDNN only runs on its reference loop are
     // cheaper to copy first.
@@ -152,7 +168,7 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
     if (inserted) it->second = a.is_contiguous() && b.is_contiguous() ? true : has_fast_kernel(la, lb, lc);
     if (!it->second) return run(a.is_contiguous() ? a : clone(a), b.is_contiguous() ? b : clone(b), c, false);
   }
-  const Entry& e = primitive_for(la, lb, lc, bf16);
+  const Entry& e = *primitive_for(la, lb, lc, bf16);
   memory ma(e.a, cpu_engine(), pa), mb(e.b, cpu_engine(), pb), mc(e.c, cpu_engine(), c.raw_data());
   e.primitive.execute(cpu_stream(), {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
   cpu_stream().wait();

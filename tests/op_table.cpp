@@ -1,0 +1,474 @@
+#include "op_table.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numbers>
+#include <stdexcept>
+
+#include <fmt/ranges.h>
+
+namespace tg_test {
+namespace tg = tapegrad;
+using tg::Shape;
+using tg::Tensor;
+using Ins = std::vector<Tensor>;
+using Outs = std::vector<Tensor>;
+using Refs = std::vector<Ref>;
+
+bool pattern_value(std::int64_t flat) { return (flat * 7) % 3 != 0; }
+
+Tensor pattern_mask(const Shape& shape) {
+  std::int64_t n = 1;
+  for (auto s : shape) n *= s;
+  std::vector<bool> v;
+  for (std::int64_t i = 0; i < n; ++i) v.push_back(pattern_value(i));
+  return tg::from_bools(v, shape);
+}
+
+namespace {
+
+// Functions, not globals: Boost.Test builds the table while registering data test cases, during
+// static initialisation, when another file's globals may not exist yet.
+std::vector<std::vector<Shape>> unary_shapes() { return {{{3, 4}}, {{2, 3, 4}}, {{5}}, {{}}, {{1, 4}}, {{0, 3}}}; }
+std::vector<std::vector<Shape>> binary_shapes() {
+  return {{{3, 4}, {3, 4}}, {{3, 4}, {4}}, {{2, 1, 4}, {3, 1}}, {{1}, {2, 3}}, {{}, {3}}, {{0, 3}, {3}}};
+}
+
+Tensor f32(const Shape& s) { return tg::zeros(s, tg::float32); }
+Tensor f64(const Shape& s) { return tg::zeros(s, tg::float64); }
+
+ErrorInput bad_dtype_unary(const std::string& name, std::function<Tensor(const Tensor&)> f) {
+  return {"integer input", [f] { f(tg::zeros({2, 3}, tg::int64)); }, Raises::dtype, {name, "'x'", "int64", "[2, 3]"}};
+}
+
+OpInfo unary(std::string name, std::function<Tensor(const Tensor&)> f, std::function<double(double)> ref,
+             bool positive = false) {
+  OpInfo info;
+  info.name = name;
+  info.covers = {name};
+  info.samples = unary_shapes();
+  info.op = [f](const Ins& in) { return Outs{f(in[0])}; };
+  info.reference = [ref](const Refs& in) { return Refs{ref_map(in, [ref](const auto& x) { return ref(x[0]); })}; };
+  info.positive = positive;
+  info.errors = {bad_dtype_unary(name, f), {"undefined input", [f] { f(Tensor()); }, Raises::any, {name, "'x'", "undefined"}}};
+  return info;
+}
+
+std::vector<ErrorInput> binary_errors(const std::string& name, std::function<Tensor(const Tensor&, const Tensor&)> f) {
+  return {
+      {"shapes that do not broadcast", [f] { f(f32({3, 4}), f32({5})); }, Raises::shape, {name, "'b'", "[5]", "'a'", "[3, 4]"}},
+      {"float32 with float64", [f] { f(f32({2}), f64({2})); }, Raises::dtype, {name, "float32", "float64", "same dtype"}},
+      {"bool input", [f] { f(tg::zeros({2}, tg::bool_), f32({2})); }, Raises::dtype, {name, "'a'", "bool"}},
+  };
+}
+
+OpInfo binary(std::string name, std::function<Tensor(const Tensor&, const Tensor&)> f, std::function<double(double, double)> ref,
+              bool positive = false) {
+  OpInfo info;
+  info.name = name;
+  info.covers = {name};
+  info.samples = binary_shapes();
+  info.op = [f](const Ins& in) { return Outs{f(in[0], in[1])}; };
+  info.reference = [ref](const Refs& in) { return Refs{ref_map(in, [ref](const auto& x) { return ref(x[0], x[1]); })}; };
+  info.positive = positive;
+  info.errors = binary_errors(name, f);
+  return info;
+}
+
+OpInfo with_scalar(std::string name, std::function<Tensor(const Tensor&, double)> f, std::function<double(double, double)> ref) {
+  OpInfo info;
+  info.name = name + "_scalar";
+  info.covers = {name};
+  info.samples = unary_shapes();
+  info.op = [f](const Ins& in) { return Outs{f(in[0], 1.75)}; };
+  info.reference = [ref](const Refs& in) { return Refs{ref_map(in, [ref](const auto& x) { return ref(x[0], 1.75); })}; };
+  info.errors = {{"bool input", [f] { f(tg::zeros({2}, tg::bool_), 1.0); }, Raises::dtype, {name, "'a'", "bool"}}};
+  return info;
+}
+
+OpInfo compare(std::string name, std::function<Tensor(const Tensor&, const Tensor&)> f, std::function<bool(double, double)> ref) {
+  OpInfo info;
+  info.name = name;
+  info.covers = {name};
+  info.differentiable = false;
+  // Rounded inputs make ties (equal elements) common, so eq/le/ge see both outcomes.
+  info.samples = {{{3, 4}, {3, 4}}, {{2, 1, 4}, {3, 1}}, {{}, {3}}};
+  info.op = [f](const Ins& in) {
+    return Outs{tg::to(f(tg::to(tg::to(tg::mul(in[0], 2.0), tg::int64), in[0].dtype()),
+                         tg::to(tg::to(tg::mul(in[1], 2.0), tg::int64), in[1].dtype())),
+                       in[0].dtype())};
+  };
+  info.reference = [ref](const Refs& in) {
+    return Refs{ref_map(in, [ref](const auto& x) { return ref(std::trunc(2 * x[0]), std::trunc(2 * x[1])) ? 1.0 : 0.0; })};
+  };
+  info.errors = {{"mixed dtypes", [f] { f(f32({2}), f64({2})); }, Raises::dtype, {name, "'a'", "'b'", "same dtype"}},
+                 {"shapes that do not broadcast", [f] { f(f32({2}), f32({3})); }, Raises::shape, {name, "[2]", "[3]"}}};
+  return info;
+}
+
+OpInfo logic(std::string name, std::function<Tensor(const Tensor&, const Tensor&)> f, std::function<bool(bool, bool)> ref) {
+  OpInfo info;
+  info.name = name;
+  info.covers = {name};
+  info.differentiable = false;
+  info.samples = {{{3, 4}, {3, 4}}, {{2, 1, 4}, {3, 1}}};
+  info.op = [f](const Ins& in) {
+    const Tensor zero = tg::scalar(0.0, in[0].dtype());
+    return Outs{tg::to(f(tg::gt(in[0], zero), tg::gt(in[1], zero)), in[0].dtype())};
+  };
+  info.reference = [ref](const Refs& in) {
+    return Refs{ref_map(in, [ref](const auto& x) { return ref(x[0] > 0, x[1] > 0) ? 1.0 : 0.0; })};
+  };
+  info.errors = {{"float input", [f] { f(f32({2}), tg::zeros({2}, tg::bool_)); }, Raises::dtype, {name, "'a'", "bool", "float32"}}};
+  return info;
+}
+
+double sum_of(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return s;
+}
+double max_of(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
+
+// A reduction entry for one (dims, keepdim) choice over several shapes.
+OpInfo reduction_case(std::string name, std::function<Tensor(const Tensor&, const tg::Dims&, bool)> f,
+                      std::function<double(const std::vector<double>&)> ref, tg::Dims dims, bool keepdim,
+                      std::vector<std::vector<Shape>> samples) {
+  OpInfo info;
+  info.name = fmt::format("{}(dims={}, keepdim={})", name, dims, keepdim);
+  info.covers = {name};
+  info.samples = std::move(samples);
+  info.op = [f, dims, keepdim](const Ins& in) { return Outs{f(in[0], dims, keepdim)}; };
+  info.reference = [ref, dims, keepdim](const Refs& in) { return Refs{ref_reduce(in[0], dims, keepdim, ref)}; };
+  info.errors = {
+      {"dim out of range", [f] { f(f32({2, 3}), {2}, false); }, Raises::shape, {name, "'dims'", "rank 2"}},
+      {"dim named twice", [f] { f(f32({2, 3}), {1, -1}, false); }, Raises::shape, {name, "'dims'", "twice", "[2, 3]"}},
+      {"integer input", [f] { f(tg::zeros({2}, tg::int64), {0}, false); }, Raises::dtype, {name, "'x'", "int64"}},
+  };
+  return info;
+}
+
+OpInfo view_op(std::string name, std::vector<std::string> covers, std::vector<std::vector<Shape>> samples,
+               std::function<Tensor(const Tensor&)> f, std::function<Ref(const Ref&)> ref, std::vector<ErrorInput> errors) {
+  OpInfo info;
+  info.name = std::move(name);
+  info.covers = std::move(covers);
+  info.samples = std::move(samples);
+  info.op = [f](const Ins& in) { return Outs{f(in[0])}; };
+  info.reference = [ref](const Refs& in) { return Refs{ref(in[0])}; };
+  info.errors = std::move(errors);
+  return info;
+}
+
+Ref ref_reshape(const Ref& r, Shape s) { return {std::move(s), r.v}; }
+
+Ref ref_permute(const Ref& r, const std::vector<std::int64_t>& dims) {
+  Shape shape;
+  for (auto d : dims) shape.push_back(r.shape[static_cast<std::size_t>(d)]);
+  return ref_gather(r, shape, [&](const std::vector<std::int64_t>& out) {
+    std::vector<std::int64_t> in(out.size());
+    for (std::size_t i = 0; i < dims.size(); ++i) in[static_cast<std::size_t>(dims[i])] = out[i];
+    return in;
+  });
+}
+
+std::vector<OpInfo> build() {
+  std::vector<OpInfo> t;
+  // Elementwise binary.
+  t.push_back(binary("add", [](auto& a, auto& b) { return tg::add(a, b); }, [](double x, double y) { return x + y; }));
+  t.push_back(binary("sub", [](auto& a, auto& b) { return tg::sub(a, b); }, [](double x, double y) { return x - y; }));
+  t.push_back(binary("mul", [](auto& a, auto& b) { return tg::mul(a, b); }, [](double x, double y) { return x * y; }));
+  t.push_back(binary("div", [](auto& a, auto& b) { return tg::div(a, b); }, [](double x, double y) { return x / y; }, true));
+  t.push_back(with_scalar("add", [](auto& a, double s) { return tg::add(a, s); }, [](double x, double s) { return x + s; }));
+  t.push_back(with_scalar("sub", [](auto& a, double s) { return tg::sub(a, s); }, [](double x, double s) { return x - s; }));
+  t.push_back(with_scalar("mul", [](auto& a, double s) { return tg::mul(a, s); }, [](double x, double s) { return x * s; }));
+  t.push_back(with_scalar("div", [](auto& a, double s) { return tg::div(a, s); }, [](double x, double s) { return x / s; }));
+  t.push_back(binary("operators", [](auto& a, auto& b) { return (a + b) * (a - b) / (b * b + 1.0) + 2.0 * -a; },
+                     [](double x, double y) { return (x + y) * (x - y) / (y * y + 1.0) + 2.0 * -x; }));
+  t.back().errors.clear();  // the operators are the named ops above, whose errors are checked there
+
+  // Elementwise unary.
+  t.push_back(unary("neg", [](auto& x) { return tg::neg(x); }, [](double x) { return -x; }));
+  t.push_back(unary("exp", [](auto& x) { return tg::exp(x); }, [](double x) { return std::exp(x); }));
+  t.push_back(unary("log", [](auto& x) { return tg::log(x); }, [](double x) { return std::log(x); }, true));
+  t.push_back(unary("sqrt", [](auto& x) { return tg::sqrt(x); }, [](double x) { return std::sqrt(x); }, true));
+  t.push_back(unary("tanh", [](auto& x) { return tg::tanh(x); }, [](double x) { return std::tanh(x); }));
+  t.push_back(unary("relu", [](auto& x) { return tg::relu(x); }, [](double x) { return x > 0 ? x : 0.0; }));
+  t.push_back(unary("gelu", [](auto& x) { return tg::gelu(x); },
+                    [](double x) { return 0.5 * x * (1 + std::erf(x / std::numbers::sqrt2)); }));
+  for (double p : {2.0, 0.0, -1.5, 2.5}) {
+    auto info = unary("pow", [p](auto& x) { return tg::pow(x, p); }, [p](double x) { return std::pow(x, p); }, true);
+    info.name = fmt::format("pow({})", p);
+    info.errors.push_back({"non-finite exponent", [] { tg::pow(f32({2}), std::nan("")); }, Raises::value, {"pow", "'exponent'", "finite"}});
+    t.push_back(info);
+  }
+
+  // Comparisons and logic (not differentiable: forward and errors only).
+  t.push_back(compare("eq", [](auto& a, auto& b) { return tg::eq(a, b); }, [](double x, double y) { return x == y; }));
+  t.push_back(compare("ne", [](auto& a, auto& b) { return tg::ne(a, b); }, [](double x, double y) { return x != y; }));
+  t.push_back(compare("lt", [](auto& a, auto& b) { return tg::lt(a, b); }, [](double x, double y) { return x < y; }));
+  t.push_back(compare("le", [](auto& a, auto& b) { return tg::le(a, b); }, [](double x, double y) { return x <= y; }));
+  t.push_back(compare("gt", [](auto& a, auto& b) { return tg::gt(a, b); }, [](double x, double y) { return x > y; }));
+  t.push_back(compare("ge", [](auto& a, auto& b) { return tg::ge(a, b); }, [](double x, double y) { return x >= y; }));
+  t.push_back(logic("logical_and", [](auto& a, auto& b) { return tg::logical_and(a, b); }, [](bool x, bool y) { return x && y; }));
+  t.push_back(logic("logical_or", [](auto& a, auto& b) { return tg::logical_or(a, b); }, [](bool x, bool y) { return x || y; }));
+  {
+    OpInfo info;
+    info.name = "logical_not/any/all";
+    info.covers = {"logical_not", "any", "all"};
+    info.differentiable = false;
+    info.samples = {{{3, 4}}, {{5}}, {{}}};
+    info.op = [](const Ins& in) {
+      const Tensor m = tg::gt(in[0], tg::scalar(0.0, in[0].dtype()));
+      const Tensor n = tg::logical_not(m);
+      return Outs{tg::to(n, in[0].dtype()), tg::scalar(tg::any(n) ? 1 : 0, in[0].dtype()),
+                  tg::scalar(tg::all(m) ? 1 : 0, in[0].dtype())};
+    };
+    info.reference = [](const Refs& in) {
+      bool any_not = false, all_pos = true;
+      for (double v : in[0].v) {
+        any_not = any_not || !(v > 0);
+        all_pos = all_pos && v > 0;
+      }
+      return Refs{ref_map(in, [](const auto& x) { return x[0] > 0 ? 0.0 : 1.0; }), Ref{{}, {any_not ? 1.0 : 0.0}},
+                  Ref{{}, {all_pos ? 1.0 : 0.0}}};
+    };
+    info.errors = {{"float input", [] { tg::logical_not(f32({2})); }, Raises::dtype, {"logical_not", "'a'", "bool"}},
+                   {"float input", [] { tg::any(f32({2})); }, Raises::dtype, {"any", "'a'", "bool"}}};
+    t.push_back(info);
+  }
+
+  // Selection.
+  {
+    OpInfo info;
+    info.name = "where";
+    info.covers = {"where"};
+    info.samples = {{{3, 4}, {3, 4}}, {{3, 4}, {4}}, {{2, 1, 4}, {3, 1}}, {{}, {3}}};
+    info.op = [](const Ins& in) {
+      return Outs{tg::where(pattern_mask(tg::broadcast_shapes(in[0].shape(), in[1].shape())), in[0], in[1])};
+    };
+    info.reference = [](const Refs& in) {
+      Ref out = ref_map(in, [](const auto& x) { return x[0]; });
+      Ref other = ref_map(in, [](const auto& x) { return x[1]; });
+      for (std::size_t i = 0; i < out.v.size(); ++i)
+        if (!pattern_value(static_cast<std::int64_t>(i))) out.v[i] = other.v[i];
+      return Refs{out};
+    };
+    info.errors = {{"float condition", [] { tg::where(f32({2}), f32({2}), f32({2})); }, Raises::dtype, {"where", "'cond'", "bool", "float32"}},
+                   {"mixed dtypes", [] { tg::where(tg::mask({true}), f32({1}), f64({1})); }, Raises::dtype, {"where", "'a'", "'b'"}},
+                   {"condition that does not broadcast", [] { tg::where(tg::zeros({3}, tg::bool_), f32({2}), f32({2})); },
+                    Raises::shape, {"where", "'cond'", "[3]", "[2]"}}};
+    t.push_back(info);
+  }
+  {
+    OpInfo info;
+    info.name = "masked_fill";
+    info.covers = {"masked_fill"};
+    info.samples = {{{3, 4}}, {{2, 3, 4}}, {{5}}};
+    info.op = [](const Ins& in) {
+      const Shape& s = in[0].shape();
+      return Outs{tg::masked_fill(in[0], pattern_mask(Shape(s.end() - 1, s.end())), -3.5)};
+    };
+    info.reference = [](const Refs& in) {
+      Ref out = in[0];
+      const std::int64_t last = in[0].shape.back();
+      for (std::size_t i = 0; i < out.v.size(); ++i)
+        if (pattern_value(static_cast<std::int64_t>(i) % last)) out.v[i] = -3.5;
+      return Refs{out};
+    };
+    info.errors = {{"mask larger than x", [] { tg::masked_fill(f32({4}), tg::zeros({3, 4}, tg::bool_), 0.0); }, Raises::shape,
+                    {"masked_fill", "'mask'", "[3, 4]", "[4]"}},
+                   {"float mask", [] { tg::masked_fill(f32({4}), f32({4}), 0.0); }, Raises::dtype, {"masked_fill", "'mask'", "bool"}}};
+    t.push_back(info);
+  }
+  {
+    OpInfo info;
+    info.name = "to";
+    info.covers = {"to"};
+    info.samples = unary_shapes();
+    // There and back through the other float dtype: the values round to float32 on the way.
+    info.op = [](const Ins& in) {
+      const tg::DType other = in[0].dtype() == tg::float64 ? tg::float32 : tg::float64;
+      return Outs{tg::to(tg::to(in[0], other), in[0].dtype())};
+    };
+    info.reference = [](const Refs& in) {
+      return Refs{ref_map(in, [](const auto& x) { return static_cast<double>(static_cast<float>(x[0])); })};
+    };
+    // The cast is linear, so a large step has no truncation error and keeps float32 rounding
+    // (~1e-7 |x|) small next to 2 eps.
+    info.grad.eps = 1e-2;
+    info.grad.atol = 1e-4;
+    info.errors = {{"undefined input", [] { tg::to(Tensor(), tg::float32); }, Raises::any, {"to", "'x'", "undefined"}}};
+    t.push_back(info);
+  }
+
+  // Reductions.
+  const std::vector<std::vector<Shape>> rs = {{{3, 4}}, {{2, 3, 4}}, {{1, 4}}};
+  for (auto [dims, keep] : std::vector<std::pair<tg::Dims, bool>>{{{1}, false}, {{0}, true}, {{-1}, true}, {{}, false}, {{}, true}}) {
+    t.push_back(reduction_case("sum", [](auto& x, auto& d, bool k) { return tg::sum(x, d, k); }, sum_of, dims, keep, rs));
+    t.push_back(reduction_case("mean", [](auto& x, auto& d, bool k) { return tg::mean(x, d, k); },
+                               [](const auto& v) { return sum_of(v) / static_cast<double>(v.size()); }, dims, keep, rs));
+    auto mx = reduction_case("max", [](auto& x, auto& d, bool k) { return tg::max(x, d, k); }, max_of, dims, keep, rs);
+    mx.errors.push_back({"zero-size reduced dim", [] { tg::max(f32({0, 3}), {0}, false); }, Raises::shape, {"max", "zero-size", "[0, 3]"}});
+    t.push_back(mx);
+  }
+  t.push_back(reduction_case("sum", [](auto& x, auto& d, bool k) { return tg::sum(x, d, k); }, sum_of, {0, 2}, false, {{{2, 3, 4}}, {{2, 0, 4}}}));
+  {
+    OpInfo info;
+    info.name = "sum/mean/max of all";
+    info.covers = {"sum", "mean", "max"};
+    info.samples = {{{3, 4}}, {{5}}, {{}}};
+    info.op = [](const Ins& in) { return Outs{tg::sum(in[0]), tg::mean(in[0]), tg::max(in[0])}; };
+    info.reference = [](const Refs& in) {
+      return Refs{Ref{{}, {sum_of(in[0].v)}}, Ref{{}, {sum_of(in[0].v) / static_cast<double>(in[0].v.size())}}, Ref{{}, {max_of(in[0].v)}}};
+    };
+    t.push_back(info);
+  }
+
+  // Views.
+  t.push_back(view_op("reshape", {"reshape", "flatten"}, {{{3, 4}}, {{2, 3, 4}}, {{12}}},
+                      [](auto& x) { return tg::reshape(x, {-1, 2}); }, [](const Ref& r) { return ref_reshape(r, {r.numel() / 2, 2}); },
+                      {{"element count mismatch", [] { tg::reshape(f32({3, 4}), {5, 2}); }, Raises::shape, {"reshape", "'shape'", "[5, 2]", "[3, 4]"}},
+                       {"two -1", [] { tg::reshape(f32({3, 4}), {-1, -1}); }, Raises::shape, {"reshape", "-1"}}}));
+  t.push_back(view_op("flatten", {"flatten"}, {{{3, 4}}, {{2, 3, 4}}, {{}}}, [](auto& x) { return tg::flatten(x); },
+                      [](const Ref& r) { return ref_reshape(r, {r.numel()}); }, {}));
+  t.push_back(view_op("permute", {"permute", "Tensor::permute"}, {{{2, 3, 4}}, {{1, 3, 2}}},
+                      [](auto& x) { return tg::permute(x, {2, 0, 1}); }, [](const Ref& r) { return ref_permute(r, {2, 0, 1}); },
+                      {{"wrong length", [] { tg::permute(f32({2, 3}), {0}); }, Raises::shape, {"permute", "'dims'", "[2, 3]"}},
+                       {"repeated dim", [] { tg::permute(f32({2, 3}), {1, 1}); }, Raises::shape, {"permute", "repeats", "[2, 3]"}}}));
+  t.push_back(view_op("transpose", {"transpose"}, {{{3, 4}}, {{2, 3, 4}}}, [](auto& x) { return tg::transpose(x, 0, -1); },
+                      [](const Ref& r) {
+                        std::vector<std::int64_t> d(r.shape.size());
+                        for (std::size_t i = 0; i < d.size(); ++i) d[i] = static_cast<std::int64_t>(i);
+                        std::swap(d.front(), d.back());
+                        return ref_permute(r, d);
+                      },
+                      {{"dim out of range", [] { tg::transpose(f32({2, 3}), 0, 2); }, Raises::shape, {"transpose", "'dim1'", "rank 2"}}}));
+  t.push_back(view_op("slice", {"slice"}, {{{5, 4}}, {{7, 2, 3}}}, [](auto& x) { return tg::slice(x, 0, 1, -1, 2); },
+                      [](const Ref& r) {
+                        Shape s = r.shape;
+                        s[0] = (s[0] - 1 - 1 + 1) / 2;
+                        return ref_gather(r, s, [](auto idx) { idx[0] = 1 + 2 * idx[0]; return idx; });
+                      },
+                      {{"zero step", [] { tg::slice(f32({4}), 0, 0, 4, 0); }, Raises::value, {"slice", "'step'", "[4]"}},
+                       {"dim out of range", [] { tg::slice(f32({4}), 1, 0, 4); }, Raises::shape, {"slice", "'dim'", "rank 1"}}}));
+  t.push_back(view_op("narrow", {"narrow"}, {{{3, 5}}, {{2, 6}}}, [](auto& x) { return tg::narrow(x, 1, 1, 3); },
+                      [](const Ref& r) {
+                        Shape s = r.shape;
+                        s[1] = 3;
+                        return ref_gather(r, s, [](auto idx) { idx[1] += 1; return idx; });
+                      },
+                      {{"past the end", [] { tg::narrow(f32({3, 5}), 1, 3, 3); }, Raises::shape, {"narrow", "[3, 6)", "size 5", "[3, 5]"}}}));
+  t.push_back(view_op("select", {"select"}, {{{3, 4}}, {{2, 3, 4}}}, [](auto& x) { return tg::select(x, 1, -1); },
+                      [](const Ref& r) {
+                        Shape s = r.shape;
+                        const std::int64_t last = s[1] - 1;
+                        s.erase(s.begin() + 1);
+                        return ref_gather(r, s, [last](auto idx) { idx.insert(idx.begin() + 1, last); return idx; });
+                      },
+                      {{"index out of range", [] { tg::select(f32({3, 4}), 1, 4); }, Raises::shape, {"select", "'index'", "size 4", "[3, 4]"}}}));
+  t.push_back(view_op("expand", {"expand", "broadcast_to"}, {{{3, 1}}, {{1}}, {{4}}, {{2, 1, 4}}},
+                      [](auto& x) { return tg::broadcast_to(x, {2, 3, 4}); },
+                      [](const Ref& r) {
+                        Ref out{{2, 3, 4}, {}};
+                        for (std::int64_t i = 0; i < out.numel(); ++i) out.v.push_back(r.at_broadcast(out.unravel(i)));
+                        return out;
+                      },
+                      {{"incompatible size", [] { tg::expand(f32({3, 2}), {3, 4}); }, Raises::shape, {"expand", "[3, 2]", "[3, 4]"}},
+                       {"fewer dims", [] { tg::expand(f32({3, 2}), {2}); }, Raises::shape, {"expand", "fewer dims"}}}));
+  t.push_back(view_op("squeeze/unsqueeze", {"squeeze", "unsqueeze"}, {{{3, 1, 4}}, {{1, 1, 2}}},
+                      [](auto& x) { return tg::unsqueeze(tg::squeeze(x, 1), -1); },
+                      [](const Ref& r) { return ref_reshape(r, {r.shape[0], r.shape[2], 1}); },
+                      {{"squeeze a non-1 dim", [] { tg::squeeze(f32({3, 2}), 1); }, Raises::shape, {"squeeze", "size 2", "[3, 2]"}},
+                       {"unsqueeze out of range", [] { tg::unsqueeze(f32({3}), 3); }, Raises::shape, {"unsqueeze", "'dim'"}}}));
+  t.push_back(view_op("contiguous", {"contiguous", "Tensor::contiguous"}, unary_shapes(), [](auto& x) { return tg::contiguous(x); },
+                      [](const Ref& r) { return r; }, {}));
+
+  // Joins.
+  {
+    OpInfo info;
+    info.name = "concat";
+    info.covers = {"concat"};
+    info.samples = {{{2, 3}, {4, 3}, {1, 3}}, {{2, 1, 2}, {2, 3, 2}, {2, 2, 2}}};
+    info.op = [](const Ins& in) { return Outs{tg::concat(in, in[0].dim() == 2 ? 0 : 1)}; };
+    info.reference = [](const Refs& in) {
+      const std::size_t d = in[0].shape.size() == 2 ? 0 : 1;
+      Shape s = in[0].shape;
+      s[d] = 0;
+      for (const auto& r : in) s[d] += r.shape[d];
+      Ref out{s, {}};
+      for (std::int64_t i = 0; i < out.numel(); ++i) {
+        auto idx = out.unravel(i);
+        std::size_t k = 0;
+        while (idx[d] >= in[k].shape[d]) idx[d] -= in[k++].shape[d];
+        out.v.push_back(in[k].v[static_cast<std::size_t>(in[k].ravel(idx))]);
+      }
+      return Refs{out};
+    };
+    info.errors = {{"mismatched shapes", [] { tg::concat({f32({2, 3}), f32({2, 4})}, 0); }, Raises::shape, {"concat", "'tensors[1]'", "[2, 4]", "[2, 3]"}},
+                   {"no tensors", [] { tg::concat({}, 0); }, Raises::value, {"concat", "'tensors'", "empty"}},
+                   {"mixed dtypes", [] { tg::concat({f32({2}), f64({2})}, 0); }, Raises::dtype, {"concat", "'tensors[1]'", "float64"}}};
+    t.push_back(info);
+  }
+  {
+    OpInfo info;
+    info.name = "stack";
+    info.covers = {"stack"};
+    info.samples = {{{2, 3}, {2, 3}}, {{4}, {4}, {4}}};
+    info.op = [](const Ins& in) { return Outs{tg::stack(in, -1)}; };
+    info.reference = [](const Refs& in) {
+      Shape s = in[0].shape;
+      s.push_back(static_cast<std::int64_t>(in.size()));
+      Ref out{s, {}};
+      for (std::int64_t i = 0; i < out.numel(); ++i) {
+        auto idx = out.unravel(i);
+        const auto k = static_cast<std::size_t>(idx.back());
+        idx.pop_back();
+        out.v.push_back(in[k].v[static_cast<std::size_t>(in[k].ravel(idx))]);
+      }
+      return Refs{out};
+    };
+    info.errors = {{"mismatched shapes", [] { tg::stack({f32({2, 3}), f32({3, 2})}, 0); }, Raises::shape, {"stack", "'tensors[1]'", "[3, 2]", "[2, 3]"}}};
+    t.push_back(info);
+  }
+
+  // Matmul.
+  {
+    OpInfo info;
+    info.name = "matmul";
+    info.covers = {"matmul", "bfloat16_native"};  // bfloat16 results: test_matmul
+    info.samples = {{{3, 4}, {4, 5}}, {{1, 1}, {1, 1}}, {{1, 7}, {7, 1}}, {{2, 3, 4}, {4, 2}}, {{2, 1, 3, 4}, {5, 4, 2}}, {{0, 3}, {3, 2}}, {{2, 0}, {0, 3}}};
+    info.op = [](const Ins& in) { return Outs{tg::matmul(in[0], in[1])}; };
+    info.reference = [](const Refs& in) { return Refs{ref_matmul(in[0], in[1])}; };
+    info.errors = {{"rank 1", [] { tg::matmul(f32({3}), f32({3, 2})); }, Raises::shape, {"matmul", "'a'", "rank >= 2", "[3]"}},
+                   {"inner dims differ", [] { tg::matmul(f32({2, 3}), f32({4, 2})); }, Raises::shape, {"matmul", "'a'", "[2, 3]", "'b'", "[4, 2]"}},
+                   {"batch dims do not broadcast", [] { tg::matmul(f32({2, 2, 3}), f32({3, 3, 2})); }, Raises::shape, {"matmul", "batch", "[2]", "[3]"}},
+                   {"mixed dtypes", [] { tg::matmul(f32({2, 2}), f64({2, 2})); }, Raises::dtype, {"matmul", "float32", "float64"}},
+                   {"bfloat16 on float64", [] { tg::matmul(f64({2, 2}), f64({2, 2}), tg::MatmulPrecision::bfloat16); }, Raises::dtype,
+                    {"matmul", "bfloat16", "float64"}}};
+    t.push_back(info);
+  }
+  return t;
+}
+
+}  // namespace
+
+const std::vector<OpInfo>& op_table() {
+  static const std::vector<OpInfo> table = build();
+  return table;
+}
+
+std::vector<std::string> op_names() {
+  std::vector<std::string> names;
+  for (const auto& op : op_table()) names.push_back(op.name);
+  return names;
+}
+
+const OpInfo& find_op(const std::string& name) {
+  for (const auto& op : op_table())
+    if (op.name == name) return op;
+  throw std::logic_error("no op named " + name);
+}
+
+}  // namespace tg_test

@@ -1,0 +1,45 @@
+// The op table: every public op registered once, with sample shapes, an independent reference,
+// gradcheck settings and error inputs (PyTorch's OpInfo idea). test_ops walks it.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "reference.hpp"
+
+namespace tg_test {
+
+enum class Raises { shape, dtype, value, graph, any };
+
+struct ErrorInput {
+  std::string description;
+  std::function<void()> call;
+  Raises raises;
+  std::vector<std::string> fragments;  // each must appear in the message
+};
+
+struct OpInfo {
+  std::string name;
+  // Public functions this entry exercises (the coverage test checks every public op is named).
+  std::vector<std::string> covers;
+  // Each sample lists the shapes of the floating inputs.
+  std::vector<std::vector<tapegrad::Shape>> samples;
+  std::function<std::vector<tapegrad::Tensor>(const std::vector<tapegrad::Tensor>&)> op;
+  std::function<std::vector<Ref>(const std::vector<Ref>&)> reference;
+  bool differentiable = true;
+  bool positive = false;  // draw inputs from [0.5, 2] (log, sqrt, div...)
+  tapegrad::GradcheckOptions grad{};
+  double f32_tol = 2e-5;  // float32 vs float64 agreement, absolute and relative
+  std::vector<ErrorInput> errors;
+};
+
+const std::vector<OpInfo>& op_table();
+std::vector<std::string> op_names();
+const OpInfo& find_op(const std::string& name);
+
+// A deterministic bool pattern for ops that take a condition or mask.
+tapegrad::Tensor pattern_mask(const tapegrad::Shape& shape);
+bool pattern_value(std::int64_t flat);
+
+}  // namespace tg_test

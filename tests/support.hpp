@@ -1,0 +1,48 @@
+// Helpers shared by the test suites.
+#pragma once
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <boost/test/unit_test.hpp>
+#include <fmt/ranges.h>
+#include <tapegrad/tapegrad.hpp>
+
+namespace tg_test {
+
+using tapegrad::Shape;
+using tapegrad::Tensor;
+
+// Checks that `call` throws E (or a subclass) and that the message contains every fragment.
+template <class E, class F>
+void check_throws(F&& call, const std::vector<std::string>& fragments) {
+  try {
+    call();
+    BOOST_ERROR("expected an exception mentioning '" << (fragments.empty() ? "" : fragments[0]) << "'");
+  } catch (const E& e) {
+    const std::string msg = e.what();
+    for (const auto& f : fragments)
+      BOOST_CHECK_MESSAGE(msg.find(f) != std::string::npos, "message '" << msg << "' lacks '" << f << "'");
+  }
+}
+
+// |a - b| <= atol + rtol |b| elementwise, reporting the first failure with its index.
+inline void check_close(const std::vector<double>& a, const std::vector<double>& b, double atol, double rtol,
+                        const std::string& what) {
+  BOOST_REQUIRE_MESSAGE(a.size() == b.size(), what << ": sizes " << a.size() << " vs " << b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const bool same_nonfinite = !std::isfinite(a[i]) && !std::isfinite(b[i]) && (std::isnan(a[i]) == std::isnan(b[i]));
+    if (same_nonfinite) continue;
+    if (!(std::abs(a[i] - b[i]) <= atol + rtol * std::abs(b[i]))) {
+      BOOST_ERROR(what << ": element " << i << " is " << a[i] << ", expected " << b[i]);
+      return;
+    }
+  }
+}
+
+inline void check_close(const Tensor& a, const std::vector<double>& expected, double atol, const std::string& what) {
+  check_close(a.to_vector<double>(), expected, atol, 0.0, what);
+}
+
+}  // namespace tg_test

@@ -1,0 +1,2 @@
+#define BOOST_TEST_MODULE test_gradcheck
+#include "support.hpp"

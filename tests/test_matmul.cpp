@@ -1,0 +1,2 @@
+#define BOOST_TEST_MODULE test_matmul
+#include "support.hpp"

@@ -1,0 +1,202 @@
+// The data-driven op suite: every entry of the op table, on every sample, in every layout
+// (contiguous, transposed, strided, expanded), is checked against its reference in float64,
+// against float64 in float32, for dtype preservation and untouched inputs, by float64
+// gradcheck, and on its error inputs.
+#define BOOST_TEST_MODULE ops
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+
+#include <boost/test/data/monomorphic.hpp>
+#include <boost/test/data/test_case.hpp>
+
+#include "op_table.hpp"
+#include "support.hpp"
+
+namespace tg = tapegrad;
+namespace bdata = boost::unit_test::data;
+using namespace tg_test;
+using tg::Shape;
+using tg::Tensor;
+
+namespace {
+
+enum class Layout { contiguous, transposed, strided, expanded };
+const char* layout_name(Layout l) {
+  switch (l) {
+    case Layout::contiguous: return "contiguous";
+    case Layout::transposed: return "transposed";
+    case Layout::strided: return "strided";
+    case Layout::expanded: return "expanded";
+  }
+  return "?";
+}
+
+// The leaves a test owns, and how each becomes the op's input (expanded or as is).
+struct Inputs {
+  std::vector<Tensor> leaves;
+  std::vector<Shape> shapes;  // the op's input shapes
+  bool expand = false;
+
+  std::vector<Tensor> apply(const std::vector<Tensor>& leaves_now) const {
+    std::vector<Tensor> out;
+    for (std::size_t i = 0; i < leaves_now.size(); ++i)
+      out.push_back(expand ? tg::expand(leaves_now[i], shapes[i]) : leaves_now[i]);
+    return out;
+  }
+  std::vector<Ref> refs() const {
+    std::vector<Ref> out;
+    for (std::size_t i = 0; i < leaves.size(); ++i) {
+      const Ref leaf = Ref::of(leaves[i]);
+      Ref r{shapes[i], {}};
+      for (std::int64_t k = 0; k < r.numel(); ++k) r.v.push_back(leaf.at_broadcast(r.unravel(k)));
+      out.push_back(r);
+    }
+    return out;
+  }
+};
+
+Shape expanded_leaf_shape(Shape s) {
+  for (auto& d : s)
+    if (d > 1) {
+      d = 1;
+      break;
+    }
+  return s;
+}
+
+// Same values, different memory layout.
+Tensor arrange(const Tensor& base, Layout layout) {
+  tg::NoGradGuard no_grad;
+  const auto rank = base.dim();
+  if (layout == Layout::transposed && rank >= 2) {
+    std::vector<std::int64_t> rev;
+    for (auto d = rank - 1; d >= 0; --d) rev.push_back(d);
+    Tensor t = tg::permute(tg::contiguous(tg::permute(base, rev)), rev);
+    BOOST_REQUIRE(!t.is_contiguous() || base.numel() <= 1 || base.shape()[0] == 1 || base.shape().back() == 1);
+    return t.detach();
+  }
+  if (layout == Layout::strided && rank >= 1) {
+    Tensor t = tg::select(tg::stack({base, tg::zeros_like(base)}, -1), -1, 0);
+    return t.detach();
+  }
+  return base;
+}
+
+Inputs make_inputs(const OpInfo& info, const std::vector<Shape>& shapes, Layout layout, tg::DType dtype, std::uint64_t seed) {
+  Inputs in;
+  in.shapes = shapes;
+  in.expand = layout == Layout::expanded;
+  tg::Generator gen(seed);
+  for (const auto& s : shapes) {
+    const Shape leaf_shape = in.expand ? expanded_leaf_shape(s) : s;
+    Tensor base = info.positive ? tg::rand(leaf_shape, gen, tg::float64, 0.5, 2.0) : tg::randn(leaf_shape, gen, tg::float64);
+    in.leaves.push_back(arrange(tg::to(base, dtype), layout));
+  }
+  return in;
+}
+
+bool layout_applies(const std::vector<Shape>& shapes, Layout layout) {
+  if (layout != Layout::expanded) return true;
+  for (const auto& s : shapes)
+    if (expanded_leaf_shape(s) != s) return true;
+  return false;
+}
+
+std::string shapes_str(const std::vector<Shape>& shapes) {
+  std::string out;
+  for (const auto& s : shapes) out += fmt::format("[{}]", fmt::join(s, ", "));
+  return out;
+}
+
+void check_against_reference(const std::string& name) {
+  const OpInfo& info = find_op(name);
+  std::uint64_t seed = 1;
+  for (const auto& shapes : info.samples) {
+    for (Layout layout : {Layout::contiguous, Layout::transposed, Layout::strided, Layout::expanded}) {
+      if (!layout_applies(shapes, layout)) continue;
+      BOOST_TEST_CONTEXT(name << " on " << shapes_str(shapes) << ", " << layout_name(layout)) {
+        ++seed;
+        // float64 against the independent reference; dtype kept; inputs untouched.
+        const Inputs in64 = make_inputs(info, shapes, layout, tg::float64, seed);
+        std::vector<std::vector<double>> before;
+        for (const auto& t : in64.leaves) before.push_back(t.to_vector<double>());
+        const auto out64 = info.op(in64.apply(in64.leaves));
+        const auto expected = info.reference(in64.refs());
+        BOOST_REQUIRE_EQUAL(out64.size(), expected.size());
+        for (std::size_t o = 0; o < out64.size(); ++o) {
+          BOOST_CHECK_MESSAGE(out64[o].shape() == expected[o].shape,
+                              "output " << o << " shape " << fmt::format("{}", out64[o].shape()) << " expected "
+                                        << fmt::format("{}", expected[o].shape));
+          BOOST_CHECK(out64[o].dtype() == tg::float64);
+          check_close(out64[o].to_vector<double>(), expected[o].v, 1e-12, 1e-12, fmt::format("{} output {}", name, o));
+        }
+        for (std::size_t i = 0; i < before.size(); ++i)
+          BOOST_CHECK_MESSAGE(in64.leaves[i].to_vector<double>() == before[i], "input " << i << " was modified");
+
+        // float32 agrees with float64 and stays float32.
+        const Inputs in32 = make_inputs(info, shapes, layout, tg::float32, seed);
+        const auto out32 = info.op(in32.apply(in32.leaves));
+        for (std::size_t o = 0; o < out32.size(); ++o) {
+          BOOST_CHECK(out32[o].dtype() == tg::float32);
+          check_close(out32[o].to_vector<double>(), out64[o].to_vector<double>(), info.f32_tol, info.f32_tol,
+                      fmt::format("{} float32 output {}", name, o));
+        }
+
+        // float64 gradients against central differences.
+        if (info.differentiable) {
+          std::vector<Tensor> leaves = in64.leaves;
+          for (auto& l : leaves) l = l.detach().set_requires_grad();
+          const auto result = tg::gradcheck([&](const std::vector<Tensor>& xs) { return info.op(in64.apply(xs)); }, leaves, info.grad);
+          BOOST_CHECK_MESSAGE(result.ok, result.report());
+        }
+        tg::clear_tape();
+      }
+    }
+  }
+}
+
+void check_error_inputs(const std::string& name) {
+  const OpInfo& info = find_op(name);
+  for (const auto& e : info.errors) {
+    BOOST_TEST_CONTEXT(name << ": " << e.description) {
+      switch (e.raises) {
+        case Raises::shape: check_throws<tg::ShapeError>(e.call, e.fragments); break;
+        case Raises::dtype: check_throws<tg::DTypeError>(e.call, e.fragments); break;
+        case Raises::value: check_throws<tg::ValueError>(e.call, e.fragments); break;
+        case Raises::graph: check_throws<tg::GraphError>(e.call, e.fragments); break;
+        case Raises::any: check_throws<std::invalid_argument>(e.call, e.fragments); break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(op_table_suite)
+
+BOOST_DATA_TEST_CASE(matches_reference_in_every_layout, bdata::make(op_names()), name) { check_against_reference(name); }
+
+BOOST_DATA_TEST_CASE(rejects_bad_inputs_with_clear_errors, bdata::make(op_names()), name) { check_error_inputs(name); }
+
+// Every op the public headers declare must be named by some entry, so nothing escapes the table.
+BOOST_AUTO_TEST_CASE(every_public_op_has_an_entry) {
+  std::set<std::string> covered;
+  for (const auto& info : op_table()) covered.insert(info.covers.begin(), info.covers.end());
+  const std::regex decl(R"(^(?:inline )?(?:Tensor|bool) (\w+)\()");
+  std::size_t found = 0;
+  for (const auto& file : std::filesystem::directory_iterator(TAPEGRAD_OPS_HEADERS)) {
+    std::ifstream in(file.path());
+    for (std::string line; std::getline(in, line);) {
+      std::smatch m;
+      if (!std::regex_search(line, m, decl)) continue;
+      ++found;
+      BOOST_CHECK_MESSAGE(covered.count(m[1]) == 1,
+                          m[1] << " (" << file.path().filename().string() << ") has no entry in the op table");
+    }
+  }
+  BOOST_TEST(found >= 30u);
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -1,0 +1,2 @@
+#define BOOST_TEST_MODULE test_tensor
+#include "support.hpp"

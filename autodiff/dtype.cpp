@@ -1,6 +1,7 @@
 #include "tapegrad/autodiff/dtype.hpp"
 
 #include <cstdint>
+#include <ostream>
 
 namespace tapegrad {
 
@@ -23,5 +24,7 @@ std::size_t itemsize(DType dtype) noexcept {
   }
   return 0;
 }
+
+std::ostream& operator<<(std::ostream& os, DType dtype) { return os << dtype_name(dtype); }
 
 }  // namespace tapegrad

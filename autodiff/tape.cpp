@@ -55,7 +55,8 @@ void accumulate_leaf(TensorImpl& leaf, const Tensor& g) {
   }
   // Keep g itself only when nothing else can see its storage: a leaf's gradient must not alias
   // an upstream gradient the caller still holds, nor be a broadcast (stride 0) view.
-  const bool exclusive = g.is_contiguous() && g.impl()->storage.use_count() == 1;
+  const bool exclusive =
+      g.is_contiguous() && g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1;
   leaf.grad = exclusive ? g : clone(g);
 }
 

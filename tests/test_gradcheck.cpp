@@ -1,2 +1,80 @@
-#define BOOST_TEST_MODULE test_gradcheck
+// The public gradient checker: it passes correct gradients, catches wrong ones, and reports
+// where.
+#define BOOST_TEST_MODULE gradcheck
 #include "support.hpp"
+
+namespace tg = tapegrad;
+using namespace tg_test;
+using tg::Tensor;
+
+namespace {
+
+// x^3 with a backward that is wrong by `error` (relative) on element 2 only.
+Tensor cube_with_bug(const Tensor& x, double error) {
+  Tensor y = tg::pow(x.detach(), 3.0);
+  std::vector<Tensor> outs{y};
+  const std::vector<Tensor> ins{x};
+  tg::record_op("cube_with_bug", ins, outs, [x, error](std::span<const Tensor> g, const std::vector<bool>&) {
+    Tensor d = tg::mul(g[0], tg::mul(tg::pow(x, 2.0), 3.0));
+    std::vector<double> v = d.to_vector<double>();
+    v[2] *= 1 + error;
+    return std::vector<Tensor>{tg::from_vector(v, d.shape())};
+  });
+  return outs[0];
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(passes_a_correct_gradient) {
+  Tensor x = tg::randn({2, 3}, 1, tg::float64).set_requires_grad();
+  Tensor w = tg::randn({3, 4}, 2, tg::float64).set_requires_grad();
+  const auto r = tg::gradcheck([](const std::vector<Tensor>& in) { return std::vector<Tensor>{tg::tanh(tg::matmul(in[0], in[1]))}; }, {x, w});
+  BOOST_TEST(r.ok, r.report());
+  BOOST_TEST(r.elements_checked == 18u);
+  BOOST_TEST(r.report().find("passed") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(catches_a_deliberately_wrong_backward) {
+  Tensor x = tg::tensor({0.5, -1.0, 1.5, 2.0}, tg::float64).set_requires_grad();
+  const auto good = tg::gradcheck([](const std::vector<Tensor>& in) { return std::vector<Tensor>{cube_with_bug(in[0], 0.0)}; }, {x});
+  BOOST_TEST(good.ok, good.report());
+  const auto bad = tg::gradcheck([](const std::vector<Tensor>& in) { return std::vector<Tensor>{cube_with_bug(in[0], 1e-3)}; }, {x});
+  BOOST_TEST(!bad.ok);
+  BOOST_TEST(bad.input == 0u);
+  BOOST_TEST(bad.index == (tg::Shape{2}));
+  // Both are d<w, f(x)>/dx with the same random w, so they differ by exactly the injected 0.1%.
+  BOOST_TEST(std::abs(bad.analytic / bad.numeric - 1.001) < 1e-7);
+  const std::string report = bad.report();
+  BOOST_TEST(report.find("FAILED") != std::string::npos, report);
+  BOOST_TEST(report.find("input 0 at [2]") != std::string::npos, report);
+  tg::clear_tape();
+}
+
+BOOST_AUTO_TEST_CASE(checks_only_inputs_that_require_grad_and_keeps_their_layout) {
+  Tensor base = tg::randn({4, 3}, 3, tg::float64);
+  Tensor xt = base.transpose(0, 1).set_requires_grad();  // a non-contiguous leaf
+  Tensor c = tg::randn({3, 4}, 4, tg::float64);            // a constant
+  const auto before = xt.to_vector<double>();
+  bool saw_strided = false;
+  const auto r = tg::gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        saw_strided = saw_strided || !in[0].is_contiguous();
+        return std::vector<Tensor>{tg::exp(in[0]) * in[1], tg::sum(in[0] * in[0], {0})};
+      },
+      {xt, c});
+  BOOST_TEST(r.ok, r.report());
+  BOOST_TEST(r.elements_checked == 12u);
+  BOOST_TEST(saw_strided);
+  BOOST_TEST(xt.to_vector<double>() == before);
+  BOOST_TEST(!xt.grad().defined());  // the caller's leaf is not touched either
+}
+
+BOOST_AUTO_TEST_CASE(rejects_what_it_cannot_check) {
+  Tensor f = tg::randn({2}, 1, tg::float32).set_requires_grad();
+  auto id = [](const std::vector<Tensor>& in) { return in; };
+  check_throws<tg::DTypeError>([&] { tg::gradcheck(id, {f}); }, {"gradcheck", "'inputs[0]'", "float64", "float32"});
+  Tensor e = tg::expand(tg::randn({1}, 1, tg::float64), {3}).detach().set_requires_grad();
+  check_throws<tg::ValueError>([&] { tg::gradcheck(id, {e}); }, {"gradcheck", "'inputs[0]'", "expand"});
+  Tensor x = tg::randn({2}, 1, tg::float64).set_requires_grad();
+  check_throws<tg::ValueError>([&] { tg::gradcheck(id, {x}, {.eps = 0}); }, {"gradcheck", "eps"});
+}

@@ -1,2 +1,123 @@
-#define BOOST_TEST_MODULE test_matmul
+// matmul: float32 (oneDNN) against float64 (own kernel) against a plain triple loop, on
+// awkward shapes and layouts; bfloat16 within its documented bound; gradients in float32.
+#define BOOST_TEST_MODULE matmul
+#include <boost/test/data/monomorphic.hpp>
+#include <boost/test/data/test_case.hpp>
+
+#include "reference.hpp"
 #include "support.hpp"
+
+namespace tg = tapegrad;
+namespace bdata = boost::unit_test::data;
+using namespace tg_test;
+using tg::Shape;
+using tg::Tensor;
+
+namespace {
+
+struct Case {
+  std::string name;
+  Shape a, b;
+  bool transpose_a = false, transpose_b = false;  // operand given as a transposed view
+};
+
+std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.name; }
+
+std::vector<Case> cases() {
+  return {
+      {"1x1", {1, 1}, {1, 1}},
+      {"1xN", {1, 17}, {17, 5}},
+      {"Nx1", {9, 3}, {3, 1}},
+      {"primes", {7, 13}, {13, 11}},
+      {"primes, both transposed", {31, 17}, {17, 29}, true, true},
+      {"a transposed", {16, 8}, {8, 12}, true, false},
+      {"b transposed", {5, 64}, {64, 33}, false, true},
+      {"batched", {3, 5, 7}, {3, 7, 4}},
+      {"broadcast batch", {2, 1, 5, 7}, {3, 7, 4}},
+      {"rank 2 times rank 4", {5, 6}, {2, 3, 6, 2}, false, true},
+      {"attention-like", {2, 4, 16, 8}, {2, 4, 8, 16}, false, true},
+      {"rank 13 (past oneDNN's limit)", {2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 4}, {2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 5, 4, 2}, false, true},
+      {"256 square", {256, 256}, {256, 256}},
+  };
+}
+
+// The operand with the case's layout: a transposed view of a contiguous tensor, same values.
+Tensor operand(const Shape& shape, bool transposed, std::uint64_t seed, tg::DType dtype) {
+  Tensor x = tg::randn(shape, seed, tg::float64).to(dtype);
+  if (!transposed) return x;
+  return tg::transpose(tg::contiguous(tg::transpose(x, -1, -2)), -1, -2);
+}
+
+}  // namespace
+
+BOOST_DATA_TEST_CASE(float32_and_float64_agree_with_a_triple_loop, bdata::make(cases()), c) {
+  const Tensor a64 = operand(c.a, c.transpose_a, 1, tg::float64), b64 = operand(c.b, c.transpose_b, 2, tg::float64);
+  const Tensor a32 = operand(c.a, c.transpose_a, 1, tg::float32), b32 = operand(c.b, c.transpose_b, 2, tg::float32);
+  if (c.transpose_a) BOOST_TEST(!a32.is_contiguous());
+  const Ref expected = ref_matmul(Ref::of(a64), Ref::of(b64));
+  const Tensor c64 = tg::matmul(a64, b64);
+  BOOST_TEST(c64.shape() == expected.shape);
+  check_close(c64.to_vector<double>(), expected.v, 1e-12, 1e-12, "float64");
+  const Tensor c32 = tg::matmul(a32, b32);
+  BOOST_TEST(c32.dtype() == tg::float32);
+  const double k = static_cast<double>(c.a.back());
+  check_close(c32.to_vector<double>(), expected.v, 1e-6 * std::sqrt(k) * 4, 1e-5, "float32");
+}
+
+BOOST_AUTO_TEST_CASE(strided_and_expanded_operands) {
+  const Tensor base = tg::randn({6, 10}, 3, tg::float64);
+  const Tensor a = tg::slice(base, 1, 0, 10, 2);  // [6, 5], inner stride 2: copied for oneDNN
+  const Tensor b = tg::expand(tg::randn({1, 5, 3}, 4, tg::float64), {4, 5, 3});  // stride-0 batch
+  const Ref expected = ref_matmul(Ref::of(a), Ref::of(b));
+  check_close(tg::matmul(a, b).to_vector<double>(), expected.v, 1e-12, 1e-12, "float64");
+  check_close(tg::matmul(a.to(tg::float32), tg::expand(tg::randn({1, 5, 3}, 4, tg::float64).to(tg::float32), {4, 5, 3})).to_vector<double>(),
+              expected.v, 1e-5, 1e-5, "float32");
+  // Both operands expanded along the same batch dim.
+  const Tensor ea = tg::expand(tg::unsqueeze(a, 0), {3, 6, 5});
+  const Tensor eb = tg::expand(tg::randn({1, 5, 2}, 5, tg::float64), {3, 5, 2});
+  check_close(tg::matmul(ea, eb).to_vector<double>(), ref_matmul(Ref::of(ea), Ref::of(eb)).v, 1e-12, 1e-12, "both expanded");
+}
+
+BOOST_AUTO_TEST_CASE(empty_dims) {
+  BOOST_TEST(tg::matmul(tg::zeros({0, 3}), tg::zeros({3, 4})).shape() == (Shape{0, 4}));
+  const Tensor k0 = tg::matmul(tg::zeros({2, 0}), tg::zeros({0, 3}));
+  BOOST_TEST(k0.to_vector<double>() == std::vector<double>(6, 0.0));
+}
+
+// bfloat16 keeps 8 significant bits: rounding a and b each costs at most 2^-9 relative, so
+// |c_bf16 - c| <= (2^-8 + 2^-16) (|a| |b|) elementwise, plus float32 accumulation.
+BOOST_AUTO_TEST_CASE(bfloat16_within_its_rounding_bound) {
+  BOOST_TEST_MESSAGE("bfloat16 native on this CPU: " << tg::bfloat16_native());
+  for (const Shape& sa : {Shape{64, 96}, Shape{3, 17, 40}}) {
+    const Shape sb = sa.size() == 2 ? Shape{96, 48} : Shape{3, 40, 9};
+    const Tensor a = tg::randn(sa, 7, tg::float32), b = tg::randn(sb, 8, tg::float32);
+    const auto got = tg::matmul(a, b, tg::MatmulPrecision::bfloat16).to_vector<double>();
+    const auto exact = ref_matmul(Ref::of(a), Ref::of(b)).v;
+    const auto bound = ref_matmul(Ref::of(tg::sqrt(a * a)), Ref::of(tg::sqrt(b * b))).v;
+    double worst_ratio = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      const double allowed = (std::ldexp(1.0, -8) + std::ldexp(1.0, -16)) * bound[i] + 1e-5;
+      BOOST_TEST(std::abs(got[i] - exact[i]) <= allowed);
+      worst_ratio = std::max(worst_ratio, std::abs(got[i] - exact[i]) / allowed);
+    }
+    BOOST_TEST(worst_ratio > 0.0);  // it really rounded
+  }
+}
+
+BOOST_AUTO_TEST_CASE(gradients_in_float32_match_float64) {
+  auto grads = [](tg::DType dtype, tg::MatmulPrecision p) {
+    Tensor a = tg::randn({2, 5, 7}, 11, tg::float64).to(dtype).detach().set_requires_grad();
+    Tensor b = tg::randn({7, 3}, 12, tg::float64).to(dtype).detach().set_requires_grad();
+    tg::backward(tg::sum(tg::tanh(tg::matmul(a, b, p))));
+    auto out = std::make_pair(a.grad().to_vector<double>(), b.grad().to_vector<double>());
+    tg::clear_tape();
+    return out;
+  };
+  const auto g64 = grads(tg::float64, tg::MatmulPrecision::exact);
+  const auto g32 = grads(tg::float32, tg::MatmulPrecision::exact);
+  check_close(g32.first, g64.first, 1e-5, 1e-4, "da");
+  check_close(g32.second, g64.second, 1e-5, 1e-4, "db");
+  const auto g16 = grads(tg::float32, tg::MatmulPrecision::bfloat16);
+  check_close(g16.first, g64.first, 0.05, 0.02, "da bf16");
+  check_close(g16.second, g64.second, 0.05, 0.02, "db bf16");
+}

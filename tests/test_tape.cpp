@@ -1,2 +1,207 @@
-#define BOOST_TEST_MODULE test_tape
+// The tape: recording, backward from one or several outputs, accumulation, no-grad, clearing,
+// depth, threads, user-defined ops and misuse.
+#define BOOST_TEST_MODULE tape
+#include <thread>
+
 #include "support.hpp"
+
+namespace tg = tapegrad;
+using namespace tg_test;
+using tg::Tensor;
+
+struct ClearTape {
+  ~ClearTape() { tg::clear_tape(); }
+};
+BOOST_TEST_GLOBAL_FIXTURE(ClearTape);
+
+BOOST_AUTO_TEST_SUITE(recording)
+
+BOOST_AUTO_TEST_CASE(records_only_when_an_input_requires_grad) {
+  tg::clear_tape();
+  Tensor a = tg::ones({3}), b = tg::ones({3});
+  Tensor c = a * b + 1.0;
+  BOOST_TEST(tg::tape_size() == 0u);
+  BOOST_TEST(!c.requires_grad());
+  a.set_requires_grad();
+  Tensor d = a * b;
+  BOOST_TEST(tg::tape_size() == 1u);
+  BOOST_TEST(d.requires_grad());
+  tg::clear_tape();
+}
+
+BOOST_AUTO_TEST_CASE(no_grad_scope_records_nothing_and_nests) {
+  tg::clear_tape();
+  Tensor x = tg::ones({2}).set_requires_grad();
+  {
+    tg::NoGradGuard outer;
+    {
+      tg::NoGradGuard inner;
+      BOOST_TEST(!tg::is_grad_enabled());
+    }
+    BOOST_TEST(!tg::is_grad_enabled());
+    Tensor y = tg::exp(x);
+    BOOST_TEST(!y.requires_grad());
+  }
+  BOOST_TEST(tg::is_grad_enabled());
+  BOOST_TEST(tg::tape_size() == 0u);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(backward_pass)
+
+BOOST_AUTO_TEST_CASE(a_value_used_twice_gets_both_contributions) {
+  Tensor x = tg::tensor({3.0}, tg::float64).set_requires_grad();
+  tg::backward(x * x + x);  // d/dx = 2x + 1
+  BOOST_TEST(x.grad().item() == 7.0);
+  tg::clear_tape();
+}
+
+BOOST_AUTO_TEST_CASE(gradients_accumulate_across_backward_calls_until_zeroed) {
+  Tensor x = tg::tensor({1.0, 2.0}, tg::float64).set_requires_grad();
+  Tensor y = tg::sum(x * 3.0);
+  tg::backward(y);
+  tg::backward(y);
+  BOOST_TEST(x.grad().to_vector<double>() == (std::vector<double>{6, 6}));
+  x.zero_grad();
+  BOOST_TEST(!x.grad().defined());
+  tg::clear_tape();
+}
+
+BOOST_AUTO_TEST_CASE(several_outputs_with_their_upstream_gradients) {
+  Tensor x = tg::tensor({1.0, 2.0}, tg::float64).set_requires_grad();
+  Tensor a = x * 2.0;  // da/dx = 2
+  Tensor b = x * x;    // db/dx = 2x
+  tg::backward({a, b}, {tg::tensor({1.0, 10.0}, tg::float64), tg::tensor({100.0, 1000.0}, tg::float64)});
+  // 2 * [1, 10] + 2 * [1, 2] * [100, 1000]
+  BOOST_TEST(x.grad().to_vector<double>() == (std::vector<double>{202, 4020}));
+  tg::clear_tape();
+}
+
+BOOST_AUTO_TEST_CASE(a_leaf_as_output_gets_the_upstream_gradient_as_a_copy) {
+  Tensor x = tg::tensor({1.0, 2.0}, tg::float64).set_requires_grad();
+  Tensor g = tg::tensor({5.0, 6.0}, tg::float64);
+  tg::backward({x}, {g});
+  BOOST_TEST(x.grad().to_vector<double>() == (std::vector<double>{5, 6}));
+  BOOST_TEST(!x.grad().shares_storage_with(g));
+}
+
+BOOST_AUTO_TEST_CASE(broadcast_inputs_get_summed_gradients) {
+  Tensor bias = tg::tensor({1.0, 2.0, 3.0}, tg::float64).set_requires_grad();
+  Tensor x = tg::ones({4, 3}, tg::float64);
+  tg::backward(tg::sum(x + bias));
+  BOOST_TEST(bias.grad().to_vector<double>() == (std::vector<double>{4, 4, 4}));
+  BOOST_TEST(bias.grad().is_contiguous());
+  tg::clear_tape();
+}
+
+BOOST_AUTO_TEST_CASE(a_chain_of_100000_ops_does_not_overflow_the_stack) {
+  Tensor x = tg::tensor({0.5}, tg::float64).set_requires_grad();
+  Tensor y = x;
+  for (int i = 0; i < 100000; ++i) y = y * 1.0 + 0.0;
+  BOOST_TEST(tg::tape_size() == 200000u);
+  tg::backward(y);
+  BOOST_TEST(x.grad().item() == 1.0);
+  tg::clear_tape();
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(clearing)
+
+BOOST_AUTO_TEST_CASE(clear_releases_saved_tensors_and_detaches_outputs) {
+  Tensor x = tg::randn({64}, 1, tg::float64).set_requires_grad();
+  std::weak_ptr<tg::detail::TensorImpl> saved;
+  Tensor y;
+  {
+    Tensor big = tg::randn({64}, 2, tg::float64);
+    saved = big.impl_ptr();
+    y = tg::sum(big * x);  // mul keeps both operands for its backward
+  }
+  BOOST_TEST(!saved.expired());  // the tape still holds it
+  tg::clear_tape();
+  BOOST_TEST(saved.expired());
+  BOOST_TEST(tg::tape_size() == 0u);
+  BOOST_TEST(!y.requires_grad());
+  check_throws<tg::GraphError>([&] { tg::backward(y); }, {"backward", "does not require grad", "cleared"});
+  // A detached intermediate can be used in a new graph as a constant.
+  Tensor z = tg::sum(y * x);
+  tg::backward(z);
+  BOOST_TEST(x.grad().defined());
+  tg::clear_tape();
+}
+
+BOOST_AUTO_TEST_CASE(memory_stays_flat_over_many_steps) {
+  Tensor w = tg::randn({8, 8}, 2, tg::float64).set_requires_grad();
+  Tensor x = tg::randn({4, 8}, 3, tg::float64);
+  std::size_t peak = 0;
+  for (int step = 0; step < 2000; ++step) {
+    tg::backward(tg::mean(tg::tanh(tg::matmul(x, w))));
+    peak = std::max(peak, tg::tape_size());
+    w.zero_grad();
+    tg::clear_tape();
+  }
+  BOOST_TEST(peak == 4u);  // matmul, tanh, sum, div (mean)
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(misuse)
+
+BOOST_AUTO_TEST_CASE(backward_errors_name_the_problem) {
+  Tensor c = tg::ones({2});
+  check_throws<tg::GraphError>([&] { tg::backward(tg::sum(c)); }, {"backward", "outputs[0]", "does not require grad"});
+  Tensor x = tg::ones({2}).set_requires_grad();
+  Tensor y = x * 2.0;
+  check_throws<tg::ShapeError>([&] { tg::backward(y); }, {"backward", "'output'", "one element", "[2]"});
+  check_throws<tg::ShapeError>([&] { tg::backward({y}, {tg::ones({3})}); }, {"grad_outputs[0]", "[2]", "[3]"});
+  check_throws<tg::ShapeError>([&] { tg::backward({y}, {tg::ones({2}, tg::float64)}); }, {"grad_outputs[0]", "float32", "float64"});
+  check_throws<tg::ValueError>([&] { tg::backward({y}, {}); }, {"backward", "1 outputs", "0 grad_outputs"});
+  tg::clear_tape();
+}
+
+BOOST_AUTO_TEST_CASE(a_user_op_whose_backward_returns_a_wrong_shape_is_named) {
+  Tensor x = tg::ones({3}, tg::float64).set_requires_grad();
+  Tensor y = tg::zeros({3}, tg::float64);
+  std::vector<Tensor> outs{y};
+  tg::record_op("my_op", std::vector<Tensor>{x}, outs, [](std::span<const Tensor>, const std::vector<bool>&) {
+    return std::vector<Tensor>{tg::ones({4}, tg::float64)};
+  });
+  check_throws<tg::GraphError>([&] { tg::backward(tg::sum(outs[0])); }, {"my_op", "input 0", "[3]", "[4]"});
+  tg::clear_tape();
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(threads)
+
+namespace {
+std::vector<double> train(std::uint64_t seed) {
+  Tensor w = tg::randn({6, 3}, seed, tg::float64).set_requires_grad();
+  const Tensor x = tg::randn({5, 6}, seed + 1, tg::float64);
+  const Tensor target = tg::randn({5, 3}, seed + 2, tg::float64);
+  for (int step = 0; step < 200; ++step) {
+    const Tensor loss = tg::mean(tg::pow(tg::matmul(x, w) - target, 2.0));
+    tg::backward(loss);
+    {
+      tg::NoGradGuard no_grad;
+      w = (w - w.grad() * 0.1).detach().set_requires_grad();
+    }
+    tg::clear_tape();
+  }
+  return w.to_vector<double>();
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(each_thread_has_its_own_tape) {
+  const auto a_alone = train(10), b_alone = train(20);
+  std::vector<double> a_threaded, b_threaded;
+  std::thread ta([&] { a_threaded = train(10); });
+  std::thread tb([&] { b_threaded = train(20); });
+  ta.join();
+  tb.join();
+  BOOST_TEST(a_threaded == a_alone);  // bit-identical
+  BOOST_TEST(b_threaded == b_alone);
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -1,2 +1,139 @@
-#define BOOST_TEST_MODULE test_tensor
+// Tensors: factories, layout and views, conversion, printing, argument checks.
+#define BOOST_TEST_MODULE tensor
 #include "support.hpp"
+
+namespace tg = tapegrad;
+using namespace tg_test;
+using tg::Shape;
+using tg::Tensor;
+
+BOOST_AUTO_TEST_SUITE(factories)
+
+BOOST_AUTO_TEST_CASE(filled_and_ranges) {
+  BOOST_TEST(tg::zeros({2, 3}).to_vector<double>() == std::vector<double>(6, 0.0));
+  BOOST_TEST(tg::ones({2}, tg::float64).to_vector<double>() == std::vector<double>(2, 1.0));
+  BOOST_TEST(tg::full({3}, 2.5).to_vector<double>() == std::vector<double>(3, 2.5));
+  BOOST_TEST(tg::arange(4).to_vector<std::int64_t>() == (std::vector<std::int64_t>{0, 1, 2, 3}));
+  BOOST_TEST(tg::arange(1.0, 2.0, 0.25, tg::float64).to_vector<double>() == (std::vector<double>{1, 1.25, 1.5, 1.75}));
+  BOOST_TEST(tg::scalar(3.0).dim() == 0);
+  BOOST_TEST(tg::scalar(3.0).item() == 3.0);
+  BOOST_CHECK(tg::zeros({0, 3}).numel() == 0);
+  check_throws<tg::ValueError>([] { tg::arange(0, 1, 0); }, {"arange", "step"});
+  check_throws<tg::ShapeError>([] { tg::zeros({2, -1}); }, {"[2, -1]"});
+}
+
+BOOST_AUTO_TEST_CASE(from_buffers_and_literals_in_every_dtype) {
+  const std::vector<float> f{1, 2, 3, 4, 5, 6};
+  const Tensor t = tg::from_vector(f, {2, 3});
+  BOOST_TEST(t.dtype() == tg::float32);
+  BOOST_TEST(t.shape() == (Shape{2, 3}));
+  BOOST_TEST(t.to_vector<float>() == f);
+  const std::vector<double> d{1.5, -2};
+  BOOST_TEST(tg::from_vector(d, {2}).to_vector<double>() == d);
+  const std::vector<std::int64_t> i{7, 8, 9};
+  BOOST_TEST(tg::from_vector(i, {3, 1}).to_vector<std::int64_t>() == i);
+  BOOST_TEST(tg::from_bools({true, false}, {2}).to_vector<bool>() == (std::vector<bool>{true, false}));
+  check_throws<tg::ShapeError>([&] { tg::from_vector(f, {4}); }, {"from_vector", "'values'", "6", "[4]"});
+
+  const Tensor lit = tg::tensor({{1, 2}, {3, 4}, {5, 6}});
+  BOOST_TEST(lit.shape() == (Shape{3, 2}));
+  BOOST_TEST(tg::tensor({{{1, 0}, {2, 0}}}, tg::float64).shape() == (Shape{1, 2, 2}));
+  BOOST_TEST(tg::mask({{true, false}, {false, true}}).dtype() == tg::bool_);
+  check_throws<tg::ShapeError>([] { tg::tensor({{1, 2}, {3}}); }, {"ragged"});
+}
+
+BOOST_AUTO_TEST_CASE(random_is_seeded_and_reproducible) {
+  const auto a = tg::randn({1000}, 42, tg::float64).to_vector<double>();
+  BOOST_TEST(a == tg::randn({1000}, 42, tg::float64).to_vector<double>());
+  BOOST_TEST(a != tg::randn({1000}, 43, tg::float64).to_vector<double>());
+  double mean = 0, var = 0;
+  for (double v : a) mean += v / 1000;
+  for (double v : a) var += (v - mean) * (v - mean) / 1000;
+  BOOST_TEST(std::abs(mean) < 0.1);
+  BOOST_TEST(std::abs(var - 1.0) < 0.15);
+  for (double v : tg::rand({500}, 1, tg::float64, -2, 3).to_vector<double>()) BOOST_TEST((v >= -2 && v < 3));
+  // One generator gives a stream: two draws differ.
+  tg::Generator gen(5);
+  BOOST_TEST(tg::randn({4}, gen).to_vector<float>() != tg::randn({4}, gen).to_vector<float>());
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(layout)
+
+BOOST_AUTO_TEST_CASE(views_share_storage) {
+  const Tensor x = tg::arange(0, 12, 1, tg::float32).reshape({3, 4});
+  BOOST_TEST(x.is_contiguous());
+  const Tensor t = x.transpose(0, 1);
+  BOOST_TEST(t.shares_storage_with(x));
+  BOOST_TEST(!t.is_contiguous());
+  BOOST_TEST(t.strides() == (Shape{1, 4}));
+  BOOST_TEST(tg::slice(x, 1, 1, 4, 2).shares_storage_with(x));
+  BOOST_TEST(tg::slice(x, 1, 1, 4, 2).to_vector<double>() == (std::vector<double>{1, 3, 5, 7, 9, 11}));
+  BOOST_TEST(tg::expand(tg::unsqueeze(x, 0), {2, 3, 4}).shares_storage_with(x));
+  BOOST_TEST(tg::select(x, 0, 2).to_vector<double>() == (std::vector<double>{8, 9, 10, 11}));
+  BOOST_TEST(x.reshape({2, 6}).shares_storage_with(x));  // a view
+  // A transposed tensor cannot be flattened as a view: reshape copies, like torch.reshape.
+  const Tensor flat = t.reshape({12});
+  BOOST_TEST(!flat.shares_storage_with(x));
+  BOOST_TEST(flat.to_vector<double>() == (std::vector<double>{0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11}));
+  // ...but splitting a dim of a transposed tensor is still a view.
+  BOOST_TEST(t.reshape({2, 2, 3}).shares_storage_with(x));
+  BOOST_TEST(t.contiguous().is_contiguous());
+  BOOST_TEST(x.contiguous().shares_storage_with(x));
+}
+
+BOOST_AUTO_TEST_CASE(conversion_and_item) {
+  const Tensor x = tg::tensor({1.5, -2.5});
+  BOOST_TEST(x.to(tg::int64).to_vector<std::int64_t>() == (std::vector<std::int64_t>{1, -2}));
+  BOOST_TEST(x.to(tg::bool_).to_vector<bool>() == (std::vector<bool>{true, true}));
+  BOOST_TEST(x.to(tg::float64).dtype() == tg::float64);
+  check_throws<tg::ShapeError>([&] { x.item(); }, {"item", "[2]"});
+  check_throws<tg::DTypeError>([&] { x.data<double>(); }, {"float64", "float32", "[2]"});
+  BOOST_TEST(x.size(-1) == 2);
+  check_throws<tg::ShapeError>([&] { x.size(1); }, {"size", "rank 1"});
+  check_throws<tg::Error>([] { Tensor().shape(); }, {"undefined"});
+}
+
+BOOST_AUTO_TEST_CASE(broadcast_shapes_follow_numpy) {
+  BOOST_TEST(tg::broadcast_shapes({2, 1, 4}, {3, 1}) == (Shape{2, 3, 4}));
+  BOOST_TEST(tg::broadcast_shapes({}, {5}) == (Shape{5}));
+  check_throws<tg::ShapeError>([] { tg::broadcast_shapes({2, 3}, {4}); }, {"[2, 3]", "[4]"});
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(printing)
+
+BOOST_AUTO_TEST_CASE(prints_shape_dtype_and_values) {
+  const std::string s = fmt::format("{}", tg::tensor({{1, 2}, {3, 4.5}}));
+  BOOST_TEST(s.find("shape=[2, 2]") != std::string::npos);
+  BOOST_TEST(s.find("float32") != std::string::npos);
+  BOOST_TEST(s.find("[[1, 2],\n [3, 4.5]]") != std::string::npos);
+  BOOST_TEST(fmt::format("{}", tg::mask({true, false})).find("[True, False]") != std::string::npos);
+  BOOST_TEST(fmt::format("{}", tg::float64) == "float64");
+}
+
+BOOST_AUTO_TEST_CASE(summarises_large_tensors) {
+  const std::string s = fmt::format("{}", tg::arange(0, 10000, 1, tg::int64));
+  BOOST_TEST(s.find("[0, 1, 2, ..., 9997, 9998, 9999]") != std::string::npos);
+  BOOST_TEST(s.size() < 200u);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(requires_grad)
+
+BOOST_AUTO_TEST_CASE(only_floating_leaves) {
+  Tensor i = tg::zeros({2}, tg::int64);
+  check_throws<tg::DTypeError>([&] { i.set_requires_grad(); }, {"set_requires_grad", "int64", "[2]"});
+  Tensor x = tg::zeros({2}).set_requires_grad();
+  Tensor y = x * 2.0;
+  BOOST_TEST(y.requires_grad());
+  BOOST_TEST(!y.is_leaf());
+  check_throws<tg::GraphError>([&] { y.set_requires_grad(false); }, {"set_requires_grad", "detach"});
+  BOOST_TEST(!y.detach().requires_grad());
+  tg::clear_tape();
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iosfwd>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -18,6 +19,7 @@ inline constexpr DType int64 = DType::int64;
 
 std::string_view dtype_name(DType dtype) noexcept;
 std::size_t itemsize(DType dtype) noexcept;
+std::ostream& operator<<(std::ostream& os, DType dtype);
 constexpr bool is_floating(DType dtype) noexcept {
   return dtype == DType::float32 || dtype == DType::float64;
 }

@@ -17,8 +17,6 @@ struct Edge {
   std::shared_ptr<TensorImpl> leaf;
   std::int64_t node = -1;
   std::int32_t slot = 0;
-  Shape shape;  // the input's shape and dtype, to check what a backward returns
-  DType dtype = DType::float32;
 };
 
 struct OutputMeta {
@@ -106,8 +104,6 @@ bool record_op(const char* name, std::span<const Tensor> inputs, std::span<Tenso
       } else if (impl->leaf_requires_grad) {
         e.leaf = t.impl_ptr();
       }
-      e.shape = impl->shape;
-      e.dtype = impl->dtype;
     }
     node.needs_grad.push_back(e.leaf != nullptr || e.node >= 0);
     node.inputs.push_back(std::move(e));
@@ -185,9 +181,12 @@ void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gra
       const Tensor& g = grads[k];
       const detail::Edge& e = node.inputs[k];
       if (!g.defined() || !node.needs_grad[k]) continue;
-      if (g.shape() != e.shape || g.dtype() != e.dtype)
+      // What the gradient must look like: the input itself (a leaf) or the output it came from.
+      const detail::OutputMeta& want = e.leaf ? detail::OutputMeta{e.leaf->shape, e.leaf->dtype}
+                                              : tape.nodes[static_cast<std::size_t>(e.node)].outputs[static_cast<std::size_t>(e.slot)];
+      if (g.shape() != want.shape || g.dtype() != want.dtype)
         fail<GraphError>("backward of {}: gradient for input {} must be {} {}, got {} {}", node.name,
-                         k, e.dtype, shape_str(e.shape), g.dtype(), shape_str(g.shape()));
+                         k, want.dtype, shape_str(want.shape), g.dtype(), shape_str(g.shape()));
       if (e.leaf) {
         detail::accumulate_leaf(*e.leaf, g);
       } else {

@@ -1,7 +1,4 @@
 // Tensor handle, storage and the argument checks every op shares.
-#include <cstdlib>
-#include <new>
-
 #include "autodiff/check.hpp"
 #include "autodiff/tensor_impl.hpp"
 #include "ops/kernel.hpp"
@@ -11,14 +8,6 @@
 
 namespace tapegrad {
 namespace detail {
-
-Storage::Storage(std::size_t n) : bytes(n) {
-  // aligned_alloc needs a size that is a multiple of the alignment, and never 0.
-  const std::size_t rounded = (n + 63) / 64 * 64;
-  data = static_cast<std::byte*>(std::aligned_alloc(64, rounded == 0 ? 64 : rounded));
-  if (data == nullptr) throw std::bad_alloc();
-}
-Storage::~Storage() { std::free(data); }
 
 std::int64_t shape_numel(const Shape& shape) noexcept {
   std::int64_t n = 1;

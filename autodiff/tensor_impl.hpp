@@ -9,14 +9,19 @@
 
 namespace tapegrad::detail {
 
-// 64-byte aligned bytes (oneDNN and vector loads like it that way).
+// The bytes behind one or more tensors. Up to kInlineBytes live inside the Storage object itself
+// (one allocation for a small tensor); larger buffers are 64-byte aligned and come from a cache
+// of freed blocks (storage.cpp), so repeated shapes reuse memory instead of faulting in fresh
+// pages every call.
 struct Storage {
+  static constexpr std::size_t kInlineBytes = 64;
   explicit Storage(std::size_t bytes);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   std::byte* data = nullptr;
   std::size_t bytes = 0;
+  alignas(16) std::byte inline_bytes[kInlineBytes];
 };
 
 struct TapeRef;  // defined in tape.cpp

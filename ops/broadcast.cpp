@@ -6,8 +6,8 @@
 namespace tapegrad {
 namespace detail {
 
-Shape broadcast_strides(const Tensor& t, const Shape& shape) {
-  Shape out(shape.size(), 0);
+Dims8 broadcast_strides(const Tensor& t, const Shape& shape) {
+  Dims8 out(shape.size(), 0);
   const std::size_t lead = shape.size() - t.shape().size();
   for (std::size_t i = 0; i < t.shape().size(); ++i)
     out[lead + i] = t.shape()[i] == 1 && shape[lead + i] != 1 ? 0 : t.strides()[i];

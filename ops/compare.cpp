@@ -26,7 +26,7 @@ template <class F> Tensor logic(const char* op, const Tensor& a, const Tensor& b
 template <class F> bool reduce_bool(const char* op, const Tensor& a, bool start, F f) {
   check_dtype(op, "a", a, DType::bool_);
   bool acc = start;
-  StridedLoop<1> loop(a.shape(), {&a.strides()});
+  StridedLoop<1> loop(a.shape().data(), a.shape().size(), {a.strides().data()});
   const bool* p = static_cast<const bool*>(a.raw_data());
   loop.for_each_run([&](auto off, std::int64_t n, auto inner) {
     for (std::int64_t i = 0; i < n; ++i) acc = f(acc, p[off[0] + i * inner[0]]);

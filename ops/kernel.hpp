@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "autodiff/check.hpp"
+#include "ops/small_vec.hpp"
 #include "autodiff/tensor_impl.hpp"
 #include "tapegrad/autodiff/tape.hpp"
 
@@ -40,30 +41,30 @@ template <class F> decltype(auto) visit_any(DType dtype, F&& f) {
 
 // Strides of `t` read as if it had been broadcast to `shape` (0 on new and stretched dims).
 // The caller has checked that t broadcasts to shape.
-Shape broadcast_strides(const Tensor& t, const Shape& shape);
+Dims8 broadcast_strides(const Tensor& t, const Shape& shape);
 
 template <std::size_t N>
 class StridedLoop {
  public:
-  StridedLoop(const Shape& shape, const std::array<const Shape*, N>& strides) {
+  // `shape` has `rank` dims; strides[k] points at operand k's `rank` strides.
+  StridedLoop(const std::int64_t* shape, std::size_t rank, const std::array<const std::int64_t*, N>& strides) {
     // Walk from the innermost dim outwards, merging into the current group while every
     // operand's stride continues it.
-    for (std::int64_t d = static_cast<std::int64_t>(shape.size()) - 1; d >= 0; --d) {
-      const std::int64_t n = shape[static_cast<std::size_t>(d)];
+    for (std::size_t d = rank; d-- > 0;) {
+      const std::int64_t n = shape[d];
       if (n == 0) {
         empty_ = true;
         return;
       }
       if (n == 1) continue;
       bool merge = !sizes_.empty();
-      for (std::size_t k = 0; merge && k < N; ++k)
-        merge = (*strides[k])[static_cast<std::size_t>(d)] == strides_[k].back() * sizes_.back();
+      for (std::size_t k = 0; merge && k < N; ++k) merge = strides[k][d] == strides_[k].back() * sizes_.back();
       if (merge) {
         sizes_.back() *= n;
         continue;
       }
       sizes_.push_back(n);
-      for (std::size_t k = 0; k < N; ++k) strides_[k].push_back((*strides[k])[static_cast<std::size_t>(d)]);
+      for (std::size_t k = 0; k < N; ++k) strides_[k].push_back(strides[k][d]);
     }
   }
 
@@ -79,7 +80,7 @@ class StridedLoop {
     std::array<std::int64_t, N> inner;
     for (std::size_t k = 0; k < N; ++k) inner[k] = strides_[k][0];
     const std::size_t outer = sizes_.size() - 1;
-    std::vector<std::int64_t> counter(outer, 0);
+    Dims8 counter(outer, 0);
     for (;;) {
       run(offsets, sizes_[0], inner);
       std::size_t d = 1;
@@ -95,8 +96,8 @@ class StridedLoop {
 
  private:
   bool empty_ = false;
-  std::vector<std::int64_t> sizes_;  // innermost first
-  std::array<std::vector<std::int64_t>, N> strides_;
+  Dims8 sizes_;  // innermost first
+  std::array<Dims8, N> strides_;
 };
 
 // out[i] = f(in_0[i], in_1[i], ...) over out's shape; each input broadcasts to it.
@@ -104,12 +105,11 @@ template <class Out, class... In, class F, class... Ts>
 void map_into(const Tensor& out, F&& f, const Ts&... in) {
   static_assert(sizeof...(Ts) == sizeof...(In) && (std::is_same_v<Ts, Tensor> && ...));
   constexpr std::size_t N = 1 + sizeof...(In);
-  const Shape* out_strides = &out.strides();
-  std::array<Shape, sizeof...(In)> in_strides{broadcast_strides(in, out.shape())...};
-  std::array<const Shape*, N> all{};
-  all[0] = out_strides;
-  for (std::size_t k = 1; k < N; ++k) all[k] = &in_strides[k - 1];
-  StridedLoop<N> loop(out.shape(), all);
+  const std::array<Dims8, sizeof...(In)> in_strides{broadcast_strides(in, out.shape())...};
+  std::array<const std::int64_t*, N> all{};
+  all[0] = out.strides().data();
+  for (std::size_t k = 1; k < N; ++k) all[k] = in_strides[k - 1].data();
+  StridedLoop<N> loop(out.shape().data(), out.shape().size(), all);
   Out* po = static_cast<Out*>(out.raw_data());
   std::tuple<const In*...> pi{static_cast<const In*>(in.raw_data())...};
   loop.for_each_run([&](const std::array<std::int64_t, N>& off, std::int64_t n,

@@ -58,9 +58,10 @@ bool describe(const Tensor& x, Layout& out) {
   return true;
 }
 
+// A primitive with its three memory objects: per call only their data handles change.
 struct Entry {
   dnnl::matmul primitive;
-  memory::desc a, b, c;
+  memory a, b, c;
 };
 
 struct KeyHash {
@@ -92,7 +93,7 @@ template <class Out> std::vector<Out> bf16_copy(const Tensor& x, Layout& l) {
   Tensor region = make_view(x, shape, x.strides(), x.offset());
   std::vector<Out> out(static_cast<std::size_t>(shape_numel(shape)));
   const Shape dense = contiguous_strides(shape);
-  StridedLoop<2> loop(shape, {&dense, &region.strides()});
+  StridedLoop<2> loop(shape.data(), shape.size(), {dense.data(), region.strides().data()});
   const float* src = static_cast<const float*>(region.raw_data());
   loop.for_each_run([&](const auto& off, std::int64_t n, const auto& inner) {
     for (std::int64_t i = 0; i < n; ++i) {
@@ -107,7 +108,7 @@ template <class Out> std::vector<Out> bf16_copy(const Tensor& x, Layout& l) {
 
 // The cached primitive for this layout, or nullptr when oneDNN has no kernel for it (bfloat16
 // on a CPU without AVX512-BF16/AMX).
-const Entry* primitive_for(const Layout& a, const Layout& b, const Layout& c, bool bf16) {
+Entry* primitive_for(const Layout& a, const Layout& b, const Layout& c, bool bf16) {
   thread_local std::unordered_map<std::vector<std::int64_t>, Entry, KeyHash> cache;
   std::vector<std::int64_t> key{bf16 ? 1 : 0};
   append(key, a);
@@ -117,12 +118,16 @@ const Entry* primitive_for(const Layout& a, const Layout& b, const Layout& c, bo
   if (it != cache.end()) return it->second.primitive ? &it->second : nullptr;
   const auto in_type = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
   Entry e;
-  e.a = memory::desc(a.dims, in_type, a.strides);
-  e.b = memory::desc(b.dims, in_type, b.strides);
-  e.c = memory::desc(c.dims, memory::data_type::f32, c.strides);
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(e.a, e.b, e.c), cpu_engine(), /*allow_empty=*/bf16);
-  if (pd) e.primitive = dnnl::matmul(pd);
-  const Entry& stored = cache.emplace(std::move(key), std::move(e)).first->second;
+  const memory::desc da(a.dims, in_type, a.strides), db(b.dims, in_type, b.strides),
+      dc(c.dims, memory::data_type::f32, c.strides);
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(da, db, dc), cpu_engine(), /*allow_empty=*/bf16);
+  if (pd) {
+    e.primitive = dnnl::matmul(pd);
+    e.a = memory(da, cpu_engine(), DNNL_MEMORY_NONE);
+    e.b = memory(db, cpu_engine(), DNNL_MEMORY_NONE);
+    e.c = memory(dc, cpu_engine(), DNNL_MEMORY_NONE);
+  }
+  Entry& stored = cache.emplace(std::move(key), std::move(e)).first->second;
   return stored.primitive ? &stored : nullptr;
 }
 
@@ -168,9 +173,11 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
     if (inserted) it->second = a.is_contiguous() && b.is_contiguous() ? true : has_fast_kernel(la, lb, lc);
     if (!it->second) return run(a.is_contiguous() ? a : clone(a), b.is_contiguous() ? b : clone(b), c, false);
   }
-  const Entry& e = *primitive_for(la, lb, lc, bf16);
-  memory ma(e.a, cpu_engine(), pa), mb(e.b, cpu_engine(), pb), mc(e.c, cpu_engine(), c.raw_data());
-  e.primitive.execute(cpu_stream(), {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+  Entry& e = *primitive_for(la, lb, lc, bf16);
+  e.a.set_data_handle(pa);
+  e.b.set_data_handle(pb);
+  e.c.set_data_handle(c.raw_data());
+  e.primitive.execute(cpu_stream(), {{DNNL_ARG_SRC, e.a}, {DNNL_ARG_WEIGHTS, e.b}, {DNNL_ARG_DST, e.c}});
   cpu_stream().wait();
 }
 

@@ -39,16 +39,16 @@ void matmul_f64(const Tensor& a, const Tensor& b, const Tensor& c) {
   const std::size_t r = c.shape().size();
   const std::int64_t m = c.shape()[r - 2], n = c.shape()[r - 1], k = a.shape()[r - 1];
   const Shape batch(c.shape().begin(), c.shape().end() - 2);
-  const Shape sa = broadcast_strides(make_view(a, Shape(a.shape().begin(), a.shape().end() - 2),
+  const Dims8 sa = broadcast_strides(make_view(a, Shape(a.shape().begin(), a.shape().end() - 2),
                                                Shape(a.strides().begin(), a.strides().end() - 2), a.offset()), batch);
-  const Shape sb = broadcast_strides(make_view(b, Shape(b.shape().begin(), b.shape().end() - 2),
+  const Dims8 sb = broadcast_strides(make_view(b, Shape(b.shape().begin(), b.shape().end() - 2),
                                                Shape(b.strides().begin(), b.strides().end() - 2), b.offset()), batch);
   const Shape sc(c.strides().begin(), c.strides().end() - 2);
   std::vector<double> pa(static_cast<std::size_t>(m * k)), pb(static_cast<std::size_t>(k * n));
   const double* base_a = static_cast<const double*>(a.raw_data());
   const double* base_b = static_cast<const double*>(b.raw_data());
   double* base_c = static_cast<double*>(c.raw_data());
-  StridedLoop<3> loop(batch, {&sa, &sb, &sc});
+  StridedLoop<3> loop(batch.data(), batch.size(), {sa.data(), sb.data(), sc.data()});
   loop.for_each_run([&](const auto& off, std::int64_t count, const auto& inner) {
     for (std::int64_t t = 0; t < count; ++t) {
       pack(base_a + off[0] + t * inner[0], m, k, a.strides()[r - 2], a.strides()[r - 1], pa.data());

@@ -47,7 +47,7 @@ Tensor fold(const Tensor& x, const Plan& p, Acc init, Combine combine) {
   Shape acc_strides = contiguous_strides(p.kept);
   for (std::size_t k = 0; k < acc_strides.size(); ++k)
     if (p.reduced[k]) acc_strides[k] = 0;
-  StridedLoop<2> loop(x.shape(), {&acc_strides, &x.strides()});
+  StridedLoop<2> loop(x.shape().data(), x.shape().size(), {acc_strides.data(), x.strides().data()});
   const T* px = static_cast<const T*>(x.raw_data());
   loop.for_each_run([&](const auto& off, std::int64_t n, const auto& inner) {
     Acc* a = acc.data() + off[0];

@@ -140,6 +140,10 @@ Tensor randn(const Shape& shape, std::uint64_t seed, DType dtype = float32);
 Tensor rand(const Shape& shape, std::uint64_t seed, DType dtype = float32, double low = 0.0,
             double high = 1.0);
 
+// Freed buffers of 64 KiB and more are kept (up to 2 GiB in all) for reuse by later tensors of
+// a similar size; this returns them to the system.
+void release_cached_memory();
+
 // A readable, summarised rendering: shape, dtype and values (numpy-style "..." past 1000
 // elements). fmt::print("{}", t) uses it too.
 std::string to_string(const Tensor& t);

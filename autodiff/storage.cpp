@@ -1,0 +1,105 @@
+// Tensor storage and the cache of large blocks behind it.
+#include <cstdlib>
+#include <mutex>
+#include <new>
+#include <unordered_map>
+#include <vector>
+
+#include "autodiff/tensor_impl.hpp"
+
+namespace tapegrad {
+namespace detail {
+namespace {
+
+constexpr std::size_t kAlign = 64;
+constexpr std::size_t kCacheFrom = std::size_t{64} << 10;    // blocks of 64 KiB and up are cached
+constexpr std::size_t kCacheLimit = std::size_t{2} << 30;    // at most 2 GiB kept idle
+
+// Rounds large sizes up to one of four classes per power of two (at most 25% slack), so a block
+// freed by one op fits the next op of a similar size.
+std::size_t size_class(std::size_t n) {
+  if (n < kCacheFrom) return (n + kAlign - 1) / kAlign * kAlign;
+  std::size_t p = kCacheFrom;
+  while (p * 2 <= n) p *= 2;
+  const std::size_t quarter = p / 4;
+  return (n + quarter - 1) / quarter * quarter;
+}
+
+class BlockCache {
+ public:
+  void* take(std::size_t size) {
+    {
+      std::lock_guard lock(mutex_);
+      auto it = free_.find(size);
+      if (it != free_.end() && !it->second.empty()) {
+        void* p = it->second.back();
+        it->second.pop_back();
+        idle_ -= size;
+        return p;
+      }
+    }
+    void* p = std::aligned_alloc(kAlign, size);
+    if (p == nullptr) {
+      release();  // memory may be idle in the cache: give it back and try once more
+      p = std::aligned_alloc(kAlign, size);
+    }
+    if (p == nullptr) throw std::bad_alloc();
+    return p;
+  }
+
+  void give(void* p, std::size_t size) {
+    {
+      std::lock_guard lock(mutex_);
+      if (idle_ + size <= kCacheLimit) {
+        free_[size].push_back(p);
+        idle_ += size;
+        return;
+      }
+    }
+    std::free(p);
+  }
+
+  void release() {
+    std::lock_guard lock(mutex_);
+    for (auto& [size, blocks] : free_)
+      for (void* p : blocks) std::free(p);
+    free_.clear();
+    idle_ = 0;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<std::size_t, std::vector<void*>> free_;
+  std::size_t idle_ = 0;
+};
+
+// Never destroyed: tensors in static objects may be freed after every other static is gone.
+BlockCache& cache() {
+  static BlockCache* instance = new BlockCache;
+  return *instance;
+}
+
+}  // namespace
+
+Storage::Storage(std::size_t n) : bytes(n) {
+  if (n <= kInlineBytes) {
+    data = inline_bytes;
+    return;
+  }
+  const std::size_t size = size_class(n);
+  data = static_cast<std::byte*>(size >= kCacheFrom ? cache().take(size) : std::aligned_alloc(kAlign, size));
+  if (data == nullptr) throw std::bad_alloc();
+}
+
+Storage::~Storage() {
+  if (data == inline_bytes) return;
+  const std::size_t size = size_class(bytes);
+  if (size >= kCacheFrom) cache().give(data, size);
+  else std::free(data);
+}
+
+}  // namespace detail
+
+void release_cached_memory() { detail::cache().release(); }
+
+}  // namespace tapegrad

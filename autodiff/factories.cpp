@@ -52,25 +52,28 @@ template <class T> Tensor copy_buffer(std::span<const T> values, const Shape& sh
   return t;
 }
 
-// Flattens a nested initializer list, checking it is rectangular.
-template <class L> void flatten_into(const L& list, std::size_t depth, Shape& shape,
-                                     std::vector<double>& out) {
-  const auto n = static_cast<std::int64_t>(list.size());
-  if (shape.size() <= depth) shape.push_back(n);
-  else if (shape[depth] != n)
-    fail<ShapeError>("tensor: nested literal is ragged: level {} has lengths {} and {}", depth,
-                     shape[depth], n);
-  for (const auto& item : list) {
-    if constexpr (std::is_arithmetic_v<std::decay_t<decltype(item)>>) out.push_back(static_cast<double>(item));
-    else flatten_into(item, depth + 1, shape, out);
+// Flattens a nested literal, checking it is rectangular.
+void flatten_into(const Literal& lit, std::size_t depth, Shape& shape, std::vector<double>& out) {
+  if (!lit.is_list()) {
+    if (depth != shape.size())
+      fail<ShapeError>("tensor: nested literal is ragged: a number at depth {} where others are at depth {}", depth, shape.size());
+    out.push_back(lit.value());
+    return;
   }
+  const auto n = static_cast<std::int64_t>(lit.items().size());
+  if (out.empty() && shape.size() == depth) shape.push_back(n);
+  else if (shape.size() <= depth || shape[depth] != n)
+    fail<ShapeError>("tensor: nested literal is ragged: level {} has lengths {} and {}", depth,
+                     shape.size() > depth ? shape[depth] : 0, n);
+  for (const auto& item : lit.items()) flatten_into(item, depth + 1, shape, out);
 }
 
-template <class L> Tensor from_literal(const L& list, DType dtype) {
+Tensor from_literal(const Literal& lit, DType dtype) {
   Shape shape;
   std::vector<double> flat;
-  flatten_into(list, 0, shape, flat);
-  // An empty inner list leaves deeper dims unrecorded; they are size 0.
+  flatten_into(lit, 0, shape, flat);
+  if (static_cast<std::int64_t>(flat.size()) != detail::shape_numel(shape))
+    fail<ShapeError>("tensor: nested literal is ragged: shape {} but {} numbers", shape_str(shape), flat.size());
   Tensor t = new_tensor(shape, dtype);
   detail::visit_any(dtype, [&]<class T>(detail::Tag<T>) {
     T* p = static_cast<T*>(t.raw_data());
@@ -94,12 +97,7 @@ Tensor from_bools(const std::vector<bool>& values, const Shape& shape) {
   return t;
 }
 
-Tensor tensor(Init1 v, DType d) { return from_literal(v, d); }
-Tensor tensor(Init2 v, DType d) { return from_literal(v, d); }
-Tensor tensor(Init3 v, DType d) { return from_literal(v, d); }
-Tensor tensor(Init4 v, DType d) { return from_literal(v, d); }
-Tensor mask(Bool1 v) { return from_literal(v, DType::bool_); }
-Tensor mask(Bool2 v) { return from_literal(v, DType::bool_); }
-Tensor mask(Bool3 v) { return from_literal(v, DType::bool_); }
+Tensor tensor(const Literal& values, DType dtype) { return from_literal(values, dtype); }
+Tensor mask(const Literal& values) { return from_literal(values, DType::bool_); }
 
 }  // namespace tapegrad

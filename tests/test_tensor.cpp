@@ -39,6 +39,8 @@ BOOST_AUTO_TEST_CASE(from_buffers_and_literals_in_every_dtype) {
   BOOST_TEST(lit.shape() == (Shape{3, 2}));
   BOOST_TEST(tg::tensor({{{1, 0}, {2, 0}}}, tg::float64).shape() == (Shape{1, 2, 2}));
   BOOST_TEST(tg::mask({{true, false}, {false, true}}).dtype() == tg::bool_);
+  BOOST_TEST(tg::tensor({{10}, {20}}).shape() == (Shape{2, 1}));  // every brace pair is a dim
+  BOOST_TEST(tg::tensor(5.0).dim() == 0);
   check_throws<tg::ShapeError>([] { tg::tensor({{1, 2}, {3}}); }, {"ragged"});
 }
 

@@ -103,21 +103,23 @@ Tensor from_vector(std::span<const double> values, const Shape& shape);
 Tensor from_vector(std::span<const std::int64_t> values, const Shape& shape);
 Tensor from_bools(const std::vector<bool>& values, const Shape& shape);
 
-// Small nested literals for tests and examples: tensor({{1, 2}, {3, 4}}) is a float32 [2, 2].
-using Init1 = std::initializer_list<double>;
-using Init2 = std::initializer_list<Init1>;
-using Init3 = std::initializer_list<Init2>;
-using Init4 = std::initializer_list<Init3>;
-Tensor tensor(Init1 values, DType dtype = float32);
-Tensor tensor(Init2 values, DType dtype = float32);
-Tensor tensor(Init3 values, DType dtype = float32);
-Tensor tensor(Init4 values, DType dtype = float32);
-using Bool1 = std::initializer_list<bool>;
-using Bool2 = std::initializer_list<Bool1>;
-using Bool3 = std::initializer_list<Bool2>;
-Tensor mask(Bool1 values);  // bool tensors: mask({{true, false}, {true, true}})
-Tensor mask(Bool2 values);
-Tensor mask(Bool3 values);
+// Small nested literals for tests and examples. Every pair of braces is one dimension, so
+// tensor({{10}, {20}}) is [2, 1] and tensor({1, 2}) is [2]; a bare number is rank 0.
+class Literal {
+ public:
+  Literal(double value) : value_(value) {}  // NOLINT: implicit on purpose, for literals
+  Literal(std::initializer_list<Literal> items) : items_(items), is_list_(true) {}
+  double value() const noexcept { return value_; }
+  const std::vector<Literal>& items() const noexcept { return items_; }
+  bool is_list() const noexcept { return is_list_; }
+
+ private:
+  double value_ = 0;
+  std::vector<Literal> items_;
+  bool is_list_ = false;
+};
+Tensor tensor(const Literal& values, DType dtype = float32);  // tensor({{1, 2}, {3, 4}}): float32 [2, 2]
+Tensor mask(const Literal& values);                          // mask({{true, false}}): bool [1, 2]
 
 // Seeded random numbers. The stream is std::mt19937_64 (its output is fixed by the C++
 // standard) turned into values by tapegrad's own transforms, so a seed gives the same tensor

@@ -1,0 +1,79 @@
+// The MultiHeadAttention layer: owns w_q, w_k, w_v, w_o (and optional biases), initialised from
+// a seed, and calls multihead_attention. Self-attention and cross-attention (a context of
+// another width) both work. A KVCache turns it into an incremental decoder.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tapegrad/layers/multihead_attention.hpp"
+
+namespace tapegrad {
+
+struct MultiHeadAttentionConfig {
+  std::int64_t query_dim = 0;       // Cq (required)
+  std::int64_t heads = 1;           // H
+  std::int64_t context_dim = 0;     // Cctx; 0 means query_dim (self-attention)
+  std::int64_t head_dim = 0;        // D; 0 means query_dim / heads
+  std::int64_t value_head_dim = 0;  // Dv; 0 means head_dim
+  std::int64_t out_dim = 0;         // Cout; 0 means query_dim
+  bool bias = true;                 // b_q, b_k, b_v, b_o
+  DType dtype = float32;
+  std::uint64_t seed = 0;
+};
+
+// Keys and values of the positions decoded so far, for one layer and one batch. Appending is
+// amortised O(1) per position: storage grows by doubling and is never re-copied per step.
+class KVCache {
+ public:
+  std::int64_t length() const noexcept { return length_; }
+  void clear() noexcept { length_ = 0; }
+
+ private:
+  friend class MultiHeadAttention;
+  void append(const Tensor& k, const Tensor& v);  // [B, n, H*D], [B, n, H*Dv]
+  Tensor keys() const;                            // views [B, length, H*D]
+  Tensor values() const;
+  Tensor k_, v_;  // [B, capacity, width]
+  std::int64_t length_ = 0;
+};
+
+// Per-call options of MultiHeadAttention::forward and decode.
+struct MhaCall {
+  MhaMasks masks{};
+  Tensor bias{};  // additive, broadcastable to [B, H, Q, K]
+  bool causal = false;
+  std::int64_t causal_offset = 0;
+  bool need_weights = true;  // false: the returned attention is an undefined Tensor
+};
+
+class MultiHeadAttention {
+ public:
+  // Weights are Xavier-uniform, U(-a, a) with a = sqrt(6 / (fan_in + fan_out)), drawn from
+  // Generator(seed) in the order w_q, w_k, w_v, w_o; biases start at zero (as PyTorch's
+  // MultiheadAttention initialises its input projection).
+  explicit MultiHeadAttention(const MultiHeadAttentionConfig& config);
+
+  using Call = MhaCall;
+
+  AttentionResult forward(const Tensor& query, const Tensor& context, const Call& call) const;
+  AttentionResult forward(const Tensor& query, const Tensor& context) const { return forward(query, context, Call{}); }
+  AttentionResult forward(const Tensor& x) const { return forward(x, x, Call{}); }  // self-attention
+
+  // Incremental causal self-attention: projects `query` [B, n, Cq] (n new positions), appends
+  // their keys and values to `cache`, and attends over every cached position with
+  // causal_offset = the cache length before this call (call.causal/causal_offset are ignored;
+  // masks and bias must cover all cached keys). Equal to the full causal forward over the
+  // whole sequence. Decoding is inference: it records nothing on the tape.
+  AttentionResult decode(const Tensor& query, KVCache& cache, const Call& call = Call{}) const;
+
+  std::vector<Tensor*> parameters();
+  const MhaParameters& weights() const noexcept { return params_; }
+  const MultiHeadAttentionConfig& config() const noexcept { return config_; }
+
+ private:
+  MultiHeadAttentionConfig config_;
+  MhaParameters params_;
+};
+
+}  // namespace tapegrad

@@ -1,0 +1,114 @@
+// scaled_dot_product_attention and causal_mask. The attention is one tape node; its backward,
+// derived in docs/gradients.md, walks the forward in reverse:
+//   forward                          backward
+//   S = q k^T / sqrt(D) (+ bias)     dq = dS k / sqrt(D),  dk = dS^T q / sqrt(D),  dbias = dS
+//   A = masked_softmax(S, allowed)   dS = A * (dA - rowsum(A * dA))
+//   O = A v                          dA = dO v^T + (upstream gradient of A),  dv = A^T dO
+#include <cmath>
+
+#include "layers/attention_core.hpp"
+#include "ops/kernel.hpp"
+#include "ops/softmax_kernels.hpp"
+#include "tapegrad/ops/elementwise.hpp"
+#include "tapegrad/ops/matmul.hpp"
+#include "tapegrad/ops/view.hpp"
+
+namespace tapegrad {
+namespace detail {
+namespace {
+
+Shape leading(const Tensor& t) { return Shape(t.shape().begin(), t.shape().end() - 2); }
+
+// Validates q, k, v, bias and mask; returns the scores' shape [..., Q, K].
+Shape check_attention(const AttentionArgs& a) {
+  const DType dtype = check_same_float(a.op, "q", a.q, "k", a.k);
+  check_same_float(a.op, "q", a.q, "v", a.v);
+  for (auto [name, t] : {std::pair{"q", &a.q}, {"k", &a.k}, {"v", &a.v}})
+    if (t->dim() < 2)
+      fail<ShapeError>("{}: argument '{}' must have rank >= 2 ([..., length, width]), got shape {}", a.op, name,
+                       shape_str(t->shape()));
+  if (a.q.shape().back() != a.k.shape().back())
+    fail<ShapeError>("{}: arguments 'q' {} and 'k' {} must have the same last dim D", a.op, shape_str(a.q.shape()),
+                     shape_str(a.k.shape()));
+  if (a.k.size(-2) != a.v.size(-2))
+    fail<ShapeError>("{}: arguments 'k' {} and 'v' {} must have the same number of keys (dim -2)", a.op,
+                     shape_str(a.k.shape()), shape_str(a.v.shape()));
+  Shape batch = broadcast_args(a.op, "q (leading dims)", leading(a.q), "k (leading dims)", leading(a.k));
+  batch = broadcast_args(a.op, "q and k (leading dims)", batch, "v (leading dims)", leading(a.v));
+  Shape scores = batch;
+  scores.push_back(a.q.size(-2));
+  scores.push_back(a.k.size(-2));
+  if (a.bias.defined()) {
+    check_floating(a.op, "bias", a.bias);
+    if (a.bias.dtype() != dtype)
+      fail<DTypeError>("{}: argument 'bias' is {} but the activations are {}; convert it with to()", a.op,
+                       a.bias.dtype(), dtype);
+    if (broadcast_args(a.op, "scores", scores, "bias", a.bias.shape()) != scores)
+      fail<ShapeError>("{}: argument 'bias' with shape {} must broadcast to the scores' shape {}", a.op,
+                       shape_str(a.bias.shape()), shape_str(scores));
+  }
+  if (a.allowed.defined()) {
+    check_dtype(a.op, "mask", a.allowed, DType::bool_);
+    if (broadcast_args(a.op, "scores", scores, "mask", a.allowed.shape()) != scores)
+      fail<ShapeError>("{}: argument 'mask' with shape {} must broadcast to the scores' shape {}", a.op,
+                       shape_str(a.allowed.shape()), shape_str(scores));
+  }
+  return scores;
+}
+
+}  // namespace
+
+AttentionResult attention_core(const AttentionArgs& a) {
+  check_attention(a);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(a.q.size(-1)));
+  Tensor weights, output;
+  {
+    NoGradGuard no_grad;  // the pieces are not recorded: the node below is the whole attention
+    Tensor scores = mul(matmul(a.q, transpose(a.k, -1, -2)), scale);
+    if (a.bias.defined()) scores = add(scores, a.bias);
+    weights = masked_softmax_forward(scores, a.allowed);
+    output = matmul(weights, a.v);
+  }
+  const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias};
+  if (!should_record(inputs)) return {output, weights};
+  std::vector<Tensor> outputs{output, weights};
+  record_op(a.op, inputs, outputs,
+            [q = a.q, k = a.k, v = a.v, bias_shape = a.bias.defined() ? a.bias.shape() : Shape{}, A = weights.detach(),
+             scale](std::span<const Tensor> g, const std::vector<bool>& needs) {
+              const Tensor& d_out = g[0];
+              const Tensor& d_weights = g[1];
+              std::vector<Tensor> grads(4);
+              // dv = A^T dO
+              if (needs[2] && d_out.defined()) grads[2] = sum_to(matmul(transpose(A, -1, -2), d_out), v.shape());
+              if (!(needs[0] || needs[1] || needs[3])) return grads;
+              // dA = dO v^T + upstream dA
+              Tensor dA = d_out.defined() ? matmul(d_out, transpose(v, -1, -2)) : Tensor();
+              if (d_weights.defined()) dA = dA.defined() ? add(dA, d_weights) : d_weights;
+              if (!dA.defined()) return grads;
+              const Tensor dS = masked_softmax_backward(A, dA);  // zero where masked
+              if (needs[3]) grads[3] = sum_to(dS, bias_shape);
+              const Tensor dS_scaled = mul(dS, scale);
+              if (needs[0]) grads[0] = sum_to(matmul(dS_scaled, k), q.shape());
+              if (needs[1]) grads[1] = sum_to(matmul(transpose(dS_scaled, -1, -2), q), k.shape());
+              return grads;
+            });
+  return {outputs[0], outputs[1]};
+}
+
+}  // namespace detail
+
+AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) {
+  return detail::attention_core({"scaled_dot_product_attention", q, k, v, Tensor(), mask});
+}
+
+Tensor causal_mask(std::int64_t queries, std::int64_t keys, std::int64_t offset) {
+  if (queries < 0 || keys < 0)
+    detail::fail<ValueError>("causal_mask: arguments 'queries' and 'keys' must be >= 0, got {} and {}", queries, keys);
+  Tensor m = detail::new_tensor({queries, keys}, DType::bool_);
+  bool* p = static_cast<bool*>(m.raw_data());
+  for (std::int64_t i = 0; i < queries; ++i)
+    for (std::int64_t j = 0; j < keys; ++j) p[i * keys + j] = j <= i + offset;
+  return m;
+}
+
+}  // namespace tapegrad

@@ -1,0 +1,28 @@
+// Internal: the pieces of multihead_attention that the MultiHeadAttention layer's cached
+// decoding reuses (it projects only the new positions, then attends over the cache).
+#pragma once
+
+#include <cstdint>
+
+#include "tapegrad/layers/multihead_attention.hpp"
+
+namespace tapegrad::detail {
+
+struct MhaShapes {
+  std::int64_t b, q, k, h, d, dv, cout;
+};
+
+// Validates everything but the context tensor itself (the layer's cache stands in for it), for
+// a context of `context_length` positions.
+MhaShapes check_mha(const MhaActivations& a, const MhaParameters& p, const MhaMasks& m, std::int64_t heads,
+                    std::int64_t context_length);
+
+// x w (+ b)
+Tensor project(const Tensor& x, const Tensor& w, const Tensor& b);
+
+// Steps 2-7 of multihead_attention from projected q [B, Q, H*D], k [B, K, H*D], v [B, K, H*Dv].
+AttentionResult attend_projected(const Tensor& q, const Tensor& k, const Tensor& v, const MhaActivations& a,
+                                 const MhaParameters& p, const MhaMasks& m, const MhaShapes& s, bool causal,
+                                 std::int64_t causal_offset);
+
+}  // namespace tapegrad::detail

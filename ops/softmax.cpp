@@ -1,0 +1,120 @@
+// Masked softmax: forward and its hand-derived backward (see softmax.hpp for the formulas).
+//
+// Derivation of the backward, for one row with A_i = e_i / Z, e_i = allowed_i exp(S_i - m):
+//   dA_i/dS_j = A_i (delta_ij - A_j)  for allowed i, j   (m cancels: it is a constant shift)
+//   dS_j = sum_i dA_i A_i (delta_ij - A_j) = A_j (dA_j - sum_i A_i dA_i)
+// Disallowed j have A_j = 0, so dS_j = 0 there, and an empty row (all A = 0) gets dS = 0.
+#include "tapegrad/ops/softmax.hpp"
+
+#include <cmath>
+#include <limits>
+
+#include "ops/kernel.hpp"
+#include "ops/softmax_kernels.hpp"
+
+namespace tapegrad {
+namespace detail {
+namespace {
+
+// One row of K scores (contiguous) into weights; mask is null (all allowed) or strided by ms.
+template <class T> void softmax_row(const T* s, T* a, std::int64_t k, const bool* mask, std::int64_t ms) {
+  auto allowed = [&](std::int64_t j) { return mask == nullptr || mask[j * ms]; };
+  T m = -std::numeric_limits<T>::infinity();
+  bool any = false, nan = false;
+  for (std::int64_t j = 0; j < k; ++j) {
+    if (!allowed(j)) continue;
+    any = true;
+    if (std::isnan(s[j])) nan = true;
+    else if (s[j] > m) m = s[j];
+  }
+  // No allowed entry, or every allowed score is -inf: an empty row.
+  if (!any || (!nan && m == -std::numeric_limits<T>::infinity())) {
+    for (std::int64_t j = 0; j < k; ++j) a[j] = T(0);
+    return;
+  }
+  double z = 0;
+  for (std::int64_t j = 0; j < k; ++j) {
+    a[j] = allowed(j) ? std::exp(s[j] - m) : T(0);  // s - m <= 0: no overflow; +inf - inf = NaN propagates
+    z += static_cast<double>(a[j]);
+  }
+  const T inv = static_cast<T>(1.0 / z);
+  for (std::int64_t j = 0; j < k; ++j) a[j] *= inv;
+}
+
+}  // namespace
+
+void check_softmax_args(const char* op, const char* scores_name, const Tensor& scores, const char* allowed_name,
+                        const Tensor& allowed) {
+  check_floating(op, scores_name, scores);
+  if (scores.dim() < 1)
+    fail<ShapeError>("{}: argument '{}' must have rank >= 1 (softmax runs over the last dim), got shape {}", op,
+                     scores_name, shape_str(scores.shape()));
+  if (!allowed.defined()) return;
+  check_dtype(op, allowed_name, allowed, DType::bool_);
+  if (broadcast_args(op, scores_name, scores.shape(), allowed_name, allowed.shape()) != scores.shape())
+    fail<ShapeError>("{}: argument '{}' with shape {} must broadcast to the shape of '{}', {}", op, allowed_name,
+                     shape_str(allowed.shape()), scores_name, shape_str(scores.shape()));
+}
+
+Tensor masked_softmax_forward(const Tensor& scores, const Tensor& allowed) {
+  const Tensor s = scores.is_contiguous() ? scores : clone(scores);
+  Tensor a = new_tensor(s.shape(), s.dtype());
+  const std::size_t rank = s.shape().size();
+  const std::int64_t k = s.shape().back();
+  const Dims8 m_strides = allowed.defined() ? broadcast_strides(allowed, s.shape()) : Dims8(rank, 0);
+  // Row r of s and a starts at r * k; the mask row at the offset the loop gives.
+  Dims8 row_index(rank - 1, 0);
+  {
+    std::int64_t stride = 1;
+    for (std::size_t d = rank - 1; d-- > 0;) {
+      row_index[d] = stride;
+      stride *= s.shape()[d];
+    }
+  }
+  StridedLoop<2> rows(s.shape().data(), rank - 1, {row_index.data(), m_strides.data()});
+  const bool* mask = allowed.defined() ? static_cast<const bool*>(allowed.raw_data()) : nullptr;
+  const std::int64_t ms = m_strides[rank - 1];
+  visit_float(s.dtype(), "masked_softmax", [&]<class T>(Tag<T>) {
+    const T* ps = static_cast<const T*>(s.raw_data());
+    T* pa = static_cast<T*>(a.raw_data());
+    rows.for_each_run([&](const auto& off, std::int64_t n, const auto& inner) {
+      for (std::int64_t t = 0; t < n; ++t) {
+        const std::int64_t row = off[0] + t * inner[0];
+        softmax_row(ps + row * k, pa + row * k, k, mask ? mask + off[1] + t * inner[1] : nullptr, ms);
+      }
+    });
+  });
+  return a;
+}
+
+Tensor masked_softmax_backward(const Tensor& weights, const Tensor& grad_weights) {
+  const Tensor g = grad_weights.is_contiguous() ? grad_weights : clone(grad_weights);
+  Tensor ds = new_tensor(weights.shape(), weights.dtype());
+  const std::int64_t k = weights.shape().back();
+  const std::int64_t rows = k == 0 ? 0 : weights.numel() / k;
+  visit_float(weights.dtype(), "masked_softmax", [&]<class T>(Tag<T>) {
+    const T* a = static_cast<const T*>(weights.raw_data());
+    const T* da = static_cast<const T*>(g.raw_data());
+    T* out = static_cast<T*>(ds.raw_data());
+    for (std::int64_t r = 0; r < rows; ++r, a += k, da += k, out += k) {
+      double dot = 0;  // sum_j A_j dA_j
+      for (std::int64_t j = 0; j < k; ++j) dot += static_cast<double>(a[j]) * static_cast<double>(da[j]);
+      for (std::int64_t j = 0; j < k; ++j) out[j] = a[j] * (da[j] - static_cast<T>(dot));
+    }
+  });
+  return ds;
+}
+
+}  // namespace detail
+
+Tensor masked_softmax(const Tensor& scores, const Tensor& allowed) {
+  detail::check_softmax_args("masked_softmax", "scores", scores, "allowed", allowed);
+  Tensor a = detail::masked_softmax_forward(scores, allowed);
+  // dS = A * (dA - rowsum(A * dA)); keeps only its output A
+  detail::record("masked_softmax", {scores}, a, [a = a.detach()](std::span<const Tensor> g, const std::vector<bool>&) {
+    return std::vector<Tensor>{detail::masked_softmax_backward(a, g[0])};
+  });
+  return a;
+}
+
+}  // namespace tapegrad

@@ -1,0 +1,320 @@
+// Attention: SPEC sections 3-5 and 8-10 (masked softmax, scaled_dot_product_attention,
+// causal_mask, the verbatim examples and the validation layers T0-T3).
+#define BOOST_TEST_MODULE attention
+#include <cfloat>
+#include <limits>
+
+#include "support.hpp"
+
+namespace tg = tapegrad;
+using namespace tg_test;
+using tg::Shape;
+using tg::Tensor;
+
+namespace {
+std::vector<double> values(const Tensor& t) { return t.to_vector<double>(); }
+Tensor f64(const tg::Literal& v) { return tg::tensor(v, tg::float64); }
+bool bitwise_equal(const Tensor& a, const Tensor& b) { return a.to_vector<double>() == b.to_vector<double>(); }
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(spec_examples)  // SPEC section 9, verbatim
+
+BOOST_AUTO_TEST_CASE(two_keys_one_query) {
+  auto [out, w] = tg::scaled_dot_product_attention(tg::tensor({{1, 0}}), tg::tensor({{1, 0}, {0, 1}}), tg::tensor({{10}, {20}}));
+  check_close(out, {13.3024}, 5e-5, "output");
+  check_close(w, {0.67, 0.33}, 5e-3, "weights");
+}
+
+BOOST_AUTO_TEST_CASE(masked_two_by_two) {
+  auto [out, w] = tg::scaled_dot_product_attention(tg::tensor({{1, 1}, {2, 0}}), tg::tensor({{1, 1}, {2, 0}}),
+                                                   tg::tensor({{1, 0}, {0, 1}}), tg::mask({{true, false}, {true, true}}));
+  check_close(out, {1, 0, 0.19557, 0.80443}, 5e-6, "output");
+}
+
+BOOST_AUTO_TEST_CASE(scaled_scores_and_a_masked_key) {
+  const Tensor q = tg::tensor({{2, 0, 0, 0}}), k = tg::tensor({{1, 0, 0, 0}, {0, 0, 0, 0}}), v = tg::tensor({{1}, {2}});
+  // Scaled scores [1, 0]: q k^T / sqrt(4).
+  check_close(tg::matmul(q, tg::transpose(k, 0, 1)) / 2.0, {1, 0}, 0, "scaled scores");
+  check_close(tg::scaled_dot_product_attention(q, k, v).weights, {0.7311, 0.2689}, 5e-5, "weights");
+  BOOST_TEST(values(tg::scaled_dot_product_attention(q, k, v, tg::mask({{true, false}})).weights) == (std::vector<double>{1, 0}));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(masked_softmax_clauses)  // SPEC section 3
+
+BOOST_AUTO_TEST_CASE(maximum_over_allowed_entries_only) {
+  // The disallowed 1e30 must not set the maximum: the allowed entries still get exp(0)-scale values.
+  const Tensor s = tg::tensor({{1e30, 0.0, 0.0}}, tg::float64);
+  BOOST_TEST(values(tg::masked_softmax(s, tg::mask({{false, true, true}}))) == (std::vector<double>{0, 0.5, 0.5}));
+  // A genuinely very negative allowed score is kept, not wiped out by a sentinel.
+  const auto w = values(tg::masked_softmax(tg::tensor({{-1e9, -1e9 - 1.0}}, tg::float64)));
+  check_close(w, {1 / (1 + std::exp(-1.0)), 1 / (1 + std::exp(1.0))}, 1e-12, 0, "very negative");
+}
+
+BOOST_AUTO_TEST_CASE(huge_scores_stay_finite) {
+  for (double big : {1e4, 1e6, static_cast<double>(FLT_MAX) / 2}) {
+    for (auto dtype : {tg::float32, tg::float64}) {
+      const Tensor s = tg::tensor({{big, -big, 0.0}, {-big, -big, -big}, {big, big, -big}}, dtype);
+      const auto w = values(tg::masked_softmax(s));
+      for (double x : w) BOOST_TEST(std::isfinite(x));
+      check_close(w, {1, 0, 0, 1.0 / 3, 1.0 / 3, 1.0 / 3, 0.5, 0.5, 0}, 1e-6, 0, fmt::format("big={} {}", big, dtype));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(empty_rows_are_zero_with_zero_finite_gradient) {
+  Tensor s = tg::tensor({{3.0, -2.0, 5.0}, {1.0, 2.0, 3.0}}, tg::float64).set_requires_grad();
+  const Tensor allowed = tg::mask({{false, false, false}, {true, false, true}});
+  const Tensor w = tg::masked_softmax(s, allowed);
+  BOOST_TEST(values(tg::select(w, 0, 0)) == (std::vector<double>{0, 0, 0}));
+  tg::backward({w}, {tg::tensor({{1.0, 2.0, 3.0}, {4.0, 5.0, 6.0}}, tg::float64)});
+  const auto g = values(s.grad());
+  BOOST_TEST((g[0] == 0 && g[1] == 0 && g[2] == 0));  // empty row
+  BOOST_TEST(g[4] == 0);                              // disallowed entry
+  for (double x : g) BOOST_TEST(std::isfinite(x));
+  // dS = A (dA - sum A dA) on the live row
+  const auto a = values(tg::select(w, 0, 1));
+  const double dot = a[0] * 4 + a[2] * 6;
+  check_close({g[3], g[5]}, {a[0] * (4 - dot), a[2] * (6 - dot)}, 1e-15, 0, "formula");
+  tg::clear_tape();
+}
+
+BOOST_AUTO_TEST_CASE(all_minus_infinity_is_an_empty_row_and_nan_propagates) {
+  const double inf = std::numeric_limits<double>::infinity();
+  BOOST_TEST(values(tg::masked_softmax(tg::tensor({{-inf, -inf}}, tg::float64))) == (std::vector<double>{0, 0}));
+  const auto w = values(tg::masked_softmax(tg::tensor({{-inf, 0.0}}, tg::float64)));
+  BOOST_TEST(w == (std::vector<double>{0, 1}));
+  for (double x : values(tg::masked_softmax(tg::tensor({{std::nan(""), 0.0}}, tg::float64)))) BOOST_TEST(std::isnan(x));
+}
+
+BOOST_AUTO_TEST_CASE(gradcheck_with_broadcast_masks) {
+  Tensor s = tg::randn({2, 3, 5}, 1, tg::float64).set_requires_grad();
+  for (const Tensor& m : {tg::Tensor(), tg::from_bools({true, false, true, true, false}, {5}),
+                          tg::from_bools({true, false, false, true, false, false}, {2, 3, 1})}) {
+    const auto r = tg::gradcheck([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{tg::masked_softmax(in[0], m)}; }, {s});
+    BOOST_TEST(r.ok, r.report());
+  }
+  // Non-contiguous scores.
+  Tensor st = tg::transpose(tg::randn({5, 3}, 2, tg::float64), 0, 1).set_requires_grad();
+  const auto r = tg::gradcheck([](const std::vector<Tensor>& in) { return std::vector<Tensor>{tg::masked_softmax(in[0])}; }, {st});
+  BOOST_TEST(r.ok, r.report());
+  tg::clear_tape();
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(causal_mask_clauses)  // SPEC section 5
+
+BOOST_AUTO_TEST_CASE(true_exactly_where_j_le_i_plus_offset) {
+  for (std::int64_t q : {1, 3, 4}) {
+    for (std::int64_t k : {1, 2, 4, 6}) {
+      for (std::int64_t offset = -5; offset <= 7; ++offset) {
+        const auto m = tg::causal_mask(q, k, offset).to_vector<bool>();
+        BOOST_TEST(tg::causal_mask(q, k, offset).shape() == (Shape{q, k}));
+        for (std::int64_t i = 0; i < q; ++i)
+          for (std::int64_t j = 0; j < k; ++j) BOOST_TEST(m[static_cast<std::size_t>(i * k + j)] == (j <= i + offset));
+      }
+    }
+  }
+  BOOST_TEST(tg::causal_mask(2, 2).to_vector<bool>() == (std::vector<bool>{true, false, true, true}));
+  BOOST_TEST(!tg::causal_mask(2, 2).requires_grad());
+  check_throws<tg::ValueError>([] { tg::causal_mask(-1, 2); }, {"causal_mask", "'queries'", "-1"});
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(validation_layers)  // SPEC section 10
+
+BOOST_AUTO_TEST_CASE(T0_shapes_dtypes_and_inputs_unmodified) {
+  for (auto dtype : {tg::float32, tg::float64}) {
+    const Tensor q = tg::randn({2, 3, 4, 5}, 1, dtype), k = tg::randn({2, 1, 6, 5}, 2, dtype), v = tg::randn({6, 7}, 3, dtype);
+    const auto before = std::vector{values(q), values(k), values(v)};
+    auto [out, w] = tg::scaled_dot_product_attention(q, k, v, tg::causal_mask(4, 6, 1));
+    BOOST_TEST(out.shape() == (Shape{2, 3, 4, 7}));
+    BOOST_TEST(w.shape() == (Shape{2, 3, 4, 6}));
+    BOOST_TEST((out.dtype() == dtype && w.dtype() == dtype));
+    BOOST_TEST((values(q) == before[0] && values(k) == before[1] && values(v) == before[2]));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(T1_two_keys_analytic) {
+  // One query, two keys, D = 1: weights are a logistic of the score gap.
+  const double a = 0.7, b = -0.4, qv = 1.3;
+  auto [out, w] = tg::scaled_dot_product_attention(f64({{qv}}), f64({{a}, {b}}), f64({{2.0}, {-3.0}}));
+  const double p = 1 / (1 + std::exp(-(qv * a - qv * b)));
+  check_close(w, {p, 1 - p}, 1e-15, "weights");
+  check_close(out, {2 * p - 3 * (1 - p)}, 1e-14, "output");
+}
+
+BOOST_AUTO_TEST_CASE(T2_broadcast_masks_and_empty_rows) {
+  const Tensor q = tg::randn({2, 3, 4}, 4, tg::float64), k = tg::randn({2, 5, 4}, 5, tg::float64), v = tg::randn({2, 5, 3}, 6, tg::float64);
+  const Tensor key_mask = tg::from_bools({true, false, true, false, true}, {5});  // broadcast over batch and queries
+  auto [out, w] = tg::scaled_dot_product_attention(q, k, v, key_mask);
+  for (std::int64_t b = 0; b < 2; ++b)
+    for (std::int64_t i = 0; i < 3; ++i) {
+      const auto row = values(tg::select(tg::select(w, 0, b), 0, i));
+      BOOST_TEST((row[1] == 0 && row[3] == 0));
+      check_close({row[0] + row[2] + row[4]}, {1.0}, 1e-15, 0, "row sums to 1");
+    }
+  // A per-query mask emptying query 1 of batch 0.
+  std::vector<bool> m(2 * 3, true);
+  m[1] = false;
+  auto [out2, w2] = tg::scaled_dot_product_attention(q, k, v, tg::from_bools(m, {2, 3, 1}));
+  BOOST_TEST(values(tg::select(tg::select(w2, 0, 0), 0, 1)) == std::vector<double>(5, 0.0));
+  BOOST_TEST(values(tg::select(tg::select(out2, 0, 0), 0, 1)) == std::vector<double>(3, 0.0));
+}
+
+BOOST_AUTO_TEST_CASE(T2_permutation_invariance) {
+  const Tensor q = tg::randn({3, 4}, 7, tg::float64), k = tg::randn({5, 4}, 8, tg::float64), v = tg::randn({5, 2}, 9, tg::float64);
+  const std::vector<std::int64_t> perm_k{3, 0, 4, 1, 2}, perm_q{2, 0, 1};
+  auto pick = [](const Tensor& x, const std::vector<std::int64_t>& rows) {
+    std::vector<Tensor> parts;
+    for (auto r : rows) parts.push_back(tg::select(x, 0, r));
+    return tg::stack(parts, 0);
+  };
+  const Tensor base = tg::scaled_dot_product_attention(q, k, v).output;
+  // Permuting keys and values together changes nothing.
+  check_close(tg::scaled_dot_product_attention(q, pick(k, perm_k), pick(v, perm_k)).output, values(base), 1e-14, "keys permuted");
+  // Permuting queries permutes the outputs.
+  check_close(tg::scaled_dot_product_attention(pick(q, perm_q), k, v).output, values(pick(base, perm_q)), 1e-14, "queries permuted");
+}
+
+BOOST_AUTO_TEST_CASE(T2_shift_invariance) {
+  // Adding a per-query constant to every score of that query changes nothing. With q' = q + c k0
+  // ... simpler and exact: masked_softmax(S + c_i) for a per-row constant.
+  const Tensor s = tg::randn({4, 6}, 10, tg::float64);
+  const Tensor c = tg::tensor({{3.0}, {-100.0}, {1e3}, {0.5}}, tg::float64);
+  const Tensor m = tg::from_bools({true, true, false, true, false, true}, {6});
+  check_close(tg::masked_softmax(s + c, m), values(tg::masked_softmax(s, m)), 1e-13, "shifted scores");
+  // Through attention: a key-independent term added to every key (k + u) shifts query i's
+  // scores by q_i . u / sqrt(D), a per-query constant.
+  const Tensor q = tg::randn({3, 4}, 11, tg::float64), k = tg::randn({5, 4}, 12, tg::float64), v = tg::randn({5, 2}, 13, tg::float64);
+  const Tensor u = tg::randn({4}, 14, tg::float64);
+  check_close(tg::scaled_dot_product_attention(q, k + u, v).output, values(tg::scaled_dot_product_attention(q, k, v).output), 1e-13,
+              "keys shifted");
+}
+
+BOOST_AUTO_TEST_CASE(T2_independent_gradients) {
+  // Output row i depends on no other query: the gradient of output i w.r.t. q is zero off row i.
+  Tensor q = tg::randn({4, 3}, 15, tg::float64).set_requires_grad();
+  const Tensor k = tg::randn({5, 3}, 16, tg::float64), v = tg::randn({5, 2}, 17, tg::float64);
+  for (std::int64_t i = 0; i < 4; ++i) {
+    q.zero_grad();
+    auto [out, w] = tg::scaled_dot_product_attention(q, k, v);
+    tg::backward(tg::sum(tg::select(out, 0, i)) + tg::sum(tg::select(w, 0, i)));
+    const auto g = values(q.grad());
+    for (std::int64_t r = 0; r < 4; ++r)
+      for (std::int64_t c = 0; c < 3; ++c) {
+        const double x = g[static_cast<std::size_t>(r * 3 + c)];
+        if (r == i) BOOST_TEST(x != 0.0);
+        else BOOST_TEST(x == 0.0);
+      }
+    tg::clear_tape();
+  }
+}
+
+BOOST_AUTO_TEST_CASE(T2_causal_isolation) {
+  // With causal offset o, nothing from output i reaches keys or values j > i + o.
+  for (std::int64_t offset : {-1, 0, 2}) {
+    Tensor q = tg::randn({4, 3}, 18, tg::float64).set_requires_grad();
+    Tensor k = tg::randn({6, 3}, 19, tg::float64).set_requires_grad();
+    Tensor v = tg::randn({6, 2}, 20, tg::float64).set_requires_grad();
+    for (std::int64_t i = 0; i < 4; ++i) {
+      k.zero_grad();
+      v.zero_grad();
+      auto [out, w] = tg::scaled_dot_product_attention(q, k, v, tg::causal_mask(4, 6, offset));
+      tg::backward(tg::sum(tg::select(out, 0, i)) * 1.7 + tg::sum(tg::select(w, 0, i)));
+      const auto gk = values(k.grad()), gv = values(v.grad());
+      for (std::int64_t j = 0; j < 6; ++j)
+        if (j > i + offset) {
+          BOOST_TEST((gk[static_cast<std::size_t>(3 * j)] == 0 && gk[static_cast<std::size_t>(3 * j + 1)] == 0 && gk[static_cast<std::size_t>(3 * j + 2)] == 0));
+          BOOST_TEST((gv[static_cast<std::size_t>(2 * j)] == 0 && gv[static_cast<std::size_t>(2 * j + 1)] == 0));
+        }
+      tg::clear_tape();
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(T3_prefix_averaging_experiment) {
+  // SPEC section 8 through the public functions: zero queries and keys, causal mask.
+  const std::vector<double> vals{3, -1, 4, 1, -5, 9};
+  const Tensor q = tg::zeros({6, 2}, tg::float64), k = tg::zeros({6, 2}, tg::float64);
+  const Tensor v = tg::from_vector(vals, {6, 1});
+  auto [out, w] = tg::scaled_dot_product_attention(q, k, v, tg::causal_mask(6, 6));
+  double running = 0;
+  for (std::size_t i = 0; i < 6; ++i) {
+    running += vals[i];
+    BOOST_TEST(std::abs(values(out)[i] - running / static_cast<double>(i + 1)) < 1e-15);
+    for (std::size_t j = 0; j < 6; ++j)
+      BOOST_TEST(values(w)[i * 6 + j] == (j <= i ? 1.0 / static_cast<double>(i + 1) : 0.0), boost::test_tools::tolerance(1e-15));
+  }
+  double leakage = 0;
+  for (std::size_t i = 0; i < 6; ++i) {
+    std::vector<double> raised = vals;
+    for (std::size_t j = i + 1; j < 6; ++j) raised[j] += 1000;
+    const Tensor out2 = tg::scaled_dot_product_attention(q, k, tg::from_vector(raised, {6, 1}), tg::causal_mask(6, 6)).output;
+    leakage = std::max(leakage, std::abs(values(out2)[i] - values(out)[i]));
+  }
+  BOOST_TEST(leakage == 0.0);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(exact_masking)
+
+BOOST_AUTO_TEST_CASE(masked_weights_and_gradients_are_exactly_zero_and_masked_values_do_not_matter) {
+  for (auto dtype : {tg::float32, tg::float64}) {
+    Tensor q = tg::randn({2, 4, 3}, 21, tg::float64).to(dtype).detach().set_requires_grad();
+    Tensor k = tg::randn({2, 5, 3}, 22, tg::float64).to(dtype).detach().set_requires_grad();
+    Tensor v = tg::randn({2, 5, 2}, 23, tg::float64).to(dtype).detach().set_requires_grad();
+    const Tensor m = tg::from_bools({true, false, true, true, false}, {5});
+    auto [out, w] = tg::scaled_dot_product_attention(q, k, v, m);
+    tg::backward({out, w}, {tg::ones_like(out), tg::randn(w.shape(), 24, tg::float64).to(dtype)});
+    const auto wv = values(w), gk = values(k.grad()), gv = values(v.grad());
+    for (std::size_t r = 0; r < 8; ++r) BOOST_TEST((wv[r * 5 + 1] == 0 && wv[r * 5 + 4] == 0));
+    for (std::int64_t b = 0; b < 2; ++b)
+      for (std::int64_t j : {1, 4}) {
+        for (std::int64_t c = 0; c < 3; ++c) BOOST_TEST(gk[static_cast<std::size_t>((b * 5 + j) * 3 + c)] == 0);
+        for (std::int64_t c = 0; c < 2; ++c) BOOST_TEST(gv[static_cast<std::size_t>((b * 5 + j) * 2 + c)] == 0);
+      }
+    // Changing masked keys and values by 1000 leaves the results bitwise unchanged.
+    const Tensor bump = tg::tensor({{0}, {1000}, {0}, {0}, {1000}}, dtype);
+    tg::NoGradGuard no_grad;
+    auto [out2, w2] = tg::scaled_dot_product_attention(q, k + bump, v + bump, m);
+    BOOST_TEST(bitwise_equal(out, out2));
+    BOOST_TEST(bitwise_equal(w, w2));
+    tg::clear_tape();
+  }
+}
+
+BOOST_AUTO_TEST_CASE(float32_agrees_with_float64) {
+  const Tensor q = tg::randn({2, 3, 7, 8}, 25, tg::float64), k = tg::randn({2, 3, 9, 8}, 26, tg::float64),
+               v = tg::randn({2, 3, 9, 5}, 27, tg::float64);
+  const Tensor m = tg::causal_mask(7, 9, 1);
+  auto [o64, w64] = tg::scaled_dot_product_attention(q, k, v, m);
+  auto [o32, w32] = tg::scaled_dot_product_attention(q.to(tg::float32), k.to(tg::float32), v.to(tg::float32), m);
+  check_close(values(o32), values(o64), 2e-6, 1e-5, "output");
+  check_close(values(w32), values(w64), 2e-6, 1e-5, "weights");
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(bad_inputs)
+
+BOOST_AUTO_TEST_CASE(scaled_dot_product_attention_errors) {
+  auto sdpa = [](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& m = {}) { tg::scaled_dot_product_attention(q, k, v, m); };
+  const Tensor q = tg::zeros({2, 3}), k = tg::zeros({4, 3}), v = tg::zeros({4, 5});
+  check_throws<tg::ShapeError>([&] { sdpa(tg::zeros({3}), k, v); }, {"scaled_dot_product_attention", "'q'", "rank >= 2", "[3]"});
+  check_throws<tg::ShapeError>([&] { sdpa(q, tg::zeros({4, 2}), v); }, {"'q'", "[2, 3]", "'k'", "[4, 2]"});
+  check_throws<tg::ShapeError>([&] { sdpa(q, k, tg::zeros({5, 5})); }, {"'k'", "[4, 3]", "'v'", "[5, 5]"});
+  check_throws<tg::DTypeError>([&] { sdpa(q, k, v.to(tg::float64)); }, {"'q'", "'v'", "float32", "float64"});
+  check_throws<tg::DTypeError>([&] { sdpa(q, k, v, tg::zeros({2, 4})); }, {"'mask'", "bool", "float32"});
+  check_throws<tg::ShapeError>([&] { sdpa(q, k, v, tg::zeros({3, 4}, tg::bool_)); }, {"'mask'", "[3, 4]", "[2, 4]"});
+  check_throws<tg::ShapeError>([&] { sdpa(tg::zeros({2, 2, 3}), tg::zeros({3, 4, 3}), tg::zeros({4, 5})); }, {"leading dims", "[2]", "[3]"});
+  check_throws<tg::DTypeError>([&] { tg::masked_softmax(tg::zeros({2}, tg::int64)); }, {"masked_softmax", "'scores'", "int64"});
+  check_throws<tg::ShapeError>([&] { tg::masked_softmax(tg::zeros({2, 3}), tg::zeros({4, 2, 3}, tg::bool_)); },
+                               {"masked_softmax", "'allowed'", "[4, 2, 3]", "[2, 3]"});
+}
+
+BOOST_AUTO_TEST_SUITE_END()

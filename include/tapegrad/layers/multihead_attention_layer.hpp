@@ -27,6 +27,7 @@ struct MultiHeadAttentionConfig {
 class KVCache {
  public:
   std::int64_t length() const noexcept { return length_; }
+  std::int64_t capacity() const noexcept { return k_.defined() ? k_.size(1) : 0; }
   void clear() noexcept { length_ = 0; }
 
  private:

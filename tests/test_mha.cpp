@@ -1,0 +1,289 @@
+// multihead_attention (SPEC section 6), the MultiHeadAttention layer and its KV cache
+// (section 7).
+#define BOOST_TEST_MODULE multihead_attention
+#include <boost/test/data/monomorphic.hpp>
+#include <boost/test/data/test_case.hpp>
+
+#include "mha_support.hpp"
+
+namespace tg = tapegrad;
+namespace bdata = boost::unit_test::data;
+using namespace tg_test;
+using tg::Shape;
+using tg::Tensor;
+
+namespace {
+std::vector<double> values(const Tensor& t) { return t.to_vector<double>(); }
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(spec_worked_example)
+
+BOOST_AUTO_TEST_CASE(two_heads_with_every_mask) {
+  const tg::MhaActivations act{.query = tg::tensor({{{1, 1}, {1, 1}}}),
+                               .context = tg::tensor({{{0, 1, 2, 1}, {1, 0, 4, 4}, {100, 100, 99, 99}}})};
+  const tg::MhaParameters par{.w_q = tg::tensor({{1, 0}, {0, 1}}),
+                              .w_k = tg::tensor({{1, 0}, {0, 1}, {0, 0}, {0, 0}}),
+                              .w_v = tg::tensor({{0, 0}, {0, 0}, {1, 0}, {0, 1}}),
+                              .w_o = tg::tensor({{1, 2}, {3, -1}}),
+                              .b_o = tg::tensor({1, 2})};
+  const tg::MhaMasks masks{.key_mask = tg::mask({{true, true, false}}),
+                           .query_mask = tg::mask({{true, false}}),
+                           .attention_mask = tg::mask({{{true, true, true}, {true, true, true}}, {{false, true, true}, {false, true, true}}})};
+  auto [out, attn] = tg::multihead_attention(act, par, masks, /*heads=*/2);
+  BOOST_TEST(out.shape() == (Shape{1, 2, 2}));
+  BOOST_TEST(attn.shape() == (Shape{1, 2, 2, 3}));
+  const auto a = values(attn);  // [b][h][i][j]
+  check_close({a[0], a[1], a[2]}, {0.268941, 0.731059, 0}, 5e-7, 0, "query 0, head 0");
+  BOOST_TEST((a[6] == 0 && a[7] == 1 && a[8] == 0));  // query 0, head 1: [0, 1, 0]
+  const auto o = values(out);
+  check_close({o[0], o[1]}, {16.462117, 4.924234}, 5e-6, 0, "query 0 output");
+  // Query 1 is masked: zero attention in both heads, output [0, 0] with b_o suppressed.
+  BOOST_TEST((a[3] == 0 && a[4] == 0 && a[5] == 0 && a[9] == 0 && a[10] == 0 && a[11] == 0));
+  BOOST_TEST((o[2] == 0 && o[3] == 0));
+  // Head summaries [3.462117, 4]: the output before w_o and b_o.
+  const Tensor summaries = tg::matmul(tg::select(tg::select(attn, 0, 0), 1, 0),
+                                      tg::matmul(tg::select(act.context, 0, 0), par.w_v));  // [H, H*Dv]
+  check_close({values(summaries)[0], values(summaries)[3]}, {3.462117, 4.0}, 5e-6, 0, "head summaries");
+}
+
+BOOST_AUTO_TEST_CASE(b_o_kept_for_a_query_with_one_active_head) {
+  // Head 0 has no allowed key for query 0, head 1 has one: the query is active and keeps b_o.
+  const tg::MhaActivations act{.query = tg::ones({1, 1, 2}, tg::float64), .context = tg::ones({1, 2, 2}, tg::float64)};
+  const tg::MhaParameters par{.w_q = tg::ones({2, 2}, tg::float64), .w_k = tg::ones({2, 2}, tg::float64),
+                              .w_v = tg::zeros({2, 2}, tg::float64), .w_o = tg::ones({2, 3}, tg::float64),
+                              .b_o = tg::tensor({7, 8, 9}, tg::float64)};
+  const tg::MhaMasks m{.attention_mask = tg::mask({{{false, false}}, {{true, false}}})};  // [H=2, Q=1, K=2]
+  BOOST_TEST(values(tg::multihead_attention(act, par, m, 2).output) == (std::vector<double>{7, 8, 9}));
+  const tg::MhaMasks none{.attention_mask = tg::mask({{{false, false}}, {{false, false}}})};
+  BOOST_TEST(values(tg::multihead_attention(act, par, none, 2).output) == (std::vector<double>{0, 0, 0}));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(gradients)
+
+struct GridCase {
+  std::uint64_t seed;
+  MaskKind masks;
+  BiasKind bias;
+  bool biases, non_contiguous;
+};
+std::ostream& operator<<(std::ostream& os, const GridCase& c) {
+  return os << "seed " << c.seed << " masks " << int(c.masks) << " bias " << int(c.bias) << " biases " << c.biases << " nc "
+            << c.non_contiguous;
+}
+
+std::vector<GridCase> grid() {
+  std::vector<GridCase> cases;
+  const MaskKind masks[] = {MaskKind::none, MaskKind::random, MaskKind::empty_row, MaskKind::empty_query, MaskKind::empty_batch};
+  const BiasKind biases[] = {BiasKind::none, BiasKind::full, BiasKind::heads_keys, BiasKind::queries_keys};
+  for (std::uint64_t s = 0; s < 40; ++s)
+    cases.push_back({100 + s, masks[s % 5], biases[(s / 5) % 4], s % 3 != 0, s % 4 == 1});
+  return cases;
+}
+
+BOOST_DATA_TEST_CASE(gradcheck_every_input_and_parameter, bdata::make(grid()), c) {
+  const MhaProblem p = make_problem(c.seed, tg::float64, c.masks, c.bias, c.biases, c.non_contiguous);
+  std::vector<Tensor> xs = p.inputs();
+  for (auto& x : xs) x = x.detach().set_requires_grad();
+  BOOST_TEST_CONTEXT("B=" << p.b << " Q=" << p.q << " K=" << p.k << " H=" << p.h << " D=" << p.d << " Dv=" << p.dv << " causal="
+                          << p.causal << " offset=" << p.offset) {
+    const auto r = tg::gradcheck([&](const std::vector<Tensor>& in) {
+      auto [out, attn] = p.run(in);
+      return std::vector<Tensor>{out, attn};
+    }, xs);
+    BOOST_TEST(r.ok, r.report());
+  }
+  tg::clear_tape();
+}
+
+BOOST_DATA_TEST_CASE(scaled_dot_product_attention_gradcheck, bdata::xrange(24), i) {
+  tg::Generator gen(500 + static_cast<std::uint64_t>(i));
+  auto pick = [&](std::int64_t lo, std::int64_t hi) { return lo + static_cast<std::int64_t>(gen.next_u64() % static_cast<std::uint64_t>(hi - lo + 1)); };
+  const std::int64_t b = pick(1, 3), q = pick(1, 6), k = pick(1, 6), d = pick(1, 4), dv = pick(1, 4);
+  // Leading dims broadcast: k and v share one batch entry for odd cases.
+  Tensor tq = tg::randn({b, q, d}, gen, tg::float64).set_requires_grad();
+  Tensor tk = tg::randn({i % 2 ? 1 : b, k, d}, gen, tg::float64).set_requires_grad();
+  Tensor tv = (i % 3 == 0 ? tg::transpose(tg::randn({b, dv, k}, gen, tg::float64), 1, 2) : tg::randn({b, k, dv}, gen, tg::float64))
+                  .set_requires_grad();
+  std::vector<bool> m;
+  for (std::int64_t n = 0; n < q * k; ++n) m.push_back(gen.uniform() < 0.7);
+  const Tensor mask = i % 4 == 0 ? Tensor() : i % 4 == 1 ? tg::causal_mask(q, k, pick(-3, 4)) : tg::from_bools(m, {q, k});
+  const auto r = tg::gradcheck([&](const std::vector<Tensor>& in) {
+    auto [out, w] = tg::scaled_dot_product_attention(in[0], in[1], in[2], mask);
+    return std::vector<Tensor>{out, w};
+  }, {tq, tk, tv});
+  BOOST_TEST(r.ok, r.report());
+  tg::clear_tape();
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(exactness)
+
+BOOST_AUTO_TEST_CASE(masked_and_future_positions_do_not_matter_bitwise) {
+  for (auto dtype : {tg::float32, tg::float64}) {
+    for (std::uint64_t seed : {1u, 2u, 3u}) {
+      MhaProblem p = make_problem(seed, dtype, MaskKind::random, BiasKind::none, true, false);
+      p.causal = true;
+      p.offset = 0;
+      p.masks.attention_mask = Tensor();
+      auto [out, attn] = p.run(p.inputs());
+      // Raise the context at every key that is masked out or in some query's future... every key
+      // j > Q - 1 + offset is future for all queries; masked keys are masked for all queries.
+      const auto km = p.masks.key_mask.to_vector<bool>();
+      std::vector<double> bump(static_cast<std::size_t>(p.b * p.k), 0.0);
+      for (std::int64_t b = 0; b < p.b; ++b)
+        for (std::int64_t j = 0; j < p.k; ++j)
+          if (!km[static_cast<std::size_t>(b * p.k + j)] || j > p.q - 1) bump[static_cast<std::size_t>(b * p.k + j)] = 1000;
+      MhaProblem raised = p;
+      raised.act.context = p.act.context + tg::from_vector(bump, {p.b, p.k, 1}).to(dtype);
+      auto [out2, attn2] = raised.run(raised.inputs());
+      BOOST_TEST(values(out) == values(out2));
+      BOOST_TEST(values(attn) == values(attn2));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(masked_weights_and_their_gradients_are_exactly_zero) {
+  MhaProblem p = make_problem(7, tg::float64, MaskKind::empty_query, BiasKind::full, true, false);
+  std::vector<Tensor> xs = p.inputs();
+  for (auto& x : xs) x = x.detach().set_requires_grad();
+  auto [out, attn] = p.run(xs);
+  tg::backward({out, attn}, {tg::ones_like(out), tg::ones_like(attn)});
+  // The bias gradient is dS: zero wherever the weight is (masked or empty).
+  const auto a = values(attn), gb = values(xs[2].grad());
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i] == 0) BOOST_TEST(gb[i] == 0);
+  for (double g : gb) BOOST_TEST(std::isfinite(g));
+  // Query 0 of batch 0 is masked: its output row is exactly zero.
+  for (std::int64_t c = 0; c < p.cout; ++c) BOOST_TEST(values(out)[static_cast<std::size_t>(c)] == 0);
+  tg::clear_tape();
+}
+
+BOOST_AUTO_TEST_CASE(float32_agrees_with_float64) {
+  for (std::uint64_t seed = 20; seed < 30; ++seed) {
+    const MhaProblem p64 = make_problem(seed, tg::float64, MaskKind::random, BiasKind::heads_keys, true, false);
+    const MhaProblem p32 = make_problem(seed, tg::float32, MaskKind::random, BiasKind::heads_keys, true, false);
+    auto [o64, a64] = p64.run(p64.inputs());
+    auto [o32, a32] = p32.run(p32.inputs());
+    BOOST_TEST(o32.dtype() == tg::float32);
+    check_close(values(o32), values(o64), 1e-4, 1e-4, "output");
+    check_close(values(a32), values(a64), 1e-5, 1e-4, "attention");
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(layer)
+
+BOOST_AUTO_TEST_CASE(self_and_cross_attention_with_and_without_bias) {
+  tg::MultiHeadAttention self({.query_dim = 8, .heads = 2, .seed = 1});
+  BOOST_TEST(self.parameters().size() == 8u);
+  const Tensor x = tg::randn({2, 5, 8}, 3);
+  auto [y, w] = self.forward(x);
+  BOOST_TEST(y.shape() == (Shape{2, 5, 8}));
+  BOOST_TEST(w.shape() == (Shape{2, 2, 5, 5}));
+
+  tg::MultiHeadAttention cross({.query_dim = 6, .heads = 3, .context_dim = 10, .head_dim = 2, .value_head_dim = 5, .out_dim = 4,
+                                .bias = false, .dtype = tg::float64, .seed = 2});
+  BOOST_TEST(cross.parameters().size() == 4u);
+  const Tensor q = tg::randn({2, 3, 6}, 4, tg::float64), ctx = tg::randn({2, 7, 10}, 5, tg::float64);
+  auto r = cross.forward(q, ctx, {.masks = {.key_mask = tg::from_bools(std::vector<bool>(14, true), {2, 7})}, .need_weights = false});
+  BOOST_TEST(r.output.shape() == (Shape{2, 3, 4}));
+  BOOST_TEST(!r.weights.defined());
+  tg::backward(tg::sum(r.output));
+  for (Tensor* p : cross.parameters()) BOOST_TEST((p->grad().defined() && tg::any(tg::ne(p->grad(), tg::zeros_like(*p)))));
+  tg::clear_tape();
+}
+
+BOOST_AUTO_TEST_CASE(seeded_initialisation) {
+  tg::MultiHeadAttention a({.query_dim = 4, .heads = 2, .seed = 9}), b({.query_dim = 4, .heads = 2, .seed = 9}),
+      c({.query_dim = 4, .heads = 2, .seed = 10});
+  BOOST_TEST(values(a.weights().w_q) == values(b.weights().w_q));
+  BOOST_TEST(values(a.weights().w_q) != values(c.weights().w_q));
+  const double bound = std::sqrt(6.0 / 8.0);
+  for (double v : values(a.weights().w_o)) BOOST_TEST(std::abs(v) <= bound);
+  BOOST_TEST(values(a.weights().b_o) == std::vector<double>(4, 0.0));
+  check_throws<tg::ValueError>([] { tg::MultiHeadAttention({.query_dim = 5, .heads = 2}); }, {"heads = 2", "query_dim = 5"});
+  check_throws<tg::ValueError>([] { tg::MultiHeadAttention({.query_dim = 4, .heads = 0}); }, {"heads", "0"});
+}
+
+BOOST_AUTO_TEST_CASE(kv_cache_decoding_equals_the_full_causal_forward) {
+  for (auto dtype : {tg::float64, tg::float32}) {
+    const double tol = dtype == tg::float64 ? 1e-12 : 1e-5;
+    tg::MultiHeadAttention layer({.query_dim = 6, .heads = 2, .head_dim = 4, .value_head_dim = 3, .out_dim = 5, .dtype = dtype, .seed = 3});
+    const Tensor x = tg::randn({2, 8, 6}, 11, tg::float64).to(dtype);
+    auto [full, full_attn] = layer.forward(x, x, {.causal = true});
+    for (std::int64_t chunk : {1, 3}) {
+      tg::KVCache cache;
+      std::vector<Tensor> outs;
+      for (std::int64_t t = 0; t < 8; t += chunk) {
+        const std::int64_t n = std::min<std::int64_t>(chunk, 8 - t);
+        auto [o, a] = layer.decode(tg::slice(x, 1, t, t + n), cache);
+        BOOST_TEST(a.shape() == (Shape{2, 2, n, t + n}));
+        // The step's weights are the full causal weights' rows, cut at the cached length.
+        check_close(values(a), values(tg::slice(tg::slice(full_attn, 2, t, t + n), 3, 0, t + n)), tol, tol, "step weights");
+        outs.push_back(o);
+      }
+      BOOST_TEST(cache.length() == 8);
+      check_close(values(tg::concat(outs, 1)), values(full), tol, tol, fmt::format("chunks of {} ({})", chunk, dtype));
+    }
+    BOOST_TEST(tg::tape_size() == 1u * 0 + tg::tape_size());  // decode records nothing (checked below)
+  }
+  tg::clear_tape();
+  tg::MultiHeadAttention layer({.query_dim = 4, .heads = 1, .seed = 4});
+  tg::KVCache cache;
+  layer.decode(tg::randn({1, 1, 4}, 1), cache);
+  BOOST_TEST(tg::tape_size() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(kv_cache_append_is_amortised) {
+  tg::MultiHeadAttention layer({.query_dim = 4, .heads = 2, .seed = 5});
+  tg::KVCache cache;
+  int growths = 0;
+  std::int64_t capacity = 0;
+  for (int t = 0; t < 200; ++t) {
+    layer.decode(tg::randn({1, 1, 4}, static_cast<std::uint64_t>(t)), cache);
+    if (cache.capacity() != capacity) ++growths;
+    capacity = cache.capacity();
+  }
+  BOOST_TEST(cache.length() == 200);
+  BOOST_TEST(growths <= 5);  // 16, 32, 64, 128, 256: doubling, not one copy per step
+  cache.clear();
+  BOOST_TEST(cache.length() == 0);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(bad_inputs)
+
+BOOST_AUTO_TEST_CASE(every_argument_is_checked) {
+  const MhaProblem p = make_problem(3, tg::float32, MaskKind::random, BiasKind::none, true, false);
+  auto run = [&](auto edit) {
+    MhaProblem x = p;
+    edit(x);
+    tg::multihead_attention(x.act, x.par, x.masks, x.h, x.causal, x.offset);
+  };
+  check_throws<tg::ShapeError>([&] { run([](MhaProblem& x) { x.act.query = tg::zeros({2, 3}); }); }, {"multihead_attention", "'query'", "[B, Q, Cq]", "[2, 3]"});
+  check_throws<tg::ShapeError>([&] { run([](MhaProblem& x) { x.act.context = tg::zeros({x.b, x.k}); }); }, {"'context'", "[B, K, Cctx]"});
+  check_throws<tg::ShapeError>([&] { run([](MhaProblem& x) { x.par.w_q = tg::zeros({x.cq + 1, x.h * x.d}); }); }, {"'w_q'", "rows"});
+  check_throws<tg::ShapeError>([&] { run([](MhaProblem& x) { x.par.w_k = tg::zeros({x.cctx + 1, x.h * x.d}); x.par.w_v = tg::zeros({x.cctx + 1, x.h * x.dv}); }); },
+                               {"'w_k'", "context"});
+  check_throws<tg::ShapeError>([&] { run([](MhaProblem& x) { x.par.w_o = tg::zeros({x.h * x.dv + 1, x.cout}); }); }, {"'w_o'"});
+  check_throws<tg::ShapeError>([&] { run([](MhaProblem& x) { x.par.b_o = tg::zeros({x.cout + 1}); }); }, {"'b_o'", fmt::format("[{}]", p.cout)});
+  check_throws<tg::ShapeError>([&] { run([](MhaProblem& x) { x.h = x.h * x.d + 1; }); }, {"heads", "must divide", "'w_q'"});
+  check_throws<tg::ValueError>([&] { run([](MhaProblem& x) { x.h = 0; }); }, {"'heads'", ">= 1", "0"});
+  check_throws<tg::DTypeError>([&] { run([](MhaProblem& x) { x.masks.key_mask = tg::ones({x.b, x.k}); }); }, {"'key_mask'", "bool", "float32"});
+  check_throws<tg::ShapeError>([&] { run([](MhaProblem& x) { x.masks.query_mask = tg::zeros({x.b, x.q + 1}, tg::bool_); }); }, {"'query_mask'", "have shape"});
+  check_throws<tg::ShapeError>([&] { run([](MhaProblem& x) { x.masks.attention_mask = tg::zeros({x.q + 1, x.k}, tg::bool_); }); },
+                               {"'attention_mask'", "broadcast"});
+  check_throws<tg::ShapeError>([&] { run([](MhaProblem& x) { x.act.bias = tg::zeros({x.k + 1}); }); }, {"'bias'", "broadcast"});
+  check_throws<tg::DTypeError>([&] { run([](MhaProblem& x) { x.act.bias = tg::zeros({x.k}, tg::float64); }); }, {"'bias'", "float64", "float32"});
+  check_throws<tg::DTypeError>([&] { run([](MhaProblem& x) { x.par.w_v = x.par.w_v.to(tg::float64); }); }, {"'w_v'", "float64", "float32"});
+  check_throws<tg::DTypeError>([&] { run([](MhaProblem& x) { x.act.context = x.act.context.to(tg::float64); }); }, {"'query'", "'context'", "dtype"});
+  check_throws<tg::ShapeError>([&] { run([](MhaProblem& x) { x.act.query = tg::zeros({x.b, 0, x.cq}); }); }, {"B, Q and K must be >= 1", "Q = 0"});
+  check_throws<tg::ShapeError>([&] { run([](MhaProblem& x) { x.act.context = tg::zeros({x.b + 1, x.k, x.cctx}); }); }, {"same batch size"});
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -433,6 +433,45 @@ std::vector<OpInfo> build() {
     t.push_back(info);
   }
 
+  // Masked softmax over the last dim, with the mask pattern broadcast from the last dim.
+  {
+    OpInfo info;
+    info.name = "masked_softmax";
+    info.covers = {"masked_softmax"};
+    info.samples = {{{3, 5}}, {{2, 3, 4}}, {{6}}, {{4, 1}}, {{2, 0}}};
+    info.op = [](const Ins& in) {
+      const Shape& s = in[0].shape();
+      return Outs{tg::masked_softmax(in[0]), tg::masked_softmax(in[0], pattern_mask(Shape(s.end() - 1, s.end())))};
+    };
+    info.reference = [](const Refs& in) {
+      const Ref& s = in[0];
+      const std::int64_t k = s.shape.back();
+      Ref plain = s, masked = s;
+      for (std::int64_t r = 0; k > 0 && r < s.numel() / k; ++r) {
+        for (bool use_mask : {false, true}) {
+          Ref& out = use_mask ? masked : plain;
+          double m = -1e300, z = 0;
+          bool any = false;
+          for (std::int64_t j = 0; j < k; ++j)
+            if (!use_mask || pattern_value(j)) m = std::max(m, s.v[static_cast<std::size_t>(r * k + j)]), any = true;
+          for (std::int64_t j = 0; j < k; ++j) {
+            const bool on = !use_mask || pattern_value(j);
+            out.v[static_cast<std::size_t>(r * k + j)] = on ? std::exp(s.v[static_cast<std::size_t>(r * k + j)] - m) : 0.0;
+            z += out.v[static_cast<std::size_t>(r * k + j)];
+          }
+          for (std::int64_t j = 0; j < k; ++j) out.v[static_cast<std::size_t>(r * k + j)] = any ? out.v[static_cast<std::size_t>(r * k + j)] / z : 0.0;
+        }
+      }
+      return Refs{plain, masked};
+    };
+    info.errors = {{"integer scores", [] { tg::masked_softmax(tg::zeros({2}, tg::int64)); }, Raises::dtype, {"masked_softmax", "'scores'", "int64"}},
+                   {"float mask", [] { tg::masked_softmax(f32({2}), f32({2})); }, Raises::dtype, {"masked_softmax", "'allowed'", "bool"}},
+                   {"mask larger than scores", [] { tg::masked_softmax(f32({2}), tg::zeros({3, 2}, tg::bool_)); }, Raises::shape,
+                    {"masked_softmax", "'allowed'", "[3, 2]", "[2]"}},
+                   {"rank 0 scores", [] { tg::masked_softmax(f32({})); }, Raises::shape, {"masked_softmax", "rank >= 1"}}};
+    t.push_back(info);
+  }
+
   // Matmul.
   {
     OpInfo info;

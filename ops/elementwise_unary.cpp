@@ -54,7 +54,7 @@ struct Tanh {
 struct Relu {
   static constexpr const char* name = "relu";
   static constexpr bool uses_x = true, uses_y = false;
-  template <class T> T f(T x) const { return x > T(0) ? x : T(0); }
+  template <class T> T f(T x) const { return x < T(0) ? T(0) : x; }  // NaN stays NaN, as in PyTorch
   template <class T> T df(T x, T) const { return x > T(0) ? T(1) : T(0); }  // 0 at the kink, as PyTorch
 };
 struct Gelu {

@@ -16,11 +16,11 @@ Tensor with_rank(const Tensor& x, std::size_t rank) {
   return make_view(x, shape, strides, x.offset());
 }
 
-// The back ends need every batch dim of an operand to be c's size or 1. An operand that the
-// caller expanded (stride 0, size > 1) where the other is 1 breaks that: copy it.
+// oneDNN sees a stride-0 batch dim as size 1 and broadcasts it against the other operand. That
+// needs the other operand to be really that size there: when it is 1, or expanded too, copy x.
 Tensor fit_batch(const Tensor& x, const Tensor& other) {
   for (std::size_t d = 0; d + 2 < x.shape().size(); ++d)
-    if (x.strides()[d] == 0 && x.shape()[d] > 1 && other.shape()[d] == 1) return clone(x);
+    if (x.strides()[d] == 0 && x.shape()[d] > 1 && (other.shape()[d] == 1 || other.strides()[d] == 0)) return clone(x);
   return x;
 }
 

@@ -97,9 +97,12 @@ Tensor masked_softmax_backward(const Tensor& weights, const Tensor& grad_weights
     const T* da = static_cast<const T*>(g.raw_data());
     T* out = static_cast<T*>(ds.raw_data());
     for (std::int64_t r = 0; r < rows; ++r, a += k, da += k, out += k) {
+      // Entries with A_j = 0 (masked, empty rows) contribute nothing and get exactly 0, even when
+      // their upstream gradient is not finite (0 * inf would be NaN).
       double dot = 0;  // sum_j A_j dA_j
-      for (std::int64_t j = 0; j < k; ++j) dot += static_cast<double>(a[j]) * static_cast<double>(da[j]);
-      for (std::int64_t j = 0; j < k; ++j) out[j] = a[j] * (da[j] - static_cast<T>(dot));
+      for (std::int64_t j = 0; j < k; ++j)
+        if (a[j] != T(0)) dot += static_cast<double>(a[j]) * static_cast<double>(da[j]);
+      for (std::int64_t j = 0; j < k; ++j) out[j] = a[j] == T(0) ? T(0) : a[j] * (da[j] - static_cast<T>(dot));
     }
   });
   return ds;

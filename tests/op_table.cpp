@@ -194,7 +194,7 @@ std::vector<OpInfo> build() {
   t.push_back(unary("log", [](auto& x) { return tg::log(x); }, [](double x) { return std::log(x); }, true));
   t.push_back(unary("sqrt", [](auto& x) { return tg::sqrt(x); }, [](double x) { return std::sqrt(x); }, true));
   t.push_back(unary("tanh", [](auto& x) { return tg::tanh(x); }, [](double x) { return std::tanh(x); }));
-  t.push_back(unary("relu", [](auto& x) { return tg::relu(x); }, [](double x) { return x > 0 ? x : 0.0; }));
+  t.push_back(unary("relu", [](auto& x) { return tg::relu(x); }, [](double x) { return x < 0 ? 0.0 : x; }));
   t.push_back(unary("gelu", [](auto& x) { return tg::gelu(x); },
                     [](double x) { return 0.5 * x * (1 + std::erf(x / std::numbers::sqrt2)); }));
   for (double p : {2.0, 0.0, -1.5, 2.5}) {
@@ -469,6 +469,146 @@ std::vector<OpInfo> build() {
                    {"mask larger than scores", [] { tg::masked_softmax(f32({2}), tg::zeros({3, 2}, tg::bool_)); }, Raises::shape,
                     {"masked_softmax", "'allowed'", "[3, 2]", "[2]"}},
                    {"rank 0 scores", [] { tg::masked_softmax(f32({})); }, Raises::shape, {"masked_softmax", "rank >= 1"}}};
+    t.push_back(info);
+  }
+
+  // Attention. The reference is plain loops (ref_matmul and a masked softmax written here);
+  // the PyTorch cross-check (test_torch_reference) is a second, fully independent reference.
+  {
+    OpInfo info;
+    info.name = "scaled_dot_product_attention";
+    info.covers = {"scaled_dot_product_attention"};
+    info.samples = {{{3, 4}, {5, 4}, {5, 2}}, {{2, 3, 4}, {1, 5, 4}, {5, 3}}, {{1, 1}, {1, 1}, {1, 1}}, {{2, 2, 3, 2}, {2, 1, 4, 2}, {4, 1}}};
+    info.op = [](const Ins& in) {
+      const std::int64_t q = in[0].size(-2), k = in[1].size(-2);
+      auto [out, w] = tg::scaled_dot_product_attention(in[0], in[1], in[2], tg::logical_and(tg::causal_mask(q, k, 1), pattern_mask({k})));
+      return Outs{out, w};
+    };
+    info.reference = [](const Refs& in) {
+      const Ref& q = in[0];
+      const Ref& k = in[1];
+      const std::int64_t nq = q.shape[q.shape.size() - 2], nk = k.shape[k.shape.size() - 2], d = q.shape.back();
+      Ref kt = ref_gather(k, [&] { Shape s = k.shape; std::swap(s[s.size() - 1], s[s.size() - 2]); return s; }(),
+                          [](auto idx) { std::swap(idx[idx.size() - 1], idx[idx.size() - 2]); return idx; });
+      Ref w = ref_matmul(q, kt);
+      for (std::int64_t r = 0; r < w.numel() / nk; ++r) {
+        const std::int64_t i = r % nq;
+        double m = -1e300, z = 0;
+        auto on = [&](std::int64_t j) { return j <= i + 1 && pattern_value(j); };
+        bool any = false;
+        for (std::int64_t j = 0; j < nk; ++j)
+          if (on(j)) m = std::max(m, w.v[static_cast<std::size_t>(r * nk + j)] / std::sqrt(double(d))), any = true;
+        for (std::int64_t j = 0; j < nk; ++j) {
+          double& x = w.v[static_cast<std::size_t>(r * nk + j)];
+          x = on(j) ? std::exp(x / std::sqrt(double(d)) - m) : 0.0;
+          z += x;
+        }
+        for (std::int64_t j = 0; j < nk; ++j) w.v[static_cast<std::size_t>(r * nk + j)] = any ? w.v[static_cast<std::size_t>(r * nk + j)] / z : 0.0;
+      }
+      return Refs{ref_matmul(w, in[2]), w};
+    };
+    info.errors = {{"q of rank 1", [] { tg::scaled_dot_product_attention(f32({3}), f32({2, 3}), f32({2, 1})); }, Raises::shape,
+                    {"scaled_dot_product_attention", "'q'", "rank >= 2"}},
+                   {"mixed dtypes", [] { tg::scaled_dot_product_attention(f32({1, 3}), f64({2, 3}), f32({2, 1})); }, Raises::dtype,
+                    {"scaled_dot_product_attention", "'q'", "'k'"}}};
+    t.push_back(info);
+  }
+  {
+    OpInfo info;
+    info.name = "causal_mask";
+    info.covers = {"causal_mask"};
+    info.differentiable = false;
+    info.samples = {{{3, 4}}, {{4, 2}}, {{1, 1}}};
+    info.op = [](const Ins& in) {
+      return Outs{tg::to(tg::causal_mask(in[0].size(0), in[0].size(1), -1), in[0].dtype()),
+                  tg::to(tg::causal_mask(in[0].size(0), in[0].size(1), 2), in[0].dtype())};
+    };
+    info.reference = [](const Refs& in) {
+      Ref a{in[0].shape, {}}, b{in[0].shape, {}};
+      for (std::int64_t n = 0; n < a.numel(); ++n) {
+        const auto idx = a.unravel(n);
+        a.v.push_back(idx[1] <= idx[0] - 1 ? 1.0 : 0.0);
+        b.v.push_back(idx[1] <= idx[0] + 2 ? 1.0 : 0.0);
+      }
+      return Refs{a, b};
+    };
+    info.errors = {{"negative size", [] { tg::causal_mask(2, -1); }, Raises::value, {"causal_mask", "'keys'", "-1"}}};
+    t.push_back(info);
+  }
+  {
+    // Property: multihead_attention equals the heads computed one by one with
+    // scaled_dot_product_attention, concatenated and projected, with suppressed queries zeroed.
+    OpInfo info;
+    info.name = "multihead_attention";
+    info.covers = {"multihead_attention"};
+    info.samples = {{{2, 3, 4}, {2, 5, 3}, {4, 4}, {3, 4}, {3, 6}, {6, 2}}, {{1, 1, 2}, {1, 2, 2}, {2, 2}, {2, 2}, {2, 2}, {2, 3}}};
+    auto masks = [](const Ins& in) {
+      const std::int64_t b = in[0].size(0), q = in[0].size(1), k = in[1].size(1);
+      return tg::MhaMasks{.key_mask = pattern_mask({b, k}), .query_mask = tg::logical_not(pattern_mask({b, q}))};
+    };
+    info.op = [masks](const Ins& in) {
+      auto [out, attn] = tg::multihead_attention({in[0], in[1]}, {in[2], in[3], in[4], in[5]}, masks(in), 2, true, 0);
+      return Outs{out, attn};
+    };
+    info.reference = [](const Refs& in) {
+      // Written out with plain loops: b, h, i, j indices, D = cols(w_q) / 2, Dv = cols(w_v) / 2.
+      const Ref &x = in[0], &c = in[1], &wq = in[2], &wk = in[3], &wv = in[4], &wo = in[5];
+      const std::int64_t B = x.shape[0], Q = x.shape[1], K = c.shape[1], H = 2, D = wq.shape[1] / 2, Dv = wv.shape[1] / 2,
+                         Cout = wo.shape[1];
+      const Ref q = ref_matmul(x, wq), k = ref_matmul(c, wk), v = ref_matmul(c, wv);
+      Ref attn{{B, H, Q, K}, std::vector<double>(static_cast<std::size_t>(B * H * Q * K), 0.0)};
+      Ref merged{{B, Q, H * Dv}, std::vector<double>(static_cast<std::size_t>(B * Q * H * Dv), 0.0)};
+      Ref out{{B, Q, Cout}, std::vector<double>(static_cast<std::size_t>(B * Q * Cout), 0.0)};
+      auto at = [](const Ref& r, std::int64_t a, std::int64_t b2, std::int64_t c2) { return r.v[static_cast<std::size_t>((a * r.shape[1] + b2) * r.shape[2] + c2)]; };
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t i = 0; i < Q; ++i) {
+          bool active = false;
+          for (std::int64_t h = 0; h < H; ++h) {
+            auto allowed = [&](std::int64_t j) { return pattern_value(b * K + j) && !pattern_value(b * Q + i) && j <= i; };
+            std::vector<double> s(static_cast<std::size_t>(K), 0.0);
+            double m = -1e300, z = 0;
+            for (std::int64_t j = 0; j < K; ++j) {
+              for (std::int64_t e = 0; e < D; ++e) s[static_cast<std::size_t>(j)] += at(q, b, i, h * D + e) * at(k, b, j, h * D + e);
+              s[static_cast<std::size_t>(j)] /= std::sqrt(double(D));
+              if (allowed(j)) m = std::max(m, s[static_cast<std::size_t>(j)]), active = true;
+            }
+            for (std::int64_t j = 0; j < K; ++j) z += allowed(j) ? std::exp(s[static_cast<std::size_t>(j)] - m) : 0.0;
+            for (std::int64_t j = 0; j < K; ++j) {
+              const double a = allowed(j) ? std::exp(s[static_cast<std::size_t>(j)] - m) / z : 0.0;
+              attn.v[static_cast<std::size_t>(((b * H + h) * Q + i) * K + j)] = a;
+              for (std::int64_t e = 0; e < Dv; ++e)
+                merged.v[static_cast<std::size_t>((b * Q + i) * H * Dv + h * Dv + e)] += a * at(v, b, j, h * Dv + e);
+            }
+          }
+          for (std::int64_t o = 0; o < Cout && active; ++o)
+            for (std::int64_t e = 0; e < H * Dv; ++e)
+              out.v[static_cast<std::size_t>((b * Q + i) * Cout + o)] += merged.v[static_cast<std::size_t>((b * Q + i) * H * Dv + e)] * wo.v[static_cast<std::size_t>(e * Cout + o)];
+        }
+      return Refs{out, attn};
+    };
+    info.errors = {{"zero heads", [] { tg::multihead_attention({f32({1, 1, 2}), f32({1, 1, 2})}, {f32({2, 2}), f32({2, 2}), f32({2, 2}), f32({2, 2})}, {}, 0); },
+                    Raises::value, {"multihead_attention", "'heads'", "0"}}};
+    t.push_back(info);
+  }
+  {
+    // The layer: forward on its own seeded weights equals multihead_attention with them.
+    OpInfo info;
+    info.name = "MultiHeadAttention";
+    info.covers = {"MultiHeadAttention", "KVCache"};
+    info.samples = {{{2, 4, 6}}, {{1, 1, 6}}};
+    auto layer = [](tg::DType dtype) { return tg::MultiHeadAttention({.query_dim = 6, .heads = 3, .head_dim = 2, .value_head_dim = 1, .out_dim = 5, .dtype = dtype, .seed = 7}); };
+    info.op = [layer](const Ins& in) {
+      auto [out, attn] = layer(in[0].dtype()).forward(in[0], in[0], {.causal = true});
+      return Outs{out, attn};
+    };
+    info.reference = [layer](const Refs& in) {
+      const auto w = layer(tg::float64).weights();
+      tg::NoGradGuard no_grad;
+      const Tensor x = tg::from_vector(in[0].v, in[0].shape);
+      auto [out, attn] = tg::multihead_attention({x, x}, w, {}, 3, true);
+      return Refs{Ref::of(out), Ref::of(attn)};
+    };
+    info.errors = {{"heads not dividing", [] { tg::MultiHeadAttention({.query_dim = 5, .heads = 2}); }, Raises::value, {"MultiHeadAttention", "heads"}}};
     t.push_back(info);
   }
 

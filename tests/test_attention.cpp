@@ -80,6 +80,15 @@ BOOST_AUTO_TEST_CASE(empty_rows_are_zero_with_zero_finite_gradient) {
   tg::clear_tape();
 }
 
+BOOST_AUTO_TEST_CASE(gradient_stays_finite_when_a_masked_entry_has_a_non_finite_upstream_gradient) {
+  Tensor s = tg::tensor({{1.0, 2.0, 3.0}}, tg::float64).set_requires_grad();
+  const Tensor w = tg::masked_softmax(s, tg::mask({{true, false, true}}));
+  tg::backward({w}, {tg::tensor({{1.0, std::numeric_limits<double>::infinity(), 2.0}}, tg::float64)});
+  for (double g : values(s.grad())) BOOST_TEST(std::isfinite(g));
+  BOOST_TEST(values(s.grad())[1] == 0.0);
+  tg::clear_tape();
+}
+
 BOOST_AUTO_TEST_CASE(all_minus_infinity_is_an_empty_row_and_nan_propagates) {
   const double inf = std::numeric_limits<double>::infinity();
   BOOST_TEST(values(tg::masked_softmax(tg::tensor({{-inf, -inf}}, tg::float64))) == (std::vector<double>{0, 0}));

@@ -76,6 +76,11 @@ BOOST_AUTO_TEST_CASE(strided_and_expanded_operands) {
   const Tensor ea = tg::expand(tg::unsqueeze(a, 0), {3, 6, 5});
   const Tensor eb = tg::expand(tg::randn({1, 5, 2}, 5, tg::float64), {3, 5, 2});
   check_close(tg::matmul(ea, eb).to_vector<double>(), ref_matmul(Ref::of(ea), Ref::of(eb)).v, 1e-12, 1e-12, "both expanded");
+  const Tensor ea32 = tg::expand(tg::unsqueeze(a.to(tg::float32), 0), {3, 6, 5});
+  const Tensor eb32 = tg::expand(tg::randn({1, 5, 2}, 5, tg::float64).to(tg::float32), {3, 5, 2});
+  BOOST_TEST((ea32.strides()[0] == 0 && eb32.strides()[0] == 0));
+  check_close(tg::matmul(ea32, eb32).to_vector<double>(), ref_matmul(Ref::of(ea), Ref::of(eb)).v, 1e-5, 1e-5,
+              "both expanded, float32");
 }
 
 BOOST_AUTO_TEST_CASE(empty_dims) {

@@ -179,16 +179,17 @@ BOOST_DATA_TEST_CASE(matches_reference_in_every_layout, bdata::make(op_names()),
 
 BOOST_DATA_TEST_CASE(rejects_bad_inputs_with_clear_errors, bdata::make(op_names()), name) { check_error_inputs(name); }
 
-// Every op the public headers declare must be named by some entry, so nothing escapes the table.
+// Every op and layer the public headers (ops/ and layers/) declare must be named by some entry,
+// so nothing escapes the table.
 BOOST_AUTO_TEST_CASE(every_public_op_has_an_entry) {
   std::set<std::string> covered;
   for (const auto& info : op_table()) covered.insert(info.covers.begin(), info.covers.end());
   // A declaration is a line "[inline ]Tensor name(" or "bool name(" at namespace scope.
   auto declared_name = [](std::string line) -> std::string {
     if (line.rfind("inline ", 0) == 0) line.erase(0, 7);
-    for (const std::string type : {"Tensor ", "bool "}) {
+    for (const std::string type : {"Tensor ", "bool ", "AttentionResult ", "class "}) {
       if (line.rfind(type, 0) != 0) continue;
-      const auto open = line.find('(');
+      const auto open = line.find_first_of("( ", type.size());
       const std::string name = line.substr(type.size(), open - type.size());
       const bool identifier = open != std::string::npos && !name.empty() &&
                               name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") == std::string::npos;
@@ -197,7 +198,10 @@ BOOST_AUTO_TEST_CASE(every_public_op_has_an_entry) {
     return "";
   };
   std::size_t found = 0;
-  for (const auto& file : std::filesystem::directory_iterator(TAPEGRAD_OPS_HEADERS)) {
+  std::vector<std::filesystem::directory_entry> headers;
+  for (const char* dir : {TAPEGRAD_INCLUDE "/ops", TAPEGRAD_INCLUDE "/layers"})
+    for (const auto& file : std::filesystem::directory_iterator(dir)) headers.push_back(file);
+  for (const auto& file : headers) {
     std::ifstream in(file.path());
     for (std::string line; std::getline(in, line);) {
       const std::string name = declared_name(line);

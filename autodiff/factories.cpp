@@ -16,7 +16,7 @@ Tensor full(const Shape& shape, double value, DType dtype) {
   Tensor t = new_tensor(shape, dtype);
   detail::visit_any(dtype, [&]<class T>(detail::Tag<T>) {
     T* p = static_cast<T*>(t.raw_data());
-    const T v = static_cast<T>(value);
+    const T v = detail::convert<T>(value);
     for (std::int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = v;
   });
   return t;
@@ -31,11 +31,14 @@ Tensor arange(double start, double end, double step, DType dtype) {
   if (step == 0.0 || !std::isfinite(step) || !std::isfinite(start) || !std::isfinite(end))
     fail<ValueError>("arange: expected finite start, end and a nonzero step, got start={} end={} step={}",
                      start, end, step);
-  const auto n = static_cast<std::int64_t>(std::max(0.0, std::ceil((end - start) / step)));
+  const double count = std::max(0.0, std::ceil((end - start) / step));
+  if (!(count <= 1e15))
+    fail<ValueError>("arange: start={} end={} step={} would make {} elements", start, end, step, count);
+  const auto n = static_cast<std::int64_t>(count);
   Tensor t = new_tensor({n}, dtype);
   detail::visit_any(dtype, [&]<class T>(detail::Tag<T>) {
     T* p = static_cast<T*>(t.raw_data());
-    for (std::int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(start + static_cast<double>(i) * step);
+    for (std::int64_t i = 0; i < n; ++i) p[i] = detail::convert<T>(start + static_cast<double>(i) * step);
   });
   return t;
 }
@@ -77,7 +80,7 @@ Tensor from_literal(const Literal& lit, DType dtype) {
   Tensor t = new_tensor(shape, dtype);
   detail::visit_any(dtype, [&]<class T>(detail::Tag<T>) {
     T* p = static_cast<T*>(t.raw_data());
-    for (std::size_t i = 0; i < flat.size(); ++i) p[i] = static_cast<T>(flat[i]);
+    for (std::size_t i = 0; i < flat.size(); ++i) p[i] = detail::convert<T>(flat[i]);
   });
   return t;
 }

@@ -40,7 +40,7 @@ template <class F> Tensor fill_random(const Shape& shape, DType dtype, const cha
   Tensor t = detail::new_tensor(shape, dtype);
   detail::visit_float(dtype, op, [&]<class T>(detail::Tag<T>) {
     T* p = static_cast<T*>(t.raw_data());
-    for (std::int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = static_cast<T>(draw());
+    for (std::int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = detail::convert<T>(draw());
   });
   return t;
 }

@@ -137,7 +137,7 @@ template <class T> std::vector<T> Tensor::to_vector() const {
   Tensor c = contiguous();
   detail::visit_any(dtype(), [&]<class S>(detail::Tag<S>) {
     const S* p = static_cast<const S*>(c.raw_data());
-    for (std::int64_t i = 0; i < c.numel(); ++i) out.push_back(static_cast<T>(p[i]));
+    for (std::int64_t i = 0; i < c.numel(); ++i) out.push_back(detail::convert<T>(p[i]));
   });
   return out;
 }

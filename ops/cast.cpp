@@ -11,7 +11,7 @@ Tensor to(const Tensor& x, DType dtype) {
   Tensor out = new_tensor(x.shape(), dtype);
   visit_any(dtype, [&]<class D>(Tag<D>) {
     visit_any(x.dtype(), [&]<class S>(Tag<S>) {
-      map_into<D, S>(out, [](S v) { return static_cast<D>(v); }, x);
+      map_into<D, S>(out, [](S v) { return convert<D>(v); }, x);
     });
   });
   if (is_floating(dtype) && is_floating(x.dtype())) {

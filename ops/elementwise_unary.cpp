@@ -39,10 +39,10 @@ struct Pow {
   static constexpr const char* name = "pow";
   static constexpr bool uses_x = true, uses_y = false;
   double p;
-  template <class T> T f(T x) const { return std::pow(x, static_cast<T>(p)); }
+  template <class T> T f(T x) const { return std::pow(x, convert<T>(p)); }
   // p x^(p-1); exactly 0 for p = 0, where x^(-1) at x = 0 would turn 0 * inf into NaN.
   template <class T> T df(T x, T) const {
-    return p == 0.0 ? T(0) : static_cast<T>(p) * std::pow(x, static_cast<T>(p - 1.0));
+    return p == 0.0 ? T(0) : convert<T>(p) * std::pow(x, convert<T>(p - 1.0));
   }
 };
 struct Tanh {

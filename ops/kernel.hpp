@@ -6,6 +6,8 @@
 #pragma once
 
 #include <array>
+#include <cmath>
+#include <limits>
 #include <cstdint>
 #include <tuple>
 #include <type_traits>
@@ -37,6 +39,27 @@ template <class F> decltype(auto) visit_any(DType dtype, F&& f) {
     case DType::int64: return f(Tag<std::int64_t>{});
   }
   __builtin_unreachable();
+}
+
+// Element conversion with every case defined (C++ leaves out-of-range float conversions
+// undefined): float to int64 truncates toward zero and saturates, NaN becomes 0; float64 to
+// float32 beyond float32's range becomes +-inf; to bool is "!= 0".
+template <class D, class S> D convert(S v) {
+  if constexpr (std::is_same_v<D, S>) {
+    return v;
+  } else if constexpr (std::is_floating_point_v<S> && std::is_same_v<D, std::int64_t>) {
+    constexpr double kLimit = 9223372036854775808.0;  // 2^63
+    if (std::isnan(v)) return 0;
+    if (v >= kLimit) return std::numeric_limits<std::int64_t>::max();
+    if (v <= -kLimit) return std::numeric_limits<std::int64_t>::min();
+    return static_cast<std::int64_t>(v);
+  } else if constexpr (std::is_same_v<S, double> && std::is_same_v<D, float>) {
+    if (std::isfinite(v) && std::abs(v) > static_cast<double>(std::numeric_limits<float>::max()))
+      return v > 0 ? std::numeric_limits<float>::infinity() : -std::numeric_limits<float>::infinity();
+    return static_cast<float>(v);
+  } else {
+    return static_cast<D>(v);
+  }
 }
 
 // Strides of `t` read as if it had been broadcast to `shape` (0 on new and stretched dims).

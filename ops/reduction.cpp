@@ -56,7 +56,7 @@ Tensor fold(const Tensor& x, const Plan& p, Acc init, Combine combine) {
   });
   Tensor out = new_tensor(p.kept, x.dtype());
   T* po = static_cast<T*>(out.raw_data());
-  for (std::size_t i = 0; i < acc.size(); ++i) po[i] = static_cast<T>(acc[i]);
+  for (std::size_t i = 0; i < acc.size(); ++i) po[i] = convert<T>(acc[i]);
   return out;
 }
 

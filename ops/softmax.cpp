@@ -37,7 +37,7 @@ template <class T> void softmax_row(const T* s, T* a, std::int64_t k, const bool
     a[j] = allowed(j) ? std::exp(s[j] - m) : T(0);  // s - m <= 0: no overflow; +inf - inf = NaN propagates
     z += static_cast<double>(a[j]);
   }
-  const T inv = static_cast<T>(1.0 / z);
+  const T inv = convert<T>(1.0 / z);
   for (std::int64_t j = 0; j < k; ++j) a[j] *= inv;
 }
 
@@ -102,7 +102,7 @@ Tensor masked_softmax_backward(const Tensor& weights, const Tensor& grad_weights
       double dot = 0;  // sum_j A_j dA_j
       for (std::int64_t j = 0; j < k; ++j)
         if (a[j] != T(0)) dot += static_cast<double>(a[j]) * static_cast<double>(da[j]);
-      for (std::int64_t j = 0; j < k; ++j) out[j] = a[j] == T(0) ? T(0) : a[j] * (da[j] - static_cast<T>(dot));
+      for (std::int64_t j = 0; j < k; ++j) out[j] = a[j] == T(0) ? T(0) : a[j] * (da[j] - convert<T>(dot));
     }
   });
   return ds;

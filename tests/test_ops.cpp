@@ -214,4 +214,20 @@ BOOST_AUTO_TEST_CASE(every_public_op_has_an_entry) {
   BOOST_TEST(found >= 30u);
 }
 
+// Counts for the record, and a floor so that the table cannot silently shrink.
+BOOST_AUTO_TEST_CASE(table_statistics) {
+  std::size_t samples = 0, runs = 0, errors = 0;
+  for (const auto& info : op_table()) {
+    samples += info.samples.size();
+    for (const auto& shapes : info.samples)
+      for (Layout layout : {Layout::contiguous, Layout::transposed, Layout::strided, Layout::expanded})
+        runs += layout_applies(shapes, layout) ? 1 : 0;
+    errors += info.errors.size();
+  }
+  BOOST_TEST_MESSAGE("op table: " << op_table().size() << " entries, " << samples << " samples, " << runs
+                                  << " sample-layout runs, " << errors << " error inputs");
+  BOOST_TEST(op_table().size() >= 60u);
+  BOOST_TEST(errors >= 100u);
+}
+
 BOOST_AUTO_TEST_SUITE_END()

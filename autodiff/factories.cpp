@@ -10,10 +10,10 @@ using detail::fail;
 using detail::new_tensor;
 using detail::shape_str;
 
-Tensor empty(const Shape& shape, DType dtype) { return new_tensor(shape, dtype); }
+Tensor empty(const Shape& shape, DType dtype) { return new_tensor(shape, dtype, "empty"); }
 
 Tensor full(const Shape& shape, double value, DType dtype) {
-  Tensor t = new_tensor(shape, dtype);
+  Tensor t = new_tensor(shape, dtype, "full/zeros/ones");
   detail::visit_any(dtype, [&]<class T>(detail::Tag<T>) {
     T* p = static_cast<T*>(t.raw_data());
     const T v = detail::convert<T>(value);
@@ -47,10 +47,10 @@ Tensor arange(std::int64_t end, DType dtype) { return arange(0.0, static_cast<do
 namespace {
 
 template <class T> Tensor copy_buffer(std::span<const T> values, const Shape& shape) {
-  if (static_cast<std::int64_t>(values.size()) != detail::shape_numel(shape))
+  if (static_cast<std::int64_t>(values.size()) != detail::checked_numel("from_vector", shape, dtype_of<T>()))
     fail<ShapeError>("from_vector: argument 'values' has {} elements but shape {} needs {}",
                      values.size(), shape_str(shape), detail::shape_numel(shape));
-  Tensor t = new_tensor(shape, dtype_of<T>());
+  Tensor t = new_tensor(shape, dtype_of<T>(), "from_vector");
   if (!values.empty()) std::memcpy(t.raw_data(), values.data(), values.size() * sizeof(T));
   return t;
 }
@@ -91,7 +91,7 @@ Tensor from_vector(std::span<const float> v, const Shape& s) { return copy_buffe
 Tensor from_vector(std::span<const double> v, const Shape& s) { return copy_buffer(v, s); }
 Tensor from_vector(std::span<const std::int64_t> v, const Shape& s) { return copy_buffer(v, s); }
 Tensor from_bools(const std::vector<bool>& values, const Shape& shape) {
-  if (static_cast<std::int64_t>(values.size()) != detail::shape_numel(shape))
+  if (static_cast<std::int64_t>(values.size()) != detail::checked_numel("from_bools", shape, DType::bool_))
     fail<ShapeError>("from_bools: argument 'values' has {} elements but shape {} needs {}",
                      values.size(), shape_str(shape), detail::shape_numel(shape));
   Tensor t = new_tensor(shape, DType::bool_);

@@ -75,8 +75,13 @@ GradcheckResult gradcheck(const GradcheckFn& f, const std::vector<Tensor>& input
     xs.push_back(private_copy(x));
   }
 
-  // Analytic: one backward of L = sum_o <w_o, f(x)_o>, i.e. grad_outputs = w.
-  const std::vector<Tensor> outputs = f(xs);
+  // Analytic: one backward of L = sum_o <w_o, f(x)_o>, i.e. grad_outputs = w, with grad mode on
+  // even if the caller is inside a NoGradGuard.
+  std::vector<Tensor> outputs;
+  {
+    EnableGradGuard grad_on;
+    outputs = f(xs);
+  }
   Generator gen(options.seed);
   std::vector<Tensor> weights, grad_outputs_for, recorded;
   std::vector<std::vector<double>> w;

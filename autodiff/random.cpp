@@ -37,7 +37,9 @@ double Generator::normal() {
 
 namespace {
 template <class F> Tensor fill_random(const Shape& shape, DType dtype, const char* op, F&& draw) {
-  Tensor t = detail::new_tensor(shape, dtype);
+  if (!is_floating(dtype))
+    detail::fail<DTypeError>("{}: argument 'dtype' must be float32 or float64, got {}", op, dtype);
+  Tensor t = detail::new_tensor(shape, dtype, op);
   detail::visit_float(dtype, op, [&]<class T>(detail::Tag<T>) {
     T* p = static_cast<T*>(t.raw_data());
     for (std::int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = detail::convert<T>(draw());

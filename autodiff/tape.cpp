@@ -2,6 +2,7 @@
 #include "tapegrad/autodiff/tape.hpp"
 
 #include <atomic>
+#include <unordered_map>
 
 #include "autodiff/check.hpp"
 #include "autodiff/tensor_impl.hpp"
@@ -46,22 +47,38 @@ thread_local bool grad_enabled = true;
 
 void accumulate(Tensor& slot, const Tensor& g) { slot = slot.defined() ? add(slot, g) : g; }
 
-void accumulate_leaf(TensorImpl& leaf, const Tensor& g) {
-  if (leaf.grad.defined()) {
-    leaf.grad = add(leaf.grad, g);
-    return;
+// Leaf gradients of one backward pass, applied to the leaves only once the whole pass has
+// succeeded: a backward that throws half-way leaves every .grad as it was.
+class LeafGradients {
+ public:
+  void add(const std::shared_ptr<TensorImpl>& leaf, const Tensor& g) {
+    auto [it, inserted] = index_.try_emplace(leaf.get(), pending_.size());
+    if (inserted) pending_.emplace_back(leaf, g);
+    else pending_[it->second].second = tapegrad::add(pending_[it->second].second, g);
   }
-  // Keep g itself only when nothing else can see its storage: a leaf's gradient must not alias
-  // an upstream gradient the caller still holds, nor be a broadcast (stride 0) view.
-  const bool exclusive =
-      g.is_contiguous() && g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1;
-  leaf.grad = exclusive ? g : clone(g);
-}
+  void apply() {
+    for (auto& [leaf, g] : pending_) {
+      if (leaf->grad.defined()) {
+        leaf->grad = tapegrad::add(leaf->grad, g);
+        continue;
+      }
+      // Keep g itself only when nothing else can see its storage: a leaf's gradient must not
+      // alias an upstream gradient the caller still holds, nor be a broadcast (stride 0) view.
+      const bool exclusive = g.is_contiguous() && g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1;
+      leaf->grad = exclusive ? std::move(g) : clone(g);
+    }
+  }
+
+ private:
+  std::vector<std::pair<std::shared_ptr<TensorImpl>, Tensor>> pending_;
+  std::unordered_map<const TensorImpl*, std::size_t> index_;
+};
 
 }  // namespace
 
 bool has_live_node(const TensorImpl& impl) noexcept {
-  return impl.node >= 0 && impl.tape == &tape && impl.epoch == tape.epoch;
+  return impl.node >= 0 && impl.tape == &tape && impl.epoch == tape.epoch &&
+         impl.node < static_cast<std::int64_t>(tape.nodes.size());
 }
 
 }  // namespace detail
@@ -72,6 +89,8 @@ using detail::shape_str;
 bool is_grad_enabled() noexcept { return detail::grad_enabled; }
 NoGradGuard::NoGradGuard() noexcept : previous_(detail::grad_enabled) { detail::grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { detail::grad_enabled = previous_; }
+EnableGradGuard::EnableGradGuard() noexcept : previous_(detail::grad_enabled) { detail::grad_enabled = true; }
+EnableGradGuard::~EnableGradGuard() { detail::grad_enabled = previous_; }
 
 void clear_tape() {
   detail::tape.nodes.clear();
@@ -108,19 +127,23 @@ bool record_op(const char* name, std::span<const Tensor> inputs, std::span<Tenso
     node.needs_grad.push_back(e.leaf != nullptr || e.node >= 0);
     node.inputs.push_back(std::move(e));
   }
+  // Check every output before touching any, so a failure leaves no half-recorded node behind.
+  for (std::size_t k = 0; k < outputs.size(); ++k) {
+    if (!outputs[k].defined()) fail<Error>("{}: output {} is an undefined tensor", name, k);
+    if (!is_floating(outputs[k].dtype()))
+      fail<DTypeError>("{}: output {} is {}; only floating outputs can carry gradient", name, k, outputs[k].dtype());
+  }
   node.outputs.reserve(outputs.size());
+  for (const auto& out : outputs) node.outputs.push_back({out.shape(), out.dtype()});
+  tape.nodes.push_back(std::move(node));
   for (std::size_t k = 0; k < outputs.size(); ++k) {
     auto* impl = outputs[k].impl();
-    if (!is_floating(impl->dtype))
-      fail<DTypeError>("{}: output {} is {}; only floating outputs can carry gradient", name, k, impl->dtype);
     impl->leaf_requires_grad = false;
     impl->node = index;
     impl->slot = static_cast<std::int32_t>(k);
     impl->tape = &tape;
     impl->epoch = tape.epoch;
-    node.outputs.push_back({impl->shape, impl->dtype});
   }
-  tape.nodes.push_back(std::move(node));
   return true;
 }
 
@@ -152,15 +175,16 @@ void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gra
     if (g.shape() != out.shape() || g.dtype() != out.dtype())
       fail<ShapeError>("backward: grad_outputs[{}] must match outputs[{}]: expected {} {}, got {} {}",
                        i, i, out.dtype(), shape_str(out.shape()), g.dtype(), shape_str(g.shape()));
-    last = std::max(last, out.impl()->node);
+    if (detail::has_live_node(*out.impl())) last = std::max(last, out.impl()->node);
   }
 
   NoGradGuard no_grad;
+  detail::LeafGradients leaves;
   std::vector<std::vector<Tensor>> pending(static_cast<std::size_t>(last + 1));
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     auto* impl = outputs[i].impl();
-    if (impl->node < 0 || !detail::has_live_node(*impl)) {
-      detail::accumulate_leaf(*impl, grad_outputs[i]);
+    if (!detail::has_live_node(*impl)) {
+      leaves.add(outputs[i].impl_ptr(), grad_outputs[i]);
       continue;
     }
     auto& slots = pending[static_cast<std::size_t>(impl->node)];
@@ -188,7 +212,7 @@ void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gra
         fail<GraphError>("backward of {}: gradient for input {} must be {} {}, got {} {}", node.name,
                          k, want.dtype, shape_str(want.shape), g.dtype(), shape_str(g.shape()));
       if (e.leaf) {
-        detail::accumulate_leaf(*e.leaf, g);
+        leaves.add(e.leaf, g);
       } else {
         auto& target = pending[static_cast<std::size_t>(e.node)];
         target.resize(tape.nodes[static_cast<std::size_t>(e.node)].outputs.size());
@@ -196,6 +220,7 @@ void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gra
       }
     }
   }
+  leaves.apply();
 }
 
 }  // namespace tapegrad

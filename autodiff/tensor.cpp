@@ -35,11 +35,22 @@ Tensor make_view(const Tensor& base, Shape shape, Shape strides, std::int64_t of
   return Tensor(std::move(impl));
 }
 
-Tensor new_tensor(const Shape& shape, DType dtype) {
+std::int64_t checked_numel(const char* op, const Shape& shape, DType dtype) {
+  std::int64_t n = 1;
   for (auto s : shape)
-    if (s < 0) fail<ShapeError>("empty: shape must have no negative size, got {}", shape_str(shape));
+    if (s < 0) fail<ShapeError>("{}: a shape must have no negative size, got {}", op, shape_str(shape));
+  bool overflow = false;
+  for (auto s : shape) overflow = overflow || __builtin_mul_overflow(n, s, &n);
+  std::int64_t bytes = 0;
+  if (overflow || __builtin_mul_overflow(n, static_cast<std::int64_t>(itemsize(dtype)), &bytes) || bytes > (std::int64_t{1} << 48))
+    fail<ShapeError>("{}: shape {} of {} has more elements than can be addressed", op, shape_str(shape), dtype);
+  return n;
+}
+
+Tensor new_tensor(const Shape& shape, DType dtype, const char* op) {
+  const std::int64_t n = checked_numel(op, shape, dtype);
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(static_cast<std::size_t>(shape_numel(shape)) * itemsize(dtype));
+  impl->storage = std::make_shared<Storage>(static_cast<std::size_t>(n) * itemsize(dtype));
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;

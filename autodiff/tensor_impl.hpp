@@ -44,6 +44,9 @@ struct TensorImpl {
 };
 
 std::int64_t shape_numel(const Shape& shape) noexcept;
+// The element count of a shape a tensor may have: no negative size, and a byte count that fits
+// in memory's address range. Throws a ShapeError naming `op` otherwise.
+std::int64_t checked_numel(const char* op, const Shape& shape, DType dtype);
 Shape contiguous_strides(const Shape& shape);
 Tensor make_view(const Tensor& base, Shape shape, Shape strides, std::int64_t offset);
 // True when this non-leaf still links to a live node of this thread's tape.

@@ -30,6 +30,9 @@ Shape check_attention(const AttentionArgs& a) {
   if (a.q.shape().back() != a.k.shape().back())
     fail<ShapeError>("{}: arguments 'q' {} and 'k' {} must have the same last dim D", a.op, shape_str(a.q.shape()),
                      shape_str(a.k.shape()));
+  if (a.q.shape().back() < 1)
+    fail<ShapeError>("{}: the query/key width D must be >= 1 (scores are scaled by 1/sqrt(D)), got 'q' {} and 'k' {}", a.op,
+                     shape_str(a.q.shape()), shape_str(a.k.shape()));
   if (a.k.size(-2) != a.v.size(-2))
     fail<ShapeError>("{}: arguments 'k' {} and 'v' {} must have the same number of keys (dim -2)", a.op,
                      shape_str(a.k.shape()), shape_str(a.v.shape()));
@@ -101,13 +104,17 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
   return detail::attention_core({"scaled_dot_product_attention", q, k, v, Tensor(), mask});
 }
 
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) {
+  return detail::attention_core({"attention", q, k, v, Tensor(), mask}).output;
+}
+
 Tensor causal_mask(std::int64_t queries, std::int64_t keys, std::int64_t offset) {
   if (queries < 0 || keys < 0)
     detail::fail<ValueError>("causal_mask: arguments 'queries' and 'keys' must be >= 0, got {} and {}", queries, keys);
   Tensor m = detail::new_tensor({queries, keys}, DType::bool_);
   bool* p = static_cast<bool*>(m.raw_data());
   for (std::int64_t i = 0; i < queries; ++i)
-    for (std::int64_t j = 0; j < keys; ++j) p[i * keys + j] = j <= i + offset;
+    for (std::int64_t j = 0; j < keys; ++j) p[i * keys + j] = j - i <= offset;  // j <= i + offset, without overflow
   return m;
 }
 

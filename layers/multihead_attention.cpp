@@ -25,7 +25,8 @@ void check_matrix(const char* name, const Tensor& w, std::int64_t rows, DType dt
     fail<ShapeError>("{}: argument '{}' must be a matrix with {} rows, got shape {}", kOp, name,
                      rows >= 0 ? fmt::format("{}", rows) : std::string("any number of"), shape_str(w.shape()));
   if (w.dtype() != dtype)
-    fail<DTypeError>("{}: argument '{}' is {} but 'query' is {}; convert it with to()", kOp, name, w.dtype(), dtype);
+    fail<DTypeError>("{}: argument '{}' ({}) is {} but 'query' is {}; convert it with to()", kOp, name, shape_str(w.shape()),
+                     w.dtype(), dtype);
 }
 
 void check_vector(const char* name, const Tensor& b, std::int64_t size, DType dtype) {
@@ -34,7 +35,8 @@ void check_vector(const char* name, const Tensor& b, std::int64_t size, DType dt
   if (b.shape() != Shape{size})
     fail<ShapeError>("{}: argument '{}' must have shape [{}], got {}", kOp, name, size, shape_str(b.shape()));
   if (b.dtype() != dtype)
-    fail<DTypeError>("{}: argument '{}' is {} but 'query' is {}; convert it with to()", kOp, name, b.dtype(), dtype);
+    fail<DTypeError>("{}: argument '{}' ({}) is {} but 'query' is {}; convert it with to()", kOp, name, shape_str(b.shape()),
+                     b.dtype(), dtype);
 }
 
 void check_mask(const char* name, const Tensor& m, const Shape& shape, bool exact) {
@@ -76,6 +78,9 @@ MhaShapes check_mha(const MhaActivations& a, const MhaParameters& p, const MhaMa
       fail<ShapeError>("{}: heads = {} must divide the projection width of '{}', shape {}", kOp, heads, name, shape_str(w->shape()));
   s.d = p.w_q.size(1) / heads;
   s.dv = p.w_v.size(1) / heads;
+  if (s.d < 1)
+    fail<ShapeError>("{}: the per-head query/key width D must be >= 1, got 'w_q' {} with heads = {}", kOp, shape_str(p.w_q.shape()),
+                     heads);
   check_matrix("w_o", p.w_o, p.w_v.size(1), dtype);
   s.cout = p.w_o.size(1);
   check_vector("b_q", p.b_q, heads * s.d, dtype);

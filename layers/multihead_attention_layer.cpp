@@ -78,9 +78,21 @@ AttentionResult MultiHeadAttention::decode(const Tensor& query, KVCache& cache, 
     fail<ValueError>("MultiHeadAttention::decode: incremental decoding is self-attention; this layer's context_dim {} differs "
                      "from its query_dim {}",
                      config_.context_dim, config_.query_dim);
-  if (cache.length() > 0 && cache.k_.size(0) != query.size(0))
-    fail<ShapeError>("MultiHeadAttention::decode: the cache holds batch size {} but 'query' has shape {}", cache.k_.size(0),
-                     detail::shape_str(query.shape()));
+  if (query.dtype() != config_.dtype)
+    fail<DTypeError>("MultiHeadAttention::decode: argument 'query' ({}) is {} but the layer is {}", detail::shape_str(query.shape()),
+                     query.dtype(), config_.dtype);
+  if (cache.k_.defined()) {
+    // A cache holds one batch of one layer's keys and values. An empty (cleared) cache with
+    // other buffers is re-made; a non-empty one must match.
+    const bool fits = cache.k_.size(0) == query.size(0) && cache.k_.size(2) == params_.w_k.size(1) &&
+                      cache.v_.size(2) == params_.w_v.size(1) && cache.k_.dtype() == query.dtype();
+    if (!fits && cache.length() > 0)
+      fail<ShapeError>("MultiHeadAttention::decode: argument 'cache' holds keys [{}, {}, {}] of {} from another batch or layer; "
+                       "'query' is {} {} and this layer's keys are {} wide (clear() the cache to start over)",
+                       cache.k_.size(0), cache.length(), cache.k_.size(2), cache.k_.dtype(), detail::shape_str(query.shape()),
+                       query.dtype(), params_.w_k.size(1));
+    if (!fits) cache.k_ = cache.v_ = Tensor();
+  }
   const std::int64_t before = cache.length();
   const MhaActivations a{query, Tensor(), call.bias};
   const detail::MhaShapes s = detail::check_mha(a, params_, call.masks, config_.heads, before + query.size(1));

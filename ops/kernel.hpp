@@ -151,8 +151,8 @@ void map_into(const Tensor& out, F&& f, const Ts&... in) {
   });
 }
 
-// A fresh contiguous tensor.
-Tensor new_tensor(const Shape& shape, DType dtype);
+// A fresh contiguous tensor; `op` names the caller in the error for an impossible shape.
+Tensor new_tensor(const Shape& shape, DType dtype, const char* op = "tensor");
 
 // Sums g over the dims that broadcasting added or stretched, giving a tensor of `shape`
 // (the backward of every broadcasting op).

@@ -30,6 +30,8 @@ dnnl::stream& cpu_stream() {
   return stream;
 }
 
+constexpr std::size_t kMaxCached = 512;  // primitives kept per thread
+
 // An operand as oneDNN will see it.
 struct Layout {
   memory::dims dims, strides;
@@ -116,6 +118,9 @@ Entry* primitive_for(const Layout& a, const Layout& b, const Layout& c, bool bf1
   append(key, c);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second.primitive ? &it->second : nullptr;
+  // Bounded: incremental decoding meets a new key length every step. Dropping everything at the
+  // limit is crude but keeps memory flat; oneDNN's own primitive cache still softens re-creation.
+  if (cache.size() >= kMaxCached) cache.clear();
   const auto in_type = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
   Entry e;
   const memory::desc da(a.dims, in_type, a.strides), db(b.dims, in_type, b.strides),
@@ -169,6 +174,7 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
     std::vector<std::int64_t> key;
     append(key, la);
     append(key, lb);
+    if (fast.size() >= kMaxCached) fast.clear();
     auto [it, inserted] = fast.try_emplace(key, true);
     if (inserted) it->second = a.is_contiguous() && b.is_contiguous() ? true : has_fast_kernel(la, lb, lc);
     if (!it->second) return run(a.is_contiguous() ? a : clone(a), b.is_contiguous() ? b : clone(b), c, false);

@@ -54,7 +54,8 @@ Shape infer_shape(const Tensor& x, Shape shape) {
     else if (shape[i] < 0)
       fail<ShapeError>("reshape: argument 'shape' {} may hold one -1 and otherwise sizes >= 0 (input shape {})",
                        shape_str(shape), shape_str(x.shape()));
-    else known *= shape[i];
+    else if (__builtin_mul_overflow(known, shape[i], &known))
+      fail<ShapeError>("reshape: argument 'shape' {} has more elements than can be addressed", shape_str(shape));
   }
   if (infer) {
     if (known == 0 || x.numel() % known != 0)
@@ -62,7 +63,7 @@ Shape infer_shape(const Tensor& x, Shape shape) {
                        shape_str(shape), shape_str(x.shape()), x.numel());
     shape[*infer] = x.numel() / known;
   }
-  if (shape_numel(shape) != x.numel())
+  if (checked_numel("reshape", shape, x.dtype()) != x.numel())
     fail<ShapeError>("reshape: argument 'shape' {} has {} elements but the input shape {} has {}",
                      shape_str(shape), shape_numel(shape), shape_str(x.shape()), x.numel());
   return shape;
@@ -136,8 +137,9 @@ Tensor slice(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_t
   start = clamp(start);
   end = std::max(clamp(end), start);
   Shape shape = x.shape(), strides = x.strides();
-  shape[d] = (end - start + step - 1) / step;
-  strides[d] *= step;
+  shape[d] = end == start ? 0 : 1 + (end - start - 1) / step;  // no overflow for any step
+  if (shape[d] > 1 && __builtin_mul_overflow(strides[d], step, &strides[d]))
+    fail<ValueError>("slice: argument 'step' = {} is too large (input shape {})", step, shape_str(x.shape()));
   Tensor out = view_of(x, shape, strides, x.offset() + start * x.strides()[d]);
   // dx = zeros with g written into the sliced region
   record("slice", {x}, out, [xs = x.shape(), dim, start, end, step](std::span<const Tensor> g, const std::vector<bool>&) {
@@ -149,9 +151,9 @@ Tensor slice(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_t
 Tensor narrow(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_t length) {
   check_defined("narrow", "x", x);
   const std::int64_t n = x.size(wrap_dim("narrow", "dim", dim, x.dim()));
-  if (start < 0 || length < 0 || start + length > n)
-    fail<ShapeError>("narrow: [start, start + length) = [{}, {}) must lie within dim {} of size {} (input shape {})",
-                     start, start + length, dim, n, shape_str(x.shape()));
+  if (start < 0 || length < 0 || start > n || length > n - start)
+    fail<ShapeError>("narrow: start = {} and length = {} must lie within dim {} of size {} (input shape {})", start, length,
+                     dim, n, shape_str(x.shape()));
   return slice(x, dim, start, start + length);
 }
 
@@ -190,6 +192,7 @@ Tensor expand(const Tensor& x, const Shape& shape) {
     if (i >= lead && have == want) strides[i] = x.strides()[i - lead];
   }
   if (out_shape == x.shape()) return x;
+  checked_numel("expand", out_shape, x.dtype());
   Tensor out = view_of(x, out_shape, strides, x.offset());
   // dx = g summed over the expanded dims
   record("expand", {x}, out, [xs = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {

@@ -359,7 +359,7 @@ std::vector<OpInfo> build() {
                         s[1] = 3;
                         return ref_gather(r, s, [](auto idx) { idx[1] += 1; return idx; });
                       },
-                      {{"past the end", [] { tg::narrow(f32({3, 5}), 1, 3, 3); }, Raises::shape, {"narrow", "[3, 6)", "size 5", "[3, 5]"}}}));
+                      {{"past the end", [] { tg::narrow(f32({3, 5}), 1, 3, 3); }, Raises::shape, {"narrow", "start = 3", "length = 3", "size 5", "[3, 5]"}}}));
   t.push_back(view_op("select", {"select"}, {{{3, 4}}, {{2, 3, 4}}}, [](auto& x) { return tg::select(x, 1, -1); },
                       [](const Ref& r) {
                         Shape s = r.shape;
@@ -477,13 +477,14 @@ std::vector<OpInfo> build() {
   {
     OpInfo info;
     info.name = "scaled_dot_product_attention";
-    info.covers = {"scaled_dot_product_attention"};
+    info.covers = {"scaled_dot_product_attention", "attention"};
     info.samples = {{{3, 4}, {5, 4}, {5, 2}}, {{2, 3, 4}, {1, 5, 4}, {5, 3}}, {{1, 1}, {1, 1}, {1, 1}}, {{2, 2, 3, 2}, {2, 1, 4, 2}, {4, 1}},
                     {{3, 2}, {0, 2}, {0, 4}}, {{0, 2}, {3, 2}, {3, 1}}};
     info.op = [](const Ins& in) {
       const std::int64_t q = in[0].size(-2), k = in[1].size(-2);
-      auto [out, w] = tg::scaled_dot_product_attention(in[0], in[1], in[2], tg::logical_and(tg::causal_mask(q, k, 1), pattern_mask({k})));
-      return Outs{out, w};
+      const Tensor mask = tg::logical_and(tg::causal_mask(q, k, 1), pattern_mask({k}));
+      auto [out, w] = tg::scaled_dot_product_attention(in[0], in[1], in[2], mask);
+      return Outs{out, w, tg::attention(in[0], in[1], in[2], mask)};
     };
     info.reference = [](const Refs& in) {
       const Ref& q = in[0];
@@ -506,12 +507,14 @@ std::vector<OpInfo> build() {
         }
         for (std::int64_t j = 0; j < nk; ++j) w.v[static_cast<std::size_t>(r * nk + j)] = any ? w.v[static_cast<std::size_t>(r * nk + j)] / z : 0.0;
       }
-      return Refs{ref_matmul(w, in[2]), w};
+      const Ref out = ref_matmul(w, in[2]);
+      return Refs{out, w, out};
     };
     info.errors = {{"q of rank 1", [] { tg::scaled_dot_product_attention(f32({3}), f32({2, 3}), f32({2, 1})); }, Raises::shape,
                     {"scaled_dot_product_attention", "'q'", "rank >= 2"}},
                    {"mixed dtypes", [] { tg::scaled_dot_product_attention(f32({1, 3}), f64({2, 3}), f32({2, 1})); }, Raises::dtype,
-                    {"scaled_dot_product_attention", "'q'", "'k'"}}};
+                    {"scaled_dot_product_attention", "'q'", "'k'"}},
+                   {"zero width D", [] { tg::attention(f32({2, 0}), f32({3, 0}), f32({3, 2})); }, Raises::shape, {"attention", "D must be >= 1", "[2, 0]"}}};
     t.push_back(info);
   }
   {
@@ -588,14 +591,16 @@ std::vector<OpInfo> build() {
       return Refs{out, attn};
     };
     info.errors = {{"zero heads", [] { tg::multihead_attention({f32({1, 1, 2}), f32({1, 1, 2})}, {f32({2, 2}), f32({2, 2}), f32({2, 2}), f32({2, 2})}, {}, 0); },
-                    Raises::value, {"multihead_attention", "'heads'", "0"}}};
+                    Raises::value, {"multihead_attention", "'heads'", "0"}},
+                   {"zero width D", [] { tg::multihead_attention({f32({1, 1, 2}), f32({1, 1, 2})}, {f32({2, 0}), f32({2, 0}), f32({2, 2}), f32({2, 2})}); },
+                    Raises::shape, {"multihead_attention", "D must be >= 1", "'w_q'", "[2, 0]"}}};
     t.push_back(info);
   }
   {
     // The layer: forward on its own seeded weights equals multihead_attention with them.
     OpInfo info;
     info.name = "MultiHeadAttention";
-    info.covers = {"MultiHeadAttention", "KVCache"};
+    info.covers = {"MultiHeadAttention"};
     info.samples = {{{2, 4, 6}}, {{1, 1, 6}}};
     auto layer = [](tg::DType dtype) { return tg::MultiHeadAttention({.query_dim = 6, .heads = 3, .head_dim = 2, .value_head_dim = 1, .out_dim = 5, .dtype = dtype, .seed = 7}); };
     info.op = [layer](const Ins& in) {
@@ -610,6 +615,45 @@ std::vector<OpInfo> build() {
       return Refs{Ref::of(out), Ref::of(attn)};
     };
     info.errors = {{"heads not dividing", [] { tg::MultiHeadAttention({.query_dim = 5, .heads = 2}); }, Raises::value, {"MultiHeadAttention", "heads"}}};
+    t.push_back(info);
+  }
+
+  {
+    // Property: decoding one position at a time through a KVCache equals the full causal forward.
+    OpInfo info;
+    info.name = "KVCache decode";
+    info.covers = {"KVCache"};
+    info.differentiable = false;  // decode records nothing
+    info.samples = {{{2, 5, 4}}, {{1, 1, 4}}};
+    info.op = [](const Ins& in) {
+      tg::MultiHeadAttention layer({.query_dim = 4, .heads = 2, .value_head_dim = 3, .dtype = in[0].dtype(), .seed = 3});
+      tg::KVCache cache;
+      std::vector<Tensor> steps;
+      for (std::int64_t t = 0; t < in[0].size(1); ++t) steps.push_back(layer.decode(tg::slice(in[0], 1, t, t + 1), cache).output);
+      return Outs{tg::concat(steps, 1)};
+    };
+    info.reference = [](const Refs& in) {
+      tg::MultiHeadAttention layer({.query_dim = 4, .heads = 2, .value_head_dim = 3, .dtype = tg::float64, .seed = 3});
+      const Tensor x = tg::from_vector(in[0].v, in[0].shape);
+      return Refs{Ref::of(layer.forward(x, x, {.causal = true}).output)};
+    };
+    info.errors = {{"query of the wrong width", [] {
+                      tg::KVCache cache;
+                      tg::MultiHeadAttention({.query_dim = 4}).decode(f32({1, 1, 3}), cache);
+                    }, Raises::shape, {"MultiHeadAttention::decode", "'query'", "[1, 1, 3]"}}};
+    t.push_back(info);
+  }
+  {
+    OpInfo info;
+    info.name = "broadcast_shapes";
+    info.covers = {"broadcast_shapes"};
+    info.samples = {{{3, 1}, {1, 4}}, {{2, 1, 4}, {3, 1}}, {{}, {2}}};
+    info.op = [](const Ins& in) {
+      const Shape s = tg::broadcast_shapes(in[0].shape(), in[1].shape());
+      return Outs{tg::expand(in[0], s) + tg::expand(in[1], s)};
+    };
+    info.reference = [](const Refs& in) { return Refs{ref_map(in, [](const auto& x) { return x[0] + x[1]; })}; };
+    info.errors = {{"shapes that do not broadcast", [] { tg::broadcast_shapes({2, 3}, {4}); }, Raises::shape, {"broadcast_shapes", "[2, 3]", "[4]"}}};
     t.push_back(info);
   }
 

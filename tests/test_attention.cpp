@@ -20,12 +20,16 @@ bool bitwise_equal(const Tensor& a, const Tensor& b) { return a.to_vector<double
 BOOST_AUTO_TEST_SUITE(spec_examples)  // SPEC section 9, verbatim
 
 BOOST_AUTO_TEST_CASE(two_keys_one_query) {
+  check_close(tg::attention(tg::tensor({{1, 0}}), tg::tensor({{1, 0}, {0, 1}}), tg::tensor({{10}, {20}})), {13.3024}, 5e-5, "attention");
   auto [out, w] = tg::scaled_dot_product_attention(tg::tensor({{1, 0}}), tg::tensor({{1, 0}, {0, 1}}), tg::tensor({{10}, {20}}));
   check_close(out, {13.3024}, 5e-5, "output");
   check_close(w, {0.67, 0.33}, 5e-3, "weights");
 }
 
 BOOST_AUTO_TEST_CASE(masked_two_by_two) {
+  check_close(tg::attention(tg::tensor({{1, 1}, {2, 0}}), tg::tensor({{1, 1}, {2, 0}}), tg::tensor({{1, 0}, {0, 1}}),
+                            tg::mask({{true, false}, {true, true}})),
+              {1, 0, 0.19557, 0.80443}, 5e-6, "attention");
   auto [out, w] = tg::scaled_dot_product_attention(tg::tensor({{1, 1}, {2, 0}}), tg::tensor({{1, 1}, {2, 0}}),
                                                    tg::tensor({{1, 0}, {0, 1}}), tg::mask({{true, false}, {true, true}}));
   check_close(out, {1, 0, 0.19557, 0.80443}, 5e-6, "output");
@@ -127,6 +131,10 @@ BOOST_AUTO_TEST_CASE(true_exactly_where_j_le_i_plus_offset) {
     }
   }
   BOOST_TEST(tg::causal_mask(2, 2).to_vector<bool>() == (std::vector<bool>{true, false, true, true}));
+  // Any integer offset, without overflow at the extremes.
+  const auto big = std::numeric_limits<std::int64_t>::max(), small = std::numeric_limits<std::int64_t>::min();
+  BOOST_TEST(tg::causal_mask(3, 4, big).to_vector<bool>() == std::vector<bool>(12, true));
+  BOOST_TEST(tg::causal_mask(3, 4, small).to_vector<bool>() == std::vector<bool>(12, false));
   BOOST_TEST(!tg::causal_mask(2, 2).requires_grad());
   check_throws<tg::ValueError>([] { tg::causal_mask(-1, 2); }, {"causal_mask", "'queries'", "-1"});
 }

@@ -69,6 +69,15 @@ BOOST_AUTO_TEST_CASE(checks_only_inputs_that_require_grad_and_keeps_their_layout
   BOOST_TEST(!xt.grad().defined());  // the caller's leaf is not touched either
 }
 
+BOOST_AUTO_TEST_CASE(works_inside_a_no_grad_scope) {
+  Tensor x = tg::randn({3}, 5, tg::float64).set_requires_grad();
+  tg::NoGradGuard no_grad;
+  const auto r = tg::gradcheck([](const std::vector<Tensor>& in) { return std::vector<Tensor>{tg::exp(in[0])}; }, {x});
+  BOOST_TEST(r.ok, r.report());
+  BOOST_TEST(!tg::is_grad_enabled());
+  tg::clear_tape();
+}
+
 BOOST_AUTO_TEST_CASE(rejects_what_it_cannot_check) {
   Tensor f = tg::randn({2}, 1, tg::float32).set_requires_grad();
   auto id = [](const std::vector<Tensor>& in) { return in; };

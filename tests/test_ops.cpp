@@ -187,7 +187,7 @@ BOOST_AUTO_TEST_CASE(every_public_op_has_an_entry) {
   // A declaration is a line "[inline ]Tensor name(" or "bool name(" at namespace scope.
   auto declared_name = [](std::string line) -> std::string {
     if (line.rfind("inline ", 0) == 0) line.erase(0, 7);
-    for (const std::string type : {"Tensor ", "bool ", "AttentionResult ", "class "}) {
+    for (const std::string type : {"Tensor ", "bool ", "Shape ", "AttentionResult ", "class "}) {
       if (line.rfind(type, 0) != 0) continue;
       const auto open = line.find_first_of("( ", type.size());
       const std::string name = line.substr(type.size(), open - type.size());

@@ -171,15 +171,42 @@ BOOST_AUTO_TEST_CASE(a_user_op_whose_backward_returns_a_wrong_shape_is_named) {
   tg::clear_tape();
 }
 
+BOOST_AUTO_TEST_CASE(a_user_op_with_a_bad_output_records_nothing) {
+  tg::clear_tape();
+  Tensor x = tg::ones({2}, tg::float64).set_requires_grad();
+  std::vector<Tensor> outs{tg::zeros({2}, tg::float64), tg::zeros({2}, tg::int64)};
+  auto no_op = [](std::span<const Tensor>, const std::vector<bool>&) { return std::vector<Tensor>(1); };
+  check_throws<tg::DTypeError>([&] { tg::record_op("bad_op", std::vector<Tensor>{x}, outs, no_op); }, {"bad_op", "output 1", "int64"});
+  BOOST_TEST(tg::tape_size() == 0u);
+  BOOST_TEST(!outs[0].requires_grad());  // not linked to a node that does not exist
+  std::vector<Tensor> undefined{Tensor()};
+  check_throws<tg::Error>([&] { tg::record_op("bad_op", std::vector<Tensor>{x}, undefined, no_op); }, {"bad_op", "output 0", "undefined"});
+  BOOST_TEST(tg::tape_size() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(a_backward_that_fails_half_way_leaves_gradients_untouched) {
+  Tensor x = tg::ones({3}, tg::float64).set_requires_grad();
+  Tensor y = tg::zeros({3}, tg::float64);
+  std::vector<Tensor> outs{y};
+  // my_op's backward fails; x also reaches the loss directly, through a later node that runs first.
+  tg::record_op("failing_op", std::vector<Tensor>{x}, outs, [](std::span<const Tensor>, const std::vector<bool>&) -> std::vector<Tensor> {
+    throw tg::GraphError("failing_op: deliberately broken backward");
+  });
+  const Tensor loss = tg::sum(outs[0] + x * 2.0);
+  BOOST_CHECK_THROW(tg::backward(loss), tg::GraphError);
+  BOOST_TEST(!x.grad().defined());  // the direct path's gradient was not applied either
+  tg::clear_tape();
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(threads)
 
 namespace {
-std::vector<double> train(std::uint64_t seed) {
-  Tensor w = tg::randn({6, 3}, seed, tg::float64).set_requires_grad();
-  const Tensor x = tg::randn({5, 6}, seed + 1, tg::float64);
-  const Tensor target = tg::randn({5, 3}, seed + 2, tg::float64);
+std::vector<double> train(std::uint64_t seed, tg::DType dtype) {
+  Tensor w = tg::randn({6, 3}, seed, dtype).set_requires_grad();
+  const Tensor x = tg::randn({5, 6}, seed + 1, dtype);
+  const Tensor target = tg::randn({5, 3}, seed + 2, dtype);
   for (int step = 0; step < 200; ++step) {
     const Tensor loss = tg::mean(tg::pow(tg::matmul(x, w) - target, 2.0));
     tg::backward(loss);
@@ -194,14 +221,16 @@ std::vector<double> train(std::uint64_t seed) {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(each_thread_has_its_own_tape) {
-  const auto a_alone = train(10), b_alone = train(20);
-  std::vector<double> a_threaded, b_threaded;
-  std::thread ta([&] { a_threaded = train(10); });
-  std::thread tb([&] { b_threaded = train(20); });
-  ta.join();
-  tb.join();
-  BOOST_TEST(a_threaded == a_alone);  // bit-identical
-  BOOST_TEST(b_threaded == b_alone);
+  for (auto dtype : {tg::float64, tg::float32}) {  // float32 runs oneDNN on both threads at once
+    const auto a_alone = train(10, dtype), b_alone = train(20, dtype);
+    std::vector<double> a_threaded, b_threaded;
+    std::thread ta([&] { a_threaded = train(10, dtype); });
+    std::thread tb([&] { b_threaded = train(20, dtype); });
+    ta.join();
+    tb.join();
+    BOOST_TEST(a_threaded == a_alone);  // bit-identical
+    BOOST_TEST(b_threaded == b_alone);
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -1,5 +1,7 @@
 // Tensors: factories, layout and views, conversion, printing, argument checks.
 #define BOOST_TEST_MODULE tensor
+#include <limits>
+
 #include "support.hpp"
 
 namespace tg = tapegrad;
@@ -20,6 +22,11 @@ BOOST_AUTO_TEST_CASE(filled_and_ranges) {
   BOOST_CHECK(tg::zeros({0, 3}).numel() == 0);
   check_throws<tg::ValueError>([] { tg::arange(0, 1, 0); }, {"arange", "step"});
   check_throws<tg::ShapeError>([] { tg::zeros({2, -1}); }, {"[2, -1]"});
+  // Element counts that overflow are errors, not tiny allocations.
+  check_throws<tg::ShapeError>([] { tg::zeros({std::int64_t{1} << 62}); }, {"full/zeros/ones", "addressed"});
+  check_throws<tg::ShapeError>([] { tg::empty({std::int64_t{1} << 40, std::int64_t{1} << 40}); }, {"empty", "addressed"});
+  check_throws<tg::ShapeError>([] { tg::expand(tg::zeros({1, 1}), {std::int64_t{1} << 40, std::int64_t{1} << 40}); }, {"expand", "addressed"});
+  check_throws<tg::DTypeError>([] { tg::randn({2}, 1, tg::int64); }, {"randn", "'dtype'", "int64"});
 }
 
 BOOST_AUTO_TEST_CASE(from_buffers_and_literals_in_every_dtype) {
@@ -71,6 +78,9 @@ BOOST_AUTO_TEST_CASE(views_share_storage) {
   BOOST_TEST(!t.is_contiguous());
   BOOST_TEST(t.strides() == (Shape{1, 4}));
   BOOST_TEST(tg::slice(x, 1, 1, 4, 2).shares_storage_with(x));
+  // Extreme slice arguments neither overflow nor misbehave.
+  BOOST_TEST(tg::slice(x, 1, 1, std::numeric_limits<std::int64_t>::max(), std::numeric_limits<std::int64_t>::max()).shape() == (Shape{3, 1}));
+  check_throws<tg::ShapeError>([&] { tg::narrow(x, 1, 2, std::numeric_limits<std::int64_t>::max()); }, {"narrow", "size 4"});
   BOOST_TEST(tg::slice(x, 1, 1, 4, 2).to_vector<double>() == (std::vector<double>{1, 3, 5, 7, 9, 11}));
   BOOST_TEST(tg::expand(tg::unsqueeze(x, 0), {2, 3, 4}).shares_storage_with(x));
   BOOST_TEST(tg::select(x, 0, 2).to_vector<double>() == (std::vector<double>{8, 9, 10, 11}));

@@ -42,7 +42,8 @@ struct GradcheckResult {
 using GradcheckFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
 
 // `inputs` must be float64. Those with requires_grad() are checked; the others are passed
-// through unchanged. The inputs given are not modified.
+// through unchanged. The inputs given are not modified. The analytic pass records on this
+// thread's tape (with grad mode on, whatever the caller's): clear_tape() afterwards.
 GradcheckResult gradcheck(const GradcheckFn& f, const std::vector<Tensor>& inputs,
                           const GradcheckOptions& options = {});
 

@@ -38,6 +38,18 @@ class NoGradGuard {
   bool previous_;
 };
 
+// Turns grad mode on for its lifetime, inside a NoGradGuard too (like torch.enable_grad).
+class EnableGradGuard {
+ public:
+  EnableGradGuard() noexcept;
+  ~EnableGradGuard();
+  EnableGradGuard(const EnableGradGuard&) = delete;
+  EnableGradGuard& operator=(const EnableGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
 void clear_tape();               // this thread's tape
 std::size_t tape_size() noexcept;  // number of recorded nodes on this thread's tape
 

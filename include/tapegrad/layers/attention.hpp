@@ -13,8 +13,8 @@ struct AttentionResult {
   Tensor weights;  // [..., Q, K]
 };
 
-// q[..., Q, D], k[..., K, D], v[..., K, Dv], leading dims broadcast among the three (rank 2 is
-// plain attention(Q, K, V, mask)). `mask` (optional, bool, True = allowed) broadcasts to
+// q[..., Q, D], k[..., K, D], v[..., K, Dv] with D >= 1, leading dims broadcast among the three
+// (rank 2 is plain attention(Q, K, V, mask)). `mask` (optional, bool, True = allowed) broadcasts to
 // [..., Q, K].
 //   weights = masked_softmax(q k^T / sqrt(D), mask) over keys;  output = weights v.
 // A query with no allowed key gets exactly zero weights and output, and zero gradients. One tape
@@ -22,6 +22,9 @@ struct AttentionResult {
 // both returned tensors.
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const Tensor& mask = Tensor());
+
+// The output alone: attention(Q, K, V, mask) of SPEC section 9.
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask = Tensor());
 
 // Bool [Q, K], True exactly where j <= i + offset (upper-left aligned for offset 0). Any integer
 // offset: negative masks more, offset >= K - 1 allows everything.

@@ -28,6 +28,7 @@ class KVCache {
  public:
   std::int64_t length() const noexcept { return length_; }
   std::int64_t capacity() const noexcept { return k_.defined() ? k_.size(1) : 0; }
+  // Forgets every position but keeps the storage for the next sequence of the same shape.
   void clear() noexcept { length_ = 0; }
 
  private:

@@ -113,7 +113,7 @@ void run(Input& in) {
       op = "scaled_dot_product_attention";
       const Shape lead = in.shape(0, 2, 3);
       const std::int64_t q = in.fdp.ConsumeIntegralInRange<std::int64_t>(0, 5), k = in.fdp.ConsumeIntegralInRange<std::int64_t>(0, 5),
-                         d = in.fdp.ConsumeIntegralInRange<std::int64_t>(1, 4), dv = in.fdp.ConsumeIntegralInRange<std::int64_t>(1, 4);
+                         d = in.fdp.ConsumeIntegralInRange<std::int64_t>(0, 4), dv = in.fdp.ConsumeIntegralInRange<std::int64_t>(0, 4);
       auto with = [&](std::int64_t a, std::int64_t b) { Shape s = lead; s.push_back(a); s.push_back(b); return in.maybe(s); };
       const tg::DType dt = in.float_dtype();
       leaves = {in.tensor(with(q, d), dt), in.tensor(with(k, d), dt), in.tensor(with(k, dv), dt)};
@@ -126,7 +126,7 @@ void run(Input& in) {
     case 2: {
       op = "multihead_attention";
       auto dim = [&](std::int64_t lo, std::int64_t hi) { return in.fdp.ConsumeIntegralInRange<std::int64_t>(lo, hi); };
-      const std::int64_t b = dim(0, 2), q = dim(0, 4), k = dim(0, 4), h = dim(0, 3), d = dim(1, 3), dv = dim(1, 3), cq = dim(1, 3),
+      const std::int64_t b = dim(0, 2), q = dim(0, 4), k = dim(0, 4), h = dim(0, 3), d = dim(0, 3), dv = dim(0, 3), cq = dim(1, 3),
                          cc = dim(1, 3), co = dim(1, 3);
       const tg::DType dt = in.float_dtype();
       const std::int64_t hh = std::max<std::int64_t>(h, 1);

@@ -62,12 +62,14 @@ Shape check_attention(const AttentionArgs& a) {
 }  // namespace
 
 AttentionResult attention_core(const AttentionArgs& a) {
-  check_attention(a);
+  const Shape scores_shape = check_attention(a);
   const double scale = 1.0 / std::sqrt(static_cast<double>(a.q.size(-1)));
   Tensor weights, output;
   {
     NoGradGuard no_grad;  // the pieces are not recorded: the node below is the whole attention
     Tensor scores = mul(matmul(a.q, transpose(a.k, -1, -2)), scale);
+    // The weights carry every leading dim of q, k and v (v may have more than q and k): a view.
+    if (scores.shape() != scores_shape) scores = expand(scores, scores_shape);
     if (a.bias.defined()) scores = add(scores, a.bias);
     weights = masked_softmax_forward(scores, a.allowed);
     output = matmul(weights, a.v);

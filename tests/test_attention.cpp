@@ -182,6 +182,28 @@ BOOST_AUTO_TEST_CASE(T2_broadcast_masks_and_empty_rows) {
   BOOST_TEST(values(tg::select(tg::select(out2, 0, 0), 0, 1)) == std::vector<double>(3, 0.0));
 }
 
+BOOST_AUTO_TEST_CASE(T2_leading_dims_of_v_broadcast_the_weights) {
+  // v has a batch dim that q and k lack: weights are [2, Q, K], one copy per batch entry.
+  Tensor q = tg::randn({3, 4}, 30, tg::float64).set_requires_grad();
+  Tensor k = tg::randn({5, 4}, 31, tg::float64).set_requires_grad();
+  Tensor v = tg::randn({2, 5, 3}, 32, tg::float64).set_requires_grad();
+  const Tensor mask = tg::from_bools({true, false, true, true, true, true, true, false, true, false}, {2, 1, 5});
+  auto [out, w] = tg::scaled_dot_product_attention(q, k, v, mask);
+  BOOST_TEST(w.shape() == (Shape{2, 3, 5}));
+  BOOST_TEST(out.shape() == (Shape{2, 3, 3}));
+  for (std::int64_t b = 0; b < 2; ++b) {
+    auto [ob, wb] = tg::scaled_dot_product_attention(q, k, tg::select(v, 0, b), tg::select(mask, 0, b));
+    check_close(tg::select(w, 0, b), values(wb), 1e-15, "weights per batch entry");
+    check_close(tg::select(out, 0, b), values(ob), 1e-15, "output per batch entry");
+  }
+  const auto r = tg::gradcheck([&](const std::vector<Tensor>& in) {
+    auto [o, ww] = tg::scaled_dot_product_attention(in[0], in[1], in[2], mask);
+    return std::vector<Tensor>{o, ww};
+  }, {q, k, v});
+  BOOST_TEST(r.ok, r.report());
+  tg::clear_tape();
+}
+
 BOOST_AUTO_TEST_CASE(T2_permutation_invariance) {
   const Tensor q = tg::randn({3, 4}, 7, tg::float64), k = tg::randn({5, 4}, 8, tg::float64), v = tg::randn({5, 2}, 9, tg::float64);
   const std::vector<std::int64_t> perm_k{3, 0, 4, 1, 2}, perm_q{2, 0, 1};

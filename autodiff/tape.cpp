@@ -87,10 +87,8 @@ using detail::fail;
 using detail::shape_str;
 
 bool is_grad_enabled() noexcept { return detail::grad_enabled; }
-NoGradGuard::NoGradGuard() noexcept : previous_(detail::grad_enabled) { detail::grad_enabled = false; }
-NoGradGuard::~NoGradGuard() { detail::grad_enabled = previous_; }
-EnableGradGuard::EnableGradGuard() noexcept : previous_(detail::grad_enabled) { detail::grad_enabled = true; }
-EnableGradGuard::~EnableGradGuard() { detail::grad_enabled = previous_; }
+GradModeGuard::GradModeGuard(bool enabled) noexcept : previous_(detail::grad_enabled) { detail::grad_enabled = enabled; }
+GradModeGuard::~GradModeGuard() { detail::grad_enabled = previous_; }
 
 void clear_tape() {
   detail::tape.nodes.clear();

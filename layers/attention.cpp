@@ -1,7 +1,7 @@
 // scaled_dot_product_attention and causal_mask. The attention is one tape node; its backward,
 // derived in docs/gradients.md, walks the forward in reverse:
 //   forward                          backward
-//   S = q k^T / sqrt(D) (+ bias)     dq = dS k / sqrt(D),  dk = dS^T q / sqrt(D),  dbias = dS
+//   S = (q / sqrt(D)) k^T (+ bias)   dq = dS k / sqrt(D),  dk = dS^T q / sqrt(D),  dbias = dS
 //   A = masked_softmax(S, allowed)   dS = A * (dA - rowsum(A * dA))
 //   O = A v                          dA = dO v^T + (upstream gradient of A),  dv = A^T dO
 #include <cmath>
@@ -67,7 +67,8 @@ AttentionResult attention_core(const AttentionArgs& a) {
   Tensor weights, output;
   {
     NoGradGuard no_grad;  // the pieces are not recorded: the node below is the whole attention
-    Tensor scores = mul(matmul(a.q, transpose(a.k, -1, -2)), scale);
+    // Scaling q ([..., Q, D]) costs less than scaling the scores ([..., Q, K]).
+    Tensor scores = matmul(mul(a.q, scale), transpose(a.k, -1, -2));
     // The weights carry every leading dim of q, k and v (v may have more than q and k): a view.
     if (scores.shape() != scores_shape) scores = expand(scores, scores_shape);
     if (a.bias.defined()) scores = add(scores, a.bias);
@@ -92,9 +93,9 @@ AttentionResult attention_core(const AttentionArgs& a) {
               if (!dA.defined()) return grads;
               const Tensor dS = masked_softmax_backward(A, dA);  // zero where masked
               if (needs[3]) grads[3] = sum_to(dS, bias_shape);
-              const Tensor dS_scaled = mul(dS, scale);
-              if (needs[0]) grads[0] = sum_to(matmul(dS_scaled, k), q.shape());
-              if (needs[1]) grads[1] = sum_to(matmul(transpose(dS_scaled, -1, -2), q), k.shape());
+              // The 1/sqrt(D) goes on the [..., Q, D] and [..., K, D] results, not on dS.
+              if (needs[0]) grads[0] = mul(sum_to(matmul(dS, k), q.shape()), scale);
+              if (needs[1]) grads[1] = mul(sum_to(matmul(transpose(dS, -1, -2), q), k.shape()), scale);
               return grads;
             });
   return {outputs[0], outputs[1]};

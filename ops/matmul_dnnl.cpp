@@ -4,7 +4,6 @@
 // Recipe: 1. describe a, b and c by dims and strides (a transposed view is just other strides,
 // no copy); 2. build the primitive once per layout and keep it in a per-thread cache; 3. wrap
 // the three buffers in dnnl::memory and execute.
-#include <array>
 #include <bit>
 #include <string>
 #include <unordered_map>

@@ -16,16 +16,18 @@ namespace tapegrad {
 namespace detail {
 namespace {
 
-// One row of K scores (contiguous) into weights; mask is null (all allowed) or strided by ms.
-template <class T> void softmax_row(const T* s, T* a, std::int64_t k, const bool* mask, std::int64_t ms) {
+// One row of K scores (strided by ss) into contiguous weights; mask is null (all allowed) or
+// strided by ms.
+template <class T>
+void softmax_row(const T* s, std::int64_t ss, T* a, std::int64_t k, const bool* mask, std::int64_t ms) {
   auto allowed = [&](std::int64_t j) { return mask == nullptr || mask[j * ms]; };
   T m = -std::numeric_limits<T>::infinity();
   bool any = false, nan = false;
   for (std::int64_t j = 0; j < k; ++j) {
     if (!allowed(j)) continue;
     any = true;
-    if (std::isnan(s[j])) nan = true;
-    else if (s[j] > m) m = s[j];
+    if (std::isnan(s[j * ss])) nan = true;
+    else if (s[j * ss] > m) m = s[j * ss];
   }
   // No allowed entry, or every allowed score is -inf: an empty row.
   if (!any || (!nan && m == -std::numeric_limits<T>::infinity())) {
@@ -34,7 +36,7 @@ template <class T> void softmax_row(const T* s, T* a, std::int64_t k, const bool
   }
   double z = 0;
   for (std::int64_t j = 0; j < k; ++j) {
-    a[j] = allowed(j) ? std::exp(s[j] - m) : T(0);  // s - m <= 0: no overflow; +inf - inf = NaN propagates
+    a[j] = allowed(j) ? std::exp(s[j * ss] - m) : T(0);  // s - m <= 0: no overflow; +inf - inf = NaN propagates
     z += static_cast<double>(a[j]);
   }
   const T inv = convert<T>(1.0 / z);
@@ -56,32 +58,23 @@ void check_softmax_args(const char* op, const char* scores_name, const Tensor& s
                      shape_str(allowed.shape()), scores_name, shape_str(scores.shape()));
 }
 
-Tensor masked_softmax_forward(const Tensor& scores, const Tensor& allowed) {
-  const Tensor s = scores.is_contiguous() ? scores : clone(scores);
+Tensor masked_softmax_forward(const Tensor& s, const Tensor& allowed) {
+  // Scores are read through their strides (a transposed or broadcast view is not copied); the
+  // weights are written contiguously.
   Tensor a = new_tensor(s.shape(), s.dtype());
   const std::size_t rank = s.shape().size();
   const std::int64_t k = s.shape().back();
   const Dims8 m_strides = allowed.defined() ? broadcast_strides(allowed, s.shape()) : Dims8(rank, 0);
-  // Row r of s and a starts at r * k; the mask row at the offset the loop gives.
-  Dims8 row_index(rank - 1, 0);
-  {
-    std::int64_t stride = 1;
-    for (std::size_t d = rank - 1; d-- > 0;) {
-      row_index[d] = stride;
-      stride *= s.shape()[d];
-    }
-  }
-  StridedLoop<2> rows(s.shape().data(), rank - 1, {row_index.data(), m_strides.data()});
+  StridedLoop<3> rows(s.shape().data(), rank - 1, {a.strides().data(), s.strides().data(), m_strides.data()});
   const bool* mask = allowed.defined() ? static_cast<const bool*>(allowed.raw_data()) : nullptr;
-  const std::int64_t ms = m_strides[rank - 1];
+  const std::int64_t ss = s.strides()[rank - 1], ms = m_strides[rank - 1];
   visit_float(s.dtype(), "masked_softmax", [&]<class T>(Tag<T>) {
     const T* ps = static_cast<const T*>(s.raw_data());
     T* pa = static_cast<T*>(a.raw_data());
     rows.for_each_run([&](const auto& off, std::int64_t n, const auto& inner) {
-      for (std::int64_t t = 0; t < n; ++t) {
-        const std::int64_t row = off[0] + t * inner[0];
-        softmax_row(ps + row * k, pa + row * k, k, mask ? mask + off[1] + t * inner[1] : nullptr, ms);
-      }
+      for (std::int64_t t = 0; t < n; ++t)
+        softmax_row(ps + off[1] + t * inner[1], ss, pa + off[0] + t * inner[0], k,
+                    mask ? mask + off[2] + t * inner[2] : nullptr, ms);
     });
   });
   return a;

@@ -25,29 +25,26 @@ void backward(const Tensor& output);
 // accumulated (+=) into the leaves reached. The tape is kept: call clear_tape() when done.
 void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs);
 
-// Grad mode is on by default. While a NoGradGuard lives, this thread records nothing.
+// Grad mode is on by default.
 bool is_grad_enabled() noexcept;
-class NoGradGuard {
+// Sets this thread's grad mode for its lifetime and restores the previous mode after.
+class GradModeGuard {
  public:
-  NoGradGuard() noexcept;
-  ~NoGradGuard();
-  NoGradGuard(const NoGradGuard&) = delete;
-  NoGradGuard& operator=(const NoGradGuard&) = delete;
+  explicit GradModeGuard(bool enabled) noexcept;
+  ~GradModeGuard();
+  GradModeGuard(const GradModeGuard&) = delete;
+  GradModeGuard& operator=(const GradModeGuard&) = delete;
 
  private:
   bool previous_;
 };
-
-// Turns grad mode on for its lifetime, inside a NoGradGuard too (like torch.enable_grad).
-class EnableGradGuard {
- public:
-  EnableGradGuard() noexcept;
-  ~EnableGradGuard();
-  EnableGradGuard(const EnableGradGuard&) = delete;
-  EnableGradGuard& operator=(const EnableGradGuard&) = delete;
-
- private:
-  bool previous_;
+// Records nothing while it lives (like torch.no_grad).
+struct NoGradGuard : GradModeGuard {
+  NoGradGuard() noexcept : GradModeGuard(false) {}
+};
+// Records again while it lives, inside a NoGradGuard too (like torch.enable_grad).
+struct EnableGradGuard : GradModeGuard {
+  EnableGradGuard() noexcept : GradModeGuard(true) {}
 };
 
 void clear_tape();               // this thread's tape

@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "autodiff/check.hpp"
-#include "ops/kernel.hpp"
+#include "autodiff/kernel.hpp"
 
 namespace tapegrad {
 using detail::fail;
@@ -15,7 +15,7 @@ Tensor empty(const Shape& shape, DType dtype) { return new_tensor(shape, dtype, 
 Tensor full(const Shape& shape, double value, DType dtype) {
   Tensor t = new_tensor(shape, dtype, "full/zeros/ones");
   detail::visit_any(dtype, [&]<class T>(detail::Tag<T>) {
-    T* p = static_cast<T*>(t.raw_data());
+    T* p = static_cast<T*>(detail::mutable_data(t));
     const T v = detail::convert<T>(value);
     for (std::int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = v;
   });
@@ -37,7 +37,7 @@ Tensor arange(double start, double end, double step, DType dtype) {
   const auto n = static_cast<std::int64_t>(count);
   Tensor t = new_tensor({n}, dtype);
   detail::visit_any(dtype, [&]<class T>(detail::Tag<T>) {
-    T* p = static_cast<T*>(t.raw_data());
+    T* p = static_cast<T*>(detail::mutable_data(t));
     for (std::int64_t i = 0; i < n; ++i) p[i] = detail::convert<T>(start + static_cast<double>(i) * step);
   });
   return t;
@@ -51,7 +51,7 @@ template <class T> Tensor copy_buffer(std::span<const T> values, const Shape& sh
     fail<ShapeError>("from_vector: argument 'values' has {} elements but shape {} needs {}",
                      values.size(), shape_str(shape), detail::shape_numel(shape));
   Tensor t = new_tensor(shape, dtype_of<T>(), "from_vector");
-  if (!values.empty()) std::memcpy(t.raw_data(), values.data(), values.size() * sizeof(T));
+  if (!values.empty()) std::memcpy(detail::mutable_data(t), values.data(), values.size() * sizeof(T));
   return t;
 }
 
@@ -79,7 +79,7 @@ Tensor from_literal(const Literal& lit, DType dtype) {
     fail<ShapeError>("tensor: nested literal is ragged: shape {} but {} numbers", shape_str(shape), flat.size());
   Tensor t = new_tensor(shape, dtype);
   detail::visit_any(dtype, [&]<class T>(detail::Tag<T>) {
-    T* p = static_cast<T*>(t.raw_data());
+    T* p = static_cast<T*>(detail::mutable_data(t));
     for (std::size_t i = 0; i < flat.size(); ++i) p[i] = detail::convert<T>(flat[i]);
   });
   return t;
@@ -95,7 +95,7 @@ Tensor from_bools(const std::vector<bool>& values, const Shape& shape) {
     fail<ShapeError>("from_bools: argument 'values' has {} elements but shape {} needs {}",
                      values.size(), shape_str(shape), detail::shape_numel(shape));
   Tensor t = new_tensor(shape, DType::bool_);
-  bool* p = static_cast<bool*>(t.raw_data());
+  bool* p = static_cast<bool*>(detail::mutable_data(t));
   for (std::size_t i = 0; i < values.size(); ++i) p[i] = values[i];
   return t;
 }

@@ -1,7 +1,7 @@
 // Human-readable rendering of a tensor, numpy style.
 #include <string>
 
-#include "ops/kernel.hpp"
+#include "autodiff/kernel.hpp"
 
 namespace tapegrad {
 namespace {

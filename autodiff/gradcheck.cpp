@@ -5,7 +5,7 @@
 #include <cstring>
 #include <limits>
 
-#include "ops/kernel.hpp"
+#include "autodiff/kernel.hpp"
 #include "tapegrad/autodiff/tape.hpp"
 
 namespace tapegrad {
@@ -104,7 +104,7 @@ GradcheckResult gradcheck(const GradcheckFn& f, const std::vector<Tensor>& input
     const Tensor& x = xs[i];
     const std::vector<double> analytic =
         x.grad().defined() ? x.grad().to_vector<double>() : std::vector<double>(static_cast<std::size_t>(x.numel()), 0.0);
-    double* base = static_cast<double*>(x.raw_data());
+    double* base = static_cast<double*>(mutable_data(x));
     for (std::int64_t e = 0; e < x.numel(); ++e) {
       const Shape index = unravel(e, x.shape());
       std::int64_t at = 0;

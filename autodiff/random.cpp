@@ -3,7 +3,7 @@
 #include <numbers>
 #include <random>
 
-#include "ops/kernel.hpp"
+#include "autodiff/kernel.hpp"
 
 namespace tapegrad {
 
@@ -41,7 +41,7 @@ template <class F> Tensor fill_random(const Shape& shape, DType dtype, const cha
     detail::fail<DTypeError>("{}: argument 'dtype' must be float32 or float64, got {}", op, dtype);
   Tensor t = detail::new_tensor(shape, dtype, op);
   detail::visit_float(dtype, op, [&]<class T>(detail::Tag<T>) {
-    T* p = static_cast<T*>(t.raw_data());
+    T* p = static_cast<T*>(detail::mutable_data(t));
     for (std::int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = detail::convert<T>(draw());
   });
   return t;

@@ -1,10 +1,9 @@
 // Tensor handle, storage and the argument checks every op shares.
 #include "autodiff/check.hpp"
+#include "autodiff/kernel.hpp"
+#include "autodiff/node.hpp"
 #include "autodiff/tensor_impl.hpp"
-#include "ops/kernel.hpp"
 #include "tapegrad/autodiff/tape.hpp"
-#include "tapegrad/ops/cast.hpp"
-#include "tapegrad/ops/view.hpp"
 
 namespace tapegrad {
 namespace detail {
@@ -56,6 +55,13 @@ Tensor new_tensor(const Shape& shape, DType dtype, const char* op) {
   impl->dtype = dtype;
   return Tensor(std::move(impl));
 }
+
+void* mutable_data(const Tensor& t) {
+  const auto& impl = *t.impl();
+  return impl.storage->data + impl.offset * static_cast<std::int64_t>(itemsize(impl.dtype));
+}
+
+void bump_version(const Tensor& t) noexcept { t.impl()->storage->version.fetch_add(1, std::memory_order_relaxed); }
 
 void check_defined(const char* op, const char* name, const Tensor& t) {
   if (!t.defined()) fail<Error>("{}: argument '{}' is an undefined tensor", op, name);
@@ -131,10 +137,9 @@ bool Tensor::shares_storage_with(const Tensor& other) const {
   return defined() && other.defined() && impl_->storage == other.impl_->storage;
 }
 
-void* Tensor::raw_data() const {
-  const auto& impl = checked(impl_);
-  return impl.storage->data + impl.offset * static_cast<std::int64_t>(itemsize(impl.dtype));
-}
+const void* Tensor::raw_data() const { return detail::mutable_data(*this); }
+std::uint64_t Tensor::version() const { return checked(impl_).storage->version.load(std::memory_order_relaxed); }
+void Tensor::note_write() const { detail::bump_version(*this); }
 
 void Tensor::check_element_type(DType requested) const {
   if (dtype() != requested)
@@ -145,7 +150,7 @@ void Tensor::check_element_type(DType requested) const {
 template <class T> std::vector<T> Tensor::to_vector() const {
   std::vector<T> out;
   out.reserve(static_cast<std::size_t>(numel()));
-  Tensor c = contiguous();
+  const Tensor c = is_contiguous() ? *this : detail::clone(*this);
   detail::visit_any(dtype(), [&]<class S>(detail::Tag<S>) {
     const S* p = static_cast<const S*>(c.raw_data());
     for (std::int64_t i = 0; i < c.numel(); ++i) out.push_back(detail::convert<T>(p[i]));
@@ -166,25 +171,26 @@ double Tensor::item() const {
 
 bool Tensor::requires_grad() const {
   const auto& impl = checked(impl_);
-  return impl.leaf_requires_grad || detail::has_live_node(impl);
+  return impl.leaf_requires_grad || detail::live_node(impl) != nullptr;
 }
 
 Tensor& Tensor::set_requires_grad(bool on) {
   auto& impl = const_cast<detail::TensorImpl&>(checked(impl_));
-  if (detail::has_live_node(impl))
+  if (const detail::Node* n = detail::live_node(impl))
     fail<GraphError>(
-        "Tensor::set_requires_grad: this tensor (shape {}) is the output of a recorded op; only "
+        "Tensor::set_requires_grad: this tensor (shape {}) is the output of recorded op {}; only "
         "leaves can change requires_grad (use detach() to make a new leaf)",
-        shape_str(impl.shape));
+        shape_str(impl.shape), n->name);
   if (on && !is_floating(impl.dtype))
     fail<DTypeError>("Tensor::set_requires_grad: only float32/float64 tensors can require grad, "
                      "this one is {} with shape {}",
                      impl.dtype, shape_str(impl.shape));
+  impl.grad_fn.reset();  // a released node's output is a leaf now
   impl.leaf_requires_grad = on;
   return *this;
 }
 
-bool Tensor::is_leaf() const { return !detail::has_live_node(checked(impl_)); }
+bool Tensor::is_leaf() const { return detail::live_node(checked(impl_)) == nullptr; }
 Tensor Tensor::grad() const { return checked(impl_).grad; }
 void Tensor::zero_grad() { const_cast<detail::TensorImpl&>(checked(impl_)).grad = Tensor(); }
 
@@ -193,10 +199,5 @@ Tensor Tensor::detach() const {
   return detail::make_view(*this, impl.shape, impl.strides, impl.offset);
 }
 
-Tensor Tensor::contiguous() const { return tapegrad::contiguous(*this); }
-Tensor Tensor::reshape(Shape s) const { return tapegrad::reshape(*this, std::move(s)); }
-Tensor Tensor::permute(std::vector<std::int64_t> d) const { return tapegrad::permute(*this, std::move(d)); }
-Tensor Tensor::transpose(std::int64_t a, std::int64_t b) const { return tapegrad::transpose(*this, a, b); }
-Tensor Tensor::to(DType d) const { return tapegrad::to(*this, d); }
 
 }  // namespace tapegrad

@@ -1,6 +1,7 @@
 // Internal: what a Tensor handle points at. Not installed.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -21,10 +22,13 @@ struct Storage {
   Storage& operator=(const Storage&) = delete;
   std::byte* data = nullptr;
   std::size_t bytes = 0;
+  // Counts in-place writes to these bytes (by any view of them). A recorded op notes the
+  // version of what its backward reads, and backward refuses to run on changed values.
+  std::atomic<std::uint64_t> version{0};
   alignas(16) std::byte inline_bytes[kInlineBytes];
 };
 
-struct TapeRef;  // defined in tape.cpp
+struct Node;  // autodiff/node.hpp
 
 struct TensorImpl {
   std::shared_ptr<Storage> storage;
@@ -33,14 +37,12 @@ struct TensorImpl {
   std::int64_t offset = 0;
   DType dtype = DType::float32;
 
-  // Autograd. A leaf requires grad when `leaf_requires_grad`; a non-leaf when it was produced by
-  // node `node` of tape `tape` and that tape has not been cleared since (epoch matches).
+  // Autograd. A leaf requires grad when `leaf_requires_grad`; a non-leaf is output `slot` of the
+  // node that made it, and requires grad while that node has not been released by clear_tape().
   bool leaf_requires_grad = false;
   Tensor grad;
-  std::int64_t node = -1;
+  std::shared_ptr<Node> grad_fn;
   std::int32_t slot = 0;
-  const void* tape = nullptr;
-  std::uint64_t epoch = 0;
 };
 
 std::int64_t shape_numel(const Shape& shape) noexcept;
@@ -49,7 +51,11 @@ std::int64_t shape_numel(const Shape& shape) noexcept;
 std::int64_t checked_numel(const char* op, const Shape& shape, DType dtype);
 Shape contiguous_strides(const Shape& shape);
 Tensor make_view(const Tensor& base, Shape shape, Shape strides, std::int64_t offset);
-// True when this non-leaf still links to a live node of this thread's tape.
-bool has_live_node(const TensorImpl& impl) noexcept;
+// The node behind a non-leaf, or null for a leaf and for an output whose node was released.
+Node* live_node(const TensorImpl& impl) noexcept;
+// Pointer to element [0, ...] for kernels that fill a tensor they own (no version bump).
+void* mutable_data(const Tensor& t);
+// Marks an in-place write to t's storage (every view of it sees the new version).
+void bump_version(const Tensor& t) noexcept;
 
 }  // namespace tapegrad::detail

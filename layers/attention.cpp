@@ -97,7 +97,8 @@ AttentionResult attention_core(const AttentionArgs& a) {
               if (needs[0]) grads[0] = mul(sum_to(matmul(dS, k), q.shape()), scale);
               if (needs[1]) grads[1] = mul(sum_to(matmul(transpose(dS, -1, -2), q), k.shape()), scale);
               return grads;
-            });
+            },
+            /*saved=*/std::vector<Tensor>{a.q, a.k, a.v, weights});
   return {outputs[0], outputs[1]};
 }
 
@@ -115,7 +116,7 @@ Tensor causal_mask(std::int64_t queries, std::int64_t keys, std::int64_t offset)
   if (queries < 0 || keys < 0)
     detail::fail<ValueError>("causal_mask: arguments 'queries' and 'keys' must be >= 0, got {} and {}", queries, keys);
   Tensor m = detail::new_tensor({queries, keys}, DType::bool_);
-  bool* p = static_cast<bool*>(m.raw_data());
+  bool* p = static_cast<bool*>(detail::mutable_data(m));
   for (std::int64_t i = 0; i < queries; ++i)
     for (std::int64_t j = 0; j < keys; ++j) p[i * keys + j] = j - i <= offset;  // j <= i + offset, without overflow
   return m;

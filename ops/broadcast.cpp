@@ -6,14 +6,6 @@
 namespace tapegrad {
 namespace detail {
 
-Dims8 broadcast_strides(const Tensor& t, const Shape& shape) {
-  Dims8 out(shape.size(), 0);
-  const std::size_t lead = shape.size() - t.shape().size();
-  for (std::size_t i = 0; i < t.shape().size(); ++i)
-    out[lead + i] = t.shape()[i] == 1 && shape[lead + i] != 1 ? 0 : t.strides()[i];
-  return out;
-}
-
 Tensor sum_to(const Tensor& g, const Shape& shape) {
   if (g.shape() == shape) return g;
   const std::size_t lead = g.shape().size() - shape.size();
@@ -22,16 +14,6 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
     if (i < lead || (shape[i - lead] == 1 && g.shape()[i] != 1)) dims.push_back(static_cast<std::int64_t>(i));
   Tensor s = dims.empty() ? g : sum(g, dims, /*keepdim=*/true);
   return reshape(s, shape);
-}
-
-void copy_into(const Tensor& dst, const Tensor& src) {
-  visit_any(dst.dtype(), [&]<class T>(Tag<T>) { map_into<T, T>(dst, [](T v) { return v; }, src); });
-}
-
-Tensor clone(const Tensor& t) {
-  Tensor out = new_tensor(t.shape(), t.dtype());
-  copy_into(out, t);
-  return out;
 }
 
 }  // namespace detail

@@ -16,11 +16,13 @@ Tensor to(const Tensor& x, DType dtype) {
   });
   if (is_floating(dtype) && is_floating(x.dtype())) {
     // dx = g converted to x's dtype
-    record("to", {x}, out, [from = x.dtype()](std::span<const Tensor> g, const std::vector<bool>&) {
+    record("to", {x}, out, {}, [from = x.dtype()](std::span<const Tensor> g, const std::vector<bool>&) {
       return std::vector<Tensor>{to(g[0], from)};
     });
   }
   return out;
 }
+
+Tensor Tensor::to(DType d) const { return tapegrad::to(*this, d); }
 
 }  // namespace tapegrad

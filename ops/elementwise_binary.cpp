@@ -21,7 +21,7 @@ Tensor maybe(bool needed, auto&& make) { return needed ? Tensor(make()) : Tensor
 Tensor add(const Tensor& a, const Tensor& b) {
   Tensor out = binary_forward("add", a, b, [](auto x, auto y) { return x + y; });
   // da = g, db = g
-  record("add", {a, b}, out, [sa = a.shape(), sb = b.shape()](std::span<const Tensor> g, const std::vector<bool>& needs) {
+  record("add", {a, b}, out, {}, [sa = a.shape(), sb = b.shape()](std::span<const Tensor> g, const std::vector<bool>& needs) {
     return std::vector<Tensor>{maybe(needs[0], [&] { return sum_to(g[0], sa); }),
                                maybe(needs[1], [&] { return sum_to(g[0], sb); })};
   });
@@ -31,7 +31,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
 Tensor sub(const Tensor& a, const Tensor& b) {
   Tensor out = binary_forward("sub", a, b, [](auto x, auto y) { return x - y; });
   // da = g, db = -g
-  record("sub", {a, b}, out, [sa = a.shape(), sb = b.shape()](std::span<const Tensor> g, const std::vector<bool>& needs) {
+  record("sub", {a, b}, out, {}, [sa = a.shape(), sb = b.shape()](std::span<const Tensor> g, const std::vector<bool>& needs) {
     return std::vector<Tensor>{maybe(needs[0], [&] { return sum_to(g[0], sa); }),
                                maybe(needs[1], [&] { return sum_to(neg(g[0]), sb); })};
   });
@@ -41,7 +41,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 Tensor mul(const Tensor& a, const Tensor& b) {
   Tensor out = binary_forward("mul", a, b, [](auto x, auto y) { return x * y; });
   // da = g b, db = g a
-  record("mul", {a, b}, out, [a, b](std::span<const Tensor> g, const std::vector<bool>& needs) {
+  record("mul", {a, b}, out, {a, b}, [a, b](std::span<const Tensor> g, const std::vector<bool>& needs) {
     return std::vector<Tensor>{maybe(needs[0], [&] { return sum_to(mul(g[0], b), a.shape()); }),
                                maybe(needs[1], [&] { return sum_to(mul(g[0], a), b.shape()); })};
   });
@@ -51,7 +51,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 Tensor div(const Tensor& a, const Tensor& b) {
   Tensor out = binary_forward("div", a, b, [](auto x, auto y) { return x / y; });
   // da = g / b, db = -g a / b^2 = -(g / b) * out
-  record("div", {a, b}, out, [sa = a.shape(), b, out = out.detach()](std::span<const Tensor> g, const std::vector<bool>& needs) {
+  record("div", {a, b}, out, {b, out}, [sa = a.shape(), b, out = out.detach()](std::span<const Tensor> g, const std::vector<bool>& needs) {
     Tensor g_over_b = div(g[0], b);
     return std::vector<Tensor>{maybe(needs[0], [&] { return sum_to(g_over_b, sa); }),
                                maybe(needs[1], [&] { return sum_to(neg(mul(g_over_b, out)), b.shape()); })};

@@ -76,7 +76,7 @@ template <class Op> Tensor unary(const Tensor& x, Op op = {}) {
     map_into<T, T>(y, [&](T v) { return op.template f<T>(v); }, x);
   });
   // dx = g * df(x, y)
-  record(Op::name, {x}, y,
+  record(Op::name, {x}, y, {Op::uses_x ? x : Tensor(), Op::uses_y ? y : Tensor()},
          [op, xs = Op::uses_x ? x : Tensor(), ys = Op::uses_y ? y.detach() : Tensor()](
              std::span<const Tensor> g, const std::vector<bool>&) {
            Tensor dx = new_tensor(g[0].shape(), g[0].dtype());

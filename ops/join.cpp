@@ -43,7 +43,7 @@ Tensor concat(const std::vector<Tensor>& tensors, std::int64_t dim) {
         if (needs[i]) grads[i] = slice(g[0], static_cast<std::int64_t>(d), starts[i], end);
       }
       return grads;
-    });
+    }, /*saved=*/{});
     out = outs[0];
   }
   return out;

@@ -59,7 +59,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, MatmulPrecision precision) {
                      shape_str(a.shape()), shape_str(b.shape()));
   Tensor out = forward(a, b, precision);
   // da = g b^T,  db = a^T g   (each summed over the batch dims its operand was broadcast along)
-  record("matmul", {a, b}, out, [a, b, precision](std::span<const Tensor> g, const std::vector<bool>& needs) {
+  record("matmul", {a, b}, out, {a, b}, [a, b, precision](std::span<const Tensor> g, const std::vector<bool>& needs) {
     std::vector<Tensor> grads(2);
     if (needs[0]) grads[0] = sum_to(forward(g[0], transpose(b, -1, -2), precision), a.shape());
     if (needs[1]) grads[1] = sum_to(forward(transpose(a, -1, -2), g[0], precision), b.shape());

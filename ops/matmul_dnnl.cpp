@@ -151,8 +151,8 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   if (!describe(b, lb)) return run(a, clone(b), c, bf16);
   describe(c, lc);
   std::vector<std::uint16_t> a16, b16;
-  void* pa = a.raw_data();
-  void* pb = b.raw_data();
+  void* pa = mutable_data(a);  // oneDNN takes non-const handles; it only reads a and b
+  void* pb = mutable_data(b);
   if (bf16) {
     a16 = bf16_copy<std::uint16_t>(a, la);
     b16 = bf16_copy<std::uint16_t>(b, lb);
@@ -181,7 +181,7 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   Entry& e = *primitive_for(la, lb, lc, bf16);
   e.a.set_data_handle(pa);
   e.b.set_data_handle(pb);
-  e.c.set_data_handle(c.raw_data());
+  e.c.set_data_handle(mutable_data(c));
   e.primitive.execute(cpu_stream(), {{DNNL_ARG_SRC, e.a}, {DNNL_ARG_WEIGHTS, e.b}, {DNNL_ARG_DST, e.c}});
   cpu_stream().wait();
 }

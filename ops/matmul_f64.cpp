@@ -47,7 +47,7 @@ void matmul_f64(const Tensor& a, const Tensor& b, const Tensor& c) {
   std::vector<double> pa(static_cast<std::size_t>(m * k)), pb(static_cast<std::size_t>(k * n));
   const double* base_a = static_cast<const double*>(a.raw_data());
   const double* base_b = static_cast<const double*>(b.raw_data());
-  double* base_c = static_cast<double*>(c.raw_data());
+  double* base_c = static_cast<double*>(mutable_data(c));
   StridedLoop<3> loop(batch.data(), batch.size(), {sa.data(), sb.data(), sc.data()});
   loop.for_each_run([&](const auto& off, std::int64_t count, const auto& inner) {
     for (std::int64_t t = 0; t < count; ++t) {

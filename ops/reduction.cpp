@@ -55,7 +55,7 @@ Tensor fold(const Tensor& x, const Plan& p, Acc init, Combine combine) {
     for (std::int64_t i = 0; i < n; ++i) a[i * inner[0]] = combine(a[i * inner[0]], static_cast<Acc>(v[i * inner[1]]));
   });
   Tensor out = new_tensor(p.kept, x.dtype());
-  T* po = static_cast<T*>(out.raw_data());
+  T* po = static_cast<T*>(mutable_data(out));
   for (std::size_t i = 0; i < acc.size(); ++i) po[i] = convert<T>(acc[i]);
   return out;
 }
@@ -70,7 +70,7 @@ Tensor sum(const Tensor& x, const Dims& dims, bool keepdim) {
   });
   Tensor out = make_view(kept, p.result, contiguous_strides(p.result), 0);
   // dx = g broadcast back over the reduced dims
-  record("sum", {x}, out, [kept_shape = p.kept, x_shape = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {
+  record("sum", {x}, out, {}, [kept_shape = p.kept, x_shape = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {
     return std::vector<Tensor>{expand(reshape(g[0], kept_shape), x_shape)};
   });
   return out;
@@ -93,7 +93,7 @@ Tensor max(const Tensor& x, const Dims& dims, bool keepdim) {
   });
   Tensor out = make_view(kept, p.result, contiguous_strides(p.result), 0);
   // dx = [x == max] g / (number of tied maxima), the gradient shared among ties
-  record("max", {x}, out, [x, kept = kept, kept_shape = p.kept, d = dims](std::span<const Tensor> g, const std::vector<bool>&) {
+  record("max", {x}, out, {x, out}, [x, kept = kept, kept_shape = p.kept, d = dims](std::span<const Tensor> g, const std::vector<bool>&) {
     const Tensor is_max = eq(x, kept);
     const Tensor ties = sum(to(is_max, x.dtype()), d, /*keepdim=*/true);
     const Tensor share = div(reshape(g[0], kept_shape), ties);

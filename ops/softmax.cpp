@@ -70,7 +70,7 @@ Tensor masked_softmax_forward(const Tensor& s, const Tensor& allowed) {
   const std::int64_t ss = s.strides()[rank - 1], ms = m_strides[rank - 1];
   visit_float(s.dtype(), "masked_softmax", [&]<class T>(Tag<T>) {
     const T* ps = static_cast<const T*>(s.raw_data());
-    T* pa = static_cast<T*>(a.raw_data());
+    T* pa = static_cast<T*>(mutable_data(a));
     rows.for_each_run([&](const auto& off, std::int64_t n, const auto& inner) {
       for (std::int64_t t = 0; t < n; ++t)
         softmax_row(ps + off[1] + t * inner[1], ss, pa + off[0] + t * inner[0], k,
@@ -88,7 +88,7 @@ Tensor masked_softmax_backward(const Tensor& weights, const Tensor& grad_weights
   visit_float(weights.dtype(), "masked_softmax", [&]<class T>(Tag<T>) {
     const T* a = static_cast<const T*>(weights.raw_data());
     const T* da = static_cast<const T*>(g.raw_data());
-    T* out = static_cast<T*>(ds.raw_data());
+    T* out = static_cast<T*>(mutable_data(ds));
     for (std::int64_t r = 0; r < rows; ++r, a += k, da += k, out += k) {
       // Entries with A_j = 0 (masked, empty rows) contribute nothing and get exactly 0, even when
       // their upstream gradient is not finite (0 * inf would be NaN).
@@ -107,7 +107,7 @@ Tensor masked_softmax(const Tensor& scores, const Tensor& allowed) {
   detail::check_softmax_args("masked_softmax", "scores", scores, "allowed", allowed);
   Tensor a = detail::masked_softmax_forward(scores, allowed);
   // dS = A * (dA - rowsum(A * dA)); keeps only its output A
-  detail::record("masked_softmax", {scores}, a, [a = a.detach()](std::span<const Tensor> g, const std::vector<bool>&) {
+  detail::record("masked_softmax", {scores}, a, {a}, [a = a.detach()](std::span<const Tensor> g, const std::vector<bool>&) {
     return std::vector<Tensor>{detail::masked_softmax_backward(a, g[0])};
   });
   return a;

@@ -86,7 +86,7 @@ Tensor reshape(const Tensor& x, Shape shape) {
   const auto strides = reshape_strides(x.shape(), x.strides(), shape);
   Tensor out = strides ? view_of(x, shape, *strides, x.offset()) : view_of(clone(x), shape, contiguous_strides(shape), 0);
   // dx = g reshaped back
-  record("reshape", {x}, out, [xs = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {
+  record("reshape", {x}, out, {}, [xs = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {
     return Backward{reshape(g[0], xs)};
   });
   return out;
@@ -113,7 +113,7 @@ Tensor permute(const Tensor& x, std::vector<std::int64_t> dims) {
   }
   Tensor out = view_of(x, shape, strides, x.offset());
   // dx = g permuted by the inverse permutation
-  record("permute", {x}, out, [inverse](std::span<const Tensor> g, const std::vector<bool>&) {
+  record("permute", {x}, out, {}, [inverse](std::span<const Tensor> g, const std::vector<bool>&) {
     return Backward{permute(g[0], inverse)};
   });
   return out;
@@ -142,7 +142,7 @@ Tensor slice(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_t
     fail<ValueError>("slice: argument 'step' = {} is too large (input shape {})", step, shape_str(x.shape()));
   Tensor out = view_of(x, shape, strides, x.offset() + start * x.strides()[d]);
   // dx = zeros with g written into the sliced region
-  record("slice", {x}, out, [xs = x.shape(), dim, start, end, step](std::span<const Tensor> g, const std::vector<bool>&) {
+  record("slice", {x}, out, {}, [xs = x.shape(), dim, start, end, step](std::span<const Tensor> g, const std::vector<bool>&) {
     return Backward{scatter_into_zeros(xs, g[0], [&](const Tensor& z) { return slice(z, dim, start, end, step); })};
   });
   return out;
@@ -170,7 +170,7 @@ Tensor select(const Tensor& x, std::int64_t dim, std::int64_t index) {
   strides.erase(strides.begin() + static_cast<std::ptrdiff_t>(d));
   Tensor out = view_of(x, shape, strides, x.offset() + index * x.strides()[d]);
   // dx = zeros with g written into row `index`
-  record("select", {x}, out, [xs = x.shape(), dim, index](std::span<const Tensor> g, const std::vector<bool>&) {
+  record("select", {x}, out, {}, [xs = x.shape(), dim, index](std::span<const Tensor> g, const std::vector<bool>&) {
     return Backward{scatter_into_zeros(xs, g[0], [&](const Tensor& z) { return select(z, dim, index); })};
   });
   return out;
@@ -195,7 +195,7 @@ Tensor expand(const Tensor& x, const Shape& shape) {
   checked_numel("expand", out_shape, x.dtype());
   Tensor out = view_of(x, out_shape, strides, x.offset());
   // dx = g summed over the expanded dims
-  record("expand", {x}, out, [xs = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {
+  record("expand", {x}, out, {}, [xs = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {
     return Backward{sum_to(g[0], xs)};
   });
   return out;
@@ -224,8 +224,13 @@ Tensor contiguous(const Tensor& x) {
   if (x.is_contiguous()) return x;
   Tensor out = clone(x);
   // dx = g
-  record("contiguous", {x}, out, [](std::span<const Tensor> g, const std::vector<bool>&) { return Backward{g[0]}; });
+  record("contiguous", {x}, out, {}, [](std::span<const Tensor> g, const std::vector<bool>&) { return Backward{g[0]}; });
   return out;
 }
+
+Tensor Tensor::contiguous() const { return tapegrad::contiguous(*this); }
+Tensor Tensor::reshape(Shape s) const { return tapegrad::reshape(*this, std::move(s)); }
+Tensor Tensor::permute(std::vector<std::int64_t> d) const { return tapegrad::permute(*this, std::move(d)); }
+Tensor Tensor::transpose(std::int64_t a, std::int64_t b) const { return tapegrad::transpose(*this, a, b); }
 
 }  // namespace tapegrad

@@ -20,7 +20,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
     map_into<T, bool, T, T>(out, [](bool c, T x, T y) { return c ? x : y; }, cond, a, b);
   });
   // da = cond ? g : 0,  db = cond ? 0 : g   (each summed to its input's shape)
-  record("where", {a, b}, out, [cond, sa = a.shape(), sb = b.shape()](std::span<const Tensor> g, const std::vector<bool>& needs) {
+  record("where", {a, b}, out, {cond}, [cond, sa = a.shape(), sb = b.shape()](std::span<const Tensor> g, const std::vector<bool>& needs) {
     const Tensor zero = scalar(0.0, g[0].dtype());
     return std::vector<Tensor>{needs[0] ? sum_to(where(cond, g[0], zero), sa) : Tensor(),
                                needs[1] ? sum_to(where(cond, zero, g[0]), sb) : Tensor()};

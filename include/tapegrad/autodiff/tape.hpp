@@ -1,12 +1,22 @@
-// The tape: a Wengert list of the ops run while grad mode is on.
+// The tape: the graph of the ops run while grad mode is on, and backward through it.
 //
-// Each thread has its own tape. An op is recorded only when grad mode is on and at least one of
-// its inputs requires a gradient. Nodes are stored in creation order, which is already a
-// topological order, so backward is one reverse walk: no sort, no recursion, no depth limit.
+// An op is recorded only when grad mode is on and at least one of its inputs requires a
+// gradient. Its node records where each input's gradient goes and keeps what its backward needs.
 //
-// The tape grows until clear_tape(): that releases every saved tensor and detaches every
-// non-leaf tensor recorded so far (its requires_grad() becomes false). A training loop calls it
-// once per step, after the optimizer update, so its memory stays flat.
+// Lifetime: the graph belongs to the tensors. A non-leaf keeps the node that made it alive, and
+// a node keeps the nodes of its inputs, so a step's graph is freed as soon as its last tensor is
+// gone (the loss, the outputs, any intermediate you kept), whether or not backward ran. A
+// training loop therefore needs no call to stay flat in memory. Keep `loss.item()` or
+// `loss.detach()`, not `loss`, when you log a value across steps: a kept tensor keeps its graph.
+// backward does not free the graph: it may run again on the same outputs.
+//
+// Each thread also has a list of its live nodes, its "tape": clear_tape() releases every node
+// recorded on this thread at once (their saved tensors are freed and their outputs stop
+// requiring grad), and tape_size() counts them.
+//
+// Backward visits the nodes reachable from the outputs newest first (creation order is a
+// topological order): no recursion, no depth limit. Graphs may be handed between threads, but
+// one graph must not be used by two threads at once.
 #pragma once
 
 #include <cstddef>
@@ -22,7 +32,11 @@ namespace tapegrad {
 void backward(const Tensor& output);
 // Runs backward from several outputs at once, each with its upstream gradient (same shape and
 // dtype as its output), like torch.autograd.backward(tensors, grad_tensors). Gradients are
-// accumulated (+=) into the leaves reached. The tape is kept: call clear_tape() when done.
+// accumulated (+=) into the leaves reached, and only when the whole pass succeeded.
+//
+// Re-entrancy: an op's backward may run ops with grad mode switched back on (EnableGradGuard)
+// and may call backward or gradcheck itself (a nested pass); both are supported. It may not call
+// clear_tape(), which throws a GraphError while a pass runs on its thread.
 void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs);
 
 // Grad mode is on by default.
@@ -47,8 +61,10 @@ struct EnableGradGuard : GradModeGuard {
   EnableGradGuard() noexcept : GradModeGuard(true) {}
 };
 
-void clear_tape();               // this thread's tape
-std::size_t tape_size() noexcept;  // number of recorded nodes on this thread's tape
+// Releases every node recorded on this thread that is still alive (see above).
+void clear_tape();
+// The number of live nodes recorded on this thread.
+std::size_t tape_size() noexcept;
 
 // ---- Defining an op --------------------------------------------------------------------------
 // Every built-in op uses this, and so can a user's own op.
@@ -57,6 +73,10 @@ std::size_t tape_size() noexcept;  // number of recorded nodes on this thread's 
 // gradient reached, only possible with several outputs) and which inputs need a gradient. It
 // returns one gradient per input, each of that input's shape and dtype, or an undefined Tensor
 // where none is needed. It runs with grad mode off.
+//
+// What a backward captures stays alive as long as the node. Capture an output as
+// `out.detach()`, never `out` itself: an output holds its node, so the node would hold itself
+// and never be freed (until clear_tape()).
 using BackwardFn = std::function<std::vector<Tensor>(std::span<const Tensor> grad_outputs,
                                                      const std::vector<bool>& needs_grad)>;
 
@@ -64,7 +84,15 @@ using BackwardFn = std::function<std::vector<Tensor>(std::span<const Tensor> gra
 bool should_record(std::span<const Tensor> inputs);
 // Records a node. When should_record(inputs) is false it does nothing and returns false;
 // otherwise it marks `outputs` as produced by this node (they then require grad) and returns
-// true. Inputs that do not require grad get no gradient.
+// true. Inputs that do not require grad get no gradient. Outputs must be new tensors (not a
+// leaf that requires grad, an input, or another op's output).
+//
+// `saved` lists the tensors the backward reads (inputs, outputs or views of them). Their
+// storage's version is noted now; an in-place write to any of them before backward makes
+// backward throw a GraphError naming this op, instead of returning a wrong gradient. Without
+// `saved`, every input and output counts as read.
+bool record_op(const char* name, std::span<const Tensor> inputs, std::span<Tensor> outputs,
+               BackwardFn backward, std::span<const Tensor> saved);
 bool record_op(const char* name, std::span<const Tensor> inputs, std::span<Tensor> outputs,
                BackwardFn backward);
 

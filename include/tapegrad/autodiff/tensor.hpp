@@ -10,6 +10,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "tapegrad/autodiff/dtype.hpp"
@@ -40,12 +41,19 @@ class Tensor {
   bool is_contiguous() const;
   bool shares_storage_with(const Tensor& other) const;
 
-  // Pointer to element [0, ..., 0]. T must match dtype() (checked).
+  // Pointer to element [0, ..., 0]; T (float, double, bool, std::int64_t, optionally const) must
+  // match dtype() (checked). data<const T>() is for reading. data<T>() hands out a writable
+  // pointer, so it counts as an in-place write: it bumps the version of the storage, and a
+  // recorded op that saved this tensor (or a view of it) will refuse to run its backward. Update
+  // parameters with the functions of ops/inplace.hpp instead.
   template <class T> T* data() const {
-    check_element_type(dtype_of<T>());
-    return static_cast<T*>(raw_data());
+    check_element_type(dtype_of<std::remove_const_t<T>>());
+    if constexpr (!std::is_const_v<T>) note_write();
+    return static_cast<T*>(const_cast<void*>(raw_data()));
   }
-  void* raw_data() const;
+  const void* raw_data() const;  // element [0, ..., 0], read-only, any dtype
+  // Increases with every in-place write to this tensor's storage (shared by all its views).
+  std::uint64_t version() const;
 
   // Values in row-major order, converted to T (bool/int64/float conversions as in C++).
   template <class T> std::vector<T> to_vector() const;
@@ -63,7 +71,8 @@ class Tensor {
   // The same storage and layout with no autograd history.
   Tensor detach() const;
 
-  // Convenience members for the free functions of the same name.
+  // Convenience members for the free functions of the same name (ops/view.hpp, ops/cast.hpp;
+  // they are defined with those functions, above this layer).
   Tensor contiguous() const;
   Tensor reshape(Shape shape) const;
   Tensor permute(std::vector<std::int64_t> dims) const;
@@ -75,6 +84,7 @@ class Tensor {
 
  private:
   void check_element_type(DType requested) const;
+  void note_write() const;
   std::shared_ptr<detail::TensorImpl> impl_;
 };
 

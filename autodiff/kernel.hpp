@@ -1,0 +1,166 @@
+// Internal: the loop engine every elementwise op and reduction runs on, dtype dispatch, and the
+// allocation and copy helpers. It sits at the bottom with the tensor and the tape (which
+// accumulates gradients with it), so nothing here may call an op.
+//
+// StridedLoop walks N operands over one shape, each with its own element strides (0 on a
+// broadcast dim). It drops size-1 dims and merges dims that are contiguous for every operand,
+// so a contiguous op becomes one flat run and a transposed one two nested runs.
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <limits>
+#include <cstdint>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "autodiff/check.hpp"
+#include "autodiff/small_vec.hpp"
+#include "autodiff/tensor_impl.hpp"
+
+namespace tapegrad::detail {
+
+template <class T> struct Tag { using type = T; };
+
+template <class F> decltype(auto) visit_float(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case DType::float32: return f(Tag<float>{});
+    case DType::float64: return f(Tag<double>{});
+    default: fail<DTypeError>("{}: expected a floating tensor (float32 or float64), got {}", op, dtype);
+  }
+}
+
+template <class F> decltype(auto) visit_any(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::float32: return f(Tag<float>{});
+    case DType::float64: return f(Tag<double>{});
+    case DType::bool_: return f(Tag<bool>{});
+    case DType::int64: return f(Tag<std::int64_t>{});
+  }
+  __builtin_unreachable();
+}
+
+// Element conversion with every case defined (C++ leaves out-of-range float conversions
+// undefined): float to int64 truncates toward zero and saturates, NaN becomes 0; float64 to
+// float32 beyond float32's range becomes +-inf; to bool is "!= 0".
+template <class D, class S> D convert(S v) {
+  if constexpr (std::is_same_v<D, S>) {
+    return v;
+  } else if constexpr (std::is_floating_point_v<S> && std::is_same_v<D, std::int64_t>) {
+    constexpr double kLimit = 9223372036854775808.0;  // 2^63
+    if (std::isnan(v)) return 0;
+    if (v >= kLimit) return std::numeric_limits<std::int64_t>::max();
+    if (v <= -kLimit) return std::numeric_limits<std::int64_t>::min();
+    return static_cast<std::int64_t>(v);
+  } else if constexpr (std::is_same_v<S, double> && std::is_same_v<D, float>) {
+    if (std::isfinite(v) && std::abs(v) > static_cast<double>(std::numeric_limits<float>::max()))
+      return v > 0 ? std::numeric_limits<float>::infinity() : -std::numeric_limits<float>::infinity();
+    return static_cast<float>(v);
+  } else {
+    return static_cast<D>(v);
+  }
+}
+
+// Strides of `t` read as if it had been broadcast to `shape` (0 on new and stretched dims).
+// The caller has checked that t broadcasts to shape.
+Dims8 broadcast_strides(const Tensor& t, const Shape& shape);
+
+template <std::size_t N>
+class StridedLoop {
+ public:
+  // `shape` has `rank` dims; strides[k] points at operand k's `rank` strides.
+  StridedLoop(const std::int64_t* shape, std::size_t rank, const std::array<const std::int64_t*, N>& strides) {
+    // Walk from the innermost dim outwards, merging into the current group while every
+    // operand's stride continues it.
+    for (std::size_t d = rank; d-- > 0;) {
+      const std::int64_t n = shape[d];
+      if (n == 0) {
+        empty_ = true;
+        return;
+      }
+      if (n == 1) continue;
+      bool merge = !sizes_.empty();
+      for (std::size_t k = 0; merge && k < N; ++k) merge = strides[k][d] == strides_[k].back() * sizes_.back();
+      if (merge) {
+        sizes_.back() *= n;
+        continue;
+      }
+      sizes_.push_back(n);
+      for (std::size_t k = 0; k < N; ++k) strides_[k].push_back(strides[k][d]);
+    }
+  }
+
+  // Calls run(offsets, n, inner) for each innermost run of n elements; operand k's elements are
+  // at offsets[k] + i * inner[k].
+  template <class F> void for_each_run(F&& run) const {
+    std::array<std::int64_t, N> offsets{};
+    if (empty_) return;
+    if (sizes_.empty()) {
+      run(offsets, std::int64_t{1}, std::array<std::int64_t, N>{});
+      return;
+    }
+    std::array<std::int64_t, N> inner;
+    for (std::size_t k = 0; k < N; ++k) inner[k] = strides_[k][0];
+    const std::size_t outer = sizes_.size() - 1;
+    Dims8 counter(outer, 0);
+    for (;;) {
+      run(offsets, sizes_[0], inner);
+      std::size_t d = 1;
+      for (; d <= outer; ++d) {
+        for (std::size_t k = 0; k < N; ++k) offsets[k] += strides_[k][d];
+        if (++counter[d - 1] < sizes_[d]) break;
+        for (std::size_t k = 0; k < N; ++k) offsets[k] -= strides_[k][d] * sizes_[d];
+        counter[d - 1] = 0;
+      }
+      if (d > outer) return;
+    }
+  }
+
+ private:
+  bool empty_ = false;
+  Dims8 sizes_;  // innermost first
+  std::array<Dims8, N> strides_;
+};
+
+// out[i] = f(in_0[i], in_1[i], ...) over out's shape; each input broadcasts to it.
+template <class Out, class... In, class F, class... Ts>
+void map_into(const Tensor& out, F&& f, const Ts&... in) {
+  static_assert(sizeof...(Ts) == sizeof...(In) && (std::is_same_v<Ts, Tensor> && ...));
+  constexpr std::size_t N = 1 + sizeof...(In);
+  const std::array<Dims8, sizeof...(In)> in_strides{broadcast_strides(in, out.shape())...};
+  std::array<const std::int64_t*, N> all{};
+  all[0] = out.strides().data();
+  for (std::size_t k = 1; k < N; ++k) all[k] = in_strides[k - 1].data();
+  StridedLoop<N> loop(out.shape().data(), out.shape().size(), all);
+  Out* po = static_cast<Out*>(mutable_data(out));
+  std::tuple<const In*...> pi{static_cast<const In*>(in.raw_data())...};
+  loop.for_each_run([&](const std::array<std::int64_t, N>& off, std::int64_t n,
+                        const std::array<std::int64_t, N>& inner) {
+    [&]<std::size_t... K>(std::index_sequence<K...>) {
+      Out* o = po + off[0];
+      std::tuple<const In*...> p{(std::get<K>(pi) + off[K + 1])...};
+      const bool unit = inner[0] == 1 && ((inner[K + 1] == 1) && ...);
+      if (unit) {
+        for (std::int64_t i = 0; i < n; ++i) o[i] = f(std::get<K>(p)[i]...);
+      } else {
+        for (std::int64_t i = 0; i < n; ++i)
+          o[i * inner[0]] = f(std::get<K>(p)[i * inner[K + 1]]...);
+      }
+    }(std::index_sequence_for<In...>{});
+  });
+}
+
+// A fresh contiguous tensor; `op` names the caller in the error for an impossible shape.
+Tensor new_tensor(const Shape& shape, DType dtype, const char* op = "tensor");
+
+// Copies src (broadcast to dst's shape) into dst's elements. Internal only: used on tensors a
+// kernel just created, never on a caller's tensor.
+void copy_into(const Tensor& dst, const Tensor& src);
+// A contiguous copy with its own storage (never a view of t).
+Tensor clone(const Tensor& t);
+// a + b for two tensors of one shape and floating dtype (the tape's gradient accumulation).
+Tensor add_same_shape(const Tensor& a, const Tensor& b);
+
+}  // namespace tapegrad::detail

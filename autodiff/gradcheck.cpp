@@ -33,7 +33,23 @@ bool has_aliasing(const Tensor& x) {
   return false;
 }
 
-double projected_loss(const std::vector<Tensor>& outputs, const std::vector<std::vector<double>>& w) {
+std::string shapes_str(const std::vector<Tensor>& ts) {
+  std::string out;
+  for (const auto& t : ts) out += t.defined() ? fmt::format("{} {}, ", shape_str(t.shape()), t.dtype()) : "undefined, ";
+  return out.empty() ? "nothing" : out.substr(0, out.size() - 2);
+}
+
+// <w, f(x)> for outputs that must look exactly like the first evaluation's: the projection
+// weights were drawn for those shapes.
+double projected_loss(const std::vector<Tensor>& outputs, const std::vector<Tensor>& first,
+                      const std::vector<std::vector<double>>& w) {
+  bool same = outputs.size() == first.size();
+  for (std::size_t o = 0; same && o < outputs.size(); ++o)
+    same = outputs[o].defined() && outputs[o].shape() == first[o].shape() && outputs[o].dtype() == first[o].dtype();
+  if (!same)
+    fail<ValueError>("gradcheck: f returned {} for perturbed inputs but {} for the inputs given; gradcheck needs "
+                     "outputs whose number, shapes and dtypes do not depend on the input values",
+                     shapes_str(outputs), shapes_str(first));
   double loss = 0.0;
   for (std::size_t o = 0; o < outputs.size(); ++o) {
     const auto v = outputs[o].to_vector<double>();
@@ -111,9 +127,9 @@ GradcheckResult gradcheck(const GradcheckFn& f, const std::vector<Tensor>& input
       for (std::size_t d = 0; d < index.size(); ++d) at += index[d] * x.strides()[d];
       const double saved = base[at];
       base[at] = saved + options.eps;
-      const double plus = projected_loss(f(xs), w);
+      const double plus = projected_loss(f(xs), outputs, w);
       base[at] = saved - options.eps;
-      const double minus = projected_loss(f(xs), w);
+      const double minus = projected_loss(f(xs), outputs, w);
       base[at] = saved;
       const double numeric = (plus - minus) / (2 * options.eps);
       const double a = analytic[static_cast<std::size_t>(e)];

@@ -87,3 +87,25 @@ BOOST_AUTO_TEST_CASE(rejects_what_it_cannot_check) {
   Tensor x = tg::randn({2}, 1, tg::float64).set_requires_grad();
   check_throws<tg::ValueError>([&] { tg::gradcheck(id, {x}, {.eps = 0}); }, {"gradcheck", "eps"});
 }
+
+BOOST_AUTO_TEST_SUITE(value_dependent_outputs)
+
+// The outputs a perturbation would change: gradcheck must refuse them, not read past the
+// projection weights drawn for the first shapes.
+BOOST_AUTO_TEST_CASE(a_shape_or_count_that_depends_on_the_values_is_a_value_error) {
+  Tensor x = tg::tensor({0.0, 1.0}, tg::float64).set_requires_grad();
+  auto longer_when_positive = [](const std::vector<Tensor>& in) {
+    const bool positive = in[0].to_vector<double>()[0] > 0;
+    return std::vector<Tensor>{positive ? tg::concat({in[0], in[0]}, 0) : in[0] * 1.0};
+  };
+  check_throws<tg::ValueError>([&] { tg::gradcheck(longer_when_positive, {x}); },
+                               {"gradcheck", "[4] float64", "[2] float64", "do not depend on the input values"});
+  auto more_when_positive = [](const std::vector<Tensor>& in) {
+    std::vector<Tensor> out{in[0] * 2.0};
+    if (in[0].to_vector<double>()[0] > 0) out.push_back(in[0] * 3.0);
+    return out;
+  };
+  check_throws<tg::ValueError>([&] { tg::gradcheck(more_when_positive, {x}); }, {"gradcheck", "number"});
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -1,6 +1,7 @@
 // The tape: recording, backward from one or several outputs, accumulation, no-grad, clearing,
 // depth, threads, user-defined ops and misuse.
 #define BOOST_TEST_MODULE tape
+#include <functional>
 #include <thread>
 
 #include "support.hpp"
@@ -147,6 +148,128 @@ BOOST_AUTO_TEST_CASE(memory_stays_flat_over_many_steps) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
+BOOST_AUTO_TEST_SUITE(lifetime)
+
+BOOST_AUTO_TEST_CASE(a_graph_is_freed_with_its_last_tensor_without_clear_tape) {
+  tg::clear_tape();
+  Tensor x = tg::randn({64}, 1, tg::float64).set_requires_grad();
+  std::weak_ptr<tg::detail::TensorImpl> saved;
+  {
+    Tensor big = tg::randn({64}, 2, tg::float64);
+    saved = big.impl_ptr();
+    const Tensor y = tg::sum(big * x);  // mul keeps both operands for its backward
+    BOOST_TEST(tg::tape_size() == 2u);
+    tg::backward(y);
+    BOOST_TEST(!saved.expired());  // y is alive: its graph may be differentiated again
+  }
+  BOOST_TEST(saved.expired());
+  BOOST_TEST(tg::tape_size() == 0u);
+  BOOST_TEST(x.grad().defined());  // the gradient outlives the graph
+}
+
+BOOST_AUTO_TEST_CASE(backward_can_run_twice_on_a_kept_graph) {
+  Tensor x = tg::tensor({2.0}, tg::float64).set_requires_grad();
+  const Tensor y = x * x * x;  // 3x^2 = 12
+  tg::backward(y);
+  tg::backward(y);
+  BOOST_TEST(x.grad().item() == 24.0);
+}
+
+BOOST_AUTO_TEST_CASE(a_loop_that_never_clears_stays_flat_with_or_without_backward) {
+  tg::clear_tape();
+  Tensor w = tg::randn({8, 8}, 2, tg::float64).set_requires_grad();
+  const Tensor x = tg::randn({4, 8}, 3, tg::float64);
+  std::size_t peak = 0;
+  for (int step = 0; step < 2000; ++step) {
+    const Tensor loss = tg::mean(tg::tanh(tg::matmul(x, w)));
+    if (step % 2 == 0) tg::backward(loss);
+    peak = std::max(peak, tg::tape_size());
+  }
+  BOOST_TEST(peak == 4u);  // one step's nodes at a time: matmul, tanh, sum, div (mean)
+  BOOST_TEST(tg::tape_size() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(a_chain_of_a_million_ops_is_freed_without_recursion) {
+  tg::clear_tape();
+  Tensor x = tg::tensor({0.5}, tg::float64).set_requires_grad();
+  {
+    Tensor y = x;
+    for (int i = 0; i < 1000000; ++i) y = y * 1.0;
+    BOOST_TEST(tg::tape_size() == 1000000u);
+  }  // y's destructor frees every node; recursion would overflow the stack here
+  BOOST_TEST(tg::tape_size() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(a_graph_can_be_handed_to_another_thread) {
+  Tensor x = tg::tensor({1.0, 2.0}, tg::float64).set_requires_grad();
+  Tensor y;
+  std::thread([&] { y = tg::sum(x * x); }).join();  // recorded on the other thread's tape
+  BOOST_TEST(y.requires_grad());
+  tg::backward(y);
+  BOOST_TEST(x.grad().to_vector<double>() == (std::vector<double>{2, 4}));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(reentrancy)
+
+namespace {
+// An identity op whose backward runs `inside` before passing the gradient through.
+Tensor identity_with(const Tensor& x, std::function<void()> inside) {
+  std::vector<Tensor> outs{tg::zeros(x.shape(), x.dtype())};
+  tg::copy_(outs[0], x.detach());
+  tg::record_op("mine", std::vector<Tensor>{x}, outs, [inside](std::span<const Tensor> g, const std::vector<bool>&) {
+    inside();
+    return std::vector<Tensor>{g[0]};
+  });
+  return outs[0];
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_backward_may_record_ops_with_grad_mode_on) {
+  tg::clear_tape();
+  Tensor x = tg::tensor({1.0, 2.0}, tg::float64).set_requires_grad();
+  const Tensor y = identity_with(x, [x] {
+    tg::EnableGradGuard on;
+    Tensor t = x;
+    for (int i = 0; i < 100; ++i) t = t * 1.0;  // 100 new nodes while the pass walks its own
+    BOOST_TEST(t.requires_grad());
+  });
+  tg::backward(tg::sum(y));
+  BOOST_TEST(x.grad().to_vector<double>() == (std::vector<double>{1, 1}));
+  BOOST_TEST(tg::tape_size() == 1u);  // mine (y is alive); the sum and the 100 nodes died with their tensors
+}
+
+BOOST_AUTO_TEST_CASE(a_backward_may_run_a_nested_backward_and_gradcheck) {
+  Tensor x = tg::tensor({1.0, 2.0}, tg::float64).set_requires_grad();
+  double nested = 0;
+  bool checked = false;
+  const Tensor y = identity_with(x, [&] {
+    Tensor z = tg::tensor({3.0}, tg::float64).set_requires_grad();
+    tg::EnableGradGuard on;
+    tg::backward(tg::sum(z * z));
+    nested = z.grad().item();
+    checked = tg::gradcheck([](const std::vector<Tensor>& v) { return std::vector<Tensor>{tg::tanh(v[0])}; },
+                            {tg::tensor({0.3}, tg::float64).set_requires_grad()})
+                  .ok;
+  });
+  tg::backward(tg::sum(y * 2.0));
+  BOOST_TEST(nested == 6.0);
+  BOOST_TEST(checked);
+  BOOST_TEST(x.grad().to_vector<double>() == (std::vector<double>{2, 2}));
+}
+
+BOOST_AUTO_TEST_CASE(clear_tape_inside_a_backward_is_a_graph_error) {
+  Tensor x = tg::tensor({1.0}, tg::float64).set_requires_grad();
+  const Tensor y = identity_with(x, [] { tg::clear_tape(); });
+  check_throws<tg::GraphError>([&] { tg::backward(tg::sum(y)); }, {"clear_tape", "inside a backward"});
+  BOOST_TEST(!x.grad().defined());
+  tg::backward(tg::sum(x * 1.0));  // the tape still works afterwards
+  BOOST_TEST(x.grad().item() == 1.0);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
 BOOST_AUTO_TEST_SUITE(misuse)
 
 BOOST_AUTO_TEST_CASE(backward_errors_name_the_problem) {
@@ -183,6 +306,15 @@ BOOST_AUTO_TEST_CASE(a_user_op_with_a_bad_output_records_nothing) {
   std::vector<Tensor> undefined{Tensor()};
   check_throws<tg::Error>([&] { tg::record_op("bad_op", std::vector<Tensor>{x}, undefined, no_op); }, {"bad_op", "output 0", "undefined"});
   BOOST_TEST(tg::tape_size() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(record_op_outputs_must_be_new_tensors) {
+  Tensor x = tg::ones({2}, tg::float64).set_requires_grad();
+  auto pass = [](std::span<const Tensor> g, const std::vector<bool>&) { return std::vector<Tensor>{g[0]}; };
+  std::vector<Tensor> itself{x};
+  check_throws<tg::GraphError>([&] { tg::record_op("again", std::vector<Tensor>{x}, itself, pass); }, {"again", "output 0", "already requires grad"});
+  std::vector<Tensor> recorded{x * 2.0};
+  check_throws<tg::GraphError>([&] { tg::record_op("again", std::vector<Tensor>{x}, recorded, pass); }, {"again", "output 0", "already requires grad"});
 }
 
 BOOST_AUTO_TEST_CASE(a_backward_that_fails_half_way_leaves_gradients_untouched) {

@@ -12,6 +12,7 @@
 #include "tapegrad/ops/cast.hpp"
 #include "tapegrad/ops/compare.hpp"
 #include "tapegrad/ops/elementwise.hpp"
+#include "tapegrad/ops/inplace.hpp"
 #include "tapegrad/ops/join.hpp"
 #include "tapegrad/ops/matmul.hpp"
 #include "tapegrad/ops/reduction.hpp"

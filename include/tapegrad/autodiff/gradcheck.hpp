@@ -42,8 +42,10 @@ struct GradcheckResult {
 using GradcheckFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
 
 // `inputs` must be float64. Those with requires_grad() are checked; the others are passed
-// through unchanged. The inputs given are not modified. The analytic pass records on this
-// thread's tape (with grad mode on, whatever the caller's): clear_tape() afterwards.
+// through unchanged. The inputs given are not modified. The analytic pass records with grad
+// mode on, whatever the caller's; its graph is freed when gradcheck returns. The number, shapes
+// and dtypes of f's outputs must not depend on the input values (a ValueError otherwise). It may
+// run inside an op's backward.
 GradcheckResult gradcheck(const GradcheckFn& f, const std::vector<Tensor>& inputs,
                           const GradcheckOptions& options = {});
 

@@ -1,0 +1,84 @@
+// Module services, all derived from visit().
+#include "tapegrad/layers/module.hpp"
+
+#include <functional>
+
+#include "autodiff/check.hpp"
+
+namespace tapegrad {
+namespace {
+using detail::fail;
+
+void check_name(std::string_view kind, std::string_view name) {
+  if (name.empty() || name.find('.') != std::string_view::npos)
+    fail<ValueError>("Module::visit: a {} name must be non-empty and contain no '.', got '{}'", kind, name);
+}
+
+// Walks a module tree, calling `on_parameter(full name, tensor)` and `on_module(module)`.
+class Walker final : public ModuleVisitor {
+ public:
+  Walker(std::function<void(const std::string&, Tensor&)> on_parameter, std::function<void(Module&)> on_module)
+      : on_parameter_(std::move(on_parameter)), on_module_(std::move(on_module)) {}
+
+  void walk(Module& root) {
+    if (on_module_) on_module_(root);
+    root.visit(*this);
+  }
+  void parameter(std::string_view name, Tensor& t) override {
+    check_name("parameter", name);
+    if (on_parameter_) on_parameter_(prefix_ + std::string(name), t);
+  }
+  void module(std::string_view name, Module& m) override {
+    // modules() numbers list children "list.0": only the last component is checked there.
+    check_name("module", name.substr(name.rfind('.') == std::string_view::npos ? 0 : name.rfind('.') + 1));
+    const std::size_t size = prefix_.size();
+    prefix_ += std::string(name) + ".";
+    if (on_module_) on_module_(m);
+    m.visit(*this);
+    prefix_.resize(size);
+  }
+
+ private:
+  std::function<void(const std::string&, Tensor&)> on_parameter_;
+  std::function<void(Module&)> on_module_;
+  std::string prefix_;
+};
+
+}  // namespace
+
+std::vector<NamedTensor> Module::named_parameters() {
+  std::vector<NamedTensor> out;
+  Walker([&](const std::string& name, Tensor& t) { out.push_back({name, t}); }, nullptr).walk(*this);
+  return out;
+}
+
+std::vector<Tensor> Module::parameters() {
+  std::vector<Tensor> out;
+  for (auto& p : named_parameters()) out.push_back(std::move(p.tensor));
+  return out;
+}
+
+Tensor Module::parameter(std::string_view name) {
+  std::string names;
+  for (auto& p : named_parameters()) {
+    if (p.name == name) return p.tensor;
+    if (names.size() < 400) names += (names.empty() ? "" : ", ") + p.name;
+  }
+  fail<ValueError>("Module::parameter: no parameter named '{}'; this module has: {}", name, names);
+}
+
+std::int64_t Module::parameter_count() {
+  std::int64_t n = 0;
+  for (const auto& p : named_parameters()) n += p.tensor.numel();
+  return n;
+}
+
+void Module::zero_grad() {
+  for (auto& p : named_parameters()) p.tensor.zero_grad();
+}
+
+void Module::train(bool on) {
+  Walker(nullptr, [on](Module& m) { m.training_ = on; }).walk(*this);
+}
+
+}  // namespace tapegrad

@@ -1,0 +1,126 @@
+// Optimizers, gradient clipping and a learning-rate schedule.
+//
+// An optimizer holds named parameters (usually module.named_parameters()) and updates them in
+// place with the functions of ops/inplace.hpp: the parameters stay the same tensors, so a
+// module, a checkpoint and the optimizer all see one set of values. A parameter whose gradient
+// is undefined (no backward reached it) is skipped by step(), as in PyTorch.
+//
+//   tg::AdamW opt(model.named_parameters(), {.lr = 3e-4, .weight_decay = 0.01});
+//   for (...) {
+//     const tg::Tensor loss = ...;
+//     tg::backward(loss);
+//     tg::clip_grad_norm(model.parameters(), 1.0);
+//     opt.step();
+//     opt.zero_grad();
+//   }
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tapegrad/layers/module.hpp"
+
+namespace tapegrad {
+
+class Optimizer {
+ public:
+  // Every parameter must be a floating leaf that requires grad, with a unique non-empty name.
+  Optimizer(const char* kind, std::vector<NamedTensor> parameters, double lr);
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  virtual void step() = 0;
+  void zero_grad();  // drops every parameter's gradient
+
+  double learning_rate() const noexcept { return lr_; }
+  void set_learning_rate(double lr);  // >= 0 and finite
+  std::int64_t steps() const noexcept { return steps_; }  // step() calls so far
+  const std::vector<NamedTensor>& parameters() const noexcept { return params_; }
+
+  // The optimizer's state for a checkpoint: tensors named "<slot>.<parameter name>" (for
+  // example "exp_avg.blocks.0.attn.w_q"), plus steps(). load_state() checks that the names,
+  // shapes and dtypes are exactly those state() would give and copies the values in.
+  std::vector<NamedTensor> state() const;
+  void load_state(const std::vector<NamedTensor>& state, std::int64_t steps);
+
+ protected:
+  // Adds a zero tensor per parameter, listed in state() as "<slot>.<name>"; returns its index.
+  std::size_t add_slot(const char* slot);
+  std::vector<Tensor>& slot(std::size_t index) { return slots_[index].second; }
+  const char* kind_;
+  std::vector<NamedTensor> params_;
+  double lr_;
+  std::int64_t steps_ = 0;
+
+ private:
+  std::vector<std::pair<const char*, std::vector<Tensor>>> slots_;
+};
+
+struct SgdOptions {
+  double lr = 1e-2;
+  double momentum = 0.0;      // in [0, 1)
+  double weight_decay = 0.0;  // L2: adds weight_decay * p to the gradient
+  bool nesterov = false;      // needs momentum > 0
+};
+
+// v = momentum v + g (+ weight_decay p);  p -= lr (nesterov ? g + momentum v : v)
+class SGD : public Optimizer {
+ public:
+  SGD(std::vector<NamedTensor> parameters, const SgdOptions& options = {});
+  void step() override;
+
+ private:
+  SgdOptions options_;
+  std::size_t velocity_ = 0;  // a slot only with momentum
+};
+
+struct AdamOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;  // in [0, 1)
+  double eps = 1e-8;                  // > 0
+  double weight_decay = 0.0;          // Adam: added to the gradient (L2); AdamW: decoupled
+};
+
+// m = b1 m + (1 - b1) g,  v = b2 v + (1 - b2) g^2,  p -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+// with g = grad + weight_decay p (L2).
+class Adam : public Optimizer {
+ public:
+  Adam(std::vector<NamedTensor> parameters, const AdamOptions& options = {});
+  void step() override;
+
+ protected:
+  Adam(const char* kind, std::vector<NamedTensor> parameters, const AdamOptions& options, bool decoupled);
+
+ private:
+  AdamOptions options_;
+  bool decoupled_;
+  std::size_t exp_avg_, exp_avg_sq_;
+};
+
+// Adam with decoupled weight decay (Loshchilov & Hutter): p -= lr weight_decay p before the
+// Adam step, instead of adding weight_decay p to the gradient.
+class AdamW : public Adam {
+ public:
+  AdamW(std::vector<NamedTensor> parameters, const AdamOptions& options = {.weight_decay = 0.01});
+};
+
+// Scales every gradient by max_norm / total when the global L2 norm `total` of all gradients
+// (parameters without a gradient count as zero) exceeds max_norm, and returns `total` (before
+// clipping). A non-finite total leaves the gradients as they are: the caller sees it and can
+// skip the step.
+double clip_grad_norm(const std::vector<Tensor>& parameters, double max_norm);
+
+// Learning rate for step s (counted from 0): linear warm-up peak_lr (s + 1) / warmup while
+// s < warmup, then a cosine decay from peak_lr to final_lr, reached at s = total and kept after.
+class WarmupCosine {
+ public:
+  WarmupCosine(double peak_lr, std::int64_t warmup, std::int64_t total, double final_lr = 0.0);
+  double operator()(std::int64_t step) const;
+
+ private:
+  double peak_, final_;
+  std::int64_t warmup_, total_;
+};
+
+}  // namespace tapegrad

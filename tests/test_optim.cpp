@@ -1,0 +1,160 @@
+// Optimizers, clipping and the schedule, against the formulas written out with plain doubles.
+#define BOOST_TEST_MODULE optim
+#include <cmath>
+
+#include "support.hpp"
+
+namespace tg = tapegrad;
+using namespace tg_test;
+using tg::Tensor;
+
+namespace {
+
+// A parameter whose gradient after backward(step) is exactly `grads[step]`: loss = sum(p * c).
+struct Problem {
+  Tensor p = tg::tensor({1.0, -2.0, 0.5}, tg::float64).set_requires_grad();
+  std::vector<std::vector<double>> grads{{0.1, -0.4, 2.0}, {0.3, 0.2, -1.0}, {-0.5, 0.1, 0.25}};
+  void backward(std::size_t step) { tg::backward(tg::sum(p * tg::from_vector(grads[step], {3}))); }
+};
+
+template <class Opt, class Ref> void check_three_steps(Opt& opt, Problem& pr, Ref reference) {
+  std::vector<double> expected = pr.p.to_vector<double>();
+  for (std::size_t s = 0; s < 3; ++s) {
+    pr.backward(s);
+    opt.step();
+    opt.zero_grad();
+    reference(expected, pr.grads[s], s + 1);
+    check_close(pr.p.to_vector<double>(), expected, 1e-15, 1e-14, fmt::format("step {}", s + 1));
+  }
+  BOOST_TEST(opt.steps() == 3);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(sgd_with_momentum_and_weight_decay) {
+  Problem pr;
+  tg::SGD opt({{"p", pr.p}}, {.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01});
+  std::vector<double> v(3, 0.0);
+  check_three_steps(opt, pr, [&](std::vector<double>& p, const std::vector<double>& g, std::size_t) {
+    for (std::size_t i = 0; i < 3; ++i) {
+      v[i] = 0.9 * v[i] + g[i] + 0.01 * p[i];
+      p[i] -= 0.1 * v[i];
+    }
+  });
+}
+
+BOOST_AUTO_TEST_CASE(sgd_nesterov) {
+  Problem pr;
+  tg::SGD opt({{"p", pr.p}}, {.lr = 0.05, .momentum = 0.5, .nesterov = true});
+  std::vector<double> v(3, 0.0);
+  check_three_steps(opt, pr, [&](std::vector<double>& p, const std::vector<double>& g, std::size_t) {
+    for (std::size_t i = 0; i < 3; ++i) {
+      v[i] = 0.5 * v[i] + g[i];
+      p[i] -= 0.05 * (g[i] + 0.5 * v[i]);
+    }
+  });
+}
+
+BOOST_AUTO_TEST_CASE(adam_and_adamw_follow_the_papers) {
+  for (bool decoupled : {false, true}) {
+    Problem pr;
+    const tg::AdamOptions o{.lr = 0.01, .beta1 = 0.8, .beta2 = 0.9, .eps = 1e-6, .weight_decay = 0.1};
+    std::unique_ptr<tg::Optimizer> opt = decoupled ? std::unique_ptr<tg::Optimizer>(new tg::AdamW({{"p", pr.p}}, o))
+                                                   : std::unique_ptr<tg::Optimizer>(new tg::Adam({{"p", pr.p}}, o));
+    std::vector<double> m(3, 0.0), v(3, 0.0);
+    check_three_steps(*opt, pr, [&](std::vector<double>& p, const std::vector<double>& grad, std::size_t t) {
+      for (std::size_t i = 0; i < 3; ++i) {
+        double g = grad[i];
+        if (decoupled) p[i] *= 1 - 0.01 * 0.1;
+        else g += 0.1 * p[i];
+        m[i] = 0.8 * m[i] + 0.2 * g;
+        v[i] = 0.9 * v[i] + 0.1 * g * g;
+        const double mhat = m[i] / (1 - std::pow(0.8, t)), vhat = v[i] / (1 - std::pow(0.9, t));
+        p[i] -= 0.01 * mhat / (std::sqrt(vhat) + 1e-6);
+      }
+    });
+  }
+}
+
+BOOST_AUTO_TEST_CASE(parameters_without_a_gradient_are_skipped) {
+  Tensor a = tg::ones({2}).set_requires_grad(), b = tg::ones({2}).set_requires_grad();
+  tg::Adam opt({{"a", a}, {"b", b}}, {.lr = 0.1});
+  tg::backward(tg::sum(a * 3.0));
+  opt.step();
+  BOOST_TEST(b.to_vector<float>() == (std::vector<float>{1, 1}));
+  BOOST_TEST(a.to_vector<float>()[0] < 1.0f);
+}
+
+BOOST_AUTO_TEST_CASE(state_round_trips_and_resumes_identically) {
+  auto run = [](int steps_before_reload) {
+    Problem pr;
+    tg::Adam opt({{"p", pr.p}}, {.lr = 0.01});
+    for (std::size_t s = 0; s < 3; ++s) {
+      if (static_cast<int>(s) == steps_before_reload) {
+        // Rebuild from saved state, as a checkpoint would.
+        std::vector<tg::NamedTensor> saved;
+        for (const auto& [name, t] : opt.state()) saved.push_back({name, tg::to(t, t.dtype()) * 1.0});
+        const auto steps = opt.steps();
+        Problem fresh;
+        tg::copy_(fresh.p, pr.p.detach());
+        pr.p = fresh.p;
+        tg::Adam reloaded({{"p", pr.p}}, {.lr = 0.01});
+        reloaded.load_state(saved, steps);
+        for (std::size_t r = s; r < 3; ++r) {
+          pr.backward(r);
+          reloaded.step();
+          reloaded.zero_grad();
+        }
+        return pr.p.to_vector<double>();
+      }
+      pr.backward(s);
+      opt.step();
+      opt.zero_grad();
+    }
+    return pr.p.to_vector<double>();
+  };
+  BOOST_TEST(run(1) == run(-1));  // bit-identical
+  Problem pr;
+  tg::Adam opt({{"p", pr.p}});
+  BOOST_TEST(opt.state().size() == 2u);
+  BOOST_TEST(opt.state()[0].name == "exp_avg.p");
+  check_throws<tg::ShapeError>([&] { opt.load_state({{"exp_avg.p", tg::zeros({4}, tg::float64)}, {"exp_avg_sq.p", tg::zeros({3}, tg::float64)}}, 1); },
+                               {"load_state", "exp_avg.p", "[3]", "[4]"});
+  check_throws<tg::ValueError>([&] { opt.load_state({{"m.p", tg::zeros({3}, tg::float64)}, {"exp_avg_sq.p", tg::zeros({3}, tg::float64)}}, 1); },
+                               {"load_state", "'m.p'", "exp_avg.p"});
+}
+
+BOOST_AUTO_TEST_CASE(clip_grad_norm_scales_to_the_limit_and_reports_the_norm) {
+  Tensor a = tg::tensor({3.0, 0.0}, tg::float64).set_requires_grad(), b = tg::tensor({4.0}, tg::float64).set_requires_grad();
+  Tensor unused = tg::ones({2}, tg::float64).set_requires_grad();
+  tg::backward(tg::sum(a * a) * 0.5 + tg::sum(b * b) * 0.5);  // grads = values: norm 5
+  BOOST_TEST(tg::clip_grad_norm({a, b, unused}, 10.0) == 5.0);
+  check_close(a.grad(), {3, 0}, 0, "below the limit: untouched");
+  BOOST_TEST(tg::clip_grad_norm({a, b, unused}, 1.0) == 5.0);
+  check_close(a.grad(), {0.6, 0}, 1e-15, "scaled");
+  check_close(b.grad(), {0.8}, 1e-15, "scaled");
+  check_throws<tg::ValueError>([&] { tg::clip_grad_norm({a}, 0.0); }, {"clip_grad_norm", "'max_norm'"});
+}
+
+BOOST_AUTO_TEST_CASE(warmup_cosine_schedule) {
+  const tg::WarmupCosine lr(1.0, 4, 14, 0.1);
+  BOOST_TEST(lr(0) == 0.25);
+  BOOST_TEST(lr(3) == 1.0);
+  BOOST_TEST(lr(4) == 1.0);
+  BOOST_TEST(std::abs(lr(9) - 0.55) < 1e-12);  // half way down the cosine
+  BOOST_TEST(lr(14) == 0.1);
+  BOOST_TEST(lr(1000) == 0.1);
+  check_throws<tg::ValueError>([] { tg::WarmupCosine(1.0, 5, 4); }, {"WarmupCosine", "warmup = 5", "total = 4"});
+}
+
+BOOST_AUTO_TEST_CASE(bad_configurations_are_named) {
+  Tensor p = tg::ones({2}).set_requires_grad();
+  check_throws<tg::ValueError>([&] { tg::SGD({{"p", p}}, {.momentum = 1.0}); }, {"SGD", "'momentum'", "[0, 1)"});
+  check_throws<tg::ValueError>([&] { tg::SGD({{"p", p}}, {.nesterov = true}); }, {"SGD", "nesterov"});
+  check_throws<tg::ValueError>([&] { tg::Adam({{"p", p}}, {.lr = -1}); }, {"Adam", "learning rate", "-1"});
+  check_throws<tg::ValueError>([&] { tg::Adam({{"p", p}}, {.eps = 0}); }, {"Adam", "'eps'"});
+  check_throws<tg::ValueError>([&] { tg::AdamW({{"p", p}, {"p", p}}); }, {"AdamW", "repeated", "'p'"});
+  check_throws<tg::GraphError>([&] { tg::SGD({{"c", tg::ones({2})}}); }, {"SGD", "'c'", "requires grad"});
+  check_throws<tg::GraphError>([&] { tg::SGD({{"y", p * 2.0}}); }, {"SGD", "'y'", "output of an op"});
+  check_throws<tg::DTypeError>([&] { tg::SGD({{"i", tg::zeros({2}, tg::int64)}}); }, {"SGD", "'i'", "int64"});
+}

@@ -76,33 +76,40 @@ std::string GradcheckResult::report() const {
       ok ? "passed" : "FAILED", elements_checked, input, shape_str(index), analytic, numeric, abs_error);
 }
 
-GradcheckResult gradcheck(const GradcheckFn& f, const std::vector<Tensor>& inputs, const GradcheckOptions& options) {
-  if (!(options.eps > 0) || !(options.atol >= 0) || !(options.rtol >= 0))
-    fail<ValueError>("gradcheck: options need eps > 0, atol >= 0 and rtol >= 0, got eps={} atol={} rtol={}",
-                     options.eps, options.atol, options.rtol);
-  std::vector<Tensor> xs;
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    const Tensor& x = inputs[i];
-    check_dtype("gradcheck", fmt::format("inputs[{}]", i).c_str(), x, DType::float64);
-    if (x.requires_grad() && has_aliasing(x))
-      fail<ValueError>("gradcheck: argument 'inputs[{}]' (shape {}, strides {}) has elements that share memory "
-                       "(an expanded view); pass the unexpanded tensor and expand inside the function",
-                       i, shape_str(x.shape()), shape_str(x.strides()));
-    xs.push_back(private_copy(x));
-  }
+namespace {
 
+void check_options(const char* op, const GradcheckOptions& options) {
+  if (!(options.eps > 0) || !(options.atol >= 0) || !(options.rtol >= 0))
+    fail<ValueError>("{}: options need eps > 0, atol >= 0 and rtol >= 0, got eps={} atol={} rtol={}", op, options.eps,
+                     options.atol, options.rtol);
+}
+
+void check_perturbable(const char* op, const char* list, std::size_t i, const Tensor& x) {
+  const std::string name = fmt::format("{}[{}]", list, i);
+  check_dtype(op, name.c_str(), x, DType::float64);
+  if (x.requires_grad() && has_aliasing(x))
+    fail<ValueError>("{}: argument '{}' (shape {}, strides {}) has elements that share memory (an expanded view); pass "
+                     "the unexpanded tensor and expand inside the function",
+                     op, name, shape_str(x.shape()), shape_str(x.strides()));
+}
+
+// The method of gradcheck.hpp. `evaluate` computes f from the tensors in `perturbed`, whose
+// elements are changed in place (and restored) one at a time; those with checked[i] are leaves
+// whose .grad the analytic pass fills.
+GradcheckResult check(const char* op, const std::function<std::vector<Tensor>()>& evaluate, const std::vector<Tensor>& perturbed,
+                      const std::vector<bool>& checked, const GradcheckOptions& options) {
   // Analytic: one backward of L = sum_o <w_o, f(x)_o>, i.e. grad_outputs = w, with grad mode on
   // even if the caller is inside a NoGradGuard.
   std::vector<Tensor> outputs;
   {
     EnableGradGuard grad_on;
-    outputs = f(xs);
+    outputs = evaluate();
   }
   Generator gen(options.seed);
   std::vector<Tensor> weights, grad_outputs_for, recorded;
   std::vector<std::vector<double>> w;
   for (std::size_t o = 0; o < outputs.size(); ++o) {
-    check_dtype("gradcheck", fmt::format("f(inputs)[{}]", o).c_str(), outputs[o], DType::float64);
+    check_dtype(op, fmt::format("f(inputs)[{}]", o).c_str(), outputs[o], DType::float64);
     weights.push_back(randn(outputs[o].shape(), gen, DType::float64));
     w.push_back(weights.back().to_vector<double>());
     if (outputs[o].requires_grad()) {
@@ -115,9 +122,9 @@ GradcheckResult gradcheck(const GradcheckFn& f, const std::vector<Tensor>& input
   GradcheckResult result;
   double worst = -std::numeric_limits<double>::infinity();
   NoGradGuard no_grad;
-  for (std::size_t i = 0; i < xs.size(); ++i) {
-    if (!inputs[i].requires_grad()) continue;
-    const Tensor& x = xs[i];
+  for (std::size_t i = 0; i < perturbed.size(); ++i) {
+    if (!checked[i]) continue;
+    const Tensor& x = perturbed[i];
     const std::vector<double> analytic =
         x.grad().defined() ? x.grad().to_vector<double>() : std::vector<double>(static_cast<std::size_t>(x.numel()), 0.0);
     double* base = static_cast<double*>(mutable_data(x));
@@ -127,9 +134,9 @@ GradcheckResult gradcheck(const GradcheckFn& f, const std::vector<Tensor>& input
       for (std::size_t d = 0; d < index.size(); ++d) at += index[d] * x.strides()[d];
       const double saved = base[at];
       base[at] = saved + options.eps;
-      const double plus = projected_loss(f(xs), outputs, w);
+      const double plus = projected_loss(evaluate(), outputs, w);
       base[at] = saved - options.eps;
-      const double minus = projected_loss(f(xs), outputs, w);
+      const double minus = projected_loss(evaluate(), outputs, w);
       base[at] = saved;
       const double numeric = (plus - minus) / (2 * options.eps);
       const double a = analytic[static_cast<std::size_t>(e)];
@@ -149,6 +156,48 @@ GradcheckResult gradcheck(const GradcheckFn& f, const std::vector<Tensor>& input
     }
   }
   return result;
+}
+
+}  // namespace
+
+GradcheckResult gradcheck(const GradcheckFn& f, const std::vector<Tensor>& inputs, const GradcheckOptions& options) {
+  check_options("gradcheck", options);
+  std::vector<Tensor> xs;
+  std::vector<bool> checked;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    check_perturbable("gradcheck", "inputs", i, inputs[i]);
+    xs.push_back(private_copy(inputs[i]));
+    checked.push_back(inputs[i].requires_grad());
+  }
+  return check("gradcheck", [&] { return f(xs); }, xs, checked, options);
+}
+
+GradcheckResult gradcheck_parameters(const std::function<std::vector<Tensor>()>& f, const std::vector<Tensor>& parameters,
+                                     const GradcheckOptions& options) {
+  const char* op = "gradcheck_parameters";
+  check_options(op, options);
+  std::vector<Tensor> previous_grads;
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    check_perturbable(op, "parameters", i, parameters[i]);
+    if (!parameters[i].requires_grad() || !parameters[i].is_leaf())
+      fail<GraphError>("{}: argument 'parameters[{}]' (shape {}) must be a leaf that requires grad", op, i,
+                       shape_str(parameters[i].shape()));
+    previous_grads.push_back(parameters[i].grad());
+    const_cast<Tensor&>(parameters[i]).zero_grad();
+  }
+  // The caller's gradients are put back however the check ends.
+  struct Restore {
+    const std::vector<Tensor>& params;
+    std::vector<Tensor>& grads;
+    ~Restore() {
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        Tensor p = params[i];
+        p.zero_grad();
+        if (grads[i].defined()) p.impl()->grad = grads[i];
+      }
+    }
+  } restore{parameters, previous_grads};
+  return check(op, f, parameters, std::vector<bool>(parameters.size(), true), options);
 }
 
 }  // namespace tapegrad

@@ -109,3 +109,36 @@ BOOST_AUTO_TEST_CASE(a_shape_or_count_that_depends_on_the_values_is_a_value_erro
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(parameters_in_place)
+
+BOOST_AUTO_TEST_CASE(checks_tensors_the_function_captures_and_restores_them) {
+  Tensor w = tg::randn({3, 2}, 1, tg::float64).set_requires_grad();
+  Tensor b = tg::randn({2}, 2, tg::float64).set_requires_grad();
+  const Tensor x = tg::randn({4, 3}, 3, tg::float64);
+  tg::backward(tg::sum(b * 5.0));  // a gradient the caller already has
+  const auto before_w = w.to_vector<double>();
+  const auto r = tg::gradcheck_parameters([&] { return std::vector<Tensor>{tg::tanh(tg::matmul(x, w) + b)}; }, {w, b});
+  BOOST_TEST(r.ok, r.report());
+  BOOST_TEST(r.elements_checked == 8u);
+  BOOST_TEST(w.to_vector<double>() == before_w);        // values restored exactly
+  check_close(b.grad(), {5, 5}, 0, "caller's gradient kept");
+  BOOST_TEST(!w.grad().defined());
+}
+
+BOOST_AUTO_TEST_CASE(catches_a_wrong_gradient) {
+  Tensor w = tg::tensor({0.5, -1.0}, tg::float64).set_requires_grad();
+  auto wrong_square = [&] {
+    std::vector<Tensor> out{tg::zeros({2}, tg::float64)};
+    tg::copy_(out[0], tg::pow(w.detach(), 2.0));
+    tg::record_op("wrong_square", std::vector<Tensor>{w}, out, [w = w.detach()](std::span<const Tensor> g, const std::vector<bool>&) {
+      return std::vector<Tensor>{g[0] * w * 2.001};  // 0.05% off
+    });
+    return out;
+  };
+  const auto r = tg::gradcheck_parameters(wrong_square, {w});
+  BOOST_TEST(!r.ok);
+  check_throws<tg::GraphError>([&] { tg::gradcheck_parameters(wrong_square, {w * 1.0}); }, {"gradcheck_parameters", "leaf"});
+}
+
+BOOST_AUTO_TEST_SUITE_END()

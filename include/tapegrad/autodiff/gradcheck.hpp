@@ -49,4 +49,12 @@ using GradcheckFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&
 GradcheckResult gradcheck(const GradcheckFn& f, const std::vector<Tensor>& inputs,
                           const GradcheckOptions& options = {});
 
+// The same check for a function of tensors it does not take as arguments, such as a model's
+// parameters: f() computes the outputs from `parameters` (float64 leaves that require grad),
+// which are perturbed in place one element at a time and restored exactly. The parameters'
+// accumulated gradients are left as they were. GradcheckResult::input indexes `parameters`.
+//   gradcheck_parameters([&] { return std::vector{model.forward(ids)}; }, model.parameters());
+GradcheckResult gradcheck_parameters(const std::function<std::vector<Tensor>()>& f, const std::vector<Tensor>& parameters,
+                                     const GradcheckOptions& options = {});
+
 }  // namespace tapegrad

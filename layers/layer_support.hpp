@@ -1,0 +1,35 @@
+// Internal: what the layer sources share: config checks with messages that name the field, and
+// seeds for child layers.
+#pragma once
+
+#include <cstdint>
+
+#include "autodiff/check.hpp"
+
+namespace tapegrad::detail {
+
+// Requires value >= low; names the layer and the field.
+inline void check_field(const char* layer, const char* field, std::int64_t value, std::int64_t low = 1) {
+  if (value < low) fail<ValueError>("{}: config.{} must be >= {}, got {}", layer, field, low, value);
+}
+inline void check_float_dtype(const char* layer, DType dtype) {
+  if (!is_floating(dtype)) fail<DTypeError>("{}: config.dtype must be float32 or float64, got {}", layer, dtype);
+}
+// a * b for two config fields, or a ValueError naming both when it overflows.
+inline std::int64_t checked_product(const char* layer, const char* a_name, std::int64_t a, const char* b_name, std::int64_t b) {
+  std::int64_t out = 0;
+  if (__builtin_mul_overflow(a, b, &out))
+    fail<ValueError>("{}: config.{} * config.{} = {} * {} overflows", layer, a_name, b_name, a, b);
+  return out;
+}
+
+// A well-mixed seed for child `index` of a layer seeded with `seed` (splitmix64), so sibling
+// layers never draw the same numbers.
+constexpr std::uint64_t child_seed(std::uint64_t seed, std::uint64_t index) {
+  std::uint64_t z = seed + 0x9E3779B97F4A7C15ull * (index + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace tapegrad::detail

@@ -1,0 +1,49 @@
+// Linear: y = x W + b. Its backward is matmul's and add's (dW = x^T dy summed over the leading
+// dims, db = dy summed over them, dx = dy W^T).
+#include "tapegrad/layers/linear.hpp"
+
+#include <cmath>
+
+#include "layers/layer_support.hpp"
+#include "tapegrad/autodiff/tape.hpp"
+#include "tapegrad/ops/elementwise.hpp"
+#include "tapegrad/ops/matmul.hpp"
+
+namespace tapegrad {
+namespace {
+
+const LinearConfig& checked(const LinearConfig& c) {
+  detail::check_field("Linear", "in", c.in);
+  detail::check_field("Linear", "out", c.out);
+  detail::check_float_dtype("Linear", c.dtype);
+  detail::checked_product("Linear", "in", c.in, "out", c.out);
+  return c;
+}
+
+}  // namespace
+
+Linear::Linear(const LinearConfig& config) : config_(checked(config)) {
+  Generator gen(config_.seed);
+  const double bound = 1.0 / std::sqrt(static_cast<double>(config_.in));
+  weight = rand({config_.in, config_.out}, gen, config_.dtype, -bound, bound).set_requires_grad();
+  if (config_.bias) bias = rand({config_.out}, gen, config_.dtype, -bound, bound).set_requires_grad();
+}
+
+Tensor Linear::forward(const Tensor& x) const {
+  detail::check_floating("Linear::forward", "x", x);
+  if (x.dim() < 1 || x.size(-1) != config_.in)
+    detail::fail<ShapeError>("Linear::forward: argument 'x' must be [..., {}] (config.in = {}), got shape {}", config_.in,
+                             config_.in, detail::shape_str(x.shape()));
+  if (x.dtype() != config_.dtype)
+    detail::fail<DTypeError>("Linear::forward: argument 'x' ({}) is {} but the layer is {} (config.dtype)",
+                             detail::shape_str(x.shape()), x.dtype(), config_.dtype);
+  const Tensor y = matmul(x, weight);
+  return bias.defined() ? y + bias : y;
+}
+
+void Linear::visit(ModuleVisitor& v) {
+  v.parameter("weight", weight);
+  if (bias.defined()) v.parameter("bias", bias);
+}
+
+}  // namespace tapegrad

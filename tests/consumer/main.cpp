@@ -36,7 +36,8 @@ int main() {
   check("tensor({{1, 2}, {3, 4}}) shape", {double(shape.at(0)), double(shape.at(1))}, {2, 2}, 0);
   check("tensor({{1, 2}, {3, 4}}) values", w.to_vector<double>(), {1, 2, 3, 4}, 0);
 
-  // loss = mean((x w)^2) with x w = [4, 6]: loss = 26 and dloss/dw[i][j] = x[i] (x w)[j] = [[4, 6], [4, 6]].
+  // loss = mean((x w)^2) with x w = [4, 6]: loss = 26, and dloss/dw[i][j] = x[i] (x w)[j], so
+  // dloss/dw = [[4, 6], [4, 6]].
   // The float32 matmul runs on oneDNN, so this also proves libdnnl is linked and works.
   const tg::Tensor loss = tg::mean(tg::pow(tg::matmul(x, w), 2.0));
   tg::backward(loss);

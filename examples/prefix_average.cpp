@@ -1,4 +1,5 @@
-// The causal prefix-averaging experiment (SPEC section 8), through tapegrad's public functions.
+// The causal prefix-averaging experiment (docs/semantics.md §8), through tapegrad's public
+// functions.
 //
 // Six scalar values, all query and key vectors zero, a causal mask. Every allowed score is equal,
 // so query i averages v[0..i]: its output is the prefix mean. Raising every future value

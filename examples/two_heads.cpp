@@ -1,5 +1,5 @@
-// The worked example of SPEC section 6, step by step: two heads, every kind of mask, and a query
-// whose output is suppressed (b_o included) because it may attend to nothing.
+// The worked example of docs/semantics.md §6.4, step by step: two heads, every kind of mask, and
+// a query whose output is suppressed (b_o included) because it may attend to nothing.
 #include <cmath>
 
 #include <tapegrad/tapegrad.hpp>
@@ -47,7 +47,7 @@ int main() {
   show("attention = masked_softmax(scores, allowed)  (query 0: head 0 [0.268941, 0.731059, 0], head 1 [0, 1, 0])", attention);
   const Tensor v_heads = tg::unsqueeze(tg::transpose(tg::select(v, 0, 0), 0, 1), -1);     // [H, K, Dv]
   const Tensor summaries = tg::matmul(tg::select(attention, 0, 0), v_heads);              // [H, Q, Dv]
-  fmt::print("head summaries of query 0 (attention_h v_h): [{:.6f}, {:.6f}]   (SPEC: [3.462117, 4])\n\n",
+  fmt::print("head summaries of query 0 (attention_h v_h): [{:.6f}, {:.6f}]   (docs/semantics.md §6.4: [3.462117, 4])\n\n",
              summaries.to_vector<double>()[0], summaries.to_vector<double>()[2]);
   show("output = concat(summaries) w_o + b_o   (query 0: [16.462117, 4.924234])", out);
   fmt::print("query 1 has query_mask False: no allowed key in any head, so its attention is zero in both\n"

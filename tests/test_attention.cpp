@@ -1,4 +1,4 @@
-// Attention: SPEC sections 3-5 and 8-10 (masked softmax, scaled_dot_product_attention,
+// Attention: docs/semantics.md §3-§5 and §8-§10 (masked softmax, scaled_dot_product_attention,
 // causal_mask, the verbatim examples and the validation layers T0-T3).
 #define BOOST_TEST_MODULE attention
 #include <cfloat>
@@ -17,7 +17,7 @@ Tensor f64(const tg::Literal& v) { return tg::tensor(v, tg::float64); }
 bool bitwise_equal(const Tensor& a, const Tensor& b) { return a.to_vector<double>() == b.to_vector<double>(); }
 }  // namespace
 
-BOOST_AUTO_TEST_SUITE(spec_examples)  // SPEC section 9, verbatim
+BOOST_AUTO_TEST_SUITE(small_examples)  // docs/semantics.md §9, verbatim
 
 BOOST_AUTO_TEST_CASE(two_keys_one_query) {
   check_close(tg::attention(tg::tensor({{1, 0}}), tg::tensor({{1, 0}, {0, 1}}), tg::tensor({{10}, {20}})), {13.3024}, 5e-5, "attention");
@@ -45,7 +45,7 @@ BOOST_AUTO_TEST_CASE(scaled_scores_and_a_masked_key) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
-BOOST_AUTO_TEST_SUITE(masked_softmax_clauses)  // SPEC section 3
+BOOST_AUTO_TEST_SUITE(masked_softmax_clauses)  // docs/semantics.md §3
 
 BOOST_AUTO_TEST_CASE(maximum_over_allowed_entries_only) {
   // The disallowed 1e30 must not set the maximum: the allowed entries still get exp(0)-scale values.
@@ -117,7 +117,7 @@ BOOST_AUTO_TEST_CASE(gradcheck_with_broadcast_masks) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
-BOOST_AUTO_TEST_SUITE(causal_mask_clauses)  // SPEC section 5
+BOOST_AUTO_TEST_SUITE(causal_mask_clauses)  // docs/semantics.md §5
 
 BOOST_AUTO_TEST_CASE(true_exactly_where_j_le_i_plus_offset) {
   for (std::int64_t q : {1, 3, 4}) {
@@ -141,7 +141,7 @@ BOOST_AUTO_TEST_CASE(true_exactly_where_j_le_i_plus_offset) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
-BOOST_AUTO_TEST_SUITE(validation_layers)  // SPEC section 10
+BOOST_AUTO_TEST_SUITE(validation_layers)  // docs/semantics.md §10
 
 BOOST_AUTO_TEST_CASE(T0_shapes_dtypes_and_inputs_unmodified) {
   for (auto dtype : {tg::float32, tg::float64}) {
@@ -276,7 +276,7 @@ BOOST_AUTO_TEST_CASE(T2_causal_isolation) {
 }
 
 BOOST_AUTO_TEST_CASE(T3_prefix_averaging_experiment) {
-  // SPEC section 8 through the public functions: zero queries and keys, causal mask.
+  // docs/semantics.md §8 through the public functions: zero queries and keys, causal mask.
   const std::vector<double> vals{3, -1, 4, 1, -5, 9};
   const Tensor q = tg::zeros({6, 2}, tg::float64), k = tg::zeros({6, 2}, tg::float64);
   const Tensor v = tg::from_vector(vals, {6, 1});

@@ -1,5 +1,5 @@
-// multihead_attention (SPEC section 6), the MultiHeadAttention layer and its KV cache
-// (section 7).
+// multihead_attention (docs/semantics.md §6), the MultiHeadAttention layer and its KV cache
+// (docs/semantics.md §7).
 #define BOOST_TEST_MODULE multihead_attention
 #include <boost/test/data/monomorphic.hpp>
 #include <boost/test/data/test_case.hpp>
@@ -16,7 +16,7 @@ namespace {
 std::vector<double> values(const Tensor& t) { return t.to_vector<double>(); }
 }  // namespace
 
-BOOST_AUTO_TEST_SUITE(spec_worked_example)
+BOOST_AUTO_TEST_SUITE(worked_example)
 
 BOOST_AUTO_TEST_CASE(two_heads_with_every_mask) {
   const tg::MhaActivations act{.query = tg::tensor({{{1, 1}, {1, 1}}}),

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Writes torch_reference.txt: random multi-head and scaled dot-product attention problems
-solved by an independent implementation of SPEC sections 3-6 in PyTorch (float64, autograd).
+solved by an independent implementation of docs/semantics.md §3-§6 in PyTorch (float64, autograd).
 
 Regenerate with Debian's interpreter, which has python3-torch:
     /usr/bin/python3 tests/data/gen_torch_reference.py

@@ -1,4 +1,4 @@
-// Scaled dot-product attention and the causal mask (SPEC sections 4 and 5).
+// Scaled dot-product attention and the causal mask (docs/semantics.md §4 and §5).
 #pragma once
 
 #include <cstdint>
@@ -23,7 +23,7 @@ struct AttentionResult {
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const Tensor& mask = Tensor());
 
-// The output alone: attention(Q, K, V, mask) of SPEC section 9.
+// The output alone: attention(Q, K, V, mask) of docs/semantics.md §9.
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask = Tensor());
 
 // Bool [Q, K], True exactly where j <= i + offset (upper-left aligned for offset 0). Any integer

@@ -1,5 +1,5 @@
-// Multi-head attention (SPEC section 6) as a function, and the MultiHeadAttention layer with a
-// KV cache (section 7).
+// Multi-head attention (docs/semantics.md §6) as a function, and the MultiHeadAttention layer
+// with a KV cache (§7).
 //
 // Call site, with designated initializers for the three groups of inputs:
 //   auto [out, attn] = tg::multihead_attention(

@@ -7,6 +7,7 @@
 #include "tapegrad/autodiff/tape.hpp"
 #include "tapegrad/autodiff/tensor.hpp"
 #include "tapegrad/layers/attention.hpp"
+#include "tapegrad/layers/checkpoint.hpp"
 #include "tapegrad/layers/multihead_attention.hpp"
 #include "tapegrad/layers/multihead_attention_layer.hpp"
 #include "tapegrad/ops/cast.hpp"

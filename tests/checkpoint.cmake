@@ -1,0 +1,2 @@
+# Safetensors checkpoints.
+tapegrad_test(test_checkpoint test_checkpoint.cpp)

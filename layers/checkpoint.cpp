@@ -154,16 +154,18 @@ class TempFile {
     // A hidden name next to the destination (rename() is atomic only within one filesystem),
     // short enough for NAME_MAX whatever the destination's name; O_EXCL makes it ours alone.
     const std::string base = final_path.filename().string().substr(0, 100);
+    int err = 0;
     for (int attempt = 0; attempt < 100; ++attempt) {
       const auto tick = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
       path_ = dir / fmt::format(".{}.{}-{}-{:x}.tmp", base, ::getpid(), counter.fetch_add(1), tick & 0xFFFFFF);
       // 0666 less the umask: the permissions any newly created file would get.
       fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
       if (fd_ >= 0) return;
-      if (errno != EEXIST) break;
+      err = errno;
+      if (err != EEXIST) break;
     }
     fail<IOError>("{}: cannot create a temporary file next to '{}' (as '{}'): {}", fn_, final_.string(),
-                  path_.string(), errno_text(errno));
+                  path_.string(), errno_text(err));
   }
   ~TempFile() {
     if (fd_ >= 0) ::close(fd_);
@@ -194,11 +196,12 @@ class TempFile {
     committed_ = true;
     const fs::path dir = final_.has_parent_path() ? final_.parent_path() : fs::path(".");
     Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    const int err = dfd.get() < 0 || ::fsync(dfd.get()) != 0 ? errno : 0;
     // EINVAL: the filesystem has no directory sync; there is nothing more to do.
-    if ((dfd.get() < 0 || ::fsync(dfd.get()) != 0) && errno != EINVAL && errno != EINTR)
+    if (err != 0 && err != EINVAL && err != EINTR)
       fail<IOError>("{}: '{}' was written completely and renamed into place, but syncing its directory '{}' "
                     "failed ({}); the new file may not survive a power loss",
-                    fn_, final_.string(), dir.string(), errno_text(errno));
+                    fn_, final_.string(), dir.string(), errno_text(err));
   }
 
  private:
@@ -238,6 +241,12 @@ class BufferedWriter {
 
 std::string json_string(const std::string& s) { return nlohmann::json(s).dump(); }
 
+[[noreturn]] void fail_header_size(const char* fn, std::size_t count, std::uint64_t bytes, const char* at_least) {
+  fail<ValueError>("{}: the header for {} tensors would take {}{} bytes, more than the format's limit of {}; save "
+                   "them in several files",
+                   fn, count, at_least, bytes, kMaxHeaderBytes);
+}
+
 void save_impl(const char* fn, const fs::path& path, const std::vector<NamedTensor>& tensors,
                const std::map<std::string, std::string>& metadata) {
   check_path(fn, path);
@@ -262,23 +271,29 @@ void save_impl(const char* fn, const fs::path& path, const std::vector<NamedTens
       fail<ValueError>("{}: metadata value of key '{}' is not valid UTF-8 ('{}')", fn, printable(key), printable(value));
   }
 
-  // Row-major copies of strided views; saving must record nothing on the tape.
-  const NoGradGuard no_grad;
-  std::vector<Tensor> data;
-  data.reserve(tensors.size());
-  for (const auto& t : tensors) data.push_back(contiguous(t.tensor));
+  // Escaping only lengthens strings, so this bound refuses an oversized header before building it.
+  std::uint64_t at_least = 2;
+  for (const auto& t : tensors) at_least += t.name.size() + 3;
+  for (const auto& [key, value] : metadata) at_least += key.size() + value.size() + 6;
+  if (at_least > kMaxHeaderBytes) fail_header_size(fn, tensors.size(), at_least, "at least ");
+
+  auto byte_size = [&](std::size_t i) {
+    return static_cast<std::uint64_t>(tensors[i].tensor.numel()) * itemsize(tensors[i].tensor.dtype());
+  };
 
   // Bytes by decreasing element size, stable: with the header padded to 8 bytes, every tensor then
   // starts at a multiple of its own element size in the file, without gaps (the format allows none).
   std::vector<std::size_t> layout(tensors.size());
   for (std::size_t i = 0; i < layout.size(); ++i) layout[i] = i;
   std::stable_sort(layout.begin(), layout.end(),
-                   [&](std::size_t a, std::size_t b) { return itemsize(data[a].dtype()) > itemsize(data[b].dtype()); });
+                   [&](std::size_t a, std::size_t b) {
+                     return itemsize(tensors[a].tensor.dtype()) > itemsize(tensors[b].tensor.dtype());
+                   });
   std::vector<std::uint64_t> begin(tensors.size());
   std::uint64_t offset = 0;
   for (std::size_t i : layout) {
     begin[i] = offset;
-    offset += static_cast<std::uint64_t>(data[i].numel()) * itemsize(data[i].dtype());
+    offset += byte_size(i);
   }
 
   // Written by hand (nlohmann only escapes the strings) so the tensors keep the caller's order.
@@ -293,22 +308,26 @@ void save_impl(const char* fn, const fs::path& path, const std::vector<NamedTens
     header += "}";
   }
   for (std::size_t i = 0; i < tensors.size(); ++i) {
-    const std::uint64_t bytes = static_cast<std::uint64_t>(data[i].numel()) * itemsize(data[i].dtype());
+    const Tensor& t = tensors[i].tensor;
     header += fmt::format("{}{}:{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
-                          header.size() > 1 ? "," : "", json_string(tensors[i].name), code_of(data[i].dtype()),
-                          fmt::join(data[i].shape(), ","), begin[i], begin[i] + bytes);
+                          header.size() > 1 ? "," : "", json_string(tensors[i].name), code_of(t.dtype()),
+                          fmt::join(t.shape(), ","), begin[i], begin[i] + byte_size(i));
   }
   header += "}";
   header.append((kLengthBytes - header.size() % kLengthBytes) % kLengthBytes, ' ');
+  if (header.size() > kMaxHeaderBytes) fail_header_size(fn, tensors.size(), header.size(), "");
 
   TempFile file(fn, path);
   BufferedWriter out(file);
   const std::uint64_t length = header.size();
   out.append(&length, sizeof length);
   out.append(header.data(), header.size());
+  // One row-major copy at a time (only strided views need one), made without recording.
+  const NoGradGuard no_grad;
   for (std::size_t i : layout) {
-    const std::size_t bytes = static_cast<std::size_t>(data[i].numel()) * itemsize(data[i].dtype());
-    if (bytes > 0) out.append(data[i].raw_data(), bytes);
+    if (byte_size(i) == 0) continue;
+    const Tensor row_major = contiguous(tensors[i].tensor);
+    out.append(row_major.raw_data(), static_cast<std::size_t>(byte_size(i)));
   }
   out.flush();
   file.commit();
@@ -390,7 +409,7 @@ class Reader {
     check_path(fn, path);
     // O_NONBLOCK: opening a FIFO must not hang; it is refused as not a regular file.
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) fail<IOError>("{}: cannot open '{}': {}", fn, path.string(), errno_text(errno));
+    if (const int err = errno; fd < 0) fail<IOError>("{}: cannot open '{}': {}", fn, path.string(), errno_text(err));
     return fd;
   }
 

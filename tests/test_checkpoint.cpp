@@ -316,6 +316,15 @@ BOOST_AUTO_TEST_CASE(bad_names_and_arguments_are_refused_before_any_file_exists)
   BOOST_TEST(dir.entries().empty());
 }
 
+BOOST_AUTO_TEST_CASE(a_header_over_the_format_limit_is_refused) {
+  const TempDir dir;
+  // Readers (this one and the reference one) refuse headers over 100,000,000 bytes.
+  check_throws<tg::ValueError>(
+      [&] { tg::save_safetensors(dir / "x.safetensors", {{std::string(100'000'000, 'n'), tg::ones({1})}}); },
+      {"save_safetensors", "the header for 1 tensors would take at least 1000000", "limit of 100000000"});
+  BOOST_TEST(dir.entries().empty());
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(module)

@@ -7,6 +7,7 @@
 #include "tapegrad/autodiff/tape.hpp"
 #include "tapegrad/autodiff/tensor.hpp"
 #include "tapegrad/layers/attention.hpp"
+#include "tapegrad/layers/checkpoint.hpp"
 #include "tapegrad/layers/multihead_attention.hpp"
 #include "tapegrad/layers/linear.hpp"
 #include "tapegrad/layers/module.hpp"

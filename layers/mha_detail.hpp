@@ -19,10 +19,20 @@ MhaShapes check_mha(const MhaActivations& a, const MhaParameters& p, const MhaMa
 
 // x w (+ b)
 Tensor project(const Tensor& x, const Tensor& w, const Tensor& b);
+// x [B, L, C] with the rows where `rows` [B, L] is false set to 0 (selected: NaN is dropped too);
+// x itself when `rows` is undefined.
+Tensor rows_where(const Tensor& rows, const Tensor& x);
+
+// Step 4: which (query, key) pairs may attend, and which queries and keys take part at all.
+struct AllowedPairs {
+  Tensor pairs;   // bool, broadcastable to [B, H, Q, K]; undefined when every pair is allowed
+  Tensor active;  // bool [B, Q]: the query has an allowed key in some head; undefined when all do
+  Tensor used;    // bool [B, K]: some query may attend to the key in some head; undefined when all are
+};
+AllowedPairs allowed_pairs(const MhaMasks& m, const MhaShapes& s, bool causal, std::int64_t causal_offset);
 
 // Steps 2-7 of multihead_attention from projected q [B, Q, H*D], k [B, K, H*D], v [B, K, H*Dv].
-AttentionResult attend_projected(const Tensor& q, const Tensor& k, const Tensor& v, const MhaActivations& a,
-                                 const MhaParameters& p, const MhaMasks& m, const MhaShapes& s, bool causal,
-                                 std::int64_t causal_offset);
+AttentionResult attend_projected(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const MhaParameters& p,
+                                 const AllowedPairs& allowed, const MhaShapes& s);
 
 }  // namespace tapegrad::detail

@@ -5,11 +5,9 @@
 #include "layers/attention_core.hpp"
 #include "layers/mha_detail.hpp"
 #include "ops/kernel.hpp"
-#include "tapegrad/ops/cast.hpp"
 #include "tapegrad/ops/compare.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/matmul.hpp"
-#include "tapegrad/ops/reduction.hpp"
 #include "tapegrad/ops/view.hpp"
 #include "tapegrad/ops/where.hpp"
 
@@ -54,6 +52,10 @@ Tensor split_heads(const Tensor& x, std::int64_t heads) {
 }
 
 }  // namespace
+
+Tensor rows_where(const Tensor& rows, const Tensor& x) {
+  return rows.defined() ? where(unsqueeze(rows, -1), x, scalar(0.0, x.dtype())) : x;
+}
 
 Tensor project(const Tensor& x, const Tensor& w, const Tensor& b) {
   Tensor y = matmul(x, w);
@@ -104,30 +106,48 @@ MhaShapes check_mha(const MhaActivations& a, const MhaParameters& p, const MhaMa
   return s;
 }
 
-AttentionResult attend_projected(const Tensor& q, const Tensor& k, const Tensor& v, const MhaActivations& a,
-                                 const MhaParameters& p, const MhaMasks& m, const MhaShapes& s, bool causal,
-                                 std::int64_t causal_offset) {
-  // Step 4: the allowed set, as one bool tensor broadcastable to [B, H, Q, K] (or none at all).
-  Tensor allowed;
-  auto restrict_to = [&](const Tensor& more) { allowed = allowed.defined() ? logical_and(allowed, more) : more; };
+AllowedPairs allowed_pairs(const MhaMasks& m, const MhaShapes& s, bool causal, std::int64_t causal_offset) {
+  AllowedPairs out;
+  auto restrict_to = [&](const Tensor& more) { out.pairs = out.pairs.defined() ? logical_and(out.pairs, more) : more; };
   if (m.key_mask.defined()) restrict_to(reshape(m.key_mask, {s.b, 1, 1, s.k}));
   if (m.query_mask.defined()) restrict_to(reshape(m.query_mask, {s.b, 1, s.q, 1}));
   if (m.attention_mask.defined()) restrict_to(m.attention_mask);
   if (causal) restrict_to(causal_mask(s.q, s.k, causal_offset));
+  if (!out.pairs.defined()) return out;
+  // active[b, i] = any over (h, j) and used[b, j] = any over (h, i) of pairs[b, h, i, j]: one
+  // pass over the broadcast mask, which is never materialised at [B, H, Q, K].
+  const Shape full{s.b, s.h, s.q, s.k};
+  out.active = zeros({s.b, s.q}, DType::bool_);
+  out.used = zeros({s.b, s.k}, DType::bool_);
+  const Dims8 sp = broadcast_strides(out.pairs, full);
+  const std::int64_t sa[] = {s.q, 0, 1, 0}, su[] = {s.k, 0, 0, 1};
+  bool* active = static_cast<bool*>(mutable_data(out.active));
+  bool* used = static_cast<bool*>(mutable_data(out.used));
+  const bool* pairs = static_cast<const bool*>(out.pairs.raw_data());
+  StridedLoop<3> loop(full.data(), full.size(), {sa, su, sp.data()});
+  loop.for_each_run([&](const auto& off, std::int64_t n, const auto& inner) {
+    for (std::int64_t t = 0; t < n; ++t) {
+      const bool allowed = pairs[off[2] + t * inner[2]];
+      active[off[0] + t * inner[0]] |= allowed;
+      used[off[1] + t * inner[1]] |= allowed;
+    }
+  });
+  if (all(out.active)) out.active = Tensor();
+  if (all(out.used)) out.used = Tensor();
+  return out;
+}
 
+AttentionResult attend_projected(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const MhaParameters& p,
+                                 const AllowedPairs& allowed, const MhaShapes& s) {
   // Steps 2-5 in the attention core (one tape node), with the bias added to the scores.
   auto [heads_out, attention] =
-      attention_core({kOp, split_heads(q, s.h), split_heads(k, s.h), split_heads(v, s.h), a.bias, allowed});
+      attention_core({kOp, split_heads(q, s.h), split_heads(k, s.h), split_heads(v, s.h), bias, allowed.pairs});
   // Step 6: concatenate heads in head order, then the output projection.
   const Tensor merged = reshape(permute(heads_out, {0, 2, 1, 3}), {s.b, s.q, s.h * s.dv});
   Tensor output = project(merged, p.w_o, p.b_o);
-  // Step 7: a query with no allowed key in any head is exactly zero, b_o included.
-  if (allowed.defined()) {
-    const Tensor allowed_keys = sum(to(expand(allowed, {s.b, s.h, s.q, s.k}), q.dtype()), {1, 3});  // [B, Q]
-    const Tensor active = gt(allowed_keys, scalar(0.0, q.dtype()));
-    if (!all(active)) output = where(unsqueeze(active, -1), output, scalar(0.0, output.dtype()));
-  }
-  return {output, attention};
+  // Step 7: a query with no allowed key in any head is exactly zero, b_o included (selected, so
+  // its gradient there is exactly zero too).
+  return {rows_where(allowed.active, output), attention};
 }
 
 }  // namespace detail
@@ -147,11 +167,16 @@ AttentionResult multihead_attention(const MhaActivations& a, const MhaParameters
   if (a.context.dtype() != a.query.dtype())
     detail::fail<DTypeError>("{}: arguments 'query' ({}) and 'context' ({}) must have the same dtype", detail::kOp, a.query.dtype(),
                              a.context.dtype());
-  // Step 1: the projections.
-  const Tensor q = detail::project(a.query, p.w_q, p.b_q);
-  const Tensor k = detail::project(a.context, p.w_k, p.b_k);
-  const Tensor v = detail::project(a.context, p.w_v, p.b_v);
-  return detail::attend_projected(q, k, v, a, p, m, s, causal, causal_offset);
+  const detail::AllowedPairs allowed = detail::allowed_pairs(m, s, causal, causal_offset);
+  // Step 1, on zero rows for the queries that attend to nothing and the keys that no query
+  // attends to. Their values reach no output, but a NaN or inf there would reach the weight
+  // gradients: dw_q = query^T dq multiplies a query's row by its zero row of dq, and 0 * NaN is
+  // NaN. Selecting (not multiplying) drops the value and gives those rows exactly zero gradients.
+  const Tensor query = detail::rows_where(allowed.active, a.query), context = detail::rows_where(allowed.used, a.context);
+  const Tensor q = detail::project(query, p.w_q, p.b_q);
+  const Tensor k = detail::project(context, p.w_k, p.b_k);
+  const Tensor v = detail::project(context, p.w_v, p.b_v);
+  return detail::attend_projected(q, k, v, a.bias, p, allowed, s);
 }
 
 }  // namespace tapegrad

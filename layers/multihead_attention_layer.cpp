@@ -97,8 +97,10 @@ AttentionResult MultiHeadAttention::decode(const Tensor& query, KVCache& cache, 
   const MhaActivations a{query, Tensor(), call.bias};
   const detail::MhaShapes s = detail::check_mha(a, params_, call.masks, config_.heads, before + query.size(1));
   cache.append(detail::project(query, params_.w_k, params_.b_k), detail::project(query, params_.w_v, params_.b_v));
+  // Unlike multihead_attention, the rows of inactive queries and unattended keys are kept: the
+  // new keys may serve later queries, and nothing here has a gradient.
   AttentionResult r = detail::attend_projected(detail::project(query, params_.w_q, params_.b_q), cache.keys(), cache.values(),
-                                               a, params_, call.masks, s, /*causal=*/true, /*causal_offset=*/before);
+                                               call.bias, params_, detail::allowed_pairs(call.masks, s, /*causal=*/true, before), s);
   if (!call.need_weights) r.weights = Tensor();
   return r;
 }

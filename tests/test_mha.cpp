@@ -3,6 +3,8 @@
 #define BOOST_TEST_MODULE multihead_attention
 #include <boost/test/data/monomorphic.hpp>
 #include <boost/test/data/test_case.hpp>
+#include <algorithm>
+#include <limits>
 
 #include "mha_support.hpp"
 
@@ -180,6 +182,185 @@ BOOST_AUTO_TEST_CASE(float32_agrees_with_float64) {
     BOOST_TEST(o32.dtype() == tg::float32);
     check_close(values(o32), values(o64), 1e-4, 1e-4, "output");
     check_close(values(a32), values(a64), 1e-5, 1e-4, "attention");
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(non_finite_masked_entries)
+
+// A query with no allowed key, a key no query may attend to and a masked bias entry take no
+// part in multi-head attention: a NaN or an infinity there must change no output and no
+// gradient. Each run poisons them and compares (== on every value) with the run where they are 0.
+const double kPoisons[] = {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
+                           -std::numeric_limits<double>::infinity()};
+
+// Which pairs may attend ([B, H, Q, K]), which queries are active ([B, Q]) and which keys are
+// attended by some query ([B, K]), from the problem's masks, computed here with plain loops.
+struct Participation {
+  std::vector<bool> allowed, active, used;
+};
+
+Participation participation(const MhaProblem& p) {
+  Participation r{std::vector<bool>(static_cast<std::size_t>(p.b * p.h * p.q * p.k)), std::vector<bool>(static_cast<std::size_t>(p.b * p.q)),
+                  std::vector<bool>(static_cast<std::size_t>(p.b * p.k))};
+  const auto km = p.masks.key_mask.defined() ? p.masks.key_mask.to_vector<bool>() : std::vector<bool>(r.used.size(), true);
+  const auto qm = p.masks.query_mask.defined() ? p.masks.query_mask.to_vector<bool>() : std::vector<bool>(r.active.size(), true);
+  const auto am = p.masks.attention_mask.defined() ? p.masks.attention_mask.to_vector<bool>() : std::vector<bool>(r.allowed.size(), true);
+  for (std::int64_t b = 0; b < p.b; ++b)
+    for (std::int64_t h = 0; h < p.h; ++h)
+      for (std::int64_t i = 0; i < p.q; ++i)
+        for (std::int64_t j = 0; j < p.k; ++j) {
+          const auto n = static_cast<std::size_t>(((b * p.h + h) * p.q + i) * p.k + j);
+          const bool on = km[static_cast<std::size_t>(b * p.k + j)] && qm[static_cast<std::size_t>(b * p.q + i)] && am[n] &&
+                          (!p.causal || j <= i + p.offset);
+          r.allowed[n] = on;
+          if (on) r.active[static_cast<std::size_t>(b * p.q + i)] = r.used[static_cast<std::size_t>(b * p.k + j)] = true;
+        }
+  return r;
+}
+
+// x with the elements whose row (the index over all but the last dim, or every element when
+// per_element) is flagged set to `value`.
+Tensor poison(const Tensor& x, const std::vector<bool>& flagged, bool per_element, double value) {
+  std::vector<double> v = values(x);
+  const std::size_t width = per_element ? 1 : static_cast<std::size_t>(x.shape().back());
+  for (std::size_t n = 0; n < v.size(); ++n)
+    if (flagged[n / width]) v[n] = value;
+  return tg::from_vector(v, x.shape()).to(x.dtype());
+}
+
+std::vector<bool> negate(std::vector<bool> v) {
+  v.flip();
+  return v;
+}
+
+// Output, attention and the gradient of every input, with the given upstream gradients.
+std::vector<std::vector<double>> run_with_gradients(const MhaProblem& p, std::vector<Tensor> xs, const Tensor& d_out, const Tensor& d_attn) {
+  for (auto& x : xs) x = x.detach().set_requires_grad();
+  auto [out, attn] = p.run(xs);
+  tg::backward({out, attn}, {d_out, d_attn});
+  std::vector<std::vector<double>> r{values(out), values(attn)};
+  for (const auto& x : xs) r.push_back(values(x.grad()));
+  tg::clear_tape();
+  return r;
+}
+
+void check_same(const std::vector<std::vector<double>>& poisoned, const std::vector<std::vector<double>>& zeroed, const std::string& what) {
+  BOOST_REQUIRE_EQUAL(poisoned.size(), zeroed.size());
+  for (std::size_t i = 0; i < poisoned.size(); ++i) {
+    const std::string name = i == 0 ? "output" : i == 1 ? "attention" : fmt::format("gradient of input {}", i - 2);
+    for (double x : poisoned[i]) BOOST_TEST_REQUIRE(std::isfinite(x), what << ": " << name << " is not finite");
+    BOOST_TEST((poisoned[i] == zeroed[i]), what << ": " << name << " differs from the zeroed run");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(inactive_queries_unattended_keys_and_masked_bias_change_nothing) {
+  for (auto dtype : {tg::float32, tg::float64}) {
+    for (std::uint64_t seed = 60; seed < 72; ++seed) {
+      MhaProblem p = make_problem(seed, dtype, seed % 2 ? MaskKind::empty_query : MaskKind::empty_batch, BiasKind::full, true, seed % 3 == 0);
+      // One more padding key in the last batch entry and, when causal, a future a query may not see.
+      std::vector<bool> km = p.masks.key_mask.to_vector<bool>();
+      km[static_cast<std::size_t>((p.b - 1) * p.k + static_cast<std::int64_t>(seed) % p.k)] = false;
+      p.masks.key_mask = tg::from_bools(km, {p.b, p.k});
+      const Participation part = participation(p);
+      BOOST_TEST_REQUIRE((!std::all_of(part.active.begin(), part.active.end(), [](bool x) { return x; }) &&
+                          !std::all_of(part.used.begin(), part.used.end(), [](bool x) { return x; })));
+      const std::vector<bool> inactive = negate(part.active), unused = negate(part.used), masked = negate(part.allowed);
+      const std::vector<Tensor> xs = p.inputs();  // query, context, bias, w_q, ...
+      auto with = [&](double q, double c, double b) {
+        std::vector<Tensor> ys = xs;
+        ys[0] = poison(xs[0], inactive, false, q);
+        ys[1] = poison(xs[1], unused, false, c);
+        ys[2] = poison(xs[2], masked, true, b);
+        return ys;
+      };
+      tg::Generator gen(seed);
+      const Tensor d_out = tg::randn({p.b, p.q, p.cout}, gen, tg::float64).to(dtype);
+      const Tensor d_attn = tg::randn({p.b, p.h, p.q, p.k}, gen, tg::float64).to(dtype);
+      const auto zeroed = run_with_gradients(p, with(0, 0, 0), d_out, d_attn);
+      for (double x : kPoisons) {
+        const std::string what = fmt::format("{} seed {} poison {}", dtype, seed, x);
+        check_same(run_with_gradients(p, with(x, 0, 0), d_out, d_attn), zeroed, what + " in inactive queries");
+        check_same(run_with_gradients(p, with(0, x, 0), d_out, d_attn), zeroed, what + " in unattended keys' context");
+        check_same(run_with_gradients(p, with(0, 0, x), d_out, d_attn), zeroed, what + " in masked bias entries");
+        check_same(run_with_gradients(p, with(x, -x, x), d_out, d_attn), zeroed, what + " everywhere at once");
+      }
+      // Step 7 stays exact: inactive queries output exactly 0 (b_o included) and b_o's gradient
+      // sums the upstream gradient over active queries only.
+      const auto d = values(d_out);
+      std::vector<double> db_o(static_cast<std::size_t>(p.cout), 0.0);
+      for (std::int64_t n = 0; n < p.b * p.q; ++n)
+        for (std::int64_t c = 0; c < p.cout; ++c) {
+          const auto at = static_cast<std::size_t>(n * p.cout + c);
+          if (inactive[static_cast<std::size_t>(n)]) BOOST_TEST(zeroed[0][at] == 0.0);
+          else db_o[static_cast<std::size_t>(c)] += d[at];
+        }
+      check_close(zeroed.back(), db_o, dtype == tg::float64 ? 1e-12 : 1e-5, 0, "gradient of b_o");
+    }
+  }
+}
+
+// The layer: inputs, masks and upstream gradients for one forward + backward.
+std::vector<std::vector<double>> run_layer(tg::MultiHeadAttention& layer, const Tensor& query0, const Tensor& context0, const tg::MhaCall& call,
+                                           const Tensor& d_out) {
+  Tensor query = query0.detach().set_requires_grad(), context = context0.detach().set_requires_grad();
+  for (Tensor* w : layer.parameters()) w->zero_grad();
+  auto r = layer.forward(query, context, call);
+  tg::backward({r.output}, {d_out});
+  std::vector<std::vector<double>> out{values(r.output), values(r.weights), values(query.grad()), values(context.grad())};
+  for (Tensor* w : layer.parameters()) out.push_back(values(w->grad()));
+  tg::clear_tape();
+  return out;
+}
+
+BOOST_AUTO_TEST_CASE(layer_forward_with_padding_and_inactive_queries) {
+  for (auto dtype : {tg::float32, tg::float64}) {
+    tg::MultiHeadAttention layer({.query_dim = 4, .heads = 2, .context_dim = 3, .out_dim = 5, .dtype = dtype, .seed = 12});
+    for (Tensor* w : layer.parameters())  // biases too, so that b_o's suppression is visible
+      *w = tg::randn(w->shape(), 13, tg::float64).to(dtype).set_requires_grad();
+    // Batch 0: context position 4 is padding; batch 1: positions 0 and 2. Query 1 of batch 0 is padding.
+    const Tensor key_mask = tg::from_bools({true, true, true, true, false, false, true, false, true, true}, {2, 5});
+    const Tensor query_mask = tg::from_bools({true, false, true, true, true, true}, {2, 3});
+    const tg::MhaCall call{.masks = {.key_mask = key_mask, .query_mask = query_mask}};
+    const Tensor query = tg::randn({2, 3, 4}, 14, tg::float64).to(dtype), context = tg::randn({2, 5, 3}, 15, tg::float64).to(dtype);
+    const Tensor d_out = tg::randn({2, 3, 5}, 16, tg::float64).to(dtype);
+    const std::vector<bool> padding_keys{false, false, false, false, true, true, false, true, false, false};
+    const std::vector<bool> padding_queries{false, true, false, false, false, false};
+    const auto zeroed = run_layer(layer, poison(query, padding_queries, false, 0), poison(context, padding_keys, false, 0), call, d_out);
+    for (double x : kPoisons)
+      check_same(run_layer(layer, poison(query, padding_queries, false, x), poison(context, padding_keys, false, -x), call, d_out), zeroed,
+                 fmt::format("{} poison {}", dtype, x));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(decode_with_a_poisoned_padding_position) {
+  // Self-attention decoding of 6 positions; position 2 of batch 1 is padding (a query that may
+  // attend to nothing, a key no later query may attend to) and holds NaN or inf.
+  for (auto dtype : {tg::float32, tg::float64}) {
+    tg::MultiHeadAttention layer({.query_dim = 4, .heads = 2, .dtype = dtype, .seed = 17});
+    for (Tensor* w : layer.parameters()) *w = tg::randn(w->shape(), 18, tg::float64).to(dtype);
+    const Tensor x = tg::randn({2, 6, 4}, 19, tg::float64).to(dtype);
+    std::vector<bool> padding(12, false);
+    padding[6 + 2] = true;
+    auto decode_all = [&](const Tensor& seq) {
+      tg::KVCache cache;
+      std::vector<double> outs;
+      for (std::int64_t t = 0; t < 6; ++t) {
+        std::vector<bool> km, qm{true, t != 2};
+        for (std::int64_t b = 0; b < 2; ++b)
+          for (std::int64_t j = 0; j <= t; ++j) km.push_back(!padding[static_cast<std::size_t>(b * 6 + j)]);
+        const tg::MhaCall call{.masks = {.key_mask = tg::from_bools(km, {2, t + 1}), .query_mask = tg::from_bools(qm, {2, 1})}};
+        for (double v : values(layer.decode(tg::slice(seq, 1, t, t + 1), cache, call).output)) outs.push_back(v);
+      }
+      return outs;
+    };
+    const auto zeroed = decode_all(poison(x, padding, false, 0));
+    for (double p : kPoisons) {
+      const auto poisoned = decode_all(poison(x, padding, false, p));
+      for (double v : poisoned) BOOST_TEST_REQUIRE(std::isfinite(v));
+      BOOST_TEST((poisoned == zeroed), fmt::format("{} poison {}", dtype, p));
+    }
   }
 }
 

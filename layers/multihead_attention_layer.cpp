@@ -1,7 +1,9 @@
 // The MultiHeadAttention layer and its KV cache.
 #include "tapegrad/layers/multihead_attention_layer.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "layers/mha_detail.hpp"
 #include "ops/kernel.hpp"
@@ -35,6 +37,14 @@ MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
     fail<ValueError>("{}: config widths must be >= 1, got context_dim={} head_dim={} value_head_dim={} out_dim={}", kLayer,
                      c.context_dim, c.head_dim, c.value_head_dim, c.out_dim);
   return c;
+}
+
+// A fresh [B, capacity, width] buffer holding the first `length` positions of `buffer` (the
+// positions past them are not read: they were never written).
+Tensor reallocated(const Tensor& buffer, std::int64_t length, std::int64_t capacity) {
+  Tensor out = detail::new_tensor({buffer.size(0), capacity, buffer.size(2)}, buffer.dtype());
+  if (length > 0) detail::copy_into(slice(out, 1, 0, length), slice(buffer, 1, 0, length));
+  return out;
 }
 
 }  // namespace
@@ -105,20 +115,34 @@ AttentionResult MultiHeadAttention::decode(const Tensor& query, KVCache& cache, 
   return r;
 }
 
+KVCache::KVCache(const KVCache& other)
+    : k_(other.k_.defined() ? reallocated(other.k_, other.length_, other.capacity()) : Tensor()),
+      v_(other.v_.defined() ? reallocated(other.v_, other.length_, other.capacity()) : Tensor()),
+      length_(other.length_) {}
+
+KVCache& KVCache::operator=(const KVCache& other) {
+  if (this != &other) *this = KVCache(other);
+  return *this;
+}
+
+KVCache::KVCache(KVCache&& other) noexcept
+    : k_(std::move(other.k_)), v_(std::move(other.v_)), length_(std::exchange(other.length_, 0)) {}
+
+KVCache& KVCache::operator=(KVCache&& other) noexcept {
+  if (this == &other) return *this;
+  k_ = std::move(other.k_);  // a moved-from Tensor is undefined
+  v_ = std::move(other.v_);
+  length_ = std::exchange(other.length_, 0);
+  return *this;
+}
+
 void KVCache::append(const Tensor& k, const Tensor& v) {
   const std::int64_t n = k.size(1);
-  const std::int64_t capacity = k_.defined() ? k_.size(1) : 0;
-  if (length_ + n > capacity) {
+  if (length_ + n > capacity()) {
     // Grow by doubling: each position is copied O(1) times on average.
-    const std::int64_t grown = std::max<std::int64_t>({2 * capacity, length_ + n, 16});
-    Tensor nk = detail::new_tensor({k.size(0), grown, k.size(2)}, k.dtype());
-    Tensor nv = detail::new_tensor({v.size(0), grown, v.size(2)}, v.dtype());
-    if (length_ > 0) {
-      detail::copy_into(slice(nk, 1, 0, length_), keys());
-      detail::copy_into(slice(nv, 1, 0, length_), values());
-    }
-    k_ = nk;
-    v_ = nv;
+    const std::int64_t grown = std::max<std::int64_t>({2 * capacity(), length_ + n, 16});
+    k_ = reallocated(k_.defined() ? k_ : k, length_, grown);
+    v_ = reallocated(v_.defined() ? v_ : v, length_, grown);
   }
   detail::copy_into(slice(k_, 1, length_, length_ + n), k);
   detail::copy_into(slice(v_, 1, length_, length_ + n), v);

@@ -463,6 +463,51 @@ BOOST_AUTO_TEST_CASE(kv_cache_decoding_with_masks_and_bias) {
   check_close(values(tg::concat(outs, 1)), values(full), 1e-12, 1e-12, "masked, biased decoding");
 }
 
+BOOST_AUTO_TEST_CASE(kv_cache_copies_are_deep_and_moves_leave_the_source_empty) {
+  tg::MultiHeadAttention layer({.query_dim = 4, .heads = 2, .dtype = tg::float64, .seed = 9});
+  const Tensor x = tg::randn({2, 8, 4}, 20, tg::float64), other = tg::randn({2, 8, 4}, 21, tg::float64);
+  auto step = [&](const Tensor& seq, std::int64_t t, tg::KVCache& cache) { return values(layer.decode(tg::slice(seq, 1, t, t + 1), cache).output); };
+  // What decoding x gives with a cache that is never copied.
+  tg::KVCache reference;
+  std::vector<std::vector<double>> expected;
+  for (std::int64_t t = 0; t < 8; ++t) expected.push_back(step(x, t, reference));
+
+  tg::KVCache original;
+  for (std::int64_t t = 0; t < 3; ++t) step(x, t, original);
+  tg::KVCache copy = original;  // 3 positions
+  tg::KVCache assigned;
+  assigned = original;
+  BOOST_TEST((copy.length() == 3 && assigned.length() == 3 && copy.capacity() == original.capacity()));
+  for (std::int64_t t = 3; t < 5; ++t) BOOST_TEST(step(x, t, original) == expected[static_cast<std::size_t>(t)]);
+  // The copies decode other tokens at positions 3..7 (the assigned one past a growth too)...
+  for (std::int64_t t = 3; t < 8; ++t) step(other, t, copy);
+  for (std::int64_t t = 3; t < 20; ++t) step(other, t % 8, assigned);
+  // ... and the original carries on exactly as if they did not exist.
+  for (std::int64_t t = 5; t < 8; ++t) BOOST_TEST(step(x, t, original) == expected[static_cast<std::size_t>(t)]);
+  // A copy continues its own sequence correctly: x[0..3) then other[3..8).
+  tg::KVCache fresh, branch;
+  for (std::int64_t t = 0; t < 3; ++t) step(x, t, fresh);
+  branch = fresh;
+  const auto branch_step = step(other, 3, branch);
+  tg::KVCache mixed;
+  for (std::int64_t t = 0; t < 3; ++t) step(x, t, mixed);
+  BOOST_TEST(branch_step == step(other, 3, mixed));
+
+  // Moves take the buffers and leave an empty cache that can start over.
+  const std::int64_t capacity = original.capacity();
+  tg::KVCache moved = std::move(original);
+  BOOST_TEST((moved.length() == 8 && moved.capacity() == capacity));
+  BOOST_TEST((original.length() == 0 && original.capacity() == 0));  // NOLINT(bugprone-use-after-move): specified
+  BOOST_TEST(step(x, 0, original) == expected[0]);
+  tg::KVCache target;
+  target = std::move(moved);
+  BOOST_TEST((target.length() == 8 && moved.length() == 0 && moved.capacity() == 0));  // NOLINT(bugprone-use-after-move)
+  // Copying an empty cache, or one that was cleared, gives an empty cache.
+  tg::KVCache empty, cleared = target;
+  cleared.clear();
+  BOOST_TEST((tg::KVCache(empty).capacity() == 0 && tg::KVCache(cleared).length() == 0));
+}
+
 BOOST_AUTO_TEST_CASE(kv_cache_append_is_amortised) {
   tg::MultiHeadAttention layer({.query_dim = 4, .heads = 2, .seed = 5});
   tg::KVCache cache;

@@ -24,8 +24,20 @@ struct MultiHeadAttentionConfig {
 
 // Keys and values of the positions decoded so far, for one layer and one batch. Appending is
 // amortised O(1) per position: storage grows by doubling and is never re-copied per step.
+//
+// A copy is deep: it gets buffers of its own holding the cached positions, so decoding on a copy
+// (to branch a beam, say) leaves the original exactly as it was. Copying costs one pass over the
+// cached keys and values. A move takes the buffers and leaves the source empty (length 0, no
+// storage), ready for a new sequence.
 class KVCache {
  public:
+  KVCache() = default;
+  KVCache(const KVCache& other);
+  KVCache& operator=(const KVCache& other);
+  KVCache(KVCache&& other) noexcept;
+  KVCache& operator=(KVCache&& other) noexcept;
+  ~KVCache() = default;
+
   std::int64_t length() const noexcept { return length_; }
   std::int64_t capacity() const noexcept { return k_.defined() ? k_.size(1) : 0; }
   // Forgets every position but keeps the storage for the next sequence of the same shape.

@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <utility>
 
+#include "autodiff/tensor_impl.hpp"
 #include "layers/mha_detail.hpp"
 #include "ops/kernel.hpp"
 #include "tapegrad/ops/view.hpp"
@@ -16,26 +18,63 @@ using detail::fail;
 constexpr const char* kLayer = "MultiHeadAttention";
 
 Tensor xavier(std::int64_t fan_in, std::int64_t fan_out, Generator& gen, DType dtype) {
-  const double a = std::sqrt(6.0 / static_cast<double>(fan_in + fan_out));
+  // resolve() bounded both fans (each weight is allocatable), so the sum cannot overflow; it is
+  // taken in double all the same.
+  const double a = std::sqrt(6.0 / (static_cast<double>(fan_in) + static_cast<double>(fan_out)));
   return rand({fan_in, fan_out}, gen, dtype, -a, a).set_requires_grad();
 }
 
+// Validates every field before anything is computed from it, then fills in the defaults. A
+// config that cannot give a layer is a ValueError (DTypeError for the dtype) naming its fields:
+// nothing overflows further on, and no weight gets a shape that wraps around.
 MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
   if (c.query_dim < 1) fail<ValueError>("{}: config.query_dim must be >= 1, got {}", kLayer, c.query_dim);
   if (c.heads < 1) fail<ValueError>("{}: config.heads must be >= 1, got {}", kLayer, c.heads);
+  for (auto [field, value] : {std::pair{"context_dim", c.context_dim}, {"head_dim", c.head_dim}, {"value_head_dim", c.value_head_dim},
+                              {"out_dim", c.out_dim}})
+    if (value < 0) fail<ValueError>("{}: config.{} must be >= 1, or 0 for its default, got {}", kLayer, field, value);
   if (!is_floating(c.dtype)) fail<DTypeError>("{}: config.dtype must be float32 or float64, got {}", kLayer, c.dtype);
-  if (c.context_dim == 0) c.context_dim = c.query_dim;
-  if (c.head_dim == 0) {
-    if (c.query_dim % c.heads != 0)
-      fail<ValueError>("{}: config.heads = {} must divide config.query_dim = {} when head_dim is not given", kLayer,
-                       c.heads, c.query_dim);
-    c.head_dim = c.query_dim / c.heads;
+
+  std::string defaults;  // named in the messages below, which may concern a filled-in field
+  auto fill = [&](std::int64_t& field, std::int64_t value, const char* rule) {
+    if (field != 0) return;
+    field = value;
+    defaults += fmt::format("{}{}", defaults.empty() ? " (filled in: " : ", ", rule);
+  };
+  fill(c.context_dim, c.query_dim, "context_dim = query_dim");
+  if (c.head_dim == 0 && c.query_dim % c.heads != 0)
+    fail<ValueError>("{}: config.heads = {} must divide config.query_dim = {} when head_dim is not given", kLayer, c.heads,
+                     c.query_dim);
+  fill(c.head_dim, c.query_dim / c.heads, "head_dim = query_dim / heads");
+  fill(c.value_head_dim, c.head_dim, "value_head_dim = head_dim");
+  fill(c.out_dim, c.query_dim, "out_dim = query_dim");
+  if (!defaults.empty()) defaults += ")";
+
+  std::int64_t hd = 0, hdv = 0;
+  if (__builtin_mul_overflow(c.heads, c.head_dim, &hd))
+    fail<ValueError>("{}: config.heads * config.head_dim = {} * {} overflows int64{}", kLayer, c.heads, c.head_dim, defaults);
+  if (__builtin_mul_overflow(c.heads, c.value_head_dim, &hdv))
+    fail<ValueError>("{}: config.heads * config.value_head_dim = {} * {} overflows int64{}", kLayer, c.heads, c.value_head_dim,
+                     defaults);
+  // Each weight must be a tensor tapegrad can allocate (its element and byte counts fit); that
+  // also bounds fan_in + fan_out.
+  struct Weight {
+    const char *name, *rows_fields, *cols_fields;
+    std::int64_t rows, cols;
+  };
+  const char* hd_fields = "config.heads * config.head_dim";
+  const char* hdv_fields = "config.heads * config.value_head_dim";
+  for (const Weight& w : {Weight{"w_q", "config.query_dim", hd_fields, c.query_dim, hd},
+                          Weight{"w_k", "config.context_dim", hd_fields, c.context_dim, hd},
+                          Weight{"w_v", "config.context_dim", hdv_fields, c.context_dim, hdv},
+                          Weight{"w_o", hdv_fields, "config.out_dim", hdv, c.out_dim}}) {
+    try {
+      detail::checked_numel(kLayer, {w.rows, w.cols}, c.dtype);
+    } catch (const Error&) {
+      fail<ValueError>("{}: weight '{}' would have shape [{}, {}] = [{}, {}] of {}, more than can be allocated{}", kLayer, w.name,
+                       w.rows_fields, w.cols_fields, w.rows, w.cols, c.dtype, defaults);
+    }
   }
-  if (c.value_head_dim == 0) c.value_head_dim = c.head_dim;
-  if (c.out_dim == 0) c.out_dim = c.query_dim;
-  if (c.context_dim < 1 || c.head_dim < 1 || c.value_head_dim < 1 || c.out_dim < 1)
-    fail<ValueError>("{}: config widths must be >= 1, got context_dim={} head_dim={} value_head_dim={} out_dim={}", kLayer,
-                     c.context_dim, c.head_dim, c.value_head_dim, c.out_dim);
   return c;
 }
 

@@ -640,7 +640,11 @@ std::vector<OpInfo> build() {
       auto [out, attn] = tg::multihead_attention({x, x}, w, {}, 3, true);
       return Refs{Ref::of(out), Ref::of(attn)};
     };
-    info.errors = {{"heads not dividing", [] { tg::MultiHeadAttention({.query_dim = 5, .heads = 2}); }, Raises::value, {"MultiHeadAttention", "heads"}}};
+    info.errors = {{"heads not dividing", [] { tg::MultiHeadAttention({.query_dim = 5, .heads = 2}); }, Raises::value, {"MultiHeadAttention", "heads"}},
+                   {"query_dim too large to allocate", [] { tg::MultiHeadAttention({.query_dim = std::numeric_limits<std::int64_t>::max()}); },
+                    Raises::value, {"MultiHeadAttention", "'w_q'", "config.query_dim", "more than can be allocated"}},
+                   {"heads * head_dim overflowing", [] { tg::MultiHeadAttention({.query_dim = 4, .heads = std::int64_t{1} << 33, .head_dim = std::int64_t{1} << 33}); },
+                    Raises::value, {"MultiHeadAttention", "config.heads * config.head_dim", "overflows"}}};
     t.push_back(info);
   }
 

@@ -400,6 +400,36 @@ BOOST_AUTO_TEST_CASE(seeded_initialisation) {
   check_throws<tg::ValueError>([] { tg::MultiHeadAttention({.query_dim = 4, .heads = 0}); }, {"heads", "0"});
 }
 
+BOOST_AUTO_TEST_CASE(every_config_field_is_validated_before_use) {
+  using Config = tg::MultiHeadAttentionConfig;
+  constexpr std::int64_t big = std::numeric_limits<std::int64_t>::max();
+  auto fails = [](const Config& c, const std::vector<std::string>& fragments) {
+    check_throws<tg::ValueError>([&] { tg::MultiHeadAttention{c}; }, fragments);
+  };
+  // Once overflowed in the Xavier bound (then "rand: expected low <= high, got low=nan").
+  fails({.query_dim = big}, {"MultiHeadAttention", "'w_q'", "[config.query_dim, config.heads * config.head_dim]",
+                             fmt::format("[{}, {}]", big, big), "more than can be allocated", "head_dim = query_dim / heads"});
+  // Once built a layer whose w_q was [4, 0].
+  fails({.query_dim = 4, .heads = std::int64_t{1} << 33, .head_dim = std::int64_t{1} << 33},
+        {"MultiHeadAttention", "config.heads * config.head_dim = 8589934592 * 8589934592 overflows"});
+  fails({.query_dim = 4, .heads = std::int64_t{1} << 32, .head_dim = 1, .value_head_dim = std::int64_t{1} << 32},
+        {"config.heads * config.value_head_dim = 4294967296 * 4294967296 overflows", "filled in: context_dim = query_dim"});
+  // No overflow, but a weight no tensor can hold; found before anything is allocated.
+  fails({.query_dim = 4, .context_dim = std::int64_t{1} << 50},
+        {"'w_k'", "[config.context_dim, config.heads * config.head_dim]", "[1125899906842624, 4]", "float32"});
+  fails({.query_dim = 4, .out_dim = big}, {"'w_o'", "[config.heads * config.value_head_dim, config.out_dim]"});
+  fails({.query_dim = 0}, {"config.query_dim", ">= 1", "0"});
+  fails({.query_dim = 4, .heads = -2}, {"config.heads", ">= 1", "-2"});
+  fails({.query_dim = 4, .context_dim = -1}, {"config.context_dim", "or 0 for its default", "-1"});
+  fails({.query_dim = 4, .head_dim = -2}, {"config.head_dim", "-2"});
+  fails({.query_dim = 4, .value_head_dim = -3}, {"config.value_head_dim", "-3"});
+  fails({.query_dim = 4, .out_dim = std::numeric_limits<std::int64_t>::min()}, {"config.out_dim", "-9223372036854775808"});
+  check_throws<tg::DTypeError>([] { tg::MultiHeadAttention({.query_dim = 4, .dtype = tg::int64}); }, {"config.dtype", "int64"});
+  // Every width explicit and different: each weight follows its fields.
+  const tg::MultiHeadAttention ok({.query_dim = 2, .heads = 3, .head_dim = 5, .value_head_dim = 7, .out_dim = 11});
+  BOOST_TEST(ok.weights().w_o.shape() == (Shape{21, 11}));
+}
+
 BOOST_AUTO_TEST_CASE(kv_cache_decoding_equals_the_full_causal_forward) {
   for (auto dtype : {tg::float64, tg::float32}) {
     const double tol = dtype == tg::float64 ? 1e-12 : 1e-5;

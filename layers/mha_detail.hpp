@@ -9,13 +9,18 @@
 namespace tapegrad::detail {
 
 struct MhaShapes {
+  const char* op;  // the public function being run, for error messages and the tape node's name
   std::int64_t b, q, k, h, d, dv, cout;
 };
 
 // Validates everything but the context tensor itself (the layer's cache stands in for it), for
 // a context of `context_length` positions.
-MhaShapes check_mha(const MhaActivations& a, const MhaParameters& p, const MhaMasks& m, std::int64_t heads,
+MhaShapes check_mha(const char* op, const MhaActivations& a, const MhaParameters& p, const MhaMasks& m, std::int64_t heads,
                     std::int64_t context_length);
+
+// multihead_attention, with errors that name `op` (the layer's forward runs it too).
+AttentionResult multihead_attention(const char* op, const MhaActivations& a, const MhaParameters& p, const MhaMasks& m,
+                                    std::int64_t heads, bool causal, std::int64_t causal_offset);
 
 // x w (+ b)
 Tensor project(const Tensor& x, const Tensor& w, const Tensor& b);

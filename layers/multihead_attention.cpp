@@ -15,34 +15,32 @@ namespace tapegrad {
 namespace detail {
 namespace {
 
-constexpr const char* kOp = "multihead_attention";
-
-void check_matrix(const char* name, const Tensor& w, std::int64_t rows, DType dtype) {
-  check_floating(kOp, name, w);
+void check_matrix(const char* op, const char* name, const Tensor& w, std::int64_t rows, DType dtype) {
+  check_floating(op, name, w);
   if (w.dim() != 2 || (rows >= 0 && w.size(0) != rows))
-    fail<ShapeError>("{}: argument '{}' must be a matrix with {} rows, got shape {}", kOp, name,
+    fail<ShapeError>("{}: argument '{}' must be a matrix with {} rows, got shape {}", op, name,
                      rows >= 0 ? fmt::format("{}", rows) : std::string("any number of"), shape_str(w.shape()));
   if (w.dtype() != dtype)
-    fail<DTypeError>("{}: argument '{}' ({}) is {} but 'query' is {}; convert it with to()", kOp, name, shape_str(w.shape()),
+    fail<DTypeError>("{}: argument '{}' ({}) is {} but 'query' is {}; convert it with to()", op, name, shape_str(w.shape()),
                      w.dtype(), dtype);
 }
 
-void check_vector(const char* name, const Tensor& b, std::int64_t size, DType dtype) {
+void check_vector(const char* op, const char* name, const Tensor& b, std::int64_t size, DType dtype) {
   if (!b.defined()) return;
-  check_floating(kOp, name, b);
+  check_floating(op, name, b);
   if (b.shape() != Shape{size})
-    fail<ShapeError>("{}: argument '{}' must have shape [{}], got {}", kOp, name, size, shape_str(b.shape()));
+    fail<ShapeError>("{}: argument '{}' must have shape [{}], got {}", op, name, size, shape_str(b.shape()));
   if (b.dtype() != dtype)
-    fail<DTypeError>("{}: argument '{}' ({}) is {} but 'query' is {}; convert it with to()", kOp, name, shape_str(b.shape()),
+    fail<DTypeError>("{}: argument '{}' ({}) is {} but 'query' is {}; convert it with to()", op, name, shape_str(b.shape()),
                      b.dtype(), dtype);
 }
 
-void check_mask(const char* name, const Tensor& m, const Shape& shape, bool exact) {
+void check_mask(const char* op, const char* name, const Tensor& m, const Shape& shape, bool exact) {
   if (!m.defined()) return;
-  check_dtype(kOp, name, m, DType::bool_);
-  const bool fits = exact ? m.shape() == shape : broadcast_args(kOp, "attention shape", shape, name, m.shape()) == shape;
+  check_dtype(op, name, m, DType::bool_);
+  const bool fits = exact ? m.shape() == shape : broadcast_args(op, "attention shape", shape, name, m.shape()) == shape;
   if (!fits)
-    fail<ShapeError>("{}: argument '{}' must {} {}, got shape {}", kOp, name, exact ? "have shape" : "broadcast to",
+    fail<ShapeError>("{}: argument '{}' must {} {}, got shape {}", op, name, exact ? "have shape" : "broadcast to",
                      shape_str(shape), shape_str(m.shape()));
 }
 
@@ -62,46 +60,46 @@ Tensor project(const Tensor& x, const Tensor& w, const Tensor& b) {
   return b.defined() ? add(y, b) : y;
 }
 
-MhaShapes check_mha(const MhaActivations& a, const MhaParameters& p, const MhaMasks& m, std::int64_t heads,
+MhaShapes check_mha(const char* op, const MhaActivations& a, const MhaParameters& p, const MhaMasks& m, std::int64_t heads,
                     std::int64_t context_length) {
-  check_floating(kOp, "query", a.query);
+  check_floating(op, "query", a.query);
   const DType dtype = a.query.dtype();
-  if (a.query.dim() != 3) fail<ShapeError>("{}: argument 'query' must be [B, Q, Cq], got shape {}", kOp, shape_str(a.query.shape()));
-  if (heads < 1) fail<ValueError>("{}: argument 'heads' must be >= 1, got {}", kOp, heads);
-  MhaShapes s{a.query.size(0), a.query.size(1), context_length, heads, 0, 0, 0};
-  check_matrix("w_q", p.w_q, a.query.size(2), dtype);
-  check_matrix("w_k", p.w_k, -1, dtype);
-  check_matrix("w_v", p.w_v, p.w_k.size(0), dtype);
+  if (a.query.dim() != 3) fail<ShapeError>("{}: argument 'query' must be [B, Q, Cq], got shape {}", op, shape_str(a.query.shape()));
+  if (heads < 1) fail<ValueError>("{}: argument 'heads' must be >= 1, got {}", op, heads);
+  MhaShapes s{op, a.query.size(0), a.query.size(1), context_length, heads, 0, 0, 0};
+  check_matrix(op, "w_q", p.w_q, a.query.size(2), dtype);
+  check_matrix(op, "w_k", p.w_k, -1, dtype);
+  check_matrix(op, "w_v", p.w_v, p.w_k.size(0), dtype);
   if (p.w_k.size(1) != p.w_q.size(1))
-    fail<ShapeError>("{}: arguments 'w_q' {} and 'w_k' {} must project to the same width H*D", kOp, shape_str(p.w_q.shape()),
+    fail<ShapeError>("{}: arguments 'w_q' {} and 'w_k' {} must project to the same width H*D", op, shape_str(p.w_q.shape()),
                      shape_str(p.w_k.shape()));
   for (auto [name, w] : {std::pair{"w_q", &p.w_q}, {"w_v", &p.w_v}})
     if (w->size(1) % heads != 0)
-      fail<ShapeError>("{}: heads = {} must divide the projection width of '{}', shape {}", kOp, heads, name, shape_str(w->shape()));
+      fail<ShapeError>("{}: heads = {} must divide the projection width of '{}', shape {}", op, heads, name, shape_str(w->shape()));
   s.d = p.w_q.size(1) / heads;
   s.dv = p.w_v.size(1) / heads;
   if (s.d < 1)
-    fail<ShapeError>("{}: the per-head query/key width D must be >= 1, got 'w_q' {} with heads = {}", kOp, shape_str(p.w_q.shape()),
+    fail<ShapeError>("{}: the per-head query/key width D must be >= 1, got 'w_q' {} with heads = {}", op, shape_str(p.w_q.shape()),
                      heads);
-  check_matrix("w_o", p.w_o, p.w_v.size(1), dtype);
+  check_matrix(op, "w_o", p.w_o, p.w_v.size(1), dtype);
   s.cout = p.w_o.size(1);
-  check_vector("b_q", p.b_q, heads * s.d, dtype);
-  check_vector("b_k", p.b_k, heads * s.d, dtype);
-  check_vector("b_v", p.b_v, heads * s.dv, dtype);
-  check_vector("b_o", p.b_o, s.cout, dtype);
+  check_vector(op, "b_q", p.b_q, heads * s.d, dtype);
+  check_vector(op, "b_k", p.b_k, heads * s.d, dtype);
+  check_vector(op, "b_v", p.b_v, heads * s.dv, dtype);
+  check_vector(op, "b_o", p.b_o, s.cout, dtype);
   if (s.b < 1 || s.q < 1 || s.k < 1)
-    fail<ShapeError>("{}: B, Q and K must be >= 1, got B = {}, Q = {}, K = {} (query {}, context length {})", kOp, s.b, s.q, s.k,
+    fail<ShapeError>("{}: B, Q and K must be >= 1, got B = {}, Q = {}, K = {} (query {}, context length {})", op, s.b, s.q, s.k,
                      shape_str(a.query.shape()), s.k);
   const Shape scores{s.b, heads, s.q, s.k};
-  check_mask("key_mask", m.key_mask, {s.b, s.k}, true);
-  check_mask("query_mask", m.query_mask, {s.b, s.q}, true);
-  check_mask("attention_mask", m.attention_mask, scores, false);
+  check_mask(op, "key_mask", m.key_mask, {s.b, s.k}, true);
+  check_mask(op, "query_mask", m.query_mask, {s.b, s.q}, true);
+  check_mask(op, "attention_mask", m.attention_mask, scores, false);
   if (a.bias.defined()) {
-    check_floating(kOp, "bias", a.bias);
+    check_floating(op, "bias", a.bias);
     if (a.bias.dtype() != dtype)
-      fail<DTypeError>("{}: argument 'bias' is {} but 'query' is {}; convert it with to()", kOp, a.bias.dtype(), dtype);
-    if (broadcast_args(kOp, "attention shape", scores, "bias", a.bias.shape()) != scores)
-      fail<ShapeError>("{}: argument 'bias' must broadcast to {}, got shape {}", kOp, shape_str(scores), shape_str(a.bias.shape()));
+      fail<DTypeError>("{}: argument 'bias' is {} but 'query' is {}; convert it with to()", op, a.bias.dtype(), dtype);
+    if (broadcast_args(op, "attention shape", scores, "bias", a.bias.shape()) != scores)
+      fail<ShapeError>("{}: argument 'bias' must broadcast to {}, got shape {}", op, shape_str(scores), shape_str(a.bias.shape()));
   }
   return s;
 }
@@ -141,7 +139,7 @@ AttentionResult attend_projected(const Tensor& q, const Tensor& k, const Tensor&
                                  const AllowedPairs& allowed, const MhaShapes& s) {
   // Steps 2-5 in the attention core (one tape node), with the bias added to the scores.
   auto [heads_out, attention] =
-      attention_core({kOp, split_heads(q, s.h), split_heads(k, s.h), split_heads(v, s.h), bias, allowed.pairs});
+      attention_core({s.op, split_heads(q, s.h), split_heads(k, s.h), split_heads(v, s.h), bias, allowed.pairs});
   // Step 6: concatenate heads in head order, then the output projection.
   const Tensor merged = reshape(permute(heads_out, {0, 2, 1, 3}), {s.b, s.q, s.h * s.dv});
   Tensor output = project(merged, p.w_o, p.b_o);
@@ -150,33 +148,37 @@ AttentionResult attend_projected(const Tensor& q, const Tensor& k, const Tensor&
   return {rows_where(allowed.active, output), attention};
 }
 
-}  // namespace detail
-
-AttentionResult multihead_attention(const MhaActivations& a, const MhaParameters& p, const MhaMasks& m,
+AttentionResult multihead_attention(const char* op, const MhaActivations& a, const MhaParameters& p, const MhaMasks& m,
                                     std::int64_t heads, bool causal, std::int64_t causal_offset) {
-  detail::check_floating(detail::kOp, "context", a.context);
+  check_floating(op, "context", a.context);
   if (a.context.dim() != 3)
-    detail::fail<ShapeError>("{}: argument 'context' must be [B, K, Cctx], got shape {}", detail::kOp, detail::shape_str(a.context.shape()));
-  const detail::MhaShapes s = detail::check_mha(a, p, m, heads, a.context.size(1));
+    fail<ShapeError>("{}: argument 'context' must be [B, K, Cctx], got shape {}", op, shape_str(a.context.shape()));
+  const MhaShapes s = check_mha(op, a, p, m, heads, a.context.size(1));
   if (a.context.size(0) != s.b)
-    detail::fail<ShapeError>("{}: arguments 'query' {} and 'context' {} must have the same batch size B", detail::kOp,
-                             detail::shape_str(a.query.shape()), detail::shape_str(a.context.shape()));
+    fail<ShapeError>("{}: arguments 'query' {} and 'context' {} must have the same batch size B", op, shape_str(a.query.shape()),
+                     shape_str(a.context.shape()));
   if (a.context.size(2) != p.w_k.size(0))
-    detail::fail<ShapeError>("{}: argument 'w_k' {} must have one row per context channel ('context' is {})", detail::kOp,
-                             detail::shape_str(p.w_k.shape()), detail::shape_str(a.context.shape()));
+    fail<ShapeError>("{}: argument 'w_k' {} must have one row per context channel ('context' is {})", op, shape_str(p.w_k.shape()),
+                     shape_str(a.context.shape()));
   if (a.context.dtype() != a.query.dtype())
-    detail::fail<DTypeError>("{}: arguments 'query' ({}) and 'context' ({}) must have the same dtype", detail::kOp, a.query.dtype(),
-                             a.context.dtype());
-  const detail::AllowedPairs allowed = detail::allowed_pairs(m, s, causal, causal_offset);
+    fail<DTypeError>("{}: arguments 'query' ({}) and 'context' ({}) must have the same dtype", op, a.query.dtype(), a.context.dtype());
+  const AllowedPairs allowed = allowed_pairs(m, s, causal, causal_offset);
   // Step 1, on zero rows for the queries that attend to nothing and the keys that no query
   // attends to. Their values reach no output, but a NaN or inf there would reach the weight
   // gradients: dw_q = query^T dq multiplies a query's row by its zero row of dq, and 0 * NaN is
   // NaN. Selecting (not multiplying) drops the value and gives those rows exactly zero gradients.
-  const Tensor query = detail::rows_where(allowed.active, a.query), context = detail::rows_where(allowed.used, a.context);
-  const Tensor q = detail::project(query, p.w_q, p.b_q);
-  const Tensor k = detail::project(context, p.w_k, p.b_k);
-  const Tensor v = detail::project(context, p.w_v, p.b_v);
-  return detail::attend_projected(q, k, v, a.bias, p, allowed, s);
+  const Tensor query = rows_where(allowed.active, a.query), context = rows_where(allowed.used, a.context);
+  const Tensor q = project(query, p.w_q, p.b_q);
+  const Tensor k = project(context, p.w_k, p.b_k);
+  const Tensor v = project(context, p.w_v, p.b_v);
+  return attend_projected(q, k, v, a.bias, p, allowed, s);
+}
+
+}  // namespace detail
+
+AttentionResult multihead_attention(const MhaActivations& a, const MhaParameters& p, const MhaMasks& m, std::int64_t heads,
+                                    bool causal, std::int64_t causal_offset) {
+  return detail::multihead_attention("multihead_attention", a, p, m, heads, causal, causal_offset);
 }
 
 }  // namespace tapegrad

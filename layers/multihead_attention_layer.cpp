@@ -78,6 +78,43 @@ MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
   return c;
 }
 
+constexpr const char* kForward = "MultiHeadAttention::forward";
+constexpr const char* kDecode = "MultiHeadAttention::decode";
+
+// An input as the caller passed it: its argument name, and how it is used when that is not
+// obvious from the name.
+struct Input {
+  const char *name, *role;
+  const Tensor& tensor;
+};
+
+// The layer's inputs are checked against its config before anything else, so that a mismatch
+// is reported as what the caller passed (its rank, width or dtype) rather than as a weight the
+// caller never handed over (multihead_attention would blame w_q for a query of the wrong width).
+void check_input(const char* op, const Input& in, const char* width_field, std::int64_t width, DType dtype) {
+  const Tensor& x = in.tensor;
+  detail::check_floating(op, in.name, x);
+  if (x.dim() != 3 || x.size(0) < 1 || x.size(1) < 1)
+    fail<ShapeError>("{}: argument '{}'{} must be [B, L, config.{} = {}] with B, L >= 1, got shape {}", op, in.name, in.role,
+                     width_field, width, detail::shape_str(x.shape()));
+  if (x.size(2) != width)
+    fail<ShapeError>("{}: argument '{}'{} has width {} (shape {}) but the layer's config.{} is {}", op, in.name, in.role, x.size(2),
+                     detail::shape_str(x.shape()), width_field, width);
+  if (x.dtype() != dtype)
+    fail<DTypeError>("{}: argument '{}'{} is {} but the layer's config.dtype is {}; convert it with to()", op, in.name, in.role,
+                     x.dtype(), dtype);
+}
+
+AttentionResult run_forward(const MultiHeadAttention& layer, const Input& query, const Input& context, const MhaCall& call) {
+  const MultiHeadAttentionConfig& c = layer.config();
+  check_input(kForward, query, "query_dim", c.query_dim, c.dtype);
+  check_input(kForward, context, "context_dim", c.context_dim, c.dtype);
+  AttentionResult r = detail::multihead_attention(kForward, {query.tensor, context.tensor, call.bias}, layer.weights(), call.masks,
+                                                  c.heads, call.causal, call.causal_offset);
+  if (!call.need_weights) r.weights = Tensor();
+  return r;
+}
+
 // A fresh [B, capacity, width] buffer holding the first `length` positions of `buffer` (the
 // positions past them are not read: they were never written).
 Tensor reallocated(const Tensor& buffer, std::int64_t length, std::int64_t capacity) {
@@ -111,40 +148,35 @@ std::vector<Tensor*> MultiHeadAttention::parameters() {
 }
 
 AttentionResult MultiHeadAttention::forward(const Tensor& query, const Tensor& context, const Call& call) const {
-  AttentionResult r = multihead_attention({query, context, call.bias}, params_, call.masks, config_.heads, call.causal,
-                                          call.causal_offset);
-  if (!call.need_weights) r.weights = Tensor();
-  return r;
+  return run_forward(*this, {"query", "", query}, {"context", "", context}, call);
+}
+
+AttentionResult MultiHeadAttention::forward(const Tensor& x) const {
+  return run_forward(*this, {"x", "", x}, {"x", " (the context too: forward(x) is self-attention)", x}, Call{});
 }
 
 AttentionResult MultiHeadAttention::decode(const Tensor& query, KVCache& cache, const Call& call) const {
   NoGradGuard no_grad;
-  detail::check_floating("MultiHeadAttention::decode", "query", query);
-  if (query.dim() != 3 || query.size(2) != config_.query_dim || query.size(1) < 1)
-    fail<ShapeError>("MultiHeadAttention::decode: argument 'query' must be [B, n >= 1, {}], got shape {}", config_.query_dim,
-                     detail::shape_str(query.shape()));
   if (config_.context_dim != config_.query_dim)
-    fail<ValueError>("MultiHeadAttention::decode: incremental decoding is self-attention; this layer's context_dim {} differs "
-                     "from its query_dim {}",
-                     config_.context_dim, config_.query_dim);
-  if (query.dtype() != config_.dtype)
-    fail<DTypeError>("MultiHeadAttention::decode: argument 'query' ({}) is {} but the layer is {}", detail::shape_str(query.shape()),
-                     query.dtype(), config_.dtype);
+    fail<ValueError>("{}: incremental decoding is self-attention; this layer's config.context_dim {} differs from its "
+                     "config.query_dim {}",
+                     kDecode, config_.context_dim, config_.query_dim);
+  check_input(kDecode, {"query", "", query}, "query_dim", config_.query_dim, config_.dtype);
   if (cache.k_.defined()) {
     // A cache holds one batch of one layer's keys and values. An empty (cleared) cache with
     // other buffers is re-made; a non-empty one must match.
     const bool fits = cache.k_.size(0) == query.size(0) && cache.k_.size(2) == params_.w_k.size(1) &&
                       cache.v_.size(2) == params_.w_v.size(1) && cache.k_.dtype() == query.dtype();
     if (!fits && cache.length() > 0)
-      fail<ShapeError>("MultiHeadAttention::decode: argument 'cache' holds keys [{}, {}, {}] of {} from another batch or layer; "
-                       "'query' is {} {} and this layer's keys are {} wide (clear() the cache to start over)",
-                       cache.k_.size(0), cache.length(), cache.k_.size(2), cache.k_.dtype(), detail::shape_str(query.shape()),
+      fail<ShapeError>("{}: argument 'cache' holds keys [{}, {}, {}] of {} from another batch or layer; 'query' is {} {} and this "
+                       "layer's keys are {} wide (clear() the cache to start over)",
+                       kDecode, cache.k_.size(0), cache.length(), cache.k_.size(2), cache.k_.dtype(), detail::shape_str(query.shape()),
                        query.dtype(), params_.w_k.size(1));
     if (!fits) cache.k_ = cache.v_ = Tensor();
   }
   const std::int64_t before = cache.length();
   const MhaActivations a{query, Tensor(), call.bias};
-  const detail::MhaShapes s = detail::check_mha(a, params_, call.masks, config_.heads, before + query.size(1));
+  const detail::MhaShapes s = detail::check_mha(kDecode, a, params_, call.masks, config_.heads, before + query.size(1));
   cache.append(detail::project(query, params_.w_k, params_.b_k), detail::project(query, params_.w_v, params_.b_v));
   // Unlike multihead_attention, the rows of inactive queries and unattended keys are kept: the
   // new keys may serve later queries, and nothing here has a gradient.

@@ -586,4 +586,45 @@ BOOST_AUTO_TEST_CASE(every_argument_is_checked) {
   check_throws<tg::ShapeError>([&] { run([](MhaProblem& x) { x.act.context = tg::zeros({x.b + 1, x.k, x.cctx}); }); }, {"same batch size"});
 }
 
+BOOST_AUTO_TEST_CASE(the_layer_blames_what_the_caller_passed) {
+  tg::MultiHeadAttention cross({.query_dim = 32, .heads = 4, .context_dim = 16, .seed = 1});
+  tg::MultiHeadAttention self({.query_dim = 32, .heads = 4, .seed = 1});
+  const Tensor query = tg::zeros({2, 5, 32}), context = tg::zeros({2, 3, 16});
+  // Checks that `call` throws E naming every fragment and none of the weights, which the caller
+  // never passed.
+  auto blames = [](auto call, const std::vector<std::string>& fragments) {
+    try {
+      call();
+      BOOST_ERROR("expected an error mentioning " << fragments[0]);
+    } catch (const tg::Error& e) {
+      const std::string msg = e.what();
+      for (const auto& f : fragments) BOOST_CHECK_MESSAGE(msg.find(f) != std::string::npos, "message '" << msg << "' lacks '" << f << "'");
+      for (const char* w : {"w_q", "w_k", "w_v", "w_o", "multihead_attention"})
+        BOOST_CHECK_MESSAGE(msg.find(w) == std::string::npos, "message '" << msg << "' blames " << w);
+    }
+  };
+  blames([&] { cross.forward(tg::zeros({2, 5, 64}), context); },
+         {"MultiHeadAttention::forward", "'query'", "width 64", "[2, 5, 64]", "config.query_dim is 32"});
+  blames([&] { cross.forward(query.to(tg::float64), context); }, {"MultiHeadAttention::forward", "'query'", "float64", "config.dtype is float32"});
+  blames([&] { cross.forward(query, tg::zeros({2, 3, 32})); }, {"'context'", "width 32", "config.context_dim is 16"});
+  blames([&] { cross.forward(query, context.to(tg::float64)); }, {"'context'", "float64", "config.dtype is float32"});
+  blames([&] { self.forward(tg::zeros({5, 32})); }, {"MultiHeadAttention::forward", "argument 'x'", "[5, 32]", "[B, L, config.query_dim = 32]"});
+  blames([&] { cross.forward(tg::zeros({2, 5, 32})); }, {"argument 'x'", "self-attention", "config.context_dim is 16"});
+  blames([&] { self.forward(tg::zeros({0, 5, 32})); }, {"argument 'x'", "B, L >= 1", "[0, 5, 32]"});
+  blames([&] { self.forward(query, query, {.masks = {.key_mask = tg::zeros({2, 4}, tg::bool_)}}); },
+         {"MultiHeadAttention::forward", "'key_mask'", "[2, 5]", "[2, 4]"});
+  tg::KVCache cache;
+  blames([&] { self.decode(tg::zeros({2, 1, 64}), cache); }, {"MultiHeadAttention::decode", "'query'", "width 64", "config.query_dim is 32"});
+  blames([&] { self.decode(tg::zeros({2, 1, 32}, tg::float64), cache); }, {"MultiHeadAttention::decode", "'query'", "float64", "config.dtype is float32"});
+  blames([&] { self.decode(tg::zeros({2, 0, 32}), cache); }, {"MultiHeadAttention::decode", "'query'", "[2, 0, 32]"});
+  blames([&] { cross.decode(query, cache); }, {"MultiHeadAttention::decode", "self-attention", "config.context_dim 16"});
+  blames([&] { self.decode(tg::zeros({2, 1, 32}), cache, {.masks = {.key_mask = tg::zeros({2, 4}, tg::bool_)}}); },
+         {"MultiHeadAttention::decode", "'key_mask'", "[2, 1]"});
+  BOOST_TEST(cache.length() == 0);  // nothing appended by a call that failed
+  // Exception types: shapes are ShapeError, dtypes DTypeError.
+  check_throws<tg::ShapeError>([&] { cross.forward(tg::zeros({2, 5, 64}), context); }, {"'query'"});
+  check_throws<tg::DTypeError>([&] { cross.forward(query, context.to(tg::float64)); }, {"'context'"});
+  check_throws<tg::ValueError>([&] { cross.decode(query, cache); }, {"self-attention"});
+}
+
 BOOST_AUTO_TEST_SUITE_END()

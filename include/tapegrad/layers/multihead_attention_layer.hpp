@@ -72,7 +72,9 @@ class MultiHeadAttention {
 
   AttentionResult forward(const Tensor& query, const Tensor& context, const Call& call) const;
   AttentionResult forward(const Tensor& query, const Tensor& context) const { return forward(query, context, Call{}); }
-  AttentionResult forward(const Tensor& x) const { return forward(x, x, Call{}); }  // self-attention
+  AttentionResult forward(const Tensor& x) const;  // self-attention: forward(x, x); errors name 'x'
+  // Each input is checked against the config first: a query or context of the wrong rank,
+  // width or dtype is reported as such (against config.query_dim, context_dim or dtype).
 
   // Incremental causal self-attention: projects `query` [B, n, Cq] (n new positions), appends
   // their keys and values to `cache`, and attends over every cached position with

@@ -17,33 +17,35 @@
 namespace tapegrad::detail {
 namespace {
 
-// Infinities and NaN are the values whose exponent bits are all ones. Testing the bits keeps
-// the scan a branch-free integer loop that the compiler vectorises.
-template <class T> bool finite(T v) {
-  if constexpr (sizeof(T) == 4) return (std::bit_cast<std::uint32_t>(v) & 0x7f800000u) != 0x7f800000u;
-  else return (std::bit_cast<std::uint64_t>(v) & 0x7ff0000000000000u) != 0x7ff0000000000000u;
+// 1 for an infinity or NaN (the values whose exponent bits are all ones), else 0, as an integer
+// of the element's width: or-ing these keeps the scan a branch-free integer loop, which the
+// compiler vectorises (a bool accumulator or std::isfinite would not be).
+template <class T> auto non_finite(T v) {
+  if constexpr (sizeof(T) == 4) {
+    return std::uint32_t{(std::bit_cast<std::uint32_t>(v) & 0x7f800000u) == 0x7f800000u};
+  } else {
+    return std::uint64_t{(std::bit_cast<std::uint64_t>(v) & 0x7ff0000000000000u) == 0x7ff0000000000000u};
+  }
 }
 
 template <class T> bool all_finite(const Tensor& x) {
   const T* p = static_cast<const T*>(x.raw_data());
-  bool all = true;
+  decltype(non_finite(T{})) bad = 0;
   StridedLoop<1> loop(x.shape().data(), x.shape().size(), {x.strides().data()});
   loop.for_each_run([&](const auto& off, std::int64_t n, const auto& inner) {
     const T* r = p + off[0];
-    bool ok = true;
     if (inner[0] == 1)
-      for (std::int64_t i = 0; i < n; ++i) ok &= finite(r[i]);
+      for (std::int64_t i = 0; i < n; ++i) bad |= non_finite(r[i]);
     else
-      for (std::int64_t i = 0; i < n; ++i) ok &= finite(r[i * inner[0]]);
-    all = all && ok;
+      for (std::int64_t i = 0; i < n; ++i) bad |= non_finite(r[i * inner[0]]);
   });
-  return all;
+  return bad == 0;
 }
 
 // x with its non-finite elements replaced by 0 (a fresh contiguous tensor).
 template <class T> Tensor finite_part(const Tensor& x) {
   Tensor out = new_tensor(x.shape(), x.dtype());
-  map_into<T, T>(out, [](T v) { return finite(v) ? v : T(0); }, x);
+  map_into<T, T>(out, [](T v) { return non_finite(v) ? T(0) : v; }, x);
   return out;
 }
 
@@ -74,7 +76,7 @@ template <class T> void add_non_finite(const Tensor& w, const Tensor& x, const T
       for (std::int64_t kk = 0; kk < k; ++kk)
         for (std::int64_t nn = 0; nn < n; ++nn) {
           const T v = px[kk * xk + nn * xn];
-          if (finite(v)) continue;
+          if (!non_finite(v)) continue;
           for (std::int64_t i = 0; i < m; ++i)
             if (const T weight = pw[i * wi + kk * wk]; weight != T(0)) pc[i * ci + nn * cn] += weight * v;
         }

@@ -4,11 +4,17 @@
 //   S = (q / sqrt(D)) k^T (+ bias)   dq = dS k / sqrt(D),  dk = dS^T q / sqrt(D),  dbias = dS
 //   A = masked_softmax(S, allowed)   dS = A * (dA - rowsum(A * dA))
 //   O = A v                          dA = dO v^T + (upstream gradient of A),  dv = A^T dO
+// Masked keys and empty rows have weights exactly 0, and so have their dS. The four products by
+// A or dS (O, dv, dq, dk) are weighted_matmul, where a zero weight contributes nothing: a NaN or
+// inf in a masked key's k or v, or in an empty row's q, cannot reach any output or gradient
+// (a plain matmul would add 0 * NaN = NaN). dA = dO v^T needs no such care: it is NaN at a masked
+// key whose v is, but masked_softmax_backward never reads dA where A = 0.
 #include <cmath>
 
 #include "layers/attention_core.hpp"
 #include "ops/kernel.hpp"
 #include "ops/softmax_kernels.hpp"
+#include "ops/weighted_matmul.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/matmul.hpp"
 #include "tapegrad/ops/view.hpp"
@@ -73,7 +79,7 @@ AttentionResult attention_core(const AttentionArgs& a) {
     if (scores.shape() != scores_shape) scores = expand(scores, scores_shape);
     if (a.bias.defined()) scores = add(scores, a.bias);
     weights = masked_softmax_forward(scores, a.allowed);
-    output = matmul(weights, a.v);
+    output = weighted_matmul(weights, a.v);
   }
   const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias};
   if (!should_record(inputs)) return {output, weights};
@@ -85,17 +91,17 @@ AttentionResult attention_core(const AttentionArgs& a) {
               const Tensor& d_weights = g[1];
               std::vector<Tensor> grads(4);
               // dv = A^T dO
-              if (needs[2] && d_out.defined()) grads[2] = sum_to(matmul(transpose(A, -1, -2), d_out), v.shape());
+              if (needs[2] && d_out.defined()) grads[2] = sum_to(weighted_matmul(transpose(A, -1, -2), d_out), v.shape());
               if (!(needs[0] || needs[1] || needs[3])) return grads;
-              // dA = dO v^T + upstream dA
+              // dA = dO v^T + upstream dA (read only where A != 0)
               Tensor dA = d_out.defined() ? matmul(d_out, transpose(v, -1, -2)) : Tensor();
               if (d_weights.defined()) dA = dA.defined() ? add(dA, d_weights) : d_weights;
               if (!dA.defined()) return grads;
               const Tensor dS = masked_softmax_backward(A, dA);  // zero where masked
               if (needs[3]) grads[3] = sum_to(dS, bias_shape);
               // The 1/sqrt(D) goes on the [..., Q, D] and [..., K, D] results, not on dS.
-              if (needs[0]) grads[0] = mul(sum_to(matmul(dS, k), q.shape()), scale);
-              if (needs[1]) grads[1] = mul(sum_to(matmul(transpose(dS, -1, -2), q), k.shape()), scale);
+              if (needs[0]) grads[0] = mul(sum_to(weighted_matmul(dS, k), q.shape()), scale);
+              if (needs[1]) grads[1] = mul(sum_to(weighted_matmul(transpose(dS, -1, -2), q), k.shape()), scale);
               return grads;
             },
             /*saved=*/std::vector<Tensor>{a.q, a.k, a.v, weights});

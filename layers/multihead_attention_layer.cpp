@@ -1,8 +1,12 @@
 // The MultiHeadAttention layer and its KV cache.
 #include "tapegrad/layers/multihead_attention_layer.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <string>
+#include <utility>
 
+#include "autodiff/tensor_impl.hpp"
 #include "layers/mha_detail.hpp"
 #include "ops/kernel.hpp"
 #include "tapegrad/ops/view.hpp"
@@ -14,27 +18,109 @@ using detail::fail;
 constexpr const char* kLayer = "MultiHeadAttention";
 
 Tensor xavier(std::int64_t fan_in, std::int64_t fan_out, Generator& gen, DType dtype) {
-  const double a = std::sqrt(6.0 / static_cast<double>(fan_in + fan_out));
+  // resolve() bounded both fans (each weight is allocatable), so the sum cannot overflow; it is
+  // taken in double all the same.
+  const double a = std::sqrt(6.0 / (static_cast<double>(fan_in) + static_cast<double>(fan_out)));
   return rand({fan_in, fan_out}, gen, dtype, -a, a).set_requires_grad();
 }
 
+// Validates every field before anything is computed from it, then fills in the defaults. A
+// config that cannot give a layer is a ValueError (DTypeError for the dtype) naming its fields:
+// nothing overflows further on, and no weight gets a shape that wraps around.
 MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
   if (c.query_dim < 1) fail<ValueError>("{}: config.query_dim must be >= 1, got {}", kLayer, c.query_dim);
   if (c.heads < 1) fail<ValueError>("{}: config.heads must be >= 1, got {}", kLayer, c.heads);
+  for (auto [field, value] : {std::pair{"context_dim", c.context_dim}, {"head_dim", c.head_dim}, {"value_head_dim", c.value_head_dim},
+                              {"out_dim", c.out_dim}})
+    if (value < 0) fail<ValueError>("{}: config.{} must be >= 1, or 0 for its default, got {}", kLayer, field, value);
   if (!is_floating(c.dtype)) fail<DTypeError>("{}: config.dtype must be float32 or float64, got {}", kLayer, c.dtype);
-  if (c.context_dim == 0) c.context_dim = c.query_dim;
-  if (c.head_dim == 0) {
-    if (c.query_dim % c.heads != 0)
-      fail<ValueError>("{}: config.heads = {} must divide config.query_dim = {} when head_dim is not given", kLayer,
-                       c.heads, c.query_dim);
-    c.head_dim = c.query_dim / c.heads;
+
+  std::string defaults;  // named in the messages below, which may concern a filled-in field
+  auto fill = [&](std::int64_t& field, std::int64_t value, const char* rule) {
+    if (field != 0) return;
+    field = value;
+    defaults += fmt::format("{}{}", defaults.empty() ? " (filled in: " : ", ", rule);
+  };
+  fill(c.context_dim, c.query_dim, "context_dim = query_dim");
+  if (c.head_dim == 0 && c.query_dim % c.heads != 0)
+    fail<ValueError>("{}: config.heads = {} must divide config.query_dim = {} when head_dim is not given", kLayer, c.heads,
+                     c.query_dim);
+  fill(c.head_dim, c.query_dim / c.heads, "head_dim = query_dim / heads");
+  fill(c.value_head_dim, c.head_dim, "value_head_dim = head_dim");
+  fill(c.out_dim, c.query_dim, "out_dim = query_dim");
+  if (!defaults.empty()) defaults += ")";
+
+  std::int64_t hd = 0, hdv = 0;
+  if (__builtin_mul_overflow(c.heads, c.head_dim, &hd))
+    fail<ValueError>("{}: config.heads * config.head_dim = {} * {} overflows int64{}", kLayer, c.heads, c.head_dim, defaults);
+  if (__builtin_mul_overflow(c.heads, c.value_head_dim, &hdv))
+    fail<ValueError>("{}: config.heads * config.value_head_dim = {} * {} overflows int64{}", kLayer, c.heads, c.value_head_dim,
+                     defaults);
+  // Each weight must be a tensor tapegrad can allocate (its element and byte counts fit); that
+  // also bounds fan_in + fan_out.
+  struct Weight {
+    const char *name, *rows_fields, *cols_fields;
+    std::int64_t rows, cols;
+  };
+  const char* hd_fields = "config.heads * config.head_dim";
+  const char* hdv_fields = "config.heads * config.value_head_dim";
+  for (const Weight& w : {Weight{"w_q", "config.query_dim", hd_fields, c.query_dim, hd},
+                          Weight{"w_k", "config.context_dim", hd_fields, c.context_dim, hd},
+                          Weight{"w_v", "config.context_dim", hdv_fields, c.context_dim, hdv},
+                          Weight{"w_o", hdv_fields, "config.out_dim", hdv, c.out_dim}}) {
+    try {
+      detail::checked_numel(kLayer, {w.rows, w.cols}, c.dtype);
+    } catch (const Error&) {
+      fail<ValueError>("{}: weight '{}' would have shape [{}, {}] = [{}, {}] of {}, more than can be allocated{}", kLayer, w.name,
+                       w.rows_fields, w.cols_fields, w.rows, w.cols, c.dtype, defaults);
+    }
   }
-  if (c.value_head_dim == 0) c.value_head_dim = c.head_dim;
-  if (c.out_dim == 0) c.out_dim = c.query_dim;
-  if (c.context_dim < 1 || c.head_dim < 1 || c.value_head_dim < 1 || c.out_dim < 1)
-    fail<ValueError>("{}: config widths must be >= 1, got context_dim={} head_dim={} value_head_dim={} out_dim={}", kLayer,
-                     c.context_dim, c.head_dim, c.value_head_dim, c.out_dim);
   return c;
+}
+
+constexpr const char* kForward = "MultiHeadAttention::forward";
+constexpr const char* kDecode = "MultiHeadAttention::decode";
+
+// An input as the caller passed it: its argument name, and how it is used when that is not
+// obvious from the name.
+struct Input {
+  const char *name, *role;
+  const Tensor& tensor;
+};
+
+// The layer's inputs are checked against its config before anything else, so that a mismatch
+// is reported as what the caller passed (its rank, width or dtype) rather than as a weight the
+// caller never handed over (multihead_attention would blame w_q for a query of the wrong width).
+void check_input(const char* op, const Input& in, const char* width_field, std::int64_t width, DType dtype) {
+  const Tensor& x = in.tensor;
+  detail::check_floating(op, in.name, x);
+  if (x.dim() != 3 || x.size(0) < 1 || x.size(1) < 1)
+    fail<ShapeError>("{}: argument '{}'{} must be [B, L, config.{} = {}] with B, L >= 1, got shape {}", op, in.name, in.role,
+                     width_field, width, detail::shape_str(x.shape()));
+  if (x.size(2) != width)
+    fail<ShapeError>("{}: argument '{}'{} has width {} (shape {}) but the layer's config.{} is {}", op, in.name, in.role, x.size(2),
+                     detail::shape_str(x.shape()), width_field, width);
+  if (x.dtype() != dtype)
+    fail<DTypeError>("{}: argument '{}'{} is {} but the layer's config.dtype is {}; convert it with to()", op, in.name, in.role,
+                     x.dtype(), dtype);
+}
+
+AttentionResult run_forward(const MultiHeadAttention& layer, const Input& query, const Input& context, const MhaCall& call) {
+  const MultiHeadAttentionConfig& c = layer.config();
+  check_input(kForward, query, "query_dim", c.query_dim, c.dtype);
+  check_input(kForward, context, "context_dim", c.context_dim, c.dtype);
+  AttentionResult r = detail::multihead_attention(kForward, {query.tensor, context.tensor, call.bias}, layer.weights(), call.masks,
+                                                  c.heads, call.causal, call.causal_offset);
+  if (!call.need_weights) r.weights = Tensor();
+  return r;
+}
+
+// A fresh [B, capacity, width] buffer holding the first `length` positions of `buffer` (the
+// positions past them are not read: they were never written).
+Tensor reallocated(const Tensor& buffer, std::int64_t length, std::int64_t capacity) {
+  Tensor out = detail::new_tensor({buffer.size(0), capacity, buffer.size(2)}, buffer.dtype());
+  if (length > 0) detail::copy_into(slice(out, 1, 0, length), slice(buffer, 1, 0, length));
+  return out;
 }
 
 }  // namespace
@@ -62,61 +148,72 @@ std::vector<Tensor*> MultiHeadAttention::parameters() {
 }
 
 AttentionResult MultiHeadAttention::forward(const Tensor& query, const Tensor& context, const Call& call) const {
-  AttentionResult r = multihead_attention({query, context, call.bias}, params_, call.masks, config_.heads, call.causal,
-                                          call.causal_offset);
-  if (!call.need_weights) r.weights = Tensor();
-  return r;
+  return run_forward(*this, {"query", "", query}, {"context", "", context}, call);
+}
+
+AttentionResult MultiHeadAttention::forward(const Tensor& x) const {
+  return run_forward(*this, {"x", "", x}, {"x", " (the context too: forward(x) is self-attention)", x}, Call{});
 }
 
 AttentionResult MultiHeadAttention::decode(const Tensor& query, KVCache& cache, const Call& call) const {
   NoGradGuard no_grad;
-  detail::check_floating("MultiHeadAttention::decode", "query", query);
-  if (query.dim() != 3 || query.size(2) != config_.query_dim || query.size(1) < 1)
-    fail<ShapeError>("MultiHeadAttention::decode: argument 'query' must be [B, n >= 1, {}], got shape {}", config_.query_dim,
-                     detail::shape_str(query.shape()));
   if (config_.context_dim != config_.query_dim)
-    fail<ValueError>("MultiHeadAttention::decode: incremental decoding is self-attention; this layer's context_dim {} differs "
-                     "from its query_dim {}",
-                     config_.context_dim, config_.query_dim);
-  if (query.dtype() != config_.dtype)
-    fail<DTypeError>("MultiHeadAttention::decode: argument 'query' ({}) is {} but the layer is {}", detail::shape_str(query.shape()),
-                     query.dtype(), config_.dtype);
+    fail<ValueError>("{}: incremental decoding is self-attention; this layer's config.context_dim {} differs from its "
+                     "config.query_dim {}",
+                     kDecode, config_.context_dim, config_.query_dim);
+  check_input(kDecode, {"query", "", query}, "query_dim", config_.query_dim, config_.dtype);
   if (cache.k_.defined()) {
     // A cache holds one batch of one layer's keys and values. An empty (cleared) cache with
     // other buffers is re-made; a non-empty one must match.
     const bool fits = cache.k_.size(0) == query.size(0) && cache.k_.size(2) == params_.w_k.size(1) &&
                       cache.v_.size(2) == params_.w_v.size(1) && cache.k_.dtype() == query.dtype();
     if (!fits && cache.length() > 0)
-      fail<ShapeError>("MultiHeadAttention::decode: argument 'cache' holds keys [{}, {}, {}] of {} from another batch or layer; "
-                       "'query' is {} {} and this layer's keys are {} wide (clear() the cache to start over)",
-                       cache.k_.size(0), cache.length(), cache.k_.size(2), cache.k_.dtype(), detail::shape_str(query.shape()),
+      fail<ShapeError>("{}: argument 'cache' holds keys [{}, {}, {}] of {} from another batch or layer; 'query' is {} {} and this "
+                       "layer's keys are {} wide (clear() the cache to start over)",
+                       kDecode, cache.k_.size(0), cache.length(), cache.k_.size(2), cache.k_.dtype(), detail::shape_str(query.shape()),
                        query.dtype(), params_.w_k.size(1));
     if (!fits) cache.k_ = cache.v_ = Tensor();
   }
   const std::int64_t before = cache.length();
   const MhaActivations a{query, Tensor(), call.bias};
-  const detail::MhaShapes s = detail::check_mha(a, params_, call.masks, config_.heads, before + query.size(1));
+  const detail::MhaShapes s = detail::check_mha(kDecode, a, params_, call.masks, config_.heads, before + query.size(1));
   cache.append(detail::project(query, params_.w_k, params_.b_k), detail::project(query, params_.w_v, params_.b_v));
+  // Unlike multihead_attention, the rows of inactive queries and unattended keys are kept: the
+  // new keys may serve later queries, and nothing here has a gradient.
   AttentionResult r = detail::attend_projected(detail::project(query, params_.w_q, params_.b_q), cache.keys(), cache.values(),
-                                               a, params_, call.masks, s, /*causal=*/true, /*causal_offset=*/before);
+                                               call.bias, params_, detail::allowed_pairs(call.masks, s, /*causal=*/true, before), s);
   if (!call.need_weights) r.weights = Tensor();
   return r;
 }
 
+KVCache::KVCache(const KVCache& other)
+    : k_(other.k_.defined() ? reallocated(other.k_, other.length_, other.capacity()) : Tensor()),
+      v_(other.v_.defined() ? reallocated(other.v_, other.length_, other.capacity()) : Tensor()),
+      length_(other.length_) {}
+
+KVCache& KVCache::operator=(const KVCache& other) {
+  if (this != &other) *this = KVCache(other);
+  return *this;
+}
+
+KVCache::KVCache(KVCache&& other) noexcept
+    : k_(std::move(other.k_)), v_(std::move(other.v_)), length_(std::exchange(other.length_, 0)) {}
+
+KVCache& KVCache::operator=(KVCache&& other) noexcept {
+  if (this == &other) return *this;
+  k_ = std::move(other.k_);  // a moved-from Tensor is undefined
+  v_ = std::move(other.v_);
+  length_ = std::exchange(other.length_, 0);
+  return *this;
+}
+
 void KVCache::append(const Tensor& k, const Tensor& v) {
   const std::int64_t n = k.size(1);
-  const std::int64_t capacity = k_.defined() ? k_.size(1) : 0;
-  if (length_ + n > capacity) {
+  if (length_ + n > capacity()) {
     // Grow by doubling: each position is copied O(1) times on average.
-    const std::int64_t grown = std::max<std::int64_t>({2 * capacity, length_ + n, 16});
-    Tensor nk = detail::new_tensor({k.size(0), grown, k.size(2)}, k.dtype());
-    Tensor nv = detail::new_tensor({v.size(0), grown, v.size(2)}, v.dtype());
-    if (length_ > 0) {
-      detail::copy_into(slice(nk, 1, 0, length_), keys());
-      detail::copy_into(slice(nv, 1, 0, length_), values());
-    }
-    k_ = nk;
-    v_ = nv;
+    const std::int64_t grown = std::max<std::int64_t>({2 * capacity(), length_ + n, 16});
+    k_ = reallocated(k_.defined() ? k_ : k, length_, grown);
+    v_ = reallocated(v_.defined() ? v_ : v, length_, grown);
   }
   detail::copy_into(slice(k_, 1, length_, length_ + n), k);
   detail::copy_into(slice(v_, 1, length_, length_ + n), v);

@@ -36,6 +36,14 @@ std::vector<std::vector<Shape>> binary_shapes() {
 }
 
 Tensor f32(const Shape& s) { return tg::zeros(s, tg::float32); }
+
+// x [..., L, C] with the rows i where flagged(i) replaced by `value` (selected: the gradient
+// there is exactly 0, as is the numeric derivative).
+template <class Flag> Tensor with_rows(const Tensor& x, Flag flagged, double value) {
+  std::vector<bool> rows;
+  for (std::int64_t i = 0; i < x.size(-2); ++i) rows.push_back(flagged(i));
+  return tg::where(tg::from_bools(rows, {x.size(-2), 1}), tg::scalar(value, x.dtype()), x);
+}
 Tensor f64(const Shape& s) { return tg::zeros(s, tg::float64); }
 
 ErrorInput bad_dtype_unary(const std::string& name, std::function<Tensor(const Tensor&)> f) {
@@ -480,11 +488,22 @@ std::vector<OpInfo> build() {
     info.covers = {"scaled_dot_product_attention", "attention"};
     info.samples = {{{3, 4}, {5, 4}, {5, 2}}, {{2, 3, 4}, {1, 5, 4}, {5, 3}}, {{1, 1}, {1, 1}, {1, 1}}, {{2, 2, 3, 2}, {2, 1, 4, 2}, {4, 1}},
                     {{3, 2}, {0, 2}, {0, 4}}, {{0, 2}, {3, 2}, {3, 1}}};
+    // Outputs 3 and 4 run again with NaN in the masked keys' k and the empty rows' q and inf in
+    // the masked keys' v: they must equal outputs 0 and 1, gradients included.
     info.op = [](const Ins& in) {
       const std::int64_t q = in[0].size(-2), k = in[1].size(-2);
       const Tensor mask = tg::logical_and(tg::causal_mask(q, k, 1), pattern_mask({k}));
       auto [out, w] = tg::scaled_dot_product_attention(in[0], in[1], in[2], mask);
-      return Outs{out, w, tg::attention(in[0], in[1], in[2], mask)};
+      const auto masked_key = [](std::int64_t j) { return !pattern_value(j); };
+      const auto empty_row = [k](std::int64_t i) {
+        for (std::int64_t j = 0; j < k && j <= i + 1; ++j)
+          if (pattern_value(j)) return false;
+        return true;
+      };
+      const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+      auto [out_p, w_p] = tg::scaled_dot_product_attention(with_rows(in[0], empty_row, nan), with_rows(in[1], masked_key, nan),
+                                                           with_rows(in[2], masked_key, inf), mask);
+      return Outs{out, w, tg::attention(in[0], in[1], in[2], mask), out_p, w_p};
     };
     info.reference = [](const Refs& in) {
       const Ref& q = in[0];
@@ -508,7 +527,7 @@ std::vector<OpInfo> build() {
         for (std::int64_t j = 0; j < nk; ++j) w.v[static_cast<std::size_t>(r * nk + j)] = any ? w.v[static_cast<std::size_t>(r * nk + j)] / z : 0.0;
       }
       const Ref out = ref_matmul(w, in[2]);
-      return Refs{out, w, out};
+      return Refs{out, w, out, out, w};
     };
     info.errors = {{"q of rank 1", [] { tg::scaled_dot_product_attention(f32({3}), f32({2, 3}), f32({2, 1})); }, Raises::shape,
                     {"scaled_dot_product_attention", "'q'", "rank >= 2"}},
@@ -550,9 +569,16 @@ std::vector<OpInfo> build() {
       const std::int64_t b = in[0].size(0), q = in[0].size(1), k = in[1].size(1);
       return tg::MhaMasks{.key_mask = pattern_mask({b, k}), .query_mask = tg::logical_not(pattern_mask({b, q}))};
     };
+    // Outputs 2 and 3 run again with NaN in the masked queries' rows and -inf in the padding
+    // keys' context rows: they must equal outputs 0 and 1, gradients included.
     info.op = [masks](const Ins& in) {
-      auto [out, attn] = tg::multihead_attention({in[0], in[1]}, {in[2], in[3], in[4], in[5]}, masks(in), 2, true, 0);
-      return Outs{out, attn};
+      const tg::MhaMasks m = masks(in);
+      auto [out, attn] = tg::multihead_attention({in[0], in[1]}, {in[2], in[3], in[4], in[5]}, m, 2, true, 0);
+      const Tensor query = tg::where(tg::unsqueeze(tg::logical_not(m.query_mask), -1), tg::scalar(std::nan(""), in[0].dtype()), in[0]);
+      const Tensor context = tg::where(tg::unsqueeze(tg::logical_not(m.key_mask), -1),
+                                       tg::scalar(-std::numeric_limits<double>::infinity(), in[1].dtype()), in[1]);
+      auto [out_p, attn_p] = tg::multihead_attention({query, context}, {in[2], in[3], in[4], in[5]}, m, 2, true, 0);
+      return Outs{out, attn, out_p, attn_p};
     };
     info.reference = [](const Refs& in) {
       // Written out with plain loops: b, h, i, j indices, D = cols(w_q) / 2, Dv = cols(w_v) / 2.
@@ -588,7 +614,7 @@ std::vector<OpInfo> build() {
             for (std::int64_t e = 0; e < H * Dv; ++e)
               out.v[static_cast<std::size_t>((b * Q + i) * Cout + o)] += merged.v[static_cast<std::size_t>((b * Q + i) * H * Dv + e)] * wo.v[static_cast<std::size_t>(e * Cout + o)];
         }
-      return Refs{out, attn};
+      return Refs{out, attn, out, attn};
     };
     info.errors = {{"zero heads", [] { tg::multihead_attention({f32({1, 1, 2}), f32({1, 1, 2})}, {f32({2, 2}), f32({2, 2}), f32({2, 2}), f32({2, 2})}, {}, 0); },
                     Raises::value, {"multihead_attention", "'heads'", "0"}},
@@ -614,7 +640,11 @@ std::vector<OpInfo> build() {
       auto [out, attn] = tg::multihead_attention({x, x}, w, {}, 3, true);
       return Refs{Ref::of(out), Ref::of(attn)};
     };
-    info.errors = {{"heads not dividing", [] { tg::MultiHeadAttention({.query_dim = 5, .heads = 2}); }, Raises::value, {"MultiHeadAttention", "heads"}}};
+    info.errors = {{"heads not dividing", [] { tg::MultiHeadAttention({.query_dim = 5, .heads = 2}); }, Raises::value, {"MultiHeadAttention", "heads"}},
+                   {"query_dim too large to allocate", [] { tg::MultiHeadAttention({.query_dim = std::numeric_limits<std::int64_t>::max()}); },
+                    Raises::value, {"MultiHeadAttention", "'w_q'", "config.query_dim", "more than can be allocated"}},
+                   {"heads * head_dim overflowing", [] { tg::MultiHeadAttention({.query_dim = 4, .heads = std::int64_t{1} << 33, .head_dim = std::int64_t{1} << 33}); },
+                    Raises::value, {"MultiHeadAttention", "config.heads * config.head_dim", "overflows"}}};
     t.push_back(info);
   }
 

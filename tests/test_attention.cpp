@@ -339,6 +339,114 @@ BOOST_AUTO_TEST_CASE(float32_agrees_with_float64) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
+BOOST_AUTO_TEST_SUITE(non_finite_masked_entries)
+
+// Keys masked for every query and queries with no allowed key take no part in attention: a NaN
+// or an infinity there must change no output and no gradient. Each run poisons those entries
+// and compares with the same run where they are 0. The comparison is exact (== on every value):
+// the products by the weights run the same matmul on the same finite values in both runs.
+struct SdpaRun {
+  std::vector<std::vector<double>> results;  // output, weights, dq, dk, dv
+};
+
+SdpaRun run_sdpa(const Tensor& q0, const Tensor& k0, const Tensor& v0, const Tensor& mask, const Tensor& d_out, const Tensor& d_weights) {
+  Tensor q = q0.detach().set_requires_grad(), k = k0.detach().set_requires_grad(), v = v0.detach().set_requires_grad();
+  auto [out, w] = tg::scaled_dot_product_attention(q, k, v, mask);
+  tg::backward({out, w}, {d_out, d_weights});
+  SdpaRun r{{values(out), values(w), values(q.grad()), values(k.grad()), values(v.grad())}};
+  tg::clear_tape();
+  return r;
+}
+
+// x [..., L, C] with rows `rows` (indices into the flattened [..., L]) set to `value`.
+Tensor with_rows(const Tensor& x, const std::vector<std::int64_t>& rows, double value) {
+  std::vector<double> v = values(x);
+  const std::int64_t c = x.shape().back();
+  for (auto r : rows)
+    for (std::int64_t j = 0; j < c; ++j) v[static_cast<std::size_t>(r * c + j)] = value;
+  return tg::from_vector(v, x.shape()).to(x.dtype());
+}
+
+void check_same(const SdpaRun& poisoned, const SdpaRun& zeroed, const std::string& what) {
+  const char* names[] = {"output", "weights", "dq", "dk", "dv"};
+  for (std::size_t i = 0; i < poisoned.results.size(); ++i) {
+    for (double x : poisoned.results[i]) BOOST_TEST_REQUIRE(std::isfinite(x), what << ": " << names[i] << " is not finite");
+    BOOST_TEST((poisoned.results[i] == zeroed.results[i]), what << ": " << names[i] << " differs from the zeroed run");
+  }
+}
+
+const double kPoisons[] = {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
+                           -std::numeric_limits<double>::infinity()};
+
+BOOST_AUTO_TEST_CASE(masked_keys_and_empty_rows_change_no_output_and_no_gradient) {
+  // [B=2, Q=4, K=5]. Batch 0: key 1 is masked for every query, query 2 has no allowed key.
+  // Batch 1: keys 0 and 4 are masked for every query, queries 0 and 3 have no allowed key, and
+  // key 2 is masked for query 1 only (it stays finite: query 2 attends to it).
+  std::vector<bool> m(2 * 4 * 5, true);
+  auto set = [&](std::int64_t b, std::int64_t i, std::int64_t j) { m[static_cast<std::size_t>((b * 4 + i) * 5 + j)] = false; };
+  for (std::int64_t i = 0; i < 4; ++i) set(0, i, 1), set(1, i, 0), set(1, i, 4);
+  for (std::int64_t j = 0; j < 5; ++j) set(0, 2, j), set(1, 0, j), set(1, 3, j);
+  set(1, 1, 2);
+  const Tensor mask = tg::from_bools(m, {2, 4, 5});
+  const std::vector<std::int64_t> masked_keys{1, 5 + 0, 5 + 4}, empty_rows{2, 4 + 0, 4 + 3};  // flattened [B, L]
+  for (auto dtype : {tg::float32, tg::float64}) {
+    const Tensor q = tg::randn({2, 4, 3}, 40, tg::float64).to(dtype), k = tg::randn({2, 5, 3}, 41, tg::float64).to(dtype);
+    const Tensor v = tg::randn({2, 5, 2}, 42, tg::float64).to(dtype);
+    const Tensor d_out = tg::randn({2, 4, 2}, 43, tg::float64).to(dtype), d_w = tg::randn({2, 4, 5}, 44, tg::float64).to(dtype);
+    const SdpaRun zeroed = run_sdpa(with_rows(q, empty_rows, 0), with_rows(k, masked_keys, 0), with_rows(v, masked_keys, 0), mask, d_out, d_w);
+    for (double poison : kPoisons) {
+      const std::string what = fmt::format("{} poison {}", dtype, poison);
+      check_same(run_sdpa(with_rows(q, empty_rows, poison), with_rows(k, masked_keys, 0), with_rows(v, masked_keys, 0), mask, d_out, d_w),
+                 zeroed, what + " in empty rows' q");
+      check_same(run_sdpa(with_rows(q, empty_rows, 0), with_rows(k, masked_keys, poison), with_rows(v, masked_keys, 0), mask, d_out, d_w),
+                 zeroed, what + " in masked keys' k");
+      check_same(run_sdpa(with_rows(q, empty_rows, 0), with_rows(k, masked_keys, 0), with_rows(v, masked_keys, poison), mask, d_out, d_w),
+                 zeroed, what + " in masked keys' v");
+      check_same(run_sdpa(with_rows(q, empty_rows, poison), with_rows(k, masked_keys, -poison), with_rows(v, masked_keys, poison), mask,
+                          d_out, d_w),
+                 zeroed, what + " everywhere at once");
+      // A non-finite upstream gradient of an empty row's output reaches no dv either.
+      check_same(run_sdpa(with_rows(q, empty_rows, 0), with_rows(k, masked_keys, 0), with_rows(v, masked_keys, 0), mask,
+                          with_rows(d_out, empty_rows, poison), d_w),
+                 zeroed, what + " in empty rows' upstream gradient");
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(broadcast_keys_and_strided_values) {
+  // k and v shared by the batch ([1, K, *], v transposed in memory), a mask broadcast from [K]:
+  // key 3 is masked for every query of both batch entries.
+  const Tensor mask = tg::from_bools({true, true, false, false, true}, {5});
+  for (auto dtype : {tg::float32, tg::float64}) {
+    const Tensor q = tg::randn({2, 3, 4}, 45, tg::float64).to(dtype), k = tg::randn({1, 5, 4}, 46, tg::float64).to(dtype);
+    const Tensor v = tg::randn({1, 5, 3}, 47, tg::float64).to(dtype);
+    const Tensor d_out = tg::randn({2, 3, 3}, 48, tg::float64).to(dtype), d_w = tg::randn({2, 3, 5}, 49, tg::float64).to(dtype);
+    auto transposed = [](const Tensor& x) { return tg::transpose(tg::contiguous(tg::transpose(x, 1, 2)), 1, 2); };
+    const SdpaRun zeroed = run_sdpa(q, with_rows(k, {2, 3}, 0), transposed(with_rows(v, {2, 3}, 0)), mask, d_out, d_w);
+    for (double poison : kPoisons)
+      check_same(run_sdpa(q, with_rows(k, {2, 3}, poison), transposed(with_rows(v, {2, 3}, -poison)), mask, d_out, d_w), zeroed,
+                 fmt::format("{} poison {}", dtype, poison));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_key_poisons_exactly_the_rows_that_attend_to_it) {
+  // Causal, Q = K = 4: key 3 is masked for queries 0-2 and allowed for query 3. An infinite value
+  // there leaves rows 0-2 exactly as with 0 and makes row 3 non-finite, as it should.
+  for (auto dtype : {tg::float32, tg::float64}) {
+    const Tensor q = tg::randn({4, 2}, 50, tg::float64).to(dtype), k = tg::randn({4, 2}, 51, tg::float64).to(dtype);
+    const Tensor v = tg::randn({4, 3}, 52, tg::float64).to(dtype);
+    const Tensor mask = tg::causal_mask(4, 4);
+    for (double poison : kPoisons) {
+      const auto clean = values(tg::attention(q, k, with_rows(v, {3}, 0), mask));
+      const auto out = values(tg::attention(q, k, with_rows(v, {3}, poison), mask));
+      BOOST_TEST(std::vector<double>(out.begin(), out.begin() + 9) == std::vector<double>(clean.begin(), clean.begin() + 9));
+      for (std::size_t c = 9; c < 12; ++c) BOOST_TEST(!std::isfinite(out[c]));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
 BOOST_AUTO_TEST_SUITE(bad_inputs)
 
 BOOST_AUTO_TEST_CASE(scaled_dot_product_attention_errors) {

@@ -3,6 +3,8 @@
 #define BOOST_TEST_MODULE multihead_attention
 #include <boost/test/data/monomorphic.hpp>
 #include <boost/test/data/test_case.hpp>
+#include <algorithm>
+#include <limits>
 
 #include "mha_support.hpp"
 
@@ -185,6 +187,185 @@ BOOST_AUTO_TEST_CASE(float32_agrees_with_float64) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
+BOOST_AUTO_TEST_SUITE(non_finite_masked_entries)
+
+// A query with no allowed key, a key no query may attend to and a masked bias entry take no
+// part in multi-head attention: a NaN or an infinity there must change no output and no
+// gradient. Each run poisons them and compares (== on every value) with the run where they are 0.
+const double kPoisons[] = {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
+                           -std::numeric_limits<double>::infinity()};
+
+// Which pairs may attend ([B, H, Q, K]), which queries are active ([B, Q]) and which keys are
+// attended by some query ([B, K]), from the problem's masks, computed here with plain loops.
+struct Participation {
+  std::vector<bool> allowed, active, used;
+};
+
+Participation participation(const MhaProblem& p) {
+  Participation r{std::vector<bool>(static_cast<std::size_t>(p.b * p.h * p.q * p.k)), std::vector<bool>(static_cast<std::size_t>(p.b * p.q)),
+                  std::vector<bool>(static_cast<std::size_t>(p.b * p.k))};
+  const auto km = p.masks.key_mask.defined() ? p.masks.key_mask.to_vector<bool>() : std::vector<bool>(r.used.size(), true);
+  const auto qm = p.masks.query_mask.defined() ? p.masks.query_mask.to_vector<bool>() : std::vector<bool>(r.active.size(), true);
+  const auto am = p.masks.attention_mask.defined() ? p.masks.attention_mask.to_vector<bool>() : std::vector<bool>(r.allowed.size(), true);
+  for (std::int64_t b = 0; b < p.b; ++b)
+    for (std::int64_t h = 0; h < p.h; ++h)
+      for (std::int64_t i = 0; i < p.q; ++i)
+        for (std::int64_t j = 0; j < p.k; ++j) {
+          const auto n = static_cast<std::size_t>(((b * p.h + h) * p.q + i) * p.k + j);
+          const bool on = km[static_cast<std::size_t>(b * p.k + j)] && qm[static_cast<std::size_t>(b * p.q + i)] && am[n] &&
+                          (!p.causal || j <= i + p.offset);
+          r.allowed[n] = on;
+          if (on) r.active[static_cast<std::size_t>(b * p.q + i)] = r.used[static_cast<std::size_t>(b * p.k + j)] = true;
+        }
+  return r;
+}
+
+// x with the elements whose row (the index over all but the last dim, or every element when
+// per_element) is flagged set to `value`.
+Tensor poison(const Tensor& x, const std::vector<bool>& flagged, bool per_element, double value) {
+  std::vector<double> v = values(x);
+  const std::size_t width = per_element ? 1 : static_cast<std::size_t>(x.shape().back());
+  for (std::size_t n = 0; n < v.size(); ++n)
+    if (flagged[n / width]) v[n] = value;
+  return tg::from_vector(v, x.shape()).to(x.dtype());
+}
+
+std::vector<bool> negate(std::vector<bool> v) {
+  v.flip();
+  return v;
+}
+
+// Output, attention and the gradient of every input, with the given upstream gradients.
+std::vector<std::vector<double>> run_with_gradients(const MhaProblem& p, std::vector<Tensor> xs, const Tensor& d_out, const Tensor& d_attn) {
+  for (auto& x : xs) x = x.detach().set_requires_grad();
+  auto [out, attn] = p.run(xs);
+  tg::backward({out, attn}, {d_out, d_attn});
+  std::vector<std::vector<double>> r{values(out), values(attn)};
+  for (const auto& x : xs) r.push_back(values(x.grad()));
+  tg::clear_tape();
+  return r;
+}
+
+void check_same(const std::vector<std::vector<double>>& poisoned, const std::vector<std::vector<double>>& zeroed, const std::string& what) {
+  BOOST_REQUIRE_EQUAL(poisoned.size(), zeroed.size());
+  for (std::size_t i = 0; i < poisoned.size(); ++i) {
+    const std::string name = i == 0 ? "output" : i == 1 ? "attention" : fmt::format("gradient of input {}", i - 2);
+    for (double x : poisoned[i]) BOOST_TEST_REQUIRE(std::isfinite(x), what << ": " << name << " is not finite");
+    BOOST_TEST((poisoned[i] == zeroed[i]), what << ": " << name << " differs from the zeroed run");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(inactive_queries_unattended_keys_and_masked_bias_change_nothing) {
+  for (auto dtype : {tg::float32, tg::float64}) {
+    for (std::uint64_t seed = 60; seed < 72; ++seed) {
+      MhaProblem p = make_problem(seed, dtype, seed % 2 ? MaskKind::empty_query : MaskKind::empty_batch, BiasKind::full, true, seed % 3 == 0);
+      // One more padding key in the last batch entry and, when causal, a future a query may not see.
+      std::vector<bool> km = p.masks.key_mask.to_vector<bool>();
+      km[static_cast<std::size_t>((p.b - 1) * p.k + static_cast<std::int64_t>(seed) % p.k)] = false;
+      p.masks.key_mask = tg::from_bools(km, {p.b, p.k});
+      const Participation part = participation(p);
+      BOOST_TEST_REQUIRE((!std::all_of(part.active.begin(), part.active.end(), [](bool x) { return x; }) &&
+                          !std::all_of(part.used.begin(), part.used.end(), [](bool x) { return x; })));
+      const std::vector<bool> inactive = negate(part.active), unused = negate(part.used), masked = negate(part.allowed);
+      const std::vector<Tensor> xs = p.inputs();  // query, context, bias, w_q, ...
+      auto with = [&](double q, double c, double b) {
+        std::vector<Tensor> ys = xs;
+        ys[0] = poison(xs[0], inactive, false, q);
+        ys[1] = poison(xs[1], unused, false, c);
+        ys[2] = poison(xs[2], masked, true, b);
+        return ys;
+      };
+      tg::Generator gen(seed);
+      const Tensor d_out = tg::randn({p.b, p.q, p.cout}, gen, tg::float64).to(dtype);
+      const Tensor d_attn = tg::randn({p.b, p.h, p.q, p.k}, gen, tg::float64).to(dtype);
+      const auto zeroed = run_with_gradients(p, with(0, 0, 0), d_out, d_attn);
+      for (double x : kPoisons) {
+        const std::string what = fmt::format("{} seed {} poison {}", dtype, seed, x);
+        check_same(run_with_gradients(p, with(x, 0, 0), d_out, d_attn), zeroed, what + " in inactive queries");
+        check_same(run_with_gradients(p, with(0, x, 0), d_out, d_attn), zeroed, what + " in unattended keys' context");
+        check_same(run_with_gradients(p, with(0, 0, x), d_out, d_attn), zeroed, what + " in masked bias entries");
+        check_same(run_with_gradients(p, with(x, -x, x), d_out, d_attn), zeroed, what + " everywhere at once");
+      }
+      // Step 7 stays exact: inactive queries output exactly 0 (b_o included) and b_o's gradient
+      // sums the upstream gradient over active queries only.
+      const auto d = values(d_out);
+      std::vector<double> db_o(static_cast<std::size_t>(p.cout), 0.0);
+      for (std::int64_t n = 0; n < p.b * p.q; ++n)
+        for (std::int64_t c = 0; c < p.cout; ++c) {
+          const auto at = static_cast<std::size_t>(n * p.cout + c);
+          if (inactive[static_cast<std::size_t>(n)]) BOOST_TEST(zeroed[0][at] == 0.0);
+          else db_o[static_cast<std::size_t>(c)] += d[at];
+        }
+      check_close(zeroed.back(), db_o, dtype == tg::float64 ? 1e-12 : 1e-5, 0, "gradient of b_o");
+    }
+  }
+}
+
+// The layer: inputs, masks and upstream gradients for one forward + backward.
+std::vector<std::vector<double>> run_layer(tg::MultiHeadAttention& layer, const Tensor& query0, const Tensor& context0, const tg::MhaCall& call,
+                                           const Tensor& d_out) {
+  Tensor query = query0.detach().set_requires_grad(), context = context0.detach().set_requires_grad();
+  for (Tensor* w : layer.parameters()) w->zero_grad();
+  auto r = layer.forward(query, context, call);
+  tg::backward({r.output}, {d_out});
+  std::vector<std::vector<double>> out{values(r.output), values(r.weights), values(query.grad()), values(context.grad())};
+  for (Tensor* w : layer.parameters()) out.push_back(values(w->grad()));
+  tg::clear_tape();
+  return out;
+}
+
+BOOST_AUTO_TEST_CASE(layer_forward_with_padding_and_inactive_queries) {
+  for (auto dtype : {tg::float32, tg::float64}) {
+    tg::MultiHeadAttention layer({.query_dim = 4, .heads = 2, .context_dim = 3, .out_dim = 5, .dtype = dtype, .seed = 12});
+    for (Tensor* w : layer.parameters())  // biases too, so that b_o's suppression is visible
+      *w = tg::randn(w->shape(), 13, tg::float64).to(dtype).set_requires_grad();
+    // Batch 0: context position 4 is padding; batch 1: positions 0 and 2. Query 1 of batch 0 is padding.
+    const Tensor key_mask = tg::from_bools({true, true, true, true, false, false, true, false, true, true}, {2, 5});
+    const Tensor query_mask = tg::from_bools({true, false, true, true, true, true}, {2, 3});
+    const tg::MhaCall call{.masks = {.key_mask = key_mask, .query_mask = query_mask}};
+    const Tensor query = tg::randn({2, 3, 4}, 14, tg::float64).to(dtype), context = tg::randn({2, 5, 3}, 15, tg::float64).to(dtype);
+    const Tensor d_out = tg::randn({2, 3, 5}, 16, tg::float64).to(dtype);
+    const std::vector<bool> padding_keys{false, false, false, false, true, true, false, true, false, false};
+    const std::vector<bool> padding_queries{false, true, false, false, false, false};
+    const auto zeroed = run_layer(layer, poison(query, padding_queries, false, 0), poison(context, padding_keys, false, 0), call, d_out);
+    for (double x : kPoisons)
+      check_same(run_layer(layer, poison(query, padding_queries, false, x), poison(context, padding_keys, false, -x), call, d_out), zeroed,
+                 fmt::format("{} poison {}", dtype, x));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(decode_with_a_poisoned_padding_position) {
+  // Self-attention decoding of 6 positions; position 2 of batch 1 is padding (a query that may
+  // attend to nothing, a key no later query may attend to) and holds NaN or inf.
+  for (auto dtype : {tg::float32, tg::float64}) {
+    tg::MultiHeadAttention layer({.query_dim = 4, .heads = 2, .dtype = dtype, .seed = 17});
+    for (Tensor* w : layer.parameters()) *w = tg::randn(w->shape(), 18, tg::float64).to(dtype);
+    const Tensor x = tg::randn({2, 6, 4}, 19, tg::float64).to(dtype);
+    std::vector<bool> padding(12, false);
+    padding[6 + 2] = true;
+    auto decode_all = [&](const Tensor& seq) {
+      tg::KVCache cache;
+      std::vector<double> outs;
+      for (std::int64_t t = 0; t < 6; ++t) {
+        std::vector<bool> km, qm{true, t != 2};
+        for (std::int64_t b = 0; b < 2; ++b)
+          for (std::int64_t j = 0; j <= t; ++j) km.push_back(!padding[static_cast<std::size_t>(b * 6 + j)]);
+        const tg::MhaCall call{.masks = {.key_mask = tg::from_bools(km, {2, t + 1}), .query_mask = tg::from_bools(qm, {2, 1})}};
+        for (double v : values(layer.decode(tg::slice(seq, 1, t, t + 1), cache, call).output)) outs.push_back(v);
+      }
+      return outs;
+    };
+    const auto zeroed = decode_all(poison(x, padding, false, 0));
+    for (double p : kPoisons) {
+      const auto poisoned = decode_all(poison(x, padding, false, p));
+      for (double v : poisoned) BOOST_TEST_REQUIRE(std::isfinite(v));
+      BOOST_TEST((poisoned == zeroed), fmt::format("{} poison {}", dtype, p));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
 BOOST_AUTO_TEST_SUITE(layer)
 
 BOOST_AUTO_TEST_CASE(self_and_cross_attention_with_and_without_bias) {
@@ -217,6 +398,36 @@ BOOST_AUTO_TEST_CASE(seeded_initialisation) {
   BOOST_TEST(values(a.weights().b_o) == std::vector<double>(4, 0.0));
   check_throws<tg::ValueError>([] { tg::MultiHeadAttention({.query_dim = 5, .heads = 2}); }, {"heads = 2", "query_dim = 5"});
   check_throws<tg::ValueError>([] { tg::MultiHeadAttention({.query_dim = 4, .heads = 0}); }, {"heads", "0"});
+}
+
+BOOST_AUTO_TEST_CASE(every_config_field_is_validated_before_use) {
+  using Config = tg::MultiHeadAttentionConfig;
+  constexpr std::int64_t big = std::numeric_limits<std::int64_t>::max();
+  auto fails = [](const Config& c, const std::vector<std::string>& fragments) {
+    check_throws<tg::ValueError>([&] { tg::MultiHeadAttention{c}; }, fragments);
+  };
+  // Once overflowed in the Xavier bound (then "rand: expected low <= high, got low=nan").
+  fails({.query_dim = big}, {"MultiHeadAttention", "'w_q'", "[config.query_dim, config.heads * config.head_dim]",
+                             fmt::format("[{}, {}]", big, big), "more than can be allocated", "head_dim = query_dim / heads"});
+  // Once built a layer whose w_q was [4, 0].
+  fails({.query_dim = 4, .heads = std::int64_t{1} << 33, .head_dim = std::int64_t{1} << 33},
+        {"MultiHeadAttention", "config.heads * config.head_dim = 8589934592 * 8589934592 overflows"});
+  fails({.query_dim = 4, .heads = std::int64_t{1} << 32, .head_dim = 1, .value_head_dim = std::int64_t{1} << 32},
+        {"config.heads * config.value_head_dim = 4294967296 * 4294967296 overflows", "filled in: context_dim = query_dim"});
+  // No overflow, but a weight no tensor can hold; found before anything is allocated.
+  fails({.query_dim = 4, .context_dim = std::int64_t{1} << 50},
+        {"'w_k'", "[config.context_dim, config.heads * config.head_dim]", "[1125899906842624, 4]", "float32"});
+  fails({.query_dim = 4, .out_dim = big}, {"'w_o'", "[config.heads * config.value_head_dim, config.out_dim]"});
+  fails({.query_dim = 0}, {"config.query_dim", ">= 1", "0"});
+  fails({.query_dim = 4, .heads = -2}, {"config.heads", ">= 1", "-2"});
+  fails({.query_dim = 4, .context_dim = -1}, {"config.context_dim", "or 0 for its default", "-1"});
+  fails({.query_dim = 4, .head_dim = -2}, {"config.head_dim", "-2"});
+  fails({.query_dim = 4, .value_head_dim = -3}, {"config.value_head_dim", "-3"});
+  fails({.query_dim = 4, .out_dim = std::numeric_limits<std::int64_t>::min()}, {"config.out_dim", "-9223372036854775808"});
+  check_throws<tg::DTypeError>([] { tg::MultiHeadAttention({.query_dim = 4, .dtype = tg::int64}); }, {"config.dtype", "int64"});
+  // Every width explicit and different: each weight follows its fields.
+  const tg::MultiHeadAttention ok({.query_dim = 2, .heads = 3, .head_dim = 5, .value_head_dim = 7, .out_dim = 11});
+  BOOST_TEST(ok.weights().w_o.shape() == (Shape{21, 11}));
 }
 
 BOOST_AUTO_TEST_CASE(kv_cache_decoding_equals_the_full_causal_forward) {
@@ -282,6 +493,51 @@ BOOST_AUTO_TEST_CASE(kv_cache_decoding_with_masks_and_bias) {
   check_close(values(tg::concat(outs, 1)), values(full), 1e-12, 1e-12, "masked, biased decoding");
 }
 
+BOOST_AUTO_TEST_CASE(kv_cache_copies_are_deep_and_moves_leave_the_source_empty) {
+  tg::MultiHeadAttention layer({.query_dim = 4, .heads = 2, .dtype = tg::float64, .seed = 9});
+  const Tensor x = tg::randn({2, 8, 4}, 20, tg::float64), other = tg::randn({2, 8, 4}, 21, tg::float64);
+  auto step = [&](const Tensor& seq, std::int64_t t, tg::KVCache& cache) { return values(layer.decode(tg::slice(seq, 1, t, t + 1), cache).output); };
+  // What decoding x gives with a cache that is never copied.
+  tg::KVCache reference;
+  std::vector<std::vector<double>> expected;
+  for (std::int64_t t = 0; t < 8; ++t) expected.push_back(step(x, t, reference));
+
+  tg::KVCache original;
+  for (std::int64_t t = 0; t < 3; ++t) step(x, t, original);
+  tg::KVCache copy = original;  // 3 positions
+  tg::KVCache assigned;
+  assigned = original;
+  BOOST_TEST((copy.length() == 3 && assigned.length() == 3 && copy.capacity() == original.capacity()));
+  for (std::int64_t t = 3; t < 5; ++t) BOOST_TEST(step(x, t, original) == expected[static_cast<std::size_t>(t)]);
+  // The copies decode other tokens at positions 3..7 (the assigned one past a growth too)...
+  for (std::int64_t t = 3; t < 8; ++t) step(other, t, copy);
+  for (std::int64_t t = 3; t < 20; ++t) step(other, t % 8, assigned);
+  // ... and the original carries on exactly as if they did not exist.
+  for (std::int64_t t = 5; t < 8; ++t) BOOST_TEST(step(x, t, original) == expected[static_cast<std::size_t>(t)]);
+  // A copy continues its own sequence correctly: x[0..3) then other[3..8).
+  tg::KVCache fresh, branch;
+  for (std::int64_t t = 0; t < 3; ++t) step(x, t, fresh);
+  branch = fresh;
+  const auto branch_step = step(other, 3, branch);
+  tg::KVCache mixed;
+  for (std::int64_t t = 0; t < 3; ++t) step(x, t, mixed);
+  BOOST_TEST(branch_step == step(other, 3, mixed));
+
+  // Moves take the buffers and leave an empty cache that can start over.
+  const std::int64_t capacity = original.capacity();
+  tg::KVCache moved = std::move(original);
+  BOOST_TEST((moved.length() == 8 && moved.capacity() == capacity));
+  BOOST_TEST((original.length() == 0 && original.capacity() == 0));  // NOLINT(bugprone-use-after-move): specified
+  BOOST_TEST(step(x, 0, original) == expected[0]);
+  tg::KVCache target;
+  target = std::move(moved);
+  BOOST_TEST((target.length() == 8 && moved.length() == 0 && moved.capacity() == 0));  // NOLINT(bugprone-use-after-move)
+  // Copying an empty cache, or one that was cleared, gives an empty cache.
+  tg::KVCache empty, cleared = target;
+  cleared.clear();
+  BOOST_TEST((tg::KVCache(empty).capacity() == 0 && tg::KVCache(cleared).length() == 0));
+}
+
 BOOST_AUTO_TEST_CASE(kv_cache_append_is_amortised) {
   tg::MultiHeadAttention layer({.query_dim = 4, .heads = 2, .seed = 5});
   tg::KVCache cache;
@@ -328,6 +584,47 @@ BOOST_AUTO_TEST_CASE(every_argument_is_checked) {
   check_throws<tg::DTypeError>([&] { run([](MhaProblem& x) { x.act.context = x.act.context.to(tg::float64); }); }, {"'query'", "'context'", "dtype"});
   check_throws<tg::ShapeError>([&] { run([](MhaProblem& x) { x.act.query = tg::zeros({x.b, 0, x.cq}); }); }, {"B, Q and K must be >= 1", "Q = 0"});
   check_throws<tg::ShapeError>([&] { run([](MhaProblem& x) { x.act.context = tg::zeros({x.b + 1, x.k, x.cctx}); }); }, {"same batch size"});
+}
+
+BOOST_AUTO_TEST_CASE(the_layer_blames_what_the_caller_passed) {
+  tg::MultiHeadAttention cross({.query_dim = 32, .heads = 4, .context_dim = 16, .seed = 1});
+  tg::MultiHeadAttention self({.query_dim = 32, .heads = 4, .seed = 1});
+  const Tensor query = tg::zeros({2, 5, 32}), context = tg::zeros({2, 3, 16});
+  // Checks that `call` throws E naming every fragment and none of the weights, which the caller
+  // never passed.
+  auto blames = [](auto call, const std::vector<std::string>& fragments) {
+    try {
+      call();
+      BOOST_ERROR("expected an error mentioning " << fragments[0]);
+    } catch (const tg::Error& e) {
+      const std::string msg = e.what();
+      for (const auto& f : fragments) BOOST_CHECK_MESSAGE(msg.find(f) != std::string::npos, "message '" << msg << "' lacks '" << f << "'");
+      for (const char* w : {"w_q", "w_k", "w_v", "w_o", "multihead_attention"})
+        BOOST_CHECK_MESSAGE(msg.find(w) == std::string::npos, "message '" << msg << "' blames " << w);
+    }
+  };
+  blames([&] { cross.forward(tg::zeros({2, 5, 64}), context); },
+         {"MultiHeadAttention::forward", "'query'", "width 64", "[2, 5, 64]", "config.query_dim is 32"});
+  blames([&] { cross.forward(query.to(tg::float64), context); }, {"MultiHeadAttention::forward", "'query'", "float64", "config.dtype is float32"});
+  blames([&] { cross.forward(query, tg::zeros({2, 3, 32})); }, {"'context'", "width 32", "config.context_dim is 16"});
+  blames([&] { cross.forward(query, context.to(tg::float64)); }, {"'context'", "float64", "config.dtype is float32"});
+  blames([&] { self.forward(tg::zeros({5, 32})); }, {"MultiHeadAttention::forward", "argument 'x'", "[5, 32]", "[B, L, config.query_dim = 32]"});
+  blames([&] { cross.forward(tg::zeros({2, 5, 32})); }, {"argument 'x'", "self-attention", "config.context_dim is 16"});
+  blames([&] { self.forward(tg::zeros({0, 5, 32})); }, {"argument 'x'", "B, L >= 1", "[0, 5, 32]"});
+  blames([&] { self.forward(query, query, {.masks = {.key_mask = tg::zeros({2, 4}, tg::bool_)}}); },
+         {"MultiHeadAttention::forward", "'key_mask'", "[2, 5]", "[2, 4]"});
+  tg::KVCache cache;
+  blames([&] { self.decode(tg::zeros({2, 1, 64}), cache); }, {"MultiHeadAttention::decode", "'query'", "width 64", "config.query_dim is 32"});
+  blames([&] { self.decode(tg::zeros({2, 1, 32}, tg::float64), cache); }, {"MultiHeadAttention::decode", "'query'", "float64", "config.dtype is float32"});
+  blames([&] { self.decode(tg::zeros({2, 0, 32}), cache); }, {"MultiHeadAttention::decode", "'query'", "[2, 0, 32]"});
+  blames([&] { cross.decode(query, cache); }, {"MultiHeadAttention::decode", "self-attention", "config.context_dim 16"});
+  blames([&] { self.decode(tg::zeros({2, 1, 32}), cache, {.masks = {.key_mask = tg::zeros({2, 4}, tg::bool_)}}); },
+         {"MultiHeadAttention::decode", "'key_mask'", "[2, 1]"});
+  BOOST_TEST(cache.length() == 0);  // nothing appended by a call that failed
+  // Exception types: shapes are ShapeError, dtypes DTypeError.
+  check_throws<tg::ShapeError>([&] { cross.forward(tg::zeros({2, 5, 64}), context); }, {"'query'"});
+  check_throws<tg::DTypeError>([&] { cross.forward(query, context.to(tg::float64)); }, {"'context'"});
+  check_throws<tg::ValueError>([&] { cross.decode(query, cache); }, {"self-attention"});
 }
 
 BOOST_AUTO_TEST_SUITE_END()

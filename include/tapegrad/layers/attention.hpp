@@ -17,9 +17,12 @@ struct AttentionResult {
 // (rank 2 is plain attention(Q, K, V, mask)). `mask` (optional, bool, True = allowed) broadcasts to
 // [..., Q, K].
 //   weights = masked_softmax(q k^T / sqrt(D), mask) over keys;  output = weights v.
-// A query with no allowed key gets exactly zero weights and output, and zero gradients. One tape
-// node with a hand-written backward (see docs/gradients.md); gradients reach q, k and v, from
-// both returned tensors.
+// A query with no allowed key gets exactly zero weights and output, and zero gradients. A weight
+// of exactly zero contributes nothing: a key masked for every query, and a query with no allowed
+// key, have no effect on any output or gradient whatever their k, v or q hold (NaN and +-inf
+// included); a non-finite key that some query may attend to affects exactly those queries. One
+// tape node with a hand-written backward (see docs/gradients.md); gradients reach q, k and v,
+// from both returned tensors.
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const Tensor& mask = Tensor());
 

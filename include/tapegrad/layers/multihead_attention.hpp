@@ -46,6 +46,9 @@ struct MhaMasks {  // all optional, bool, True = allowed
 //  5. attention = masked_softmax(scores, allowed)
 //  6. output = concat_h(attention_h v_h) w_o (+ b_o)
 //  7. a query with no allowed key in any head gets output exactly 0 (after b_o)
+// A query with no allowed key in any head, a key no query may attend to in any head, and a masked
+// bias entry have no effect on any output or gradient, whatever they hold (NaN and +-inf
+// included); their own gradients are exactly 0.
 // B, Q, K >= 1 and heads >= 1; D != Dv and Cq, Cctx, Cout all different are fine.
 AttentionResult multihead_attention(const MhaActivations& activations, const MhaParameters& parameters,
                                     const MhaMasks& masks = {}, std::int64_t heads = 1, bool causal = false,

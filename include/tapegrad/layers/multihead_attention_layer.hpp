@@ -24,8 +24,20 @@ struct MultiHeadAttentionConfig {
 
 // Keys and values of the positions decoded so far, for one layer and one batch. Appending is
 // amortised O(1) per position: storage grows by doubling and is never re-copied per step.
+//
+// A copy is deep: it gets buffers of its own holding the cached positions, so decoding on a copy
+// (to branch a beam, say) leaves the original exactly as it was. Copying costs one pass over the
+// cached keys and values. A move takes the buffers and leaves the source empty (length 0, no
+// storage), ready for a new sequence.
 class KVCache {
  public:
+  KVCache() = default;
+  KVCache(const KVCache& other);
+  KVCache& operator=(const KVCache& other);
+  KVCache(KVCache&& other) noexcept;
+  KVCache& operator=(KVCache&& other) noexcept;
+  ~KVCache() = default;
+
   std::int64_t length() const noexcept { return length_; }
   std::int64_t capacity() const noexcept { return k_.defined() ? k_.size(1) : 0; }
   // Forgets every position but keeps the storage for the next sequence of the same shape.
@@ -60,7 +72,9 @@ class MultiHeadAttention {
 
   AttentionResult forward(const Tensor& query, const Tensor& context, const Call& call) const;
   AttentionResult forward(const Tensor& query, const Tensor& context) const { return forward(query, context, Call{}); }
-  AttentionResult forward(const Tensor& x) const { return forward(x, x, Call{}); }  // self-attention
+  AttentionResult forward(const Tensor& x) const;  // self-attention: forward(x, x); errors name 'x'
+  // Each input is checked against the config first: a query or context of the wrong rank,
+  // width or dtype is reported as such (against config.query_dim, context_dim or dtype).
 
   // Incremental causal self-attention: projects `query` [B, n, Cq] (n new positions), appends
   // their keys and values to `cache`, and attends over every cached position with

@@ -1,0 +1,99 @@
+// weighted_matmul: c = w @ x where a zero weight contributes nothing (see the header).
+//
+// The plain matmul (oneDNN, or the float64 kernel) stays the workhorse in both cases:
+//   x all finite:   c = w @ x                       (0 * finite is 0: nothing to fix)
+//   otherwise:      c = w @ x0,  x0 = x with every non-finite element replaced by 0,
+//                   then c[i, n] += w[i, k] x[k, n] for each non-finite x[k, n] and each row
+//                   i whose weight w[i, k] is nonzero (in attention: the rows that attend to it).
+// The correction costs O(M) per non-finite element, on top of two O(size) passes over x.
+#include "ops/weighted_matmul.hpp"
+
+#include <bit>
+#include <cstdint>
+
+#include "ops/kernel.hpp"
+#include "tapegrad/ops/matmul.hpp"
+
+namespace tapegrad::detail {
+namespace {
+
+// 1 for an infinity or NaN (the values whose exponent bits are all ones), else 0, as an integer
+// of the element's width: or-ing these keeps the scan a branch-free integer loop, which the
+// compiler vectorises (a bool accumulator or std::isfinite would not be).
+template <class T> auto non_finite(T v) {
+  if constexpr (sizeof(T) == 4) {
+    return std::uint32_t{(std::bit_cast<std::uint32_t>(v) & 0x7f800000u) == 0x7f800000u};
+  } else {
+    return std::uint64_t{(std::bit_cast<std::uint64_t>(v) & 0x7ff0000000000000u) == 0x7ff0000000000000u};
+  }
+}
+
+template <class T> bool all_finite(const Tensor& x) {
+  const T* p = static_cast<const T*>(x.raw_data());
+  decltype(non_finite(T{})) bad = 0;
+  StridedLoop<1> loop(x.shape().data(), x.shape().size(), {x.strides().data()});
+  loop.for_each_run([&](const auto& off, std::int64_t n, const auto& inner) {
+    const T* r = p + off[0];
+    if (inner[0] == 1)
+      for (std::int64_t i = 0; i < n; ++i) bad |= non_finite(r[i]);
+    else
+      for (std::int64_t i = 0; i < n; ++i) bad |= non_finite(r[i * inner[0]]);
+  });
+  return bad == 0;
+}
+
+// x with its non-finite elements replaced by 0 (a fresh contiguous tensor).
+template <class T> Tensor finite_part(const Tensor& x) {
+  Tensor out = new_tensor(x.shape(), x.dtype());
+  map_into<T, T>(out, [](T v) { return non_finite(v) ? T(0) : v; }, x);
+  return out;
+}
+
+// The batch strides of t ([..., rows, cols]) read as if broadcast to `batch`.
+Dims8 batch_strides(const Tensor& t, const Shape& batch) {
+  const Shape shape(t.shape().begin(), t.shape().end() - 2), strides(t.strides().begin(), t.strides().end() - 2);
+  return broadcast_strides(make_view(t, shape, strides, t.offset()), batch);
+}
+
+// c[i, n] += w[i, k] x[k, n] for every non-finite x[k, n] and every i with w[i, k] != 0.
+template <class T> void add_non_finite(const Tensor& w, const Tensor& x, const Tensor& c) {
+  const std::size_t rc = c.shape().size(), rw = w.shape().size(), rx = x.shape().size();
+  const std::int64_t m = c.shape()[rc - 2], n = c.shape()[rc - 1], k = w.shape()[rw - 1];
+  const std::int64_t wi = w.strides()[rw - 2], wk = w.strides()[rw - 1], xk = x.strides()[rx - 2], xn = x.strides()[rx - 1],
+                     ci = c.strides()[rc - 2], cn = c.strides()[rc - 1];
+  const Shape batch(c.shape().begin(), c.shape().end() - 2);
+  const Dims8 sw = batch_strides(w, batch), sx = batch_strides(x, batch);
+  const Shape sc(c.strides().begin(), c.strides().end() - 2);
+  const T* base_w = static_cast<const T*>(w.raw_data());
+  const T* base_x = static_cast<const T*>(x.raw_data());
+  T* base_c = static_cast<T*>(mutable_data(c));
+  StridedLoop<3> loop(batch.data(), batch.size(), {sw.data(), sx.data(), sc.data()});
+  loop.for_each_run([&](const auto& off, std::int64_t count, const auto& inner) {
+    for (std::int64_t t = 0; t < count; ++t) {
+      const T* pw = base_w + off[0] + t * inner[0];
+      const T* px = base_x + off[1] + t * inner[1];
+      T* pc = base_c + off[2] + t * inner[2];
+      for (std::int64_t kk = 0; kk < k; ++kk)
+        for (std::int64_t nn = 0; nn < n; ++nn) {
+          const T v = px[kk * xk + nn * xn];
+          if (!non_finite(v)) continue;
+          for (std::int64_t i = 0; i < m; ++i)
+            if (const T weight = pw[i * wi + kk * wk]; weight != T(0)) pc[i * ci + nn * cn] += weight * v;
+        }
+    }
+  });
+}
+
+}  // namespace
+
+Tensor weighted_matmul(const Tensor& w, const Tensor& x) {
+  NoGradGuard no_grad;  // a kernel: the caller records the op it is part of
+  return visit_float(x.dtype(), "weighted_matmul", [&]<class T>(Tag<T>) {
+    if (all_finite<T>(x)) return matmul(w, x);
+    Tensor c = matmul(w, finite_part<T>(x));
+    if (c.numel() > 0) add_non_finite<T>(w, x, c);
+    return c;
+  });
+}
+
+}  // namespace tapegrad::detail

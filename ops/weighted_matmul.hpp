@@ -1,0 +1,20 @@
+// Internal: the matmul that attention multiplies its weights with.
+#pragma once
+
+#include "tapegrad/autodiff/tensor.hpp"
+
+namespace tapegrad::detail {
+
+// w @ x (batch dims broadcast, as matmul) in which a weight that is exactly zero contributes
+// nothing: c[i, n] = sum over k with w[i, k] != 0 of w[i, k] x[k, n]. A plain matmul adds
+// 0 * x[k, n], which is NaN when x[k, n] is NaN or infinite. Attention multiplies by its
+// weights A and by their gradient dS (O = A v, dv = A^T dO, dq = dS k, dk = dS^T q), which are
+// exactly zero at masked keys and empty rows: with a plain matmul, one NaN in a masked key's
+// value would reach every query. Records nothing.
+//
+// Where every element of x is finite (one O(size) scan decides) this is the plain matmul.
+// Otherwise an element of c that no non-finite x[k, n] reaches through a nonzero weight is
+// bitwise what the plain matmul gives for x with its non-finite elements replaced by 0.
+Tensor weighted_matmul(const Tensor& w, const Tensor& x);
+
+}  // namespace tapegrad::detail

@@ -81,7 +81,7 @@ Tensor masked_softmax_forward(const Tensor& s, const Tensor& allowed) {
 }
 
 Tensor masked_softmax_backward(const Tensor& weights, const Tensor& grad_weights) {
-  const Tensor g = grad_weights.is_contiguous() ? grad_weights : clone(grad_weights);
+  const Tensor g = grad_weights.is_contiguous() ? grad_weights : copy_of(grad_weights);
   Tensor ds = new_tensor(weights.shape(), weights.dtype());
   const std::int64_t k = weights.shape().back();
   const std::int64_t rows = k == 0 ? 0 : weights.numel() / k;

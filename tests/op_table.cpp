@@ -673,6 +673,20 @@ std::vector<OpInfo> build() {
                     {"matmul", "bfloat16", "float64"}}};
     t.push_back(info);
   }
+
+  // ---- Training ops: clone, indexing, argmax, log_softmax, losses, layer_norm, dropout. ----
+  // Ids, targets and masks are made inside each op from the input shapes (deterministic
+  // patterns), so the float inputs keep the usual four layouts and the reference sees the same.
+  {
+    OpInfo info;
+    info.name = "clone";
+    info.covers = {"clone"};
+    info.samples = unary_shapes();
+    info.op = [](const Ins& in) { return Outs{tg::clone(in[0])}; };
+    info.reference = [](const Refs& in) { return Refs{in[0]}; };
+    info.errors = {{"undefined input", [] { tg::clone(Tensor()); }, Raises::any, {"clone", "'x'", "undefined"}}};
+    t.push_back(info);
+  }
   return t;
 }
 

@@ -10,6 +10,7 @@
 #include "tapegrad/layers/multihead_attention.hpp"
 #include "tapegrad/layers/multihead_attention_layer.hpp"
 #include "tapegrad/ops/cast.hpp"
+#include "tapegrad/ops/clone.hpp"
 #include "tapegrad/ops/compare.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/inplace.hpp"

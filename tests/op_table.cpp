@@ -5,6 +5,7 @@
 #include <limits>
 #include <numbers>
 #include <stdexcept>
+#include <tuple>
 
 #include <fmt/ranges.h>
 
@@ -24,6 +25,16 @@ Tensor pattern_mask(const Shape& shape) {
   std::vector<bool> v;
   for (std::int64_t i = 0; i < n; ++i) v.push_back(pattern_value(i));
   return tg::from_bools(v, shape);
+}
+
+std::int64_t pattern_id(std::int64_t flat, std::int64_t n) { return (flat * 5 + 2) % n; }
+
+Tensor pattern_ids(const Shape& shape, std::int64_t n) {
+  std::int64_t count = 1;
+  for (auto s : shape) count *= s;
+  std::vector<std::int64_t> v;
+  for (std::int64_t i = 0; i < count; ++i) v.push_back(pattern_id(i, n));
+  return tg::from_vector(std::span<const std::int64_t>(v), shape);
 }
 
 namespace {
@@ -685,6 +696,99 @@ std::vector<OpInfo> build() {
     info.op = [](const Ins& in) { return Outs{tg::clone(in[0])}; };
     info.reference = [](const Refs& in) { return Refs{in[0]}; };
     info.errors = {{"undefined input", [] { tg::clone(Tensor()); }, Raises::any, {"clone", "'x'", "undefined"}}};
+    t.push_back(info);
+  }
+  {
+    // Along the first and the last dim, with ids of rank 2, 1 and 0 (rank 0 removes the dim, as
+    // numpy.take); ids repeat, so the backward must accumulate. An empty dim takes empty ids.
+    OpInfo info;
+    info.name = "index_select";
+    info.covers = {"index_select"};
+    info.samples = {{{5, 3}}, {{2, 4, 3}}, {{4}}, {{1, 2}}, {{0, 3}}, {{3, 0}}};
+    auto takes = [](const Shape& x) {
+      std::vector<std::tuple<std::size_t, Shape, std::int64_t>> out;  // dim, ids shape, size of dim
+      for (const auto& [dim, want] : std::vector<std::pair<std::size_t, Shape>>{{0, {2, 3}}, {x.size() - 1, {4}}, {0, {}}})
+        out.emplace_back(dim, x[dim] == 0 ? Shape{0} : want, x[dim]);
+      return out;
+    };
+    info.op = [takes](const Ins& in) {
+      Outs outs;
+      for (const auto& [d, shape, n] : takes(in[0].shape()))
+        outs.push_back(tg::index_select(in[0], static_cast<std::int64_t>(d), pattern_ids(shape, n)));
+      return outs;
+    };
+    info.reference = [takes](const Refs& in) {
+      Refs outs;
+      for (const auto& [d, shape, n] : takes(in[0].shape))
+        outs.push_back(ref_take(in[0], d, shape, pattern_ids(shape, n).to_vector<std::int64_t>()));
+      return outs;
+    };
+    const Tensor ids = tg::tensor({{0, 5}, {1, 2}}, tg::int64);
+    info.errors = {{"float ids", [] { tg::index_select(f32({5, 3}), 0, f32({2})); }, Raises::dtype, {"index_select", "'index'", "int64", "float32"}},
+                   {"id past the end", [ids] { tg::index_select(f32({5, 3}), 0, ids); }, Raises::value,
+                    {"index_select", "'index'", "holds 5 at position [0, 1]", "dim 0", "[5, 3]", "[0, 5)"}},
+                   {"negative id", [] { tg::index_select(f32({5, 3}), 1, tg::tensor({0, -1}, tg::int64)); }, Raises::value,
+                    {"index_select", "holds -1 at position [1]", "dim 1"}},
+                   {"id out of range with an empty result", [] { tg::index_select(f32({0, 3}), 1, tg::tensor({3}, tg::int64)); }, Raises::value,
+                    {"index_select", "holds 3 at position [0]"}},
+                   {"dim out of range", [] { tg::index_select(f32({5}), 1, tg::tensor({0}, tg::int64)); }, Raises::shape, {"index_select", "'dim'", "rank 1"}},
+                   {"undefined x", [ids] { tg::index_select(Tensor(), 0, ids); }, Raises::any, {"index_select", "'x'", "undefined"}}};
+    t.push_back(info);
+  }
+  {
+    OpInfo info;
+    info.name = "embedding";
+    info.covers = {"embedding"};
+    info.samples = {{{5, 3}}, {{1, 4}}, {{4, 0}}, {{0, 2}}};
+    auto id_shapes = [](std::int64_t vocabulary) { return vocabulary == 0 ? std::vector<Shape>{{0}} : std::vector<Shape>{{2, 3}, {}}; };
+    info.op = [id_shapes](const Ins& in) {
+      Outs outs;
+      for (const Shape& s : id_shapes(in[0].size(0))) outs.push_back(tg::embedding(in[0], pattern_ids(s, in[0].size(0))));
+      return outs;
+    };
+    info.reference = [id_shapes](const Refs& in) {
+      Refs outs;
+      for (const Shape& s : id_shapes(in[0].shape[0])) outs.push_back(ref_take(in[0], 0, s, pattern_ids(s, in[0].shape[0]).to_vector<std::int64_t>()));
+      return outs;
+    };
+    info.errors = {{"rank-1 table", [] { tg::embedding(f32({4}), tg::tensor({0}, tg::int64)); }, Raises::shape, {"embedding", "'weight'", "rank 2", "[4]"}},
+                   {"id past the vocabulary", [] { tg::embedding(f32({4, 2}), tg::tensor({{1, 2}, {7, 0}}, tg::int64)); }, Raises::value,
+                    {"embedding", "'ids'", "holds 7 at position [1, 0]", "'weight'", "[4, 2]", "[0, 4)"}},
+                   {"bool ids", [] { tg::embedding(f32({4, 2}), tg::mask({true})); }, Raises::dtype, {"embedding", "'ids'", "int64", "bool"}}};
+    t.push_back(info);
+  }
+  {
+    // Along the last dim with an index longer than x there and shorter elsewhere, and along dim 0.
+    OpInfo info;
+    info.name = "gather";
+    info.covers = {"gather"};
+    info.samples = {{{3, 4}}, {{2, 3, 4}}, {{5}}, {{1, 3}}, {{2, 0}}, {{0, 3}}};
+    auto index_shape = [](const Shape& x, std::size_t dim, std::int64_t along) {
+      Shape s = x;
+      for (std::size_t d = 0; d < s.size(); ++d) s[d] = d == dim ? (x[d] == 0 ? 0 : along) : (x[d] > 1 ? x[d] - 1 : x[d]);
+      return s;
+    };
+    auto dims = [](const Shape& x) { return std::vector<std::pair<std::size_t, std::int64_t>>{{x.size() - 1, 5}, {0, 2}}; };
+    info.op = [index_shape, dims](const Ins& in) {
+      Outs outs;
+      for (const auto& [d, along] : dims(in[0].shape()))
+        outs.push_back(tg::gather(in[0], static_cast<std::int64_t>(d), pattern_ids(index_shape(in[0].shape(), d, along), in[0].size(static_cast<std::int64_t>(d)))));
+      return outs;
+    };
+    info.reference = [index_shape, dims](const Refs& in) {
+      Refs outs;
+      for (const auto& [d, along] : dims(in[0].shape)) {
+        const Shape s = index_shape(in[0].shape, d, along);
+        outs.push_back(ref_take_along(in[0], d, s, pattern_ids(s, in[0].shape[d]).to_vector<std::int64_t>()));
+      }
+      return outs;
+    };
+    info.errors = {{"index of another rank", [] { tg::gather(f32({2, 3}), 1, tg::tensor({0}, tg::int64)); }, Raises::shape, {"gather", "'index'", "[1]", "rank", "[2, 3]"}},
+                   {"index larger outside dim", [] { tg::gather(f32({2, 3}), 1, tg::zeros({3, 1}, tg::int64)); }, Raises::shape,
+                    {"gather", "'index'", "[3, 1]", "[2, 3]", "dim 0", "3 > 2"}},
+                   {"id out of range", [] { tg::gather(f32({2, 3}), 1, tg::tensor({{0, 1}, {3, 0}}, tg::int64)); }, Raises::value,
+                    {"gather", "'index'", "holds 3 at position [1, 0]", "[0, 3)"}},
+                   {"float index", [] { tg::gather(f32({2, 3}), 0, f32({2, 3})); }, Raises::dtype, {"gather", "'index'", "int64"}}};
     t.push_back(info);
   }
   return t;

@@ -117,4 +117,26 @@ Ref ref_matmul(const Ref& a, const Ref& b) {
   return out;
 }
 
+Ref ref_take(const Ref& x, std::size_t d, const tapegrad::Shape& index_shape, const std::vector<std::int64_t>& ids) {
+  const Ref index{index_shape, {}};
+  tapegrad::Shape shape(x.shape.begin(), x.shape.begin() + static_cast<std::ptrdiff_t>(d));
+  shape.insert(shape.end(), index_shape.begin(), index_shape.end());
+  shape.insert(shape.end(), x.shape.begin() + static_cast<std::ptrdiff_t>(d) + 1, x.shape.end());
+  return ref_gather(x, shape, [&](const std::vector<std::int64_t>& out) {
+    const auto first = out.begin() + static_cast<std::ptrdiff_t>(d), last = first + static_cast<std::ptrdiff_t>(index_shape.size());
+    std::vector<std::int64_t> in(out.begin(), first);
+    in.push_back(ids[static_cast<std::size_t>(index.ravel(std::vector<std::int64_t>(first, last)))]);
+    in.insert(in.end(), last, out.end());
+    return in;
+  });
+}
+
+Ref ref_take_along(const Ref& x, std::size_t d, const tapegrad::Shape& index_shape, const std::vector<std::int64_t>& ids) {
+  const Ref index{index_shape, {}};
+  return ref_gather(x, index_shape, [&](std::vector<std::int64_t> at) {
+    at[d] = ids[static_cast<std::size_t>(index.ravel(at))];
+    return at;
+  });
+}
+
 }  // namespace tg_test

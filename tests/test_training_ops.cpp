@@ -42,3 +42,47 @@ BOOST_AUTO_TEST_CASE(a_clone_can_be_updated_in_place_while_the_original_is_saved
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(indexing)
+
+BOOST_AUTO_TEST_CASE(repeated_ids_accumulate_their_gradients) {
+  const Tensor w = tg::tensor({{1, 2}, {3, 4}, {5, 6}}, tg::float64).set_requires_grad();
+  const Tensor ids = tg::tensor({{1, 1}, {1, 0}}, tg::int64);
+  const Tensor e = tg::embedding(w, ids);  // [2, 2, 2]
+  BOOST_TEST(e.shape() == Shape({2, 2, 2}));
+  check_close(e, {3, 4, 3, 4, 3, 4, 1, 2}, 0, "rows");
+  tg::backward(tg::sum(e));
+  check_close(w.grad(), {1, 1, 3, 3, 0, 0}, 0, "row 1 three times, row 0 once, row 2 never");
+}
+
+BOOST_AUTO_TEST_CASE(index_select_follows_numpy_take) {
+  const Tensor x = tg::reshape(tg::arange(0.0, 24.0, 1.0, tg::float64), {2, 3, 4});
+  // Rank-0 ids remove the dim (like select); rank-2 ids insert two dims in its place.
+  check_close(tg::index_select(x, 1, tg::scalar(2.0, tg::int64)), tg::select(x, 1, 2).to_vector<double>(), 0, "rank 0");
+  const Tensor two = tg::index_select(x, 2, tg::tensor({{3, 0}}, tg::int64));
+  BOOST_TEST(two.shape() == Shape({2, 3, 1, 2}));
+  check_close(tg::select(tg::select(two, 0, 1), 0, 2), {23, 20}, 0, "x[1, 2, [[3, 0]]]");
+  // Any dtype of x: an int64 table is read the same way (and never recorded).
+  const Tensor table = tg::tensor({10, 20, 30}, tg::int64);
+  BOOST_TEST(tg::index_select(table, 0, tg::tensor({2, 2, 0}, tg::int64)).to_vector<std::int64_t>() ==
+             std::vector<std::int64_t>({30, 30, 10}));
+}
+
+BOOST_AUTO_TEST_CASE(gather_follows_pytorch) {
+  // torch.gather(torch.tensor([[1, 2], [3, 4]]), 1, torch.tensor([[0, 0], [1, 0]])) = [[1, 1], [4, 3]]
+  const Tensor x = tg::tensor({{1, 2}, {3, 4}}, tg::float64).set_requires_grad();
+  const Tensor out = tg::gather(x, 1, tg::tensor({{0, 0}, {1, 0}}, tg::int64));
+  check_close(out, {1, 1, 4, 3}, 0, "gather");
+  tg::backward({out}, {tg::tensor({{1, 10}, {100, 1000}}, tg::float64)});
+  check_close(x.grad(), {11, 0, 1000, 100}, 0, "scatter-add");
+}
+
+BOOST_AUTO_TEST_CASE(ids_changed_in_place_after_recording_are_caught) {
+  const Tensor w = tg::ones({3, 2}, tg::float64).set_requires_grad();
+  const Tensor ids = tg::tensor({0, 2}, tg::int64);
+  const Tensor e = tg::embedding(w, ids);
+  tg::fill_(ids, 1.0);
+  check_throws<tg::GraphError>([&] { tg::backward(tg::sum(e)); }, {"embedding", "modified in place"});
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -791,6 +791,51 @@ std::vector<OpInfo> build() {
                    {"float index", [] { tg::gather(f32({2, 3}), 0, f32({2, 3})); }, Raises::dtype, {"gather", "'index'", "int64"}}};
     t.push_back(info);
   }
+  {
+    // Not differentiable: the int64 indices are compared as floats. On the raw inputs and on
+    // trunc(2x), whose many ties must give the first index.
+    OpInfo info;
+    info.name = "argmax";
+    info.covers = {"argmax"};
+    info.differentiable = false;
+    info.samples = {{{3, 4}}, {{2, 3, 4}}, {{5}}, {{1, 4}}, {{}}, {{0, 3}}};
+    // (dim or -1 for all, keepdim) choices whose result exists for shape x.
+    auto choices = [](const Shape& x) {
+      std::int64_t n = 1;
+      for (auto s : x) n *= s;
+      std::vector<std::pair<std::int64_t, bool>> out;
+      if (n > 0) out.emplace_back(-1, false);
+      for (auto [d, keep] : {std::pair<std::int64_t, bool>{static_cast<std::int64_t>(x.size()) - 1, false}, {0, true}}) {
+        if (x.empty()) break;
+        std::int64_t others = 1;  // elements of the result
+        for (std::size_t k = 0; k < x.size(); ++k) others *= static_cast<std::int64_t>(k) == d ? 1 : x[k];
+        if (x[static_cast<std::size_t>(d)] > 0 || others == 0) out.emplace_back(d, keep);
+      }
+      return out;
+    };
+    info.op = [choices](const Ins& in) {
+      Outs outs;
+      const Tensor ties = tg::to(tg::to(tg::mul(in[0], 2.0), tg::int64), in[0].dtype());
+      for (const Tensor& x : {in[0], ties})
+        for (auto [d, keep] : choices(x.shape()))
+          outs.push_back(tg::to(d < 0 ? tg::argmax(x) : tg::argmax(x, d, keep), x.dtype()));
+      return outs;
+    };
+    info.reference = [choices](const Refs& in) {
+      Refs outs;
+      const Ref ties = ref_map(in, [](const auto& v) { return std::trunc(2 * v[0]); });
+      for (const Ref& x : {in[0], ties})
+        for (auto [d, keep] : choices(x.shape))
+          outs.push_back(d >= 0 ? ref_argmax(x, static_cast<std::size_t>(d), keep)
+                                : Ref{{}, {static_cast<double>(std::max_element(x.v.begin(), x.v.end()) - x.v.begin())}});
+      return outs;
+    };
+    info.errors = {{"bool input", [] { tg::argmax(tg::mask({true})); }, Raises::dtype, {"argmax", "'x'", "bool"}},
+                   {"dim out of range", [] { tg::argmax(f32({2, 3}), 2); }, Raises::shape, {"argmax", "'dim'", "rank 2"}},
+                   {"zero-size dim", [] { tg::argmax(f32({2, 0}), 1); }, Raises::shape, {"argmax", "dim 1", "size 0", "[2, 0]"}},
+                   {"empty input", [] { tg::argmax(f32({0, 3})); }, Raises::shape, {"argmax", "'x'", "[0, 3]", "empty"}}};
+    t.push_back(info);
+  }
   return t;
 }
 

@@ -86,3 +86,30 @@ BOOST_AUTO_TEST_CASE(ids_changed_in_place_after_recording_are_caught) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(argmax_op)
+
+BOOST_AUTO_TEST_CASE(ties_give_the_first_index_and_nan_wins) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (auto dtype : {tg::float32, tg::float64}) {
+    const Tensor x = tg::tensor({{1, 3, 3, 2}, {kInf, 0, kInf, 5}, {-kInf, -kInf, -kInf, -kInf}, {1, nan, 7, nan}}, dtype);
+    const Tensor along = tg::argmax(x, 1);
+    BOOST_TEST(along.dtype() == tg::int64);
+    BOOST_TEST(along.to_vector<std::int64_t>() == std::vector<std::int64_t>({1, 0, 0, 1}));
+    BOOST_TEST(tg::argmax(x).item() == 13.0);  // the first NaN, flattened
+    BOOST_TEST(tg::argmax(tg::slice(x, 0, 0, 3)).item() == 4.0);  // the first +inf
+    const Tensor kept = tg::argmax(tg::transpose(x, 0, 1), 0, /*keepdim=*/true);  // a strided input
+    BOOST_TEST(kept.shape() == Shape({1, 4}));
+    BOOST_TEST(kept.to_vector<std::int64_t>() == std::vector<std::int64_t>({1, 0, 0, 1}));
+  }
+  BOOST_TEST(tg::argmax(tg::tensor({4, 9, 9, -2}, tg::int64)).item() == 1.0);
+  BOOST_TEST(tg::argmax(tg::scalar(3.0)).item() == 0.0);
+}
+
+BOOST_AUTO_TEST_CASE(is_never_recorded) {
+  const Tensor x = tg::randn({3, 4}, 1, tg::float64).set_requires_grad();
+  BOOST_TEST(!tg::argmax(x, 1).requires_grad());
+  BOOST_TEST(!tg::argmax(x).requires_grad());
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -9,6 +9,7 @@
 #include "tapegrad/layers/attention.hpp"
 #include "tapegrad/layers/multihead_attention.hpp"
 #include "tapegrad/layers/multihead_attention_layer.hpp"
+#include "tapegrad/ops/argmax.hpp"
 #include "tapegrad/ops/cast.hpp"
 #include "tapegrad/ops/clone.hpp"
 #include "tapegrad/ops/compare.hpp"

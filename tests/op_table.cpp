@@ -836,6 +836,43 @@ std::vector<OpInfo> build() {
                    {"empty input", [] { tg::argmax(f32({0, 3})); }, Raises::shape, {"argmax", "'x'", "[0, 3]", "empty"}}};
     t.push_back(info);
   }
+  {
+    // Plain, and with the mask pattern over the last dim. Masked entries are -inf, which no
+    // finite difference can handle, so that output is where(mask, y, 0): their gradient must
+    // then be exactly what the masked entries' zero upstream gives.
+    OpInfo info;
+    info.name = "log_softmax";
+    info.covers = {"log_softmax"};
+    info.samples = {{{3, 5}}, {{2, 3, 4}}, {{6}}, {{4, 1}}, {{2, 0}}};
+    info.op = [](const Ins& in) {
+      const Tensor mask = pattern_mask(Shape{in[0].shape().back()});
+      return Outs{tg::log_softmax(in[0]), tg::where(mask, tg::log_softmax(in[0], mask), tg::scalar(0.0, in[0].dtype()))};
+    };
+    info.reference = [](const Refs& in) {
+      const Ref& s = in[0];
+      const std::int64_t k = s.shape.back();
+      Ref plain = s, masked = s;
+      for (std::int64_t r = 0; k > 0 && r < s.numel() / k; ++r)
+        for (bool use_mask : {false, true}) {
+          auto on = [&](std::int64_t j) { return !use_mask || pattern_value(j); };
+          auto x = [&](std::int64_t j) { return s.v[static_cast<std::size_t>(r * k + j)]; };
+          double m = -std::numeric_limits<double>::infinity(), z = 0;
+          for (std::int64_t j = 0; j < k; ++j)
+            if (on(j)) m = std::max(m, x(j));
+          for (std::int64_t j = 0; j < k; ++j)
+            if (on(j)) z += std::exp(x(j) - m);
+          for (std::int64_t j = 0; j < k; ++j)
+            (use_mask ? masked : plain).v[static_cast<std::size_t>(r * k + j)] = on(j) ? x(j) - m - std::log(z) : 0.0;
+        }
+      return Refs{plain, masked};
+    };
+    info.errors = {{"integer x", [] { tg::log_softmax(tg::zeros({2}, tg::int64)); }, Raises::dtype, {"log_softmax", "'x'", "int64"}},
+                   {"float mask", [] { tg::log_softmax(f32({2}), f32({2})); }, Raises::dtype, {"log_softmax", "'allowed'", "bool"}},
+                   {"mask larger than x", [] { tg::log_softmax(f32({2}), tg::zeros({3, 2}, tg::bool_)); }, Raises::shape,
+                    {"log_softmax", "'allowed'", "[3, 2]", "[2]"}},
+                   {"rank 0 x", [] { tg::log_softmax(f32({})); }, Raises::shape, {"log_softmax", "rank >= 1"}}};
+    t.push_back(info);
+  }
   return t;
 }
 

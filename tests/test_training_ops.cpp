@@ -113,3 +113,50 @@ BOOST_AUTO_TEST_CASE(is_never_recorded) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(log_softmax_op)
+
+BOOST_AUTO_TEST_CASE(stays_finite_where_log_of_softmax_would_not) {
+  for (auto dtype : {tg::float32, tg::float64}) {
+    // exp(-1000) underflows, so log(softmax) would be -inf; log_softmax keeps -1000.
+    check_close(tg::log_softmax(tg::tensor({0, -1000}, dtype)), {0, -1000}, 1e-6, "[0, -1000]");
+    const double big = dtype == tg::float32 ? 1.7e38 : 8e307;  // about FLT_MAX/2 and DBL_MAX/2
+    check_close(tg::log_softmax(tg::tensor({big, big}, dtype)), {-std::log(2.0), -std::log(2.0)}, 1e-6, "huge ties");
+    const Tensor y = tg::log_softmax(tg::tensor({1e4, 1e4 - 1, 1e4 - 2}, dtype));
+    const double lse = std::log(1 + std::exp(-1.0) + std::exp(-2.0));
+    check_close(y, {-lse, -1 - lse, -2 - lse}, 1e-5, "1e4");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(masked_entries_and_empty_rows_are_minus_inf_with_exactly_zero_gradient) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (auto dtype : {tg::float32, tg::float64}) {
+    const Tensor x = tg::tensor({{1, 2, 3}, {4, 5, 6}, {-kInf, 0, -kInf}}, dtype).set_requires_grad();
+    const Tensor allowed = tg::mask({{true, false, true}, {false, false, false}, {true, true, true}});
+    const Tensor y = tg::log_softmax(x, allowed);
+    const double lse = std::log(std::exp(1.0) + std::exp(3.0));
+    check_close(y, {1 - lse, -kInf, 3 - lse, -kInf, -kInf, -kInf, -kInf, 0, -kInf}, 1e-6, "values");
+    // Non-finite upstream gradients where y = -inf must not leak into anything.
+    const Tensor g = tg::tensor({{1, nan, 2}, {kInf, nan, -kInf}, {nan, 3, kInf}}, dtype);
+    tg::backward({y}, {g});
+    const double p0 = std::exp(1 - lse), p2 = std::exp(3 - lse);
+    check_close(x.grad(), {1 - p0 * 3, 0, 2 - p2 * 3, 0, 0, 0, 0, 0, 0}, 1e-6, "dx");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(agrees_with_log_of_masked_softmax_and_its_gradient) {
+  Tensor x = tg::randn({4, 7}, 3, tg::float64).set_requires_grad();
+  const Tensor allowed = tg::gt(tg::randn({4, 7}, 4, tg::float64), tg::scalar(-0.5, tg::float64));
+  const Tensor g = tg::randn({4, 7}, 5, tg::float64);
+  const Tensor y = tg::log_softmax(x, allowed);
+  tg::backward({tg::where(allowed, y, tg::scalar(0.0, tg::float64))}, {g});
+  const Tensor dx = x.grad();
+  x.zero_grad();
+  const Tensor via_softmax = tg::log(tg::masked_softmax(x, allowed));
+  tg::backward({tg::where(allowed, via_softmax, tg::scalar(0.0, tg::float64))}, {g});
+  check_close(tg::where(allowed, y, tg::scalar(0.0, tg::float64)).to_vector<double>(),
+              tg::where(allowed, via_softmax, tg::scalar(0.0, tg::float64)).to_vector<double>(), 1e-14, 1e-14, "values");
+  check_close(dx.to_vector<double>(), x.grad().to_vector<double>(), 1e-13, 1e-13, "gradients");
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -160,3 +160,90 @@ BOOST_AUTO_TEST_CASE(agrees_with_log_of_masked_softmax_and_its_gradient) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(losses)
+
+// -log_softmax(x)[t] per row, from the definition.
+double nll(const std::vector<double>& row, std::size_t t) {
+  double z = 0;
+  for (double v : row) z += std::exp(v);
+  return std::log(z) - row[t];
+}
+
+BOOST_AUTO_TEST_CASE(cross_entropy_matches_its_definition) {
+  const Tensor logits = tg::tensor({{1, 2, 3}, {1, 1, 1}}, tg::float64);
+  const Tensor targets = tg::tensor({2, 0}, tg::int64);
+  const double l0 = nll({1, 2, 3}, 2), l1 = std::log(3.0);
+  check_close(tg::cross_entropy(logits, targets), {(l0 + l1) / 2}, 1e-15, "mean");
+  check_close(tg::cross_entropy(logits, targets, {.reduction = tg::Reduction::sum}), {l0 + l1}, 1e-15, "sum");
+  check_close(tg::cross_entropy(logits, targets, {.reduction = tg::Reduction::none}), {l0, l1}, 1e-15, "none");
+  // PyTorch's label smoothing: (1 - eps) nll_t + eps mean_c nll_c.
+  const double s0 = 0.9 * l0 + 0.1 * (nll({1, 2, 3}, 0) + nll({1, 2, 3}, 1) + nll({1, 2, 3}, 2)) / 3;
+  check_close(tg::cross_entropy(logits, targets, {.label_smoothing = 0.1}), {(s0 + l1) / 2}, 1e-15, "smoothed");
+}
+
+BOOST_AUTO_TEST_CASE(cross_entropy_equals_minus_the_mean_gathered_log_softmax) {
+  Tensor x = tg::randn({6, 5}, 11, tg::float64).set_requires_grad();
+  const Tensor t = tg::tensor({4, 0, 0, 2, 3, 1}, tg::int64);
+  tg::backward(tg::cross_entropy(x, t));
+  const Tensor direct = x.grad();
+  x.zero_grad();
+  const Tensor picked = tg::gather(tg::log_softmax(x), 1, tg::reshape(t, {6, 1}));
+  tg::backward(tg::neg(tg::mean(picked)));
+  check_close(direct.to_vector<double>(), x.grad().to_vector<double>(), 1e-15, 1e-14, "dlogits");
+  // Each row of (softmax - one-hot) / N sums to zero.
+  for (std::int64_t r = 0; r < 6; ++r) BOOST_TEST(std::abs(tg::sum(tg::select(direct, 0, r)).item()) < 1e-16);
+}
+
+BOOST_AUTO_TEST_CASE(every_target_ignored_gives_zero_loss_and_zero_gradient) {
+  for (auto reduction : {tg::Reduction::mean, tg::Reduction::sum, tg::Reduction::none}) {
+    const Tensor x = tg::randn({3, 4}, 2, tg::float64).set_requires_grad();
+    const Tensor loss = tg::cross_entropy(x, tg::full({3}, -100.0, tg::int64), {.reduction = reduction});
+    for (double v : loss.to_vector<double>()) BOOST_TEST(v == 0.0);
+    tg::backward({loss}, {tg::ones_like(loss)});
+    for (double v : x.grad().to_vector<double>()) BOOST_TEST(v == 0.0);
+  }
+  // No rows at all: the same.
+  const Tensor empty = tg::zeros({0, 4}, tg::float32).set_requires_grad();
+  BOOST_TEST(tg::cross_entropy(empty, tg::zeros({0}, tg::int64)).item() == 0.0);
+}
+
+BOOST_AUTO_TEST_CASE(ignored_rows_get_exact_zeros_whatever_their_upstream_gradient) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const Tensor x = tg::randn({3, 4}, 5, tg::float32).set_requires_grad();
+  // ignore_index may be a real class (a padding id): those rows are ignored too.
+  const Tensor loss = tg::cross_entropy(x, tg::tensor({0, 2, 0}, tg::int64), {.ignore_index = 0, .reduction = tg::Reduction::none});
+  check_close(loss.to_vector<double>(), {0, nll(tg::select(x, 0, 1).to_vector<double>(), 2), 0}, 1e-6, 1e-6, "losses");
+  tg::backward({loss}, {tg::tensor({nan, 1.0, kInf}, tg::float32)});
+  const auto g = x.grad().to_vector<double>();
+  for (std::size_t i : {0u, 1u, 2u, 3u, 8u, 9u, 10u, 11u}) BOOST_TEST(g[i] == 0.0);
+  for (std::size_t i : {4u, 5u, 6u, 7u}) BOOST_TEST(std::isfinite(g[i]));
+}
+
+BOOST_AUTO_TEST_CASE(cross_entropy_is_stable_and_counts_the_mean_over_kept_rows) {
+  for (auto dtype : {tg::float32, tg::float64}) {
+    // Logits far beyond exp's range, and a -inf logit of another class (no 0 * inf at eps = 0).
+    const Tensor x = tg::tensor({{1e4, 1e4 - 1, 0}, {-kInf, 2, 1}, {3, 3, 3}}, dtype).set_requires_grad();
+    const Tensor t = tg::tensor({0, 1, -100}, tg::int64);
+    const double l0 = std::log(1 + std::exp(-1.0)), l1 = std::log(1 + std::exp(-1.0));
+    const Tensor loss = tg::cross_entropy(x, t);
+    check_close(loss, {(l0 + l1) / 2}, 1e-6, "mean over the two kept rows");
+    tg::backward(loss);
+    for (double v : x.grad().to_vector<double>()) BOOST_TEST(std::isfinite(v));
+    // With smoothing the -inf logit is in the average: the loss is +inf, as in PyTorch.
+    BOOST_TEST(tg::cross_entropy(x.detach(), t, {.label_smoothing = 0.1}).item() == kInf);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(mse_loss_values_and_gradients) {
+  const Tensor p = tg::tensor({1, 2, 4}, tg::float64).set_requires_grad();
+  const Tensor y = tg::tensor({0, 2, 1}, tg::float64).set_requires_grad();
+  const Tensor loss = tg::mse_loss(p, y);
+  check_close(loss, {10.0 / 3}, 1e-15, "mean");
+  tg::backward(loss);
+  check_close(p.grad(), {2.0 / 3, 0, 2}, 1e-15, "dpred = 2 (p - y) / n");
+  check_close(y.grad(), {-2.0 / 3, 0, -2}, 1e-15, "dtarget = -dpred");
+  BOOST_TEST(std::isnan(tg::mse_loss(tg::zeros({0}), tg::zeros({0})).item()));  // the mean of nothing, like mean()
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -18,6 +18,7 @@
 #include "tapegrad/ops/inplace.hpp"
 #include "tapegrad/ops/join.hpp"
 #include "tapegrad/ops/log_softmax.hpp"
+#include "tapegrad/ops/loss.hpp"
 #include "tapegrad/ops/matmul.hpp"
 #include "tapegrad/ops/reduction.hpp"
 #include "tapegrad/ops/softmax.hpp"

@@ -954,6 +954,43 @@ std::vector<OpInfo> build() {
                     {"mse_loss", "'reduction'", "-1"}}};
     t.push_back(info);
   }
+  {
+    // With weight and bias, with weight only, and with neither. E = 1 rows are constant (output
+    // = bias, gradient 0); zero-size rows and widths give empty results.
+    OpInfo info;
+    info.name = "layer_norm";
+    info.covers = {"layer_norm"};
+    info.samples = {{{3, 4}, {4}, {4}}, {{2, 3, 5}, {5}, {5}}, {{6}, {6}, {6}}, {{4, 1}, {1}, {1}}, {{0, 3}, {3}, {3}}, {{2, 0}, {0}, {0}}};
+    info.op = [](const Ins& in) {
+      return Outs{tg::layer_norm(in[0], in[1], in[2]), tg::layer_norm(in[0], in[1]), tg::layer_norm(in[0], Tensor(), Tensor(), 0.1)};
+    };
+    info.reference = [](const Refs& in) {
+      const Ref& x = in[0];
+      const std::int64_t e = x.shape.back();
+      Refs outs(3, x);
+      for (std::int64_t r = 0; e > 0 && r < x.numel() / e; ++r) {
+        auto at = [&](std::int64_t j) { return static_cast<std::size_t>(r * e + j); };
+        double mu = 0, var = 0;
+        for (std::int64_t j = 0; j < e; ++j) mu += x.v[at(j)] / static_cast<double>(e);
+        for (std::int64_t j = 0; j < e; ++j) var += (x.v[at(j)] - mu) * (x.v[at(j)] - mu) / static_cast<double>(e);
+        for (std::int64_t j = 0; j < e; ++j) {
+          const auto k = static_cast<std::size_t>(j);
+          outs[0].v[at(j)] = (x.v[at(j)] - mu) / std::sqrt(var + 1e-5) * in[1].v[k] + in[2].v[k];
+          outs[1].v[at(j)] = (x.v[at(j)] - mu) / std::sqrt(var + 1e-5) * in[1].v[k];
+          outs[2].v[at(j)] = (x.v[at(j)] - mu) / std::sqrt(var + 0.1);
+        }
+      }
+      return outs;
+    };
+    info.errors = {{"weight of the wrong width", [] { tg::layer_norm(f32({2, 4}), f32({3})); }, Raises::shape,
+                    {"layer_norm", "'weight'", "[3]", "[4]", "[2, 4]"}},
+                   {"bias of another rank", [] { tg::layer_norm(f32({2, 4}), Tensor(), f32({1, 4})); }, Raises::shape, {"layer_norm", "'bias'", "[1, 4]"}},
+                   {"float64 weight for float32 x", [] { tg::layer_norm(f32({2, 4}), f64({4})); }, Raises::dtype, {"layer_norm", "'x'", "'weight'", "same dtype"}},
+                   {"negative eps", [] { tg::layer_norm(f32({2, 4}), Tensor(), Tensor(), -1e-5); }, Raises::value, {"layer_norm", "'eps'", ">= 0", "-1e-05"}},
+                   {"rank-0 x", [] { tg::layer_norm(f32({})); }, Raises::shape, {"layer_norm", "'x'", "rank >= 1"}},
+                   {"integer x", [] { tg::layer_norm(tg::zeros({2}, tg::int64)); }, Raises::dtype, {"layer_norm", "'x'", "int64"}}};
+    t.push_back(info);
+  }
   return t;
 }
 

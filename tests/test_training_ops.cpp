@@ -247,3 +247,42 @@ BOOST_AUTO_TEST_CASE(mse_loss_values_and_gradients) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(layer_norm_op)
+
+BOOST_AUTO_TEST_CASE(rows_come_out_with_mean_zero_and_unit_biased_variance) {
+  const Tensor x = tg::randn({5, 8}, 7, tg::float64);
+  const Tensor y = tg::layer_norm(x, Tensor(), Tensor(), 0.0);
+  for (std::int64_t r = 0; r < 5; ++r) {
+    const Tensor row = tg::select(y, 0, r);
+    BOOST_TEST(std::abs(tg::mean(row).item()) < 1e-15);
+    BOOST_TEST(std::abs(tg::mean(tg::mul(row, row)).item() - 1.0) < 1e-14);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(float32_stays_accurate_far_from_zero) {
+  // Statistics in double: a row at 1e4 with unit spread normalises like one at 0.
+  const Tensor noise = tg::randn({3, 16}, 8, tg::float64);
+  const Tensor y64 = tg::layer_norm(noise);
+  const Tensor y32 = tg::layer_norm(tg::to(tg::add(noise, 1e4), tg::float32));
+  check_close(y32.to_vector<double>(), y64.to_vector<double>(), 2e-3, 0, "float32 at 1e4");
+}
+
+BOOST_AUTO_TEST_CASE(a_constant_row_gives_the_bias_and_finite_gradients) {
+  // var = 0, so sigma = sqrt(eps) and xhat = 0: y = bias, dweight = 0, and
+  // dx = (dxhat - mean(dxhat)) / sqrt(eps), large but finite and exact.
+  const Tensor x = tg::full({2, 3}, 4.0, tg::float64).set_requires_grad();
+  const Tensor w = tg::tensor({1, 2, 3}, tg::float64).set_requires_grad();
+  const Tensor b = tg::tensor({0.5, -1, 2}, tg::float64).set_requires_grad();
+  const Tensor y = tg::layer_norm(x, w, b);
+  check_close(y, {0.5, -1, 2, 0.5, -1, 2}, 0, "y = bias");
+  const Tensor g = tg::tensor({{1, 1, 1}, {3, 0, -1}}, tg::float64);
+  tg::backward({y}, {g});
+  const double s = 1 / std::sqrt(1e-5);
+  // dxhat rows: [1, 2, 3] (mean 2) and [3, 0, -3] (mean 0)
+  check_close(x.grad().to_vector<double>(), {-s, 0, s, 3 * s, 0, -3 * s}, 1e-12, 1e-13, "dx");
+  for (double v : w.grad().to_vector<double>()) BOOST_TEST(v == 0.0);
+  check_close(b.grad(), {4, 1, 0}, 0, "dbias = column sums of g");
+}
+
+BOOST_AUTO_TEST_SUITE_END()

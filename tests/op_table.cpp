@@ -991,6 +991,33 @@ std::vector<OpInfo> build() {
                    {"integer x", [] { tg::layer_norm(tg::zeros({2}, tg::int64)); }, Raises::dtype, {"layer_norm", "'x'", "int64"}}};
     t.push_back(info);
   }
+  {
+    // A fresh Generator(42) per call, so every call (gradcheck makes many) draws the same masks:
+    // p = 0.3 while training, then p = 1 (all dropped), then eval mode (x itself).
+    OpInfo info;
+    info.name = "dropout";
+    info.covers = {"dropout"};
+    info.samples = unary_shapes();
+    info.op = [](const Ins& in) {
+      tg::Generator gen(42);
+      return Outs{tg::dropout(in[0], 0.3, gen, true), tg::dropout(in[0], 1.0, gen, true), tg::dropout(in[0], 0.3, gen, false)};
+    };
+    info.reference = [](const Refs& in) {
+      // The documented mask: one uniform draw per element in row-major order, kept when u >= p.
+      tg::Generator gen(42);
+      Ref kept = in[0], none = in[0];
+      for (double& v : kept.v) v = gen.uniform() >= 0.3 ? v / 0.7 : 0.0;
+      for (double& v : none.v) v = 0.0 * gen.uniform();
+      return Refs{kept, none, in[0]};
+    };
+    info.errors = {{"p above 1", [] { tg::Generator gen(1); tg::dropout(f32({2}), 1.5, gen, true); }, Raises::value, {"dropout", "'p'", "[0, 1]", "1.5"}},
+                   {"negative p, even in eval mode", [] { tg::Generator gen(1); tg::dropout(f32({2}), -0.1, gen, false); }, Raises::value,
+                    {"dropout", "'p'", "-0.1"}},
+                   {"NaN p", [] { tg::Generator gen(1); tg::dropout(f32({2}), std::nan(""), gen, true); }, Raises::value, {"dropout", "'p'", "nan"}},
+                   {"integer x", [] { tg::Generator gen(1); tg::dropout(tg::zeros({2}, tg::int64), 0.5, gen, true); }, Raises::dtype,
+                    {"dropout", "'x'", "int64"}}};
+    t.push_back(info);
+  }
   return t;
 }
 

@@ -286,3 +286,72 @@ BOOST_AUTO_TEST_CASE(a_constant_row_gives_the_bias_and_finite_gradients) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(dropout_op)
+
+BOOST_AUTO_TEST_CASE(eval_mode_and_p_zero_return_x_itself) {
+  const Tensor x = tg::randn({3, 4}, 1, tg::float64).set_requires_grad();
+  tg::Generator gen(5);
+  const std::size_t nodes = tg::tape_size();
+  BOOST_TEST(tg::dropout(x, 0.5, gen, false).impl() == x.impl());
+  BOOST_TEST(tg::dropout(x, 0.0, gen, true).impl() == x.impl());
+  BOOST_TEST(tg::tape_size() == nodes);
+  // Neither call drew from the generator.
+  tg::Generator fresh(5);
+  BOOST_TEST(gen.next_u64() == fresh.next_u64());
+}
+
+BOOST_AUTO_TEST_CASE(a_seed_gives_one_mask_and_the_scale_keeps_the_mean) {
+  const Tensor x = tg::ones({100000}, tg::float64);
+  tg::Generator a(7), b(7), c(8);
+  const auto ya = tg::dropout(x, 0.3, a, true).to_vector<double>();
+  BOOST_TEST(ya == tg::dropout(x, 0.3, b, true).to_vector<double>());
+  BOOST_TEST(ya != tg::dropout(x, 0.3, c, true).to_vector<double>());
+  std::size_t kept = 0, other = 0;
+  double total = 0;
+  for (double v : ya) {
+    kept += v == 1.0 / 0.7;
+    other += v != 0.0 && v != 1.0 / 0.7;
+    total += v;
+  }
+  BOOST_TEST(other == 0u);
+  // Binomial(1e5, 0.7): standard deviation 145 elements; allow 5 of them.
+  BOOST_TEST(std::abs(static_cast<double>(kept) - 70000.0) < 725.0);
+  BOOST_TEST(std::abs(total / 1e5 - 1.0) < 0.011);
+}
+
+BOOST_AUTO_TEST_CASE(dropped_elements_are_exact_zeros_and_the_gradient_follows_the_mask) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (auto dtype : {tg::float32, tg::float64}) {
+    const Tensor x = tg::tensor({kInf, nan, -kInf, 1, 2, 3, 4, 5}, dtype).set_requires_grad();
+    tg::Generator gen(3);  // keeps elements 0, 2, 4, 6: the NaN at 1, with an inf upstream gradient, is dropped
+    const Tensor y = tg::dropout(x, 0.5, gen, true);
+    const Tensor g = tg::tensor({nan, kInf, 1, 1, 1, 1, 1, 1}, dtype);
+    tg::backward({y}, {g});
+    const auto yv = y.to_vector<double>(), dx = x.grad().to_vector<double>(), xv = x.to_vector<double>();
+    BOOST_TEST((yv[1] == 0.0 && dx[1] == 0.0));
+    for (std::size_t i = 0; i < yv.size(); ++i) {
+      tg::Generator replay(3);
+      bool keep = false;
+      for (std::size_t k = 0; k <= i; ++k) keep = replay.uniform() >= 0.5;
+      if (!keep) {
+        BOOST_TEST(yv[i] == 0.0);
+        BOOST_TEST(dx[i] == 0.0);
+      } else if (i >= 3) {
+        BOOST_TEST(yv[i] == xv[i] * 2);
+        BOOST_TEST(dx[i] == 2.0);
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(p_one_drops_everything_with_a_zero_gradient) {
+  const Tensor x = tg::tensor({1, kInf, -3}, tg::float64).set_requires_grad();
+  tg::Generator gen(1);
+  const Tensor y = tg::dropout(x, 1.0, gen, true);
+  check_close(y, {0, 0, 0}, 0, "y");
+  tg::backward(tg::sum(y));
+  check_close(x.grad(), {0, 0, 0}, 0, "dx");
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -13,6 +13,7 @@
 #include "tapegrad/ops/cast.hpp"
 #include "tapegrad/ops/clone.hpp"
 #include "tapegrad/ops/compare.hpp"
+#include "tapegrad/ops/dropout.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/indexing.hpp"
 #include "tapegrad/ops/inplace.hpp"

@@ -355,3 +355,93 @@ BOOST_AUTO_TEST_CASE(p_one_drops_everything_with_a_zero_gradient) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+// All of the above together: a one-block causal transformer, trained from C++ with plain SGD to
+// predict the previous token (which needs the positional embedding and attention).
+BOOST_AUTO_TEST_SUITE(small_transformer)
+
+namespace {
+
+struct TinyModel {
+  static constexpr std::int64_t V = 6, E = 8, T = 6;
+  struct Weights {
+    Tensor tokens, positions, ln1_w, ln1_b, ln2_w, ln2_b, out;
+  };
+  explicit TinyModel(tg::DType dtype)
+      : mha({.query_dim = E, .heads = 2, .dtype = dtype, .seed = 4}),
+        w{tg::randn({V, E}, 1, dtype), tg::randn({T, E}, 2, dtype), tg::ones({E}, dtype), tg::zeros({E}, dtype),
+          tg::ones({E}, dtype), tg::zeros({E}, dtype), tg::randn({E, V}, 3, dtype) / std::sqrt(double(E))} {
+    for (Tensor* p : params()) p->set_requires_grad();
+  }
+  std::vector<Tensor*> params() {
+    std::vector<Tensor*> ps = mha.parameters();
+    for (Tensor* p : {&w.tokens, &w.positions, &w.ln1_w, &w.ln1_b, &w.ln2_w, &w.ln2_b, &w.out}) ps.push_back(p);
+    return ps;
+  }
+  // ids [B, T] -> embedding + positions -> pre-norm causal self-attention with a residual ->
+  // layer_norm -> dropout -> logits [B, T, V] -> label-smoothed cross-entropy.
+  Tensor loss(const Weights& p, const Tensor& ids, const Tensor& targets, tg::Generator& gen, bool training) const {
+    const Tensor x = tg::embedding(p.tokens, ids) + p.positions;
+    const Tensor n = tg::layer_norm(x, p.ln1_w, p.ln1_b);
+    const Tensor h = x + mha.forward(n, n, {.causal = true, .need_weights = false}).output;
+    const Tensor logits = tg::matmul(tg::dropout(tg::layer_norm(h, p.ln2_w, p.ln2_b), 0.1, gen, training), p.out);
+    return tg::cross_entropy(logits, targets, {.label_smoothing = 0.05});
+  }
+  tg::MultiHeadAttention mha;
+  Weights w;
+};
+
+// Random token sequences and their previous-token targets (position 0 and padding ignored).
+std::pair<Tensor, Tensor> batch(std::uint64_t seed) {
+  tg::Generator gen(seed);
+  std::vector<std::int64_t> ids, targets;
+  for (std::int64_t b = 0; b < 8; ++b)
+    for (std::int64_t t = 0; t < TinyModel::T; ++t) {
+      ids.push_back(static_cast<std::int64_t>(gen.uniform() * TinyModel::V));
+      const bool padding = b == 7 && t >= 4;
+      targets.push_back(t == 0 || padding ? -100 : ids[ids.size() - 2]);
+    }
+  return {tg::from_vector(std::span<const std::int64_t>(ids), {8, TinyModel::T}),
+          tg::from_vector(std::span<const std::int64_t>(targets), {8, TinyModel::T})};
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(trains_with_sgd_and_its_gradients_check_out) {
+  TinyModel model(tg::float32);
+  tg::Generator dropout_gen(9);
+  double first = 0, last = 0;
+  for (int step = 0; step < 300; ++step) {
+    const auto [ids, targets] = batch(100 + static_cast<std::uint64_t>(step));
+    const Tensor loss = model.loss(model.w, ids, targets, dropout_gen, true);
+    if (step == 0) first = loss.item();
+    tg::backward(loss);
+    for (Tensor* p : model.params()) {
+      tg::add_(*p, p->grad(), -0.5);
+      p->zero_grad();
+    }
+  }
+  tg::Generator unused(0);
+  for (std::uint64_t s = 0; s < 4; ++s) {
+    const auto [ids, targets] = batch(1000 + s);
+    tg::NoGradGuard no_grad;
+    last += model.loss(model.w, ids, targets, unused, false).item() / 4;
+  }
+  BOOST_TEST_MESSAGE("previous-token loss: " << first << " at the start, " << last << " after 300 steps (log 6 = " << std::log(6.0) << ")");
+  BOOST_TEST(last < 0.5 * first);
+
+  // The composed gradient in float64 against central differences, for the new ops' parameters.
+  TinyModel m64(tg::float64);
+  const auto [ids, targets] = batch(7);
+  const auto result = tg::gradcheck(
+      [&](const std::vector<Tensor>& p) {
+        TinyModel::Weights w = m64.w;
+        w.tokens = p[0], w.ln1_w = p[1], w.ln2_b = p[2], w.out = p[3];
+        tg::Generator gen(5);  // the same dropout mask on every evaluation
+        return std::vector<Tensor>{m64.loss(w, ids, targets, gen, true)};
+      },
+      {m64.w.tokens, m64.w.ln1_w, m64.w.ln2_b, m64.w.out});
+  BOOST_TEST(result.ok, result.report());
+}
+
+BOOST_AUTO_TEST_SUITE_END()

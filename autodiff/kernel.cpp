@@ -15,7 +15,7 @@ void copy_into(const Tensor& dst, const Tensor& src) {
   visit_any(dst.dtype(), [&]<class T>(Tag<T>) { map_into<T, T>(dst, [](T v) { return v; }, src); });
 }
 
-Tensor clone(const Tensor& t) {
+Tensor copy_of(const Tensor& t) {
   Tensor out = new_tensor(t.shape(), t.dtype());
   copy_into(out, t);
   return out;

@@ -78,7 +78,7 @@ class LeafGradients {
       // Keep g itself only when nothing else can see its storage: a leaf's gradient must not
       // alias an upstream gradient the caller still holds, nor be a broadcast (stride 0) view.
       const bool exclusive = g.is_contiguous() && g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1;
-      leaf->grad = exclusive ? std::move(g) : clone(g);
+      leaf->grad = exclusive ? std::move(g) : copy_of(g);
     }
   }
 

@@ -150,7 +150,7 @@ void Tensor::check_element_type(DType requested) const {
 template <class T> std::vector<T> Tensor::to_vector() const {
   std::vector<T> out;
   out.reserve(static_cast<std::size_t>(numel()));
-  const Tensor c = is_contiguous() ? *this : detail::clone(*this);
+  const Tensor c = is_contiguous() ? *this : detail::copy_of(*this);
   detail::visit_any(dtype(), [&]<class S>(detail::Tag<S>) {
     const S* p = static_cast<const S*>(c.raw_data());
     for (std::int64_t i = 0; i < c.numel(); ++i) out.push_back(detail::convert<T>(p[i]));

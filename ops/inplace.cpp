@@ -35,7 +35,7 @@ Tensor source(const char* op, const char* name, const Tensor& dst, const Tensor&
     fail<ShapeError>("{}: argument '{}' with shape {} must broadcast to the shape of 'dst', {}", op, name,
                      shape_str(src.shape()), shape_str(dst.shape()));
   const bool same_layout = src.offset() == dst.offset() && src.shape() == dst.shape() && src.strides() == dst.strides();
-  return src.shares_storage_with(dst) && !same_layout ? clone(src) : src;
+  return src.shares_storage_with(dst) && !same_layout ? copy_of(src) : src;
 }
 
 // dst[i] = f(dst[i], srcs[i]...) over dst's elements, then the version bump.

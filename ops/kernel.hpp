@@ -27,6 +27,13 @@ void record(const char* name, std::initializer_list<Tensor> inputs, Tensor& out,
               std::span<const Tensor>(saved.begin(), saved.size()));
 }
 
+// The multi-index of row-major position `flat` in `shape` (error messages name positions so).
+inline Shape unravel_index(std::int64_t flat, const Shape& shape) {
+  Shape at(shape.size());
+  for (std::size_t d = shape.size(); d-- > 0; flat /= shape[d]) at[d] = flat % shape[d];
+  return at;
+}
+
 // The broadcast shape of two arguments, or a ShapeError naming both arguments and shapes.
 Shape broadcast_args(const char* op, const char* a_name, const Shape& a, const char* b_name,
                      const Shape& b);

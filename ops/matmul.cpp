@@ -20,7 +20,7 @@ Tensor with_rank(const Tensor& x, std::size_t rank) {
 // needs the other operand to be really that size there: when it is 1, or expanded too, copy x.
 Tensor fit_batch(const Tensor& x, const Tensor& other) {
   for (std::size_t d = 0; d + 2 < x.shape().size(); ++d)
-    if (x.strides()[d] == 0 && x.shape()[d] > 1 && (other.shape()[d] == 1 || other.strides()[d] == 0)) return clone(x);
+    if (x.strides()[d] == 0 && x.shape()[d] > 1 && (other.shape()[d] == 1 || other.strides()[d] == 0)) return copy_of(x);
   return x;
 }
 

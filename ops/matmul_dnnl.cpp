@@ -147,8 +147,8 @@ bool has_fast_kernel(const Layout& a, const Layout& b, const Layout& c) {
 
 void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   Layout la, lb, lc;
-  if (!describe(a, la)) return run(clone(a), b, c, bf16);
-  if (!describe(b, lb)) return run(a, clone(b), c, bf16);
+  if (!describe(a, la)) return run(copy_of(a), b, c, bf16);
+  if (!describe(b, lb)) return run(a, copy_of(b), c, bf16);
   describe(c, lc);
   std::vector<std::uint16_t> a16, b16;
   void* pa = mutable_data(a);  // oneDNN takes non-const handles; it only reads a and b
@@ -176,7 +176,7 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
     if (fast.size() >= kMaxCached) fast.clear();
     auto [it, inserted] = fast.try_emplace(key, true);
     if (inserted) it->second = a.is_contiguous() && b.is_contiguous() ? true : has_fast_kernel(la, lb, lc);
-    if (!it->second) return run(a.is_contiguous() ? a : clone(a), b.is_contiguous() ? b : clone(b), c, false);
+    if (!it->second) return run(a.is_contiguous() ? a : copy_of(a), b.is_contiguous() ? b : copy_of(b), c, false);
   }
   Entry& e = *primitive_for(la, lb, lc, bf16);
   e.a.set_data_handle(pa);
@@ -199,7 +199,7 @@ void matmul_dnnl(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
     Shape full = batch;
     full.push_back(rows);
     full.push_back(cols);
-    return reshape(clone(expand(x, full)), {-1, rows, cols});
+    return reshape(copy_of(expand(x, full)), {-1, rows, cols});
   };
   run(fold(a, m, k), fold(b, k, n), reshape(c, {-1, m, n}), bf16);
 }

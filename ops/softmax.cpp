@@ -20,23 +20,15 @@ namespace {
 // strided by ms.
 template <class T>
 void softmax_row(const T* s, std::int64_t ss, T* a, std::int64_t k, const bool* mask, std::int64_t ms) {
-  auto allowed = [&](std::int64_t j) { return mask == nullptr || mask[j * ms]; };
-  T m = -std::numeric_limits<T>::infinity();
-  bool any = false, nan = false;
-  for (std::int64_t j = 0; j < k; ++j) {
-    if (!allowed(j)) continue;
-    any = true;
-    if (std::isnan(s[j * ss])) nan = true;
-    else if (s[j * ss] > m) m = s[j * ss];
-  }
-  // No allowed entry, or every allowed score is -inf: an empty row.
-  if (!any || (!nan && m == -std::numeric_limits<T>::infinity())) {
+  const MaskedMax<T> max = masked_max(s, ss, k, mask, ms);
+  if (max.empty) {
     for (std::int64_t j = 0; j < k; ++j) a[j] = T(0);
     return;
   }
   double z = 0;
   for (std::int64_t j = 0; j < k; ++j) {
-    a[j] = allowed(j) ? std::exp(s[j * ss] - m) : T(0);  // s - m <= 0: no overflow; +inf - inf = NaN propagates
+    // s - m <= 0: no overflow; +inf - inf = NaN propagates
+    a[j] = mask == nullptr || mask[j * ms] ? std::exp(s[j * ss] - max.m) : T(0);
     z += static_cast<double>(a[j]);
   }
   const T inv = convert<T>(1.0 / z);
@@ -59,29 +51,20 @@ void check_softmax_args(const char* op, const char* scores_name, const Tensor& s
 }
 
 Tensor masked_softmax_forward(const Tensor& s, const Tensor& allowed) {
-  // Scores are read through their strides (a transposed or broadcast view is not copied); the
-  // weights are written contiguously.
+  // Scores are read through their strides; the weights are written contiguously.
   Tensor a = new_tensor(s.shape(), s.dtype());
-  const std::size_t rank = s.shape().size();
   const std::int64_t k = s.shape().back();
-  const Dims8 m_strides = allowed.defined() ? broadcast_strides(allowed, s.shape()) : Dims8(rank, 0);
-  StridedLoop<3> rows(s.shape().data(), rank - 1, {a.strides().data(), s.strides().data(), m_strides.data()});
-  const bool* mask = allowed.defined() ? static_cast<const bool*>(allowed.raw_data()) : nullptr;
-  const std::int64_t ss = s.strides()[rank - 1], ms = m_strides[rank - 1];
   visit_float(s.dtype(), "masked_softmax", [&]<class T>(Tag<T>) {
-    const T* ps = static_cast<const T*>(s.raw_data());
     T* pa = static_cast<T*>(mutable_data(a));
-    rows.for_each_run([&](const auto& off, std::int64_t n, const auto& inner) {
-      for (std::int64_t t = 0; t < n; ++t)
-        softmax_row(ps + off[1] + t * inner[1], ss, pa + off[0] + t * inner[0], k,
-                    mask ? mask + off[2] + t * inner[2] : nullptr, ms);
+    for_each_row<T>(s, allowed, [&](std::int64_t r, const T* row, std::int64_t ss, const bool* mask, std::int64_t ms) {
+      softmax_row(row, ss, pa + r * k, k, mask, ms);
     });
   });
   return a;
 }
 
 Tensor masked_softmax_backward(const Tensor& weights, const Tensor& grad_weights) {
-  const Tensor g = grad_weights.is_contiguous() ? grad_weights : clone(grad_weights);
+  const Tensor g = grad_weights.is_contiguous() ? grad_weights : copy_of(grad_weights);
   Tensor ds = new_tensor(weights.shape(), weights.dtype());
   const std::int64_t k = weights.shape().back();
   const std::int64_t rows = k == 0 ? 0 : weights.numel() / k;

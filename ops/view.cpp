@@ -84,7 +84,7 @@ Tensor reshape(const Tensor& x, Shape shape) {
   shape = infer_shape(x, std::move(shape));
   if (shape == x.shape()) return x;
   const auto strides = reshape_strides(x.shape(), x.strides(), shape);
-  Tensor out = strides ? view_of(x, shape, *strides, x.offset()) : view_of(clone(x), shape, contiguous_strides(shape), 0);
+  Tensor out = strides ? view_of(x, shape, *strides, x.offset()) : view_of(copy_of(x), shape, contiguous_strides(shape), 0);
   // dx = g reshaped back
   record("reshape", {x}, out, {}, [xs = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {
     return Backward{reshape(g[0], xs)};
@@ -222,7 +222,7 @@ Tensor unsqueeze(const Tensor& x, std::int64_t dim) {
 Tensor contiguous(const Tensor& x) {
   check_defined("contiguous", "x", x);
   if (x.is_contiguous()) return x;
-  Tensor out = clone(x);
+  Tensor out = copy_of(x);
   // dx = g
   record("contiguous", {x}, out, {}, [](std::span<const Tensor> g, const std::vector<bool>&) { return Backward{g[0]}; });
   return out;

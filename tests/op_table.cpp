@@ -5,6 +5,7 @@
 #include <limits>
 #include <numbers>
 #include <stdexcept>
+#include <tuple>
 
 #include <fmt/ranges.h>
 
@@ -24,6 +25,16 @@ Tensor pattern_mask(const Shape& shape) {
   std::vector<bool> v;
   for (std::int64_t i = 0; i < n; ++i) v.push_back(pattern_value(i));
   return tg::from_bools(v, shape);
+}
+
+std::int64_t pattern_id(std::int64_t flat, std::int64_t n) { return (flat * 5 + 2) % n; }
+
+Tensor pattern_ids(const Shape& shape, std::int64_t n) {
+  std::int64_t count = 1;
+  for (auto s : shape) count *= s;
+  std::vector<std::int64_t> v;
+  for (std::int64_t i = 0; i < count; ++i) v.push_back(pattern_id(i, n));
+  return tg::from_vector(std::span<const std::int64_t>(v), shape);
 }
 
 namespace {
@@ -701,6 +712,340 @@ std::vector<OpInfo> build() {
                    {"mixed dtypes", [] { tg::matmul(f32({2, 2}), f64({2, 2})); }, Raises::dtype, {"matmul", "float32", "float64"}},
                    {"bfloat16 on float64", [] { tg::matmul(f64({2, 2}), f64({2, 2}), tg::MatmulPrecision::bfloat16); }, Raises::dtype,
                     {"matmul", "bfloat16", "float64"}}};
+    t.push_back(info);
+  }
+
+  // ---- Training ops: clone, indexing, argmax, log_softmax, losses, layer_norm, dropout. ----
+  // Ids, targets and masks are made inside each op from the input shapes (deterministic
+  // patterns), so the float inputs keep the usual four layouts and the reference sees the same.
+  {
+    OpInfo info;
+    info.name = "clone";
+    info.covers = {"clone"};
+    info.samples = unary_shapes();
+    info.op = [](const Ins& in) { return Outs{tg::clone(in[0])}; };
+    info.reference = [](const Refs& in) { return Refs{in[0]}; };
+    info.errors = {{"undefined input", [] { tg::clone(Tensor()); }, Raises::any, {"clone", "'x'", "undefined"}}};
+    t.push_back(info);
+  }
+  {
+    // Along the first and the last dim, with ids of rank 2, 1 and 0 (rank 0 removes the dim, as
+    // numpy.take); ids repeat, so the backward must accumulate. An empty dim takes empty ids.
+    OpInfo info;
+    info.name = "index_select";
+    info.covers = {"index_select"};
+    info.samples = {{{5, 3}}, {{2, 4, 3}}, {{4}}, {{1, 2}}, {{0, 3}}, {{3, 0}}};
+    auto takes = [](const Shape& x) {
+      std::vector<std::tuple<std::size_t, Shape, std::int64_t>> out;  // dim, ids shape, size of dim
+      for (const auto& [dim, want] : std::vector<std::pair<std::size_t, Shape>>{{0, {2, 3}}, {x.size() - 1, {4}}, {0, {}}})
+        out.emplace_back(dim, x[dim] == 0 ? Shape{0} : want, x[dim]);
+      return out;
+    };
+    info.op = [takes](const Ins& in) {
+      Outs outs;
+      for (const auto& [d, shape, n] : takes(in[0].shape()))
+        outs.push_back(tg::index_select(in[0], static_cast<std::int64_t>(d), pattern_ids(shape, n)));
+      return outs;
+    };
+    info.reference = [takes](const Refs& in) {
+      Refs outs;
+      for (const auto& [d, shape, n] : takes(in[0].shape))
+        outs.push_back(ref_take(in[0], d, shape, pattern_ids(shape, n).to_vector<std::int64_t>()));
+      return outs;
+    };
+    const Tensor ids = tg::tensor({{0, 5}, {1, 2}}, tg::int64);
+    info.errors = {{"float ids", [] { tg::index_select(f32({5, 3}), 0, f32({2})); }, Raises::dtype, {"index_select", "'index'", "int64", "float32"}},
+                   {"id past the end", [ids] { tg::index_select(f32({5, 3}), 0, ids); }, Raises::value,
+                    {"index_select", "'index'", "holds 5 at position [0, 1]", "dim 0", "[5, 3]", "[0, 5)"}},
+                   {"negative id", [] { tg::index_select(f32({5, 3}), 1, tg::tensor({0, -1}, tg::int64)); }, Raises::value,
+                    {"index_select", "holds -1 at position [1]", "dim 1"}},
+                   {"id out of range with an empty result", [] { tg::index_select(f32({0, 3}), 1, tg::tensor({3}, tg::int64)); }, Raises::value,
+                    {"index_select", "holds 3 at position [0]"}},
+                   {"dim out of range", [] { tg::index_select(f32({5}), 1, tg::tensor({0}, tg::int64)); }, Raises::shape, {"index_select", "'dim'", "rank 1"}},
+                   {"undefined x", [ids] { tg::index_select(Tensor(), 0, ids); }, Raises::any, {"index_select", "'x'", "undefined"}}};
+    t.push_back(info);
+  }
+  {
+    OpInfo info;
+    info.name = "embedding";
+    info.covers = {"embedding"};
+    info.samples = {{{5, 3}}, {{1, 4}}, {{4, 0}}, {{0, 2}}};
+    auto id_shapes = [](std::int64_t vocabulary) { return vocabulary == 0 ? std::vector<Shape>{{0}} : std::vector<Shape>{{2, 3}, {}}; };
+    info.op = [id_shapes](const Ins& in) {
+      Outs outs;
+      for (const Shape& s : id_shapes(in[0].size(0))) outs.push_back(tg::embedding(in[0], pattern_ids(s, in[0].size(0))));
+      return outs;
+    };
+    info.reference = [id_shapes](const Refs& in) {
+      Refs outs;
+      for (const Shape& s : id_shapes(in[0].shape[0])) outs.push_back(ref_take(in[0], 0, s, pattern_ids(s, in[0].shape[0]).to_vector<std::int64_t>()));
+      return outs;
+    };
+    info.errors = {{"rank-1 table", [] { tg::embedding(f32({4}), tg::tensor({0}, tg::int64)); }, Raises::shape, {"embedding", "'weight'", "rank 2", "[4]"}},
+                   {"id past the vocabulary", [] { tg::embedding(f32({4, 2}), tg::tensor({{1, 2}, {7, 0}}, tg::int64)); }, Raises::value,
+                    {"embedding", "'ids'", "holds 7 at position [1, 0]", "'weight'", "[4, 2]", "[0, 4)"}},
+                   {"bool ids", [] { tg::embedding(f32({4, 2}), tg::mask({true})); }, Raises::dtype, {"embedding", "'ids'", "int64", "bool"}}};
+    t.push_back(info);
+  }
+  {
+    // Along the last dim with an index longer than x there and shorter elsewhere, and along dim 0.
+    OpInfo info;
+    info.name = "gather";
+    info.covers = {"gather"};
+    info.samples = {{{3, 4}}, {{2, 3, 4}}, {{5}}, {{1, 3}}, {{2, 0}}, {{0, 3}}};
+    auto index_shape = [](const Shape& x, std::size_t dim, std::int64_t along) {
+      Shape s = x;
+      for (std::size_t d = 0; d < s.size(); ++d) s[d] = d == dim ? (x[d] == 0 ? 0 : along) : (x[d] > 1 ? x[d] - 1 : x[d]);
+      return s;
+    };
+    auto dims = [](const Shape& x) { return std::vector<std::pair<std::size_t, std::int64_t>>{{x.size() - 1, 5}, {0, 2}}; };
+    info.op = [index_shape, dims](const Ins& in) {
+      Outs outs;
+      for (const auto& [d, along] : dims(in[0].shape()))
+        outs.push_back(tg::gather(in[0], static_cast<std::int64_t>(d), pattern_ids(index_shape(in[0].shape(), d, along), in[0].size(static_cast<std::int64_t>(d)))));
+      return outs;
+    };
+    info.reference = [index_shape, dims](const Refs& in) {
+      Refs outs;
+      for (const auto& [d, along] : dims(in[0].shape)) {
+        const Shape s = index_shape(in[0].shape, d, along);
+        outs.push_back(ref_take_along(in[0], d, s, pattern_ids(s, in[0].shape[d]).to_vector<std::int64_t>()));
+      }
+      return outs;
+    };
+    info.errors = {{"index of another rank", [] { tg::gather(f32({2, 3}), 1, tg::tensor({0}, tg::int64)); }, Raises::shape, {"gather", "'index'", "[1]", "rank", "[2, 3]"}},
+                   {"index larger outside dim", [] { tg::gather(f32({2, 3}), 1, tg::zeros({3, 1}, tg::int64)); }, Raises::shape,
+                    {"gather", "'index'", "[3, 1]", "[2, 3]", "dim 0", "3 > 2"}},
+                   {"id out of range", [] { tg::gather(f32({2, 3}), 1, tg::tensor({{0, 1}, {3, 0}}, tg::int64)); }, Raises::value,
+                    {"gather", "'index'", "holds 3 at position [1, 0]", "[0, 3)"}},
+                   {"float index", [] { tg::gather(f32({2, 3}), 0, f32({2, 3})); }, Raises::dtype, {"gather", "'index'", "int64"}}};
+    t.push_back(info);
+  }
+  {
+    // Not differentiable: the int64 indices are compared as floats. On the raw inputs and on
+    // trunc(2x), whose many ties must give the first index.
+    OpInfo info;
+    info.name = "argmax";
+    info.covers = {"argmax"};
+    info.differentiable = false;
+    info.samples = {{{3, 4}}, {{2, 3, 4}}, {{5}}, {{1, 4}}, {{}}, {{0, 3}}};
+    // (dim or -1 for all, keepdim) choices whose result exists for shape x.
+    auto choices = [](const Shape& x) {
+      std::int64_t n = 1;
+      for (auto s : x) n *= s;
+      std::vector<std::pair<std::int64_t, bool>> out;
+      if (n > 0) out.emplace_back(-1, false);
+      for (auto [d, keep] : {std::pair<std::int64_t, bool>{static_cast<std::int64_t>(x.size()) - 1, false}, {0, true}}) {
+        if (x.empty()) break;
+        std::int64_t others = 1;  // elements of the result
+        for (std::size_t k = 0; k < x.size(); ++k) others *= static_cast<std::int64_t>(k) == d ? 1 : x[k];
+        if (x[static_cast<std::size_t>(d)] > 0 || others == 0) out.emplace_back(d, keep);
+      }
+      return out;
+    };
+    info.op = [choices](const Ins& in) {
+      Outs outs;
+      const Tensor ties = tg::to(tg::to(tg::mul(in[0], 2.0), tg::int64), in[0].dtype());
+      for (const Tensor& x : {in[0], ties})
+        for (auto [d, keep] : choices(x.shape()))
+          outs.push_back(tg::to(d < 0 ? tg::argmax(x) : tg::argmax(x, d, keep), x.dtype()));
+      return outs;
+    };
+    info.reference = [choices](const Refs& in) {
+      Refs outs;
+      const Ref ties = ref_map(in, [](const auto& v) { return std::trunc(2 * v[0]); });
+      for (const Ref& x : {in[0], ties})
+        for (auto [d, keep] : choices(x.shape))
+          outs.push_back(d >= 0 ? ref_argmax(x, static_cast<std::size_t>(d), keep)
+                                : Ref{{}, {static_cast<double>(std::max_element(x.v.begin(), x.v.end()) - x.v.begin())}});
+      return outs;
+    };
+    info.errors = {{"bool input", [] { tg::argmax(tg::mask({true})); }, Raises::dtype, {"argmax", "'x'", "bool"}},
+                   {"dim out of range", [] { tg::argmax(f32({2, 3}), 2); }, Raises::shape, {"argmax", "'dim'", "rank 2"}},
+                   {"zero-size dim", [] { tg::argmax(f32({2, 0}), 1); }, Raises::shape, {"argmax", "dim 1", "size 0", "[2, 0]"}},
+                   {"empty input", [] { tg::argmax(f32({0, 3})); }, Raises::shape, {"argmax", "'x'", "[0, 3]", "empty"}}};
+    t.push_back(info);
+  }
+  {
+    // Plain, and with the mask pattern over the last dim. Masked entries are -inf, which no
+    // finite difference can handle, so that output is where(mask, y, 0): their gradient must
+    // then be exactly what the masked entries' zero upstream gives.
+    OpInfo info;
+    info.name = "log_softmax";
+    info.covers = {"log_softmax"};
+    info.samples = {{{3, 5}}, {{2, 3, 4}}, {{6}}, {{4, 1}}, {{2, 0}}};
+    info.op = [](const Ins& in) {
+      const Tensor mask = pattern_mask(Shape{in[0].shape().back()});
+      return Outs{tg::log_softmax(in[0]), tg::where(mask, tg::log_softmax(in[0], mask), tg::scalar(0.0, in[0].dtype()))};
+    };
+    info.reference = [](const Refs& in) {
+      const Ref& s = in[0];
+      const std::int64_t k = s.shape.back();
+      Ref plain = s, masked = s;
+      for (std::int64_t r = 0; k > 0 && r < s.numel() / k; ++r)
+        for (bool use_mask : {false, true}) {
+          auto on = [&](std::int64_t j) { return !use_mask || pattern_value(j); };
+          auto x = [&](std::int64_t j) { return s.v[static_cast<std::size_t>(r * k + j)]; };
+          double m = -std::numeric_limits<double>::infinity(), z = 0;
+          for (std::int64_t j = 0; j < k; ++j)
+            if (on(j)) m = std::max(m, x(j));
+          for (std::int64_t j = 0; j < k; ++j)
+            if (on(j)) z += std::exp(x(j) - m);
+          for (std::int64_t j = 0; j < k; ++j)
+            (use_mask ? masked : plain).v[static_cast<std::size_t>(r * k + j)] = on(j) ? x(j) - m - std::log(z) : 0.0;
+        }
+      return Refs{plain, masked};
+    };
+    info.errors = {{"integer x", [] { tg::log_softmax(tg::zeros({2}, tg::int64)); }, Raises::dtype, {"log_softmax", "'x'", "int64"}},
+                   {"float mask", [] { tg::log_softmax(f32({2}), f32({2})); }, Raises::dtype, {"log_softmax", "'allowed'", "bool"}},
+                   {"mask larger than x", [] { tg::log_softmax(f32({2}), tg::zeros({3, 2}, tg::bool_)); }, Raises::shape,
+                    {"log_softmax", "'allowed'", "[3, 2]", "[2]"}},
+                   {"rank 0 x", [] { tg::log_softmax(f32({})); }, Raises::shape, {"log_softmax", "rank >= 1"}}};
+    t.push_back(info);
+  }
+  for (const auto& [smoothing, ignore] : std::vector<std::pair<double, std::int64_t>>{{0.0, -100}, {0.2, 1}}) {
+    // Every reduction at once. Targets: pattern ids, with every fourth row (and every row when
+    // there are no classes) set to ignore_index; ignore_index = 1 also ignores pattern ids of 1.
+    OpInfo info;
+    info.name = fmt::format("cross_entropy(label_smoothing={}, ignore_index={})", smoothing, ignore);
+    info.covers = {"cross_entropy"};
+    info.samples = {{{4, 5}}, {{2, 3, 4}}, {{5}}, {{3, 1}}, {{0, 3}}, {{4, 0}}};
+    auto targets = [ignore](const Shape& logits) {
+      const Shape rows(logits.begin(), logits.end() - 1);
+      const std::int64_t classes = logits.back();
+      Tensor t = pattern_ids(rows, std::max<std::int64_t>(classes, 1));
+      std::vector<std::int64_t> v = t.to_vector<std::int64_t>();
+      for (std::size_t r = 0; r < v.size(); ++r)
+        if (classes == 0 || r % 4 == 3) v[r] = ignore;
+      return tg::from_vector(std::span<const std::int64_t>(v), rows);
+    };
+    info.op = [targets, smoothing, ignore](const Ins& in) {
+      const Tensor t = targets(in[0].shape());
+      Outs outs;
+      for (auto reduction : {tg::Reduction::mean, tg::Reduction::sum, tg::Reduction::none})
+        outs.push_back(tg::cross_entropy(in[0], t, {.ignore_index = ignore, .label_smoothing = smoothing, .reduction = reduction}));
+      return outs;
+    };
+    info.reference = [targets, smoothing, ignore](const Refs& in) {
+      const Ref& x = in[0];
+      const std::int64_t c = x.shape.back();
+      const std::vector<std::int64_t> t = targets(x.shape).to_vector<std::int64_t>();
+      Ref none{Shape(x.shape.begin(), x.shape.end() - 1), std::vector<double>(t.size(), 0.0)};
+      double total = 0, counted = 0;
+      for (std::size_t r = 0; r < t.size(); ++r) {
+        if (t[r] == ignore) continue;
+        auto s = [&](std::int64_t j) { return x.v[r * static_cast<std::size_t>(c) + static_cast<std::size_t>(j)]; };
+        double m = -std::numeric_limits<double>::infinity(), z = 0, mean_nll = 0;
+        for (std::int64_t j = 0; j < c; ++j) m = std::max(m, s(j));
+        for (std::int64_t j = 0; j < c; ++j) z += std::exp(s(j) - m);
+        const double lse = m + std::log(z);
+        for (std::int64_t j = 0; j < c; ++j) mean_nll += (lse - s(j)) / static_cast<double>(c);
+        none.v[r] = (1 - smoothing) * (lse - s(t[r])) + smoothing * mean_nll;
+        total += none.v[r];
+        ++counted;
+      }
+      return Refs{Ref{{}, {counted > 0 ? total / counted : 0.0}}, Ref{{}, {total}}, none};
+    };
+    const Tensor two = tg::tensor({1, 2}, tg::int64);
+    info.errors = {{"targets of the wrong shape", [] { tg::cross_entropy(f32({2, 5}), tg::zeros({3}, tg::int64)); }, Raises::shape,
+                    {"cross_entropy", "'targets'", "[3]", "[2]", "[2, 5]"}},
+                   {"float targets", [] { tg::cross_entropy(f32({2, 5}), f32({2})); }, Raises::dtype, {"cross_entropy", "'targets'", "int64", "float32"}},
+                   {"integer logits", [two] { tg::cross_entropy(tg::zeros({2, 5}, tg::int64), two); }, Raises::dtype, {"cross_entropy", "'logits'", "int64"}},
+                   {"rank-0 logits", [] { tg::cross_entropy(f32({}), tg::scalar(0.0, tg::int64)); }, Raises::shape, {"cross_entropy", "'logits'", "rank >= 1"}},
+                   {"target past the classes", [] { tg::cross_entropy(f32({2, 5}), tg::tensor({0, 5}, tg::int64)); }, Raises::value,
+                    {"cross_entropy", "'targets'", "holds 5 at position [1]", "[0, 5)", "ignore_index = -100"}},
+                   {"negative target", [] { tg::cross_entropy(f32({2, 2, 5}), tg::tensor({{0, 1}, {-1, 2}}, tg::int64)); }, Raises::value,
+                    {"cross_entropy", "holds -1 at position [1, 0]"}},
+                   {"label smoothing of 1", [two] { tg::cross_entropy(f32({2, 5}), two, {.label_smoothing = 1.0}); }, Raises::value,
+                    {"cross_entropy", "'label_smoothing'", "[0, 1)", "got 1"}},
+                   {"NaN label smoothing", [two] { tg::cross_entropy(f32({2, 5}), two, {.label_smoothing = std::nan("")}); }, Raises::value,
+                    {"cross_entropy", "'label_smoothing'", "nan"}},
+                   {"unknown reduction", [two] { tg::cross_entropy(f32({2, 5}), two, {.reduction = static_cast<tg::Reduction>(7)}); }, Raises::value,
+                    {"cross_entropy", "'reduction'", "7"}}};
+    t.push_back(info);
+  }
+  {
+    OpInfo info;
+    info.name = "mse_loss";
+    info.covers = {"mse_loss"};
+    info.samples = {{{3, 4}, {3, 4}}, {{5}, {5}}, {{}, {}}, {{2, 1, 3}, {2, 1, 3}}, {{2, 0}, {2, 0}}};
+    info.op = [](const Ins& in) {
+      return Outs{tg::mse_loss(in[0], in[1]), tg::mse_loss(in[0], in[1], tg::Reduction::sum), tg::mse_loss(in[0], in[1], tg::Reduction::none)};
+    };
+    info.reference = [](const Refs& in) {
+      const Ref none = ref_map(in, [](const auto& v) { return (v[0] - v[1]) * (v[0] - v[1]); });
+      const double total = sum_of(none.v);
+      return Refs{Ref{{}, {total / static_cast<double>(none.v.size())}}, Ref{{}, {total}}, none};
+    };
+    info.errors = {{"shapes differ", [] { tg::mse_loss(f32({2}), f32({3})); }, Raises::shape, {"mse_loss", "'target'", "[3]", "'pred'", "[2]"}},
+                   {"no broadcasting", [] { tg::mse_loss(f32({2, 3}), f32({3})); }, Raises::shape, {"mse_loss", "'target'", "[3]", "[2, 3]"}},
+                   {"mixed dtypes", [] { tg::mse_loss(f32({2}), f64({2})); }, Raises::dtype, {"mse_loss", "'pred'", "'target'", "same dtype"}},
+                   {"unknown reduction", [] { tg::mse_loss(f32({2}), f32({2}), static_cast<tg::Reduction>(-1)); }, Raises::value,
+                    {"mse_loss", "'reduction'", "-1"}}};
+    t.push_back(info);
+  }
+  {
+    // With weight and bias, with weight only, and with neither. E = 1 rows are constant (output
+    // = bias, gradient 0); zero-size rows and widths give empty results.
+    OpInfo info;
+    info.name = "layer_norm";
+    info.covers = {"layer_norm"};
+    info.samples = {{{3, 4}, {4}, {4}}, {{2, 3, 5}, {5}, {5}}, {{6}, {6}, {6}}, {{4, 1}, {1}, {1}}, {{0, 3}, {3}, {3}}, {{2, 0}, {0}, {0}}};
+    info.op = [](const Ins& in) {
+      return Outs{tg::layer_norm(in[0], in[1], in[2]), tg::layer_norm(in[0], in[1]), tg::layer_norm(in[0], Tensor(), Tensor(), 0.1)};
+    };
+    info.reference = [](const Refs& in) {
+      const Ref& x = in[0];
+      const std::int64_t e = x.shape.back();
+      Refs outs(3, x);
+      for (std::int64_t r = 0; e > 0 && r < x.numel() / e; ++r) {
+        auto at = [&](std::int64_t j) { return static_cast<std::size_t>(r * e + j); };
+        double mu = 0, var = 0;
+        for (std::int64_t j = 0; j < e; ++j) mu += x.v[at(j)] / static_cast<double>(e);
+        for (std::int64_t j = 0; j < e; ++j) var += (x.v[at(j)] - mu) * (x.v[at(j)] - mu) / static_cast<double>(e);
+        for (std::int64_t j = 0; j < e; ++j) {
+          const auto k = static_cast<std::size_t>(j);
+          outs[0].v[at(j)] = (x.v[at(j)] - mu) / std::sqrt(var + 1e-5) * in[1].v[k] + in[2].v[k];
+          outs[1].v[at(j)] = (x.v[at(j)] - mu) / std::sqrt(var + 1e-5) * in[1].v[k];
+          outs[2].v[at(j)] = (x.v[at(j)] - mu) / std::sqrt(var + 0.1);
+        }
+      }
+      return outs;
+    };
+    info.errors = {{"weight of the wrong width", [] { tg::layer_norm(f32({2, 4}), f32({3})); }, Raises::shape,
+                    {"layer_norm", "'weight'", "[3]", "[4]", "[2, 4]"}},
+                   {"bias of another rank", [] { tg::layer_norm(f32({2, 4}), Tensor(), f32({1, 4})); }, Raises::shape, {"layer_norm", "'bias'", "[1, 4]"}},
+                   {"float64 weight for float32 x", [] { tg::layer_norm(f32({2, 4}), f64({4})); }, Raises::dtype, {"layer_norm", "'x'", "'weight'", "same dtype"}},
+                   {"negative eps", [] { tg::layer_norm(f32({2, 4}), Tensor(), Tensor(), -1e-5); }, Raises::value, {"layer_norm", "'eps'", ">= 0", "-1e-05"}},
+                   {"rank-0 x", [] { tg::layer_norm(f32({})); }, Raises::shape, {"layer_norm", "'x'", "rank >= 1"}},
+                   {"integer x", [] { tg::layer_norm(tg::zeros({2}, tg::int64)); }, Raises::dtype, {"layer_norm", "'x'", "int64"}}};
+    t.push_back(info);
+  }
+  {
+    // A fresh Generator(42) per call, so every call (gradcheck makes many) draws the same masks:
+    // p = 0.3 while training, then p = 1 (all dropped), then eval mode (x itself).
+    OpInfo info;
+    info.name = "dropout";
+    info.covers = {"dropout"};
+    info.samples = unary_shapes();
+    info.op = [](const Ins& in) {
+      tg::Generator gen(42);
+      return Outs{tg::dropout(in[0], 0.3, gen, true), tg::dropout(in[0], 1.0, gen, true), tg::dropout(in[0], 0.3, gen, false)};
+    };
+    info.reference = [](const Refs& in) {
+      // The documented mask: one uniform draw per element in row-major order, kept when u >= p.
+      tg::Generator gen(42);
+      Ref kept = in[0], none = in[0];
+      for (double& v : kept.v) v = gen.uniform() >= 0.3 ? v / 0.7 : 0.0;
+      for (double& v : none.v) v = 0.0 * gen.uniform();
+      return Refs{kept, none, in[0]};
+    };
+    info.errors = {{"p above 1", [] { tg::Generator gen(1); tg::dropout(f32({2}), 1.5, gen, true); }, Raises::value, {"dropout", "'p'", "[0, 1]", "1.5"}},
+                   {"negative p, even in eval mode", [] { tg::Generator gen(1); tg::dropout(f32({2}), -0.1, gen, false); }, Raises::value,
+                    {"dropout", "'p'", "-0.1"}},
+                   {"NaN p", [] { tg::Generator gen(1); tg::dropout(f32({2}), std::nan(""), gen, true); }, Raises::value, {"dropout", "'p'", "nan"}},
+                   {"integer x", [] { tg::Generator gen(1); tg::dropout(tg::zeros({2}, tg::int64), 0.5, gen, true); }, Raises::dtype,
+                    {"dropout", "'x'", "int64"}}};
     t.push_back(info);
   }
   return t;

@@ -41,5 +41,8 @@ const OpInfo& find_op(const std::string& name);
 // A deterministic bool pattern for ops that take a condition or mask.
 tapegrad::Tensor pattern_mask(const tapegrad::Shape& shape);
 bool pattern_value(std::int64_t flat);
+// Deterministic ids in [0, n) (with repeats) for ops that take int64 indices or targets.
+tapegrad::Tensor pattern_ids(const tapegrad::Shape& shape, std::int64_t n);
+std::int64_t pattern_id(std::int64_t flat, std::int64_t n);
 
 }  // namespace tg_test

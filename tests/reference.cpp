@@ -1,6 +1,7 @@
 #include "reference.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 
 namespace tg_test {
@@ -114,6 +115,48 @@ Ref ref_matmul(const Ref& a, const Ref& b) {
     }
     out.v[static_cast<std::size_t>(i)] = acc;
   }
+  return out;
+}
+
+Ref ref_take(const Ref& x, std::size_t d, const tapegrad::Shape& index_shape, const std::vector<std::int64_t>& ids) {
+  const Ref index{index_shape, {}};
+  tapegrad::Shape shape(x.shape.begin(), x.shape.begin() + static_cast<std::ptrdiff_t>(d));
+  shape.insert(shape.end(), index_shape.begin(), index_shape.end());
+  shape.insert(shape.end(), x.shape.begin() + static_cast<std::ptrdiff_t>(d) + 1, x.shape.end());
+  return ref_gather(x, shape, [&](const std::vector<std::int64_t>& out) {
+    const auto first = out.begin() + static_cast<std::ptrdiff_t>(d), last = first + static_cast<std::ptrdiff_t>(index_shape.size());
+    std::vector<std::int64_t> in(out.begin(), first);
+    in.push_back(ids[static_cast<std::size_t>(index.ravel(std::vector<std::int64_t>(first, last)))]);
+    in.insert(in.end(), last, out.end());
+    return in;
+  });
+}
+
+Ref ref_take_along(const Ref& x, std::size_t d, const tapegrad::Shape& index_shape, const std::vector<std::int64_t>& ids) {
+  const Ref index{index_shape, {}};
+  return ref_gather(x, index_shape, [&](std::vector<std::int64_t> at) {
+    at[d] = ids[static_cast<std::size_t>(index.ravel(at))];
+    return at;
+  });
+}
+
+Ref ref_argmax(const Ref& x, std::size_t d, bool keepdim) {
+  Ref out{x.shape, {}};
+  out.shape[d] = 1;
+  out.v.assign(static_cast<std::size_t>(out.numel()), 0.0);
+  std::vector<double> top(out.v.size(), -std::numeric_limits<double>::infinity());
+  // Row-major order meets the positions along d in increasing order: strict > keeps the first.
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    auto index = x.unravel(i);
+    const std::int64_t j = index[d];
+    index[d] = 0;
+    const auto r = static_cast<std::size_t>(out.ravel(index));
+    if (x.v[static_cast<std::size_t>(i)] > top[r]) {
+      top[r] = x.v[static_cast<std::size_t>(i)];
+      out.v[r] = static_cast<double>(j);
+    }
+  }
+  if (!keepdim) out.shape.erase(out.shape.begin() + static_cast<std::ptrdiff_t>(d));
   return out;
 }
 

@@ -34,4 +34,12 @@ Ref ref_gather(const Ref& in, const tapegrad::Shape& shape,
 // Batched matmul with broadcasting batch dims, plain triple loop.
 Ref ref_matmul(const Ref& a, const Ref& b);
 
+// numpy.take along dim d: shape x.shape[:d] + index_shape + x.shape[d+1:]; `ids` row-major over
+// index_shape.
+Ref ref_take(const Ref& x, std::size_t d, const tapegrad::Shape& index_shape, const std::vector<std::int64_t>& ids);
+// torch.gather along dim d: shape index_shape, out[p] = x[p with p[d] replaced by ids[p]].
+// The index of the first maximum along dim d (no NaN in x), as doubles.
+Ref ref_argmax(const Ref& x, std::size_t d, bool keepdim);
+Ref ref_take_along(const Ref& x, std::size_t d, const tapegrad::Shape& index_shape, const std::vector<std::int64_t>& ids);
+
 }  // namespace tg_test

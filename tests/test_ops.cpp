@@ -198,6 +198,7 @@ BOOST_AUTO_TEST_CASE(every_public_op_has_an_entry) {
     return "";
   };
   std::size_t found = 0;
+  std::set<std::string> declared;
   std::vector<std::filesystem::directory_entry> headers;
   for (const char* dir : {TAPEGRAD_INCLUDE "/ops", TAPEGRAD_INCLUDE "/layers"})
     for (const auto& file : std::filesystem::directory_iterator(dir)) headers.push_back(file);
@@ -207,11 +208,17 @@ BOOST_AUTO_TEST_CASE(every_public_op_has_an_entry) {
       const std::string name = declared_name(line);
       if (name.empty()) continue;
       ++found;
+      declared.insert(name);
       BOOST_CHECK_MESSAGE(covered.count(name) == 1,
                           name << " (" << file.path().filename().string() << ") has no entry in the op table");
     }
   }
-  BOOST_TEST(found >= 30u);
+  BOOST_TEST(found >= 69u);
+  // The training ops must be among the declarations this parser recognises: one declared in a
+  // form it misses would escape the check above silently.
+  for (const char* name : {"clone", "index_select", "embedding", "gather", "argmax", "log_softmax", "cross_entropy",
+                           "mse_loss", "layer_norm", "dropout"})
+    BOOST_CHECK_MESSAGE(declared.count(name) == 1, name << " is not declared where the coverage test looks");
 }
 
 // Counts for the record, and a floor so that the table cannot silently shrink.
@@ -226,8 +233,8 @@ BOOST_AUTO_TEST_CASE(table_statistics) {
   }
   BOOST_TEST_MESSAGE("op table: " << op_table().size() << " entries, " << samples << " samples, " << runs
                                   << " sample-layout runs, " << errors << " error inputs");
-  BOOST_TEST(op_table().size() >= 60u);
-  BOOST_TEST(errors >= 100u);
+  BOOST_TEST(op_table().size() >= 80u);
+  BOOST_TEST(errors >= 200u);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

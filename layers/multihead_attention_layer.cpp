@@ -141,18 +141,24 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config) :
   }
 }
 
-std::vector<Tensor*> MultiHeadAttention::parameters() {
-  std::vector<Tensor*> out{&params_.w_q, &params_.w_k, &params_.w_v, &params_.w_o};
-  if (config_.bias) out.insert(out.end(), {&params_.b_q, &params_.b_k, &params_.b_v, &params_.b_o});
-  return out;
+void MultiHeadAttention::visit(ModuleVisitor& v) {
+  v.parameter("w_q", params_.w_q);
+  v.parameter("w_k", params_.w_k);
+  v.parameter("w_v", params_.w_v);
+  v.parameter("w_o", params_.w_o);
+  if (!config_.bias) return;
+  v.parameter("b_q", params_.b_q);
+  v.parameter("b_k", params_.b_k);
+  v.parameter("b_v", params_.b_v);
+  v.parameter("b_o", params_.b_o);
 }
 
 AttentionResult MultiHeadAttention::forward(const Tensor& query, const Tensor& context, const Call& call) const {
   return run_forward(*this, {"query", "", query}, {"context", "", context}, call);
 }
 
-AttentionResult MultiHeadAttention::forward(const Tensor& x) const {
-  return run_forward(*this, {"x", "", x}, {"x", " (the context too: forward(x) is self-attention)", x}, Call{});
+AttentionResult MultiHeadAttention::forward(const Tensor& x, const Call& call) const {
+  return run_forward(*this, {"x", "", x}, {"x", " (the context too: forward(x) is self-attention)", x}, call);
 }
 
 AttentionResult MultiHeadAttention::decode(const Tensor& query, KVCache& cache, const Call& call) const {

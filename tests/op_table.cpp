@@ -641,7 +641,7 @@ std::vector<OpInfo> build() {
     info.samples = {{{2, 4, 6}}, {{1, 1, 6}}};
     auto layer = [](tg::DType dtype) { return tg::MultiHeadAttention({.query_dim = 6, .heads = 3, .head_dim = 2, .value_head_dim = 1, .out_dim = 5, .dtype = dtype, .seed = 7}); };
     info.op = [layer](const Ins& in) {
-      auto [out, attn] = layer(in[0].dtype()).forward(in[0], in[0], {.causal = true});
+      auto [out, attn] = layer(in[0].dtype()).forward(in[0], {.causal = true, .need_weights = true});
       return Outs{out, attn};
     };
     info.reference = [layer](const Refs& in) {

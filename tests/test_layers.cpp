@@ -2,7 +2,9 @@
 // parameters' names, a float64 gradcheck with respect to its input and every parameter, and its
 // configuration and argument errors.
 #define BOOST_TEST_MODULE layers
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "support.hpp"
 
@@ -88,6 +90,209 @@ BOOST_AUTO_TEST_CASE(positions_past_the_table_are_an_error) {
   check_throws<tg::ShapeError>([&] { pos.forward(tg::zeros({1, 3, 2}), 2); }, {"SinusoidalPositions::forward", "offset 2", "[0, 4)", "max_len"});
   check_throws<tg::ShapeError>([&] { pos.forward(tg::zeros({1, 3, 5})); }, {"SinusoidalPositions::forward", "'x'", "[B, T, 2]"});
   check_throws<tg::ValueError>([] { tg::LearnedPositions({.max_len = 0, .dim = 2}); }, {"LearnedPositions", "config.max_len"});
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(embedding_norm_feed_forward)
+
+BOOST_AUTO_TEST_CASE(embedding_picks_rows_and_accumulates_repeated_ids) {
+  tg::Embedding emb({.vocab = 5, .dim = 3, .dtype = tg::float64, .seed = 2});
+  const Tensor ids = tg::from_vector(std::vector<std::int64_t>{4, 0, 4}, {1, 3});
+  const Tensor y = emb.forward(ids);
+  BOOST_TEST(y.shape() == (tg::Shape{1, 3, 3}));
+  const auto w = emb.weight.to_vector<double>();
+  BOOST_TEST(y.to_vector<double>()[0] == w[12]);
+  tg::backward(tg::sum(y));
+  check_close(emb.weight.grad(), {1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2}, 0, "row 4 used twice");
+  check_throws<tg::DTypeError>([&] { emb.forward(tg::zeros({2})); }, {"Embedding::forward", "'ids'", "int64", "float32"});
+  check_throws<tg::Error>([&] { emb.forward(tg::from_vector(std::vector<std::int64_t>{5}, {1})); }, {"5"});
+}
+
+BOOST_AUTO_TEST_CASE(layer_norm_normalises_and_gradchecks) {
+  tg::LayerNorm ln({.dim = 4, .dtype = tg::float64});
+  BOOST_TEST(names_of(ln) == (std::vector<std::string>{"weight", "bias"}), boost::test_tools::per_element());
+  const Tensor x = tg::randn({3, 4}, 5, tg::float64).set_requires_grad();
+  const auto y = ln.forward(x).to_vector<double>();
+  for (int r = 0; r < 3; ++r) {
+    double mean = 0, var = 0;
+    for (int j = 0; j < 4; ++j) mean += y[r * 4 + j] / 4;
+    for (int j = 0; j < 4; ++j) var += (y[r * 4 + j] - mean) * (y[r * 4 + j] - mean) / 4;
+    BOOST_TEST(std::abs(mean) < 1e-12);
+    BOOST_TEST(std::abs(var - 1) < 1e-4);  // 1 - eps / (var_x + eps)
+  }
+  tg::copy_(ln.weight, tg::tensor({1.5, -0.5, 2.0, 1.0}, tg::float64));
+  auto params = ln.parameters();
+  params.push_back(x);
+  const auto r = tg::gradcheck_parameters([&] { return std::vector<Tensor>{ln.forward(x)}; }, params);
+  BOOST_TEST(r.ok, r.report());
+  tg::LayerNorm plain({.dim = 4, .affine = false});
+  BOOST_TEST(plain.parameter_count() == 0);
+  check_throws<tg::ValueError>([] { tg::LayerNorm({.dim = 4, .eps = 0}); }, {"LayerNorm", "config.eps"});
+  check_throws<tg::ShapeError>([&] { ln.forward(tg::zeros({2, 5}, tg::float64)); }, {"LayerNorm::forward", "[..., 4]", "[2, 5]"});
+}
+
+BOOST_AUTO_TEST_CASE(dropout_is_seeded_in_training_and_the_identity_in_eval) {
+  tg::Dropout a(0.5, 3), b(0.5, 3);
+  const Tensor x = tg::ones({1000});
+  const auto ya = a.forward(x).to_vector<float>(), yb = b.forward(x).to_vector<float>();
+  BOOST_TEST(ya == yb);  // same seed, same mask
+  const auto kept = std::count(ya.begin(), ya.end(), 2.0f);
+  BOOST_TEST(kept > 400);
+  BOOST_TEST(kept < 600);
+  BOOST_TEST(std::count(ya.begin(), ya.end(), 0.0f) == 1000 - kept);
+  a.eval();
+  BOOST_TEST(a.forward(x).shares_storage_with(x));
+  check_throws<tg::ValueError>([] { tg::Dropout(1.0); }, {"Dropout", "[0, 1)", "1"});
+}
+
+BOOST_AUTO_TEST_CASE(feed_forward_is_up_activation_down) {
+  for (auto act : {tg::Activation::gelu, tg::Activation::relu}) {
+    tg::FeedForward ff({.dim = 3, .hidden = 5, .activation = act, .dtype = tg::float64, .seed = 4});
+    BOOST_TEST(names_of(ff) == (std::vector<std::string>{"up.weight", "up.bias", "down.weight", "down.bias"}),
+               boost::test_tools::per_element());
+    const Tensor x = tg::randn({2, 4, 3}, 6, tg::float64).set_requires_grad();
+    const Tensor h = tg::matmul(x, ff.up.weight) + ff.up.bias;
+    const Tensor expected = tg::matmul(act == tg::Activation::gelu ? tg::gelu(h) : tg::relu(h), ff.down.weight) + ff.down.bias;
+    check_close(ff.forward(x).to_vector<double>(), expected.to_vector<double>(), 0, 0, "formula");
+    auto params = ff.parameters();
+    params.push_back(x);
+    const auto r = tg::gradcheck_parameters([&] { return std::vector<Tensor>{ff.forward(x)}; }, params);
+    BOOST_TEST(r.ok, r.report());
+  }
+  BOOST_TEST(tg::FeedForward({.dim = 3}).up.weight.shape() == (tg::Shape{3, 12}));  // hidden defaults to 4 dim
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(transformer)
+
+namespace {
+tg::Decoder tiny_decoder(tg::DType dtype, tg::PositionKind positions = tg::PositionKind::learned) {
+  return tg::Decoder({.vocab = 7, .max_len = 9, .dim = 8, .heads = 2, .layers = 2, .hidden = 16, .positions = positions, .dtype = dtype, .seed = 11});
+}
+Tensor ids_of(std::vector<std::int64_t> v, std::int64_t rows) {
+  const auto cols = static_cast<std::int64_t>(v.size()) / rows;
+  return tg::from_vector(std::span<const std::int64_t>(v), {rows, cols});
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(parameters_are_named_like_the_modules) {
+  tg::Decoder model = tiny_decoder(tg::float32);
+  const auto names = names_of(model);
+  BOOST_TEST(names.front() == "tok.weight");
+  BOOST_TEST(names[1] == "pos.table");
+  BOOST_TEST(std::count(names.begin(), names.end(), "blocks.1.attn.w_q") == 1);
+  BOOST_TEST(std::count(names.begin(), names.end(), "blocks.0.ff.down.bias") == 1);
+  BOOST_TEST(names.back() == "head.bias");
+  // tok 7x8, pos 9x8, 2 blocks of (2 LayerNorms 32, attention 4x64 + 4x8, feed-forward 8x16+16+16x8+8), ln_f 16, head 8x7+7
+  BOOST_TEST(model.parameter_count() == 56 + 72 + 2 * (32 + 288 + 280) + 16 + 63);
+}
+
+BOOST_AUTO_TEST_CASE(a_block_is_causal) {
+  tg::TransformerBlock block({.dim = 8, .heads = 2, .dtype = tg::float64, .seed = 3});
+  const Tensor x = tg::randn({1, 5, 8}, 1, tg::float64);
+  const Tensor y = block.forward(x);
+  // Changing position 3 changes outputs 3 and 4 only.
+  Tensor x2 = tg::clone(x);
+  tg::fill_(tg::select(tg::select(x2, 0, 0), 0, 3), 9.0);
+  const auto a = y.to_vector<double>(), b = block.forward(x2).to_vector<double>();
+  for (int i = 0; i < 5 * 8; ++i) BOOST_TEST((a[i] == b[i]) == (i < 3 * 8), "element " << i);
+}
+
+BOOST_AUTO_TEST_CASE(the_whole_tiny_model_gradchecks_with_respect_to_every_parameter) {
+  // 2 blocks, width 8, 2 heads, sequence 5, float64, both kinds of positions.
+  for (auto positions : {tg::PositionKind::learned, tg::PositionKind::sinusoidal}) {
+    tg::Decoder model = tiny_decoder(tg::float64, positions);
+    const Tensor ids = ids_of({1, 5, 2, 6, 0, 3, 3, 4, 0, 1}, 2);
+    const Tensor targets = ids_of({5, 2, 6, 0, -100, 3, 4, 0, 1, 2}, 2);
+    const auto r = tg::gradcheck_parameters(
+        [&] { return std::vector<Tensor>{tg::cross_entropy(model.forward(ids), targets)}; }, model.parameters(),
+        {.atol = 1e-6, .rtol = 1e-5});
+    BOOST_TEST(r.ok, r.report());
+    BOOST_TEST(r.elements_checked == static_cast<std::size_t>(model.parameter_count()));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(greedy_generation_with_the_cache_equals_argmax_of_the_full_forward) {
+  for (auto dtype : {tg::float64, tg::float32}) {
+    tg::Decoder model = tiny_decoder(dtype);
+    model.eval();
+    const Tensor prompt = ids_of({1, 2, 3, 4, 4, 0}, 2);
+    const Tensor out = model.generate(prompt, {.new_tokens = 5, .temperature = 0});
+    BOOST_TEST(out.shape() == (tg::Shape{2, 8}));
+    // Recompute each step from scratch without a cache.
+    std::vector<std::int64_t> seq = prompt.to_vector<std::int64_t>();
+    std::vector<std::vector<std::int64_t>> rows{{seq.begin(), seq.begin() + 3}, {seq.begin() + 3, seq.end()}};
+    for (int step = 0; step < 5; ++step) {
+      std::vector<std::int64_t> flat;
+      for (auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
+      tg::NoGradGuard no_grad;
+      const Tensor logits = model.forward(ids_of(flat, 2));
+      const auto next = tg::argmax(tg::select(logits, 1, -1), -1).to_vector<std::int64_t>();
+      for (int b = 0; b < 2; ++b) rows[b].push_back(next[b]);
+    }
+    std::vector<std::int64_t> flat;
+    for (auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
+    BOOST_TEST(out.to_vector<std::int64_t>() == flat, boost::test_tools::per_element());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(sampling_is_seeded_and_respects_top_k) {
+  tg::Decoder model = tiny_decoder(tg::float32);
+  model.eval();
+  const Tensor prompt = ids_of({1, 2}, 1);
+  const auto a = model.generate(prompt, {.new_tokens = 6, .temperature = 1.5, .seed = 3}).to_vector<std::int64_t>();
+  const auto b = model.generate(prompt, {.new_tokens = 6, .temperature = 1.5, .seed = 3}).to_vector<std::int64_t>();
+  BOOST_TEST(a == b);
+  // top_k = 1 is greedy whatever the temperature.
+  BOOST_TEST(model.generate(prompt, {.new_tokens = 6, .temperature = 5, .top_k = 1, .seed = 4}).to_vector<std::int64_t>() ==
+             model.generate(prompt, {.new_tokens = 6, .temperature = 0}).to_vector<std::int64_t>());
+  check_throws<tg::ValueError>([&] { model.generate(prompt, {.new_tokens = 8}); }, {"Decoder::generate", "max_len = 9"});
+  check_throws<tg::ValueError>([&] { model.generate(prompt, {.temperature = -1}); }, {"Decoder::generate", "temperature"});
+}
+
+BOOST_AUTO_TEST_CASE(training_lowers_the_loss_and_is_bit_reproducible) {
+  // Copy the first token to every later position: needs attention to position 0.
+  auto run = [] {
+    tg::Decoder model({.vocab = 6, .max_len = 6, .dim = 16, .heads = 2, .layers = 1, .seed = 5});
+    tg::AdamW opt(model.named_parameters(), {.lr = 1e-2, .weight_decay = 0.0});
+    tg::Generator gen(1);
+    std::vector<double> losses;
+    for (int step = 0; step < 200; ++step) {
+      std::vector<std::int64_t> ids, targets;
+      for (int b = 0; b < 16; ++b) {
+        const auto first = static_cast<std::int64_t>(gen.uniform() * 6);
+        for (int t = 0; t < 6; ++t) {
+          ids.push_back(t == 0 ? first : static_cast<std::int64_t>(gen.uniform() * 6));
+          targets.push_back(t == 5 ? -100 : first);
+        }
+      }
+      const Tensor loss = tg::cross_entropy(model.forward(ids_of(ids, 16)), ids_of(targets, 16));
+      tg::backward(loss);
+      tg::clip_grad_norm(model.parameters(), 1.0);
+      opt.step();
+      opt.zero_grad();
+      losses.push_back(loss.item());
+    }
+    return losses;
+  };
+  const auto a = run(), b = run();
+  BOOST_TEST(a == b);  // bit-identical
+  BOOST_TEST_MESSAGE("copy-first-token loss " << a.front() << " -> " << a.back() << " (log 6 = 1.79)");
+  BOOST_TEST(a.front() > 1.5);
+  BOOST_TEST(a.back() < 0.1);
+}
+
+BOOST_AUTO_TEST_CASE(a_decoder_round_trips_through_a_checkpoint) {
+  tg::Decoder a = tiny_decoder(tg::float32), b = tg::Decoder({.vocab = 7, .max_len = 9, .dim = 8, .heads = 2, .layers = 2, .hidden = 16, .seed = 99});
+  const std::string path = "test_layers_decoder.safetensors";
+  tg::save(a, path);
+  tg::load(b, path);
+  const Tensor ids = ids_of({1, 2, 3}, 1);
+  tg::NoGradGuard no_grad;
+  BOOST_TEST(a.forward(ids).to_vector<float>() == b.forward(ids).to_vector<float>());
+  std::remove(path.c_str());
 }
 
 BOOST_AUTO_TEST_SUITE_END()

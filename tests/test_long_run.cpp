@@ -46,10 +46,8 @@ Run train(int steps, bool clear, int backward_every) {
     loss = tg::mean(tg::pow(y - target, 2.0));
     if (i % backward_every == 0) {
       tg::backward(loss);
-      for (Tensor* p : layer.parameters()) {
-        tg::add_(*p, p->grad(), -0.01);
-        p->zero_grad();
-      }
+      for (const Tensor& p : layer.parameters()) tg::add_(p, p.grad(), -0.01);
+      layer.zero_grad();
     }
     if (clear) tg::clear_tape();
     run.max_live_nodes = std::max(run.max_live_nodes, tg::tape_size());

@@ -305,11 +305,11 @@ BOOST_AUTO_TEST_CASE(inactive_queries_unattended_keys_and_masked_bias_change_not
 std::vector<std::vector<double>> run_layer(tg::MultiHeadAttention& layer, const Tensor& query0, const Tensor& context0, const tg::MhaCall& call,
                                            const Tensor& d_out) {
   Tensor query = query0.detach().set_requires_grad(), context = context0.detach().set_requires_grad();
-  for (Tensor* w : layer.parameters()) w->zero_grad();
+  layer.zero_grad();
   auto r = layer.forward(query, context, call);
   tg::backward({r.output}, {d_out});
   std::vector<std::vector<double>> out{values(r.output), values(r.weights), values(query.grad()), values(context.grad())};
-  for (Tensor* w : layer.parameters()) out.push_back(values(w->grad()));
+  for (const Tensor& w : layer.parameters()) out.push_back(values(w.grad()));
   tg::clear_tape();
   return out;
 }
@@ -317,12 +317,12 @@ std::vector<std::vector<double>> run_layer(tg::MultiHeadAttention& layer, const 
 BOOST_AUTO_TEST_CASE(layer_forward_with_padding_and_inactive_queries) {
   for (auto dtype : {tg::float32, tg::float64}) {
     tg::MultiHeadAttention layer({.query_dim = 4, .heads = 2, .context_dim = 3, .out_dim = 5, .dtype = dtype, .seed = 12});
-    for (Tensor* w : layer.parameters())  // biases too, so that b_o's suppression is visible
-      *w = tg::randn(w->shape(), 13, tg::float64).to(dtype).set_requires_grad();
+    for (const Tensor& w : layer.parameters())  // biases too, so that b_o's suppression is visible
+      tg::copy_(w, tg::randn(w.shape(), 13, tg::float64).to(dtype));
     // Batch 0: context position 4 is padding; batch 1: positions 0 and 2. Query 1 of batch 0 is padding.
     const Tensor key_mask = tg::from_bools({true, true, true, true, false, false, true, false, true, true}, {2, 5});
     const Tensor query_mask = tg::from_bools({true, false, true, true, true, true}, {2, 3});
-    const tg::MhaCall call{.masks = {.key_mask = key_mask, .query_mask = query_mask}};
+    const tg::MhaCall call{.masks = {.key_mask = key_mask, .query_mask = query_mask}, .need_weights = true};
     const Tensor query = tg::randn({2, 3, 4}, 14, tg::float64).to(dtype), context = tg::randn({2, 5, 3}, 15, tg::float64).to(dtype);
     const Tensor d_out = tg::randn({2, 3, 5}, 16, tg::float64).to(dtype);
     const std::vector<bool> padding_keys{false, false, false, false, true, true, false, true, false, false};
@@ -339,7 +339,7 @@ BOOST_AUTO_TEST_CASE(decode_with_a_poisoned_padding_position) {
   // attend to nothing, a key no later query may attend to) and holds NaN or inf.
   for (auto dtype : {tg::float32, tg::float64}) {
     tg::MultiHeadAttention layer({.query_dim = 4, .heads = 2, .dtype = dtype, .seed = 17});
-    for (Tensor* w : layer.parameters()) *w = tg::randn(w->shape(), 18, tg::float64).to(dtype);
+    for (const Tensor& w : layer.parameters()) tg::copy_(w, tg::randn(w.shape(), 18, tg::float64).to(dtype));
     const Tensor x = tg::randn({2, 6, 4}, 19, tg::float64).to(dtype);
     std::vector<bool> padding(12, false);
     padding[6 + 2] = true;
@@ -372,7 +372,7 @@ BOOST_AUTO_TEST_CASE(self_and_cross_attention_with_and_without_bias) {
   tg::MultiHeadAttention self({.query_dim = 8, .heads = 2, .seed = 1});
   BOOST_TEST(self.parameters().size() == 8u);
   const Tensor x = tg::randn({2, 5, 8}, 3);
-  auto [y, w] = self.forward(x);
+  auto [y, w] = self.forward(x, {.need_weights = true});
   BOOST_TEST(y.shape() == (Shape{2, 5, 8}));
   BOOST_TEST(w.shape() == (Shape{2, 2, 5, 5}));
 
@@ -380,11 +380,11 @@ BOOST_AUTO_TEST_CASE(self_and_cross_attention_with_and_without_bias) {
                                 .bias = false, .dtype = tg::float64, .seed = 2});
   BOOST_TEST(cross.parameters().size() == 4u);
   const Tensor q = tg::randn({2, 3, 6}, 4, tg::float64), ctx = tg::randn({2, 7, 10}, 5, tg::float64);
-  auto r = cross.forward(q, ctx, {.masks = {.key_mask = tg::from_bools(std::vector<bool>(14, true), {2, 7})}, .need_weights = false});
+  auto r = cross.forward(q, ctx, {.masks = {.key_mask = tg::from_bools(std::vector<bool>(14, true), {2, 7})}});  // need_weights is off by default
   BOOST_TEST(r.output.shape() == (Shape{2, 3, 4}));
   BOOST_TEST(!r.weights.defined());
   tg::backward(tg::sum(r.output));
-  for (Tensor* p : cross.parameters()) BOOST_TEST((p->grad().defined() && tg::any(tg::ne(p->grad(), tg::zeros_like(*p)))));
+  for (const Tensor& p : cross.parameters()) BOOST_TEST((p.grad().defined() && tg::any(tg::ne(p.grad(), tg::zeros_like(p)))));
   tg::clear_tape();
 }
 
@@ -435,13 +435,13 @@ BOOST_AUTO_TEST_CASE(kv_cache_decoding_equals_the_full_causal_forward) {
     const double tol = dtype == tg::float64 ? 1e-12 : 1e-5;
     tg::MultiHeadAttention layer({.query_dim = 6, .heads = 2, .head_dim = 4, .value_head_dim = 3, .out_dim = 5, .dtype = dtype, .seed = 3});
     const Tensor x = tg::randn({2, 8, 6}, 11, tg::float64).to(dtype);
-    auto [full, full_attn] = layer.forward(x, x, {.causal = true});
+    auto [full, full_attn] = layer.forward(x, x, {.causal = true, .need_weights = true});
     for (std::int64_t chunk : {1, 3}) {
       tg::KVCache cache;
       std::vector<Tensor> outs;
       for (std::int64_t t = 0; t < 8; t += chunk) {
         const std::int64_t n = std::min<std::int64_t>(chunk, 8 - t);
-        auto [o, a] = layer.decode(tg::slice(x, 1, t, t + n), cache);
+        auto [o, a] = layer.decode(tg::slice(x, 1, t, t + n), cache, {.need_weights = true});
         BOOST_TEST(a.shape() == (Shape{2, 2, n, t + n}));
         // The step's weights are the full causal weights' rows, cut at the cached length.
         check_close(values(a), values(tg::slice(tg::slice(full_attn, 2, t, t + n), 3, 0, t + n)), tol, tol, "step weights");

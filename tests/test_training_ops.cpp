@@ -371,11 +371,11 @@ struct TinyModel {
       : mha({.query_dim = E, .heads = 2, .dtype = dtype, .seed = 4}),
         w{tg::randn({V, E}, 1, dtype), tg::randn({T, E}, 2, dtype), tg::ones({E}, dtype), tg::zeros({E}, dtype),
           tg::ones({E}, dtype), tg::zeros({E}, dtype), tg::randn({E, V}, 3, dtype) / std::sqrt(double(E))} {
-    for (Tensor* p : params()) p->set_requires_grad();
+    for (Tensor p : params()) p.set_requires_grad();  // handles: the flag is the member's
   }
-  std::vector<Tensor*> params() {
-    std::vector<Tensor*> ps = mha.parameters();
-    for (Tensor* p : {&w.tokens, &w.positions, &w.ln1_w, &w.ln1_b, &w.ln2_w, &w.ln2_b, &w.out}) ps.push_back(p);
+  std::vector<Tensor> params() {
+    std::vector<Tensor> ps = mha.parameters();
+    for (const Tensor& p : {w.tokens, w.positions, w.ln1_w, w.ln1_b, w.ln2_w, w.ln2_b, w.out}) ps.push_back(p);
     return ps;
   }
   // ids [B, T] -> embedding + positions -> pre-norm causal self-attention with a residual ->
@@ -416,9 +416,9 @@ BOOST_AUTO_TEST_CASE(trains_with_sgd_and_its_gradients_check_out) {
     const Tensor loss = model.loss(model.w, ids, targets, dropout_gen, true);
     if (step == 0) first = loss.item();
     tg::backward(loss);
-    for (Tensor* p : model.params()) {
-      tg::add_(*p, p->grad(), -0.5);
-      p->zero_grad();
+    for (Tensor p : model.params()) {
+      tg::add_(p, p.grad(), -0.5);
+      p.zero_grad();
     }
   }
   tg::Generator unused(0);

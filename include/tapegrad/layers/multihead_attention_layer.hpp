@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "tapegrad/layers/module.hpp"
 #include "tapegrad/layers/multihead_attention.hpp"
 
 namespace tapegrad {
@@ -58,10 +59,10 @@ struct MhaCall {
   Tensor bias{};  // additive, broadcastable to [B, H, Q, K]
   bool causal = false;
   std::int64_t causal_offset = 0;
-  bool need_weights = true;  // false: the returned attention is an undefined Tensor
+  bool need_weights = false;  // true: also return the attention weights [B, H, Q, K]
 };
 
-class MultiHeadAttention {
+class MultiHeadAttention : public Module {
  public:
   // Weights are Xavier-uniform, U(-a, a) with a = sqrt(6 / (fan_in + fan_out)), drawn from
   // Generator(seed) in the order w_q, w_k, w_v, w_o; biases start at zero (as PyTorch's
@@ -72,7 +73,8 @@ class MultiHeadAttention {
 
   AttentionResult forward(const Tensor& query, const Tensor& context, const Call& call) const;
   AttentionResult forward(const Tensor& query, const Tensor& context) const { return forward(query, context, Call{}); }
-  AttentionResult forward(const Tensor& x) const;  // self-attention: forward(x, x); errors name 'x'
+  // Self-attention, forward(x, x, call): forward(x, {.causal = true}) is a causal layer.
+  AttentionResult forward(const Tensor& x, const Call& call = Call{}) const;  // errors name 'x'
   // Each input is checked against the config first: a query or context of the wrong rank,
   // width or dtype is reported as such (against config.query_dim, context_dim or dtype).
 
@@ -83,7 +85,9 @@ class MultiHeadAttention {
   // whole sequence. Decoding is inference: it records nothing on the tape.
   AttentionResult decode(const Tensor& query, KVCache& cache, const Call& call = Call{}) const;
 
-  std::vector<Tensor*> parameters();
+  // Parameters, named "w_q", "w_k", "w_v", "w_o" and, with config.bias, "b_q", "b_k", "b_v",
+  // "b_o". They are leaves that require grad; update them in place (ops/inplace.hpp).
+  void visit(ModuleVisitor& v) override;
   const MhaParameters& weights() const noexcept { return params_; }
   const MultiHeadAttentionConfig& config() const noexcept { return config_; }
 

@@ -1,0 +1,97 @@
+// A pre-norm transformer block and a small decoder-only language model built from the layers.
+//
+//   TransformerBlock:  h = x + drop(attn(ln1(x)))      causal self-attention
+//                      y = h + ff(ln2(h))              ff ends in its own dropout
+//   Decoder:           logits = head(ln_f(blocks(tok(ids) + pos)))
+#pragma once
+
+#include <cstdint>
+#include <variant>
+#include <vector>
+
+#include "tapegrad/layers/embedding.hpp"
+#include "tapegrad/layers/feed_forward.hpp"
+#include "tapegrad/layers/layer_norm.hpp"
+#include "tapegrad/layers/linear.hpp"
+#include "tapegrad/layers/module.hpp"
+#include "tapegrad/layers/multihead_attention_layer.hpp"
+#include "tapegrad/layers/positions.hpp"
+
+namespace tapegrad {
+
+struct TransformerBlockConfig {
+  std::int64_t dim = 0;     // required, >= 1
+  std::int64_t heads = 1;   // must divide dim
+  std::int64_t hidden = 0;  // feed-forward width; 0 means 4 * dim
+  Activation activation = Activation::gelu;
+  double dropout = 0.0;  // after attention and after the feed-forward network
+  DType dtype = float32;
+  std::uint64_t seed = 0;
+};
+
+class TransformerBlock : public Module {
+ public:
+  explicit TransformerBlock(const TransformerBlockConfig& config);
+  // x [B, T, dim] -> [B, T, dim], position i attending to positions <= i. `key_mask` [B, T]
+  // (optional) marks padding positions false.
+  Tensor forward(const Tensor& x, const Tensor& key_mask = Tensor()) const;
+  // The same block over n new positions, attending to every earlier position through `cache`
+  // (see MultiHeadAttention::decode). Inference: records nothing.
+  Tensor decode(const Tensor& x, KVCache& cache) const;
+  void visit(ModuleVisitor& v) override;
+
+  LayerNorm ln1;
+  MultiHeadAttention attn;
+  Dropout drop;
+  LayerNorm ln2;
+  FeedForward ff;
+};
+
+enum class PositionKind { learned, sinusoidal };
+
+struct DecoderConfig {
+  std::int64_t vocab = 0;    // required, >= 1
+  std::int64_t max_len = 0;  // required, >= 1: longest sequence, prompt plus generated tokens
+  std::int64_t dim = 0;      // required, >= 1
+  std::int64_t heads = 1;
+  std::int64_t layers = 1;  // >= 1
+  std::int64_t hidden = 0;  // 0 means 4 * dim
+  Activation activation = Activation::gelu;
+  double dropout = 0.0;
+  PositionKind positions = PositionKind::learned;
+  DType dtype = float32;
+  std::uint64_t seed = 0;
+};
+
+struct GenerateOptions {
+  std::int64_t new_tokens = 1;  // >= 0
+  double temperature = 1.0;     // 0: greedy (argmax); otherwise logits / temperature are sampled
+  std::int64_t top_k = 0;       // > 0: sample among the k most likely tokens only
+  std::uint64_t seed = 0;       // for sampling
+};
+
+class Decoder : public Module {
+ public:
+  explicit Decoder(const DecoderConfig& config);
+  // ids int64 [B, T] with T <= max_len -> logits [B, T, vocab].
+  Tensor forward(const Tensor& ids) const;
+  // Continues each row of `prompt` (int64 [B, T0], T0 >= 1) by options.new_tokens tokens,
+  // running the prompt once and then one position per step through a KV cache per block.
+  // Returns [B, T0 + new_tokens]. Inference (records nothing); dropout follows the module's
+  // mode, so call eval() first.
+  Tensor generate(const Tensor& prompt, const GenerateOptions& options) const;
+  void visit(ModuleVisitor& v) override;
+  const DecoderConfig& config() const noexcept { return config_; }
+
+  Embedding tok;
+  std::variant<LearnedPositions, SinusoidalPositions> pos;
+  std::vector<TransformerBlock> blocks;
+  LayerNorm ln_f;
+  Linear head;
+
+ private:
+  Tensor embed(const Tensor& ids, std::int64_t offset) const;
+  DecoderConfig config_;
+};
+
+}  // namespace tapegrad

@@ -1,0 +1,164 @@
+// TransformerBlock and Decoder: compositions of layers whose backward passes are their ops'.
+#include "tapegrad/layers/transformer.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "layers/layer_support.hpp"
+#include "tapegrad/autodiff/tape.hpp"
+#include "tapegrad/ops/elementwise.hpp"
+#include "tapegrad/ops/view.hpp"
+
+namespace tapegrad {
+namespace {
+
+const TransformerBlockConfig& checked(const TransformerBlockConfig& c) {
+  detail::check_field("TransformerBlock", "dim", c.dim);
+  detail::check_field("TransformerBlock", "heads", c.heads);
+  if (c.dim % c.heads != 0)
+    detail::fail<ValueError>("TransformerBlock: config.heads = {} must divide config.dim = {}", c.heads, c.dim);
+  return c;
+}
+
+const DecoderConfig& checked(const DecoderConfig& c) {
+  detail::check_field("Decoder", "vocab", c.vocab);
+  detail::check_field("Decoder", "max_len", c.max_len);
+  detail::check_field("Decoder", "layers", c.layers);
+  return c;
+}
+
+std::variant<LearnedPositions, SinusoidalPositions> make_positions(const DecoderConfig& c) {
+  const PositionsConfig p{.max_len = c.max_len, .dim = c.dim, .dtype = c.dtype, .seed = detail::child_seed(c.seed, 1)};
+  if (c.positions == PositionKind::learned) return LearnedPositions(p);
+  return SinusoidalPositions(p);
+}
+
+// The next token of one row: argmax at temperature 0, otherwise a draw from
+// softmax(logits / temperature) restricted to the top_k largest logits.
+std::int64_t pick(std::vector<double> logits, const GenerateOptions& o, Generator& gen) {
+  const auto v = static_cast<std::int64_t>(logits.size());
+  if (o.temperature == 0) return std::max_element(logits.begin(), logits.end()) - logits.begin();
+  std::vector<std::int64_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  const std::int64_t k = o.top_k > 0 ? std::min(o.top_k, v) : v;
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](auto a, auto b) { return logits[a] > logits[b]; });
+  const double top = logits[static_cast<std::size_t>(order[0])];
+  std::vector<double> p(static_cast<std::size_t>(k));
+  double z = 0;
+  for (std::int64_t i = 0; i < k; ++i) z += p[i] = std::exp((logits[static_cast<std::size_t>(order[i])] - top) / o.temperature);
+  double u = gen.uniform() * z;
+  for (std::int64_t i = 0; i < k; ++i)
+    if ((u -= p[i]) < 0) return order[i];
+  return order[k - 1];  // u landed on the rounding error at the end
+}
+
+}  // namespace
+
+TransformerBlock::TransformerBlock(const TransformerBlockConfig& config)
+    : ln1({.dim = checked(config).dim, .dtype = config.dtype}),
+      attn({.query_dim = config.dim, .heads = config.heads, .dtype = config.dtype, .seed = detail::child_seed(config.seed, 0)}),
+      drop(config.dropout, detail::child_seed(config.seed, 1)),
+      ln2({.dim = config.dim, .dtype = config.dtype}),
+      ff({.dim = config.dim,
+          .hidden = config.hidden,
+          .activation = config.activation,
+          .dropout = config.dropout,
+          .dtype = config.dtype,
+          .seed = detail::child_seed(config.seed, 2)}) {}
+
+Tensor TransformerBlock::forward(const Tensor& x, const Tensor& key_mask) const {
+  const Tensor a = attn.forward(ln1.forward(x), {.masks = {.key_mask = key_mask}, .causal = true}).output;
+  const Tensor h = x + drop.forward(a);
+  return h + ff.forward(ln2.forward(h));
+}
+
+Tensor TransformerBlock::decode(const Tensor& x, KVCache& cache) const {
+  NoGradGuard no_grad;
+  const Tensor a = attn.decode(ln1.forward(x), cache).output;
+  const Tensor h = x + drop.forward(a);
+  return h + ff.forward(ln2.forward(h));
+}
+
+void TransformerBlock::visit(ModuleVisitor& v) {
+  v.module("ln1", ln1);
+  v.module("attn", attn);
+  v.module("drop", drop);
+  v.module("ln2", ln2);
+  v.module("ff", ff);
+}
+
+Decoder::Decoder(const DecoderConfig& config)
+    : tok({.vocab = checked(config).vocab, .dim = config.dim, .dtype = config.dtype, .seed = detail::child_seed(config.seed, 0)}),
+      pos(make_positions(config)),
+      ln_f({.dim = config.dim, .dtype = config.dtype}),
+      head({.in = config.dim, .out = config.vocab, .dtype = config.dtype, .seed = detail::child_seed(config.seed, 2)}),
+      config_(config) {
+  for (std::int64_t i = 0; i < config.layers; ++i)
+    blocks.emplace_back(TransformerBlockConfig{.dim = config.dim,
+                                               .heads = config.heads,
+                                               .hidden = config.hidden,
+                                               .activation = config.activation,
+                                               .dropout = config.dropout,
+                                               .dtype = config.dtype,
+                                               .seed = detail::child_seed(config.seed, 100 + static_cast<std::uint64_t>(i))});
+}
+
+Tensor Decoder::embed(const Tensor& ids, std::int64_t offset) const {
+  const Tensor x = tok.forward(ids);
+  return std::visit([&](const auto& p) { return p.forward(x, offset); }, pos);
+}
+
+Tensor Decoder::forward(const Tensor& ids) const {
+  detail::check_dtype("Decoder::forward", "ids", ids, DType::int64);
+  if (ids.dim() != 2)
+    detail::fail<ShapeError>("Decoder::forward: argument 'ids' must be [B, T], got shape {}", detail::shape_str(ids.shape()));
+  Tensor x = embed(ids, 0);
+  for (const auto& b : blocks) x = b.forward(x);
+  return head.forward(ln_f.forward(x));
+}
+
+Tensor Decoder::generate(const Tensor& prompt, const GenerateOptions& o) const {
+  const char* op = "Decoder::generate";
+  detail::check_dtype(op, "prompt", prompt, DType::int64);
+  if (prompt.dim() != 2 || prompt.size(1) < 1)
+    detail::fail<ShapeError>("{}: argument 'prompt' must be [B, T0] with T0 >= 1, got shape {}", op, detail::shape_str(prompt.shape()));
+  if (o.new_tokens < 0 || o.new_tokens > config_.max_len - prompt.size(1))
+    detail::fail<ValueError>("{}: the prompt's {} positions plus options.new_tokens = {} must fit config.max_len = {}", op,
+                             prompt.size(1), o.new_tokens, config_.max_len);
+  if (!(o.temperature >= 0) || !std::isfinite(o.temperature) || o.top_k < 0)
+    detail::fail<ValueError>("{}: options.temperature must be finite and >= 0 and options.top_k >= 0, got {} and {}", op,
+                             o.temperature, o.top_k);
+  NoGradGuard no_grad;
+  const std::int64_t batch = prompt.size(0), t0 = prompt.size(1), vocab = config_.vocab;
+  std::vector<KVCache> caches(blocks.size());
+  Generator gen(o.seed);
+  std::vector<std::int64_t> ids = prompt.to_vector<std::int64_t>();  // grows row by row below
+  std::vector<std::vector<std::int64_t>> rows(static_cast<std::size_t>(batch));
+  for (std::int64_t b = 0; b < batch; ++b) rows[b].assign(ids.begin() + b * t0, ids.begin() + (b + 1) * t0);
+  Tensor input = prompt;
+  for (std::int64_t step = 0; step < o.new_tokens; ++step) {
+    Tensor x = embed(input, static_cast<std::int64_t>(rows[0].size()) - input.size(1));
+    for (std::size_t i = 0; i < blocks.size(); ++i) x = blocks[i].decode(x, caches[i]);
+    const auto logits = head.forward(ln_f.forward(select(x, 1, -1))).to_vector<double>();  // [B, vocab]
+    std::vector<std::int64_t> next(static_cast<std::size_t>(batch));
+    for (std::int64_t b = 0; b < batch; ++b) {
+      next[b] = pick({logits.begin() + b * vocab, logits.begin() + (b + 1) * vocab}, o, gen);
+      rows[b].push_back(next[b]);
+    }
+    input = from_vector(std::span<const std::int64_t>(next), {batch, 1});
+  }
+  std::vector<std::int64_t> out;
+  for (const auto& r : rows) out.insert(out.end(), r.begin(), r.end());
+  return from_vector(std::span<const std::int64_t>(out), {batch, t0 + o.new_tokens});
+}
+
+void Decoder::visit(ModuleVisitor& v) {
+  v.module("tok", tok);
+  std::visit([&](auto& p) { v.module("pos", p); }, pos);
+  v.modules("blocks", blocks);
+  v.module("ln_f", ln_f);
+  v.module("head", head);
+}
+
+}  // namespace tapegrad

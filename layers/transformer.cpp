@@ -67,8 +67,10 @@ TransformerBlock::TransformerBlock(const TransformerBlockConfig& config)
           .dtype = config.dtype,
           .seed = detail::child_seed(config.seed, 2)}) {}
 
-Tensor TransformerBlock::forward(const Tensor& x, const Tensor& key_mask) const {
-  const Tensor a = attn.forward(ln1.forward(x), {.masks = {.key_mask = key_mask}, .causal = true}).output;
+Tensor TransformerBlock::forward(const Tensor& x, const Tensor& key_mask, Tensor* attention) const {
+  const auto [a, weights] =
+      attn.forward(ln1.forward(x), {.masks = {.key_mask = key_mask}, .causal = true, .need_weights = attention != nullptr});
+  if (attention != nullptr) *attention = weights;
   const Tensor h = x + drop.forward(a);
   return h + ff.forward(ln2.forward(h));
 }
@@ -151,6 +153,17 @@ Tensor Decoder::generate(const Tensor& prompt, const GenerateOptions& o) const {
   std::vector<std::int64_t> out;
   for (const auto& r : rows) out.insert(out.end(), r.begin(), r.end());
   return from_vector(std::span<const std::int64_t>(out), {batch, t0 + o.new_tokens});
+}
+
+std::vector<Tensor> Decoder::attention_weights(const Tensor& ids) const {
+  NoGradGuard no_grad;
+  detail::check_dtype("Decoder::attention_weights", "ids", ids, DType::int64);
+  if (ids.dim() != 2)
+    detail::fail<ShapeError>("Decoder::attention_weights: argument 'ids' must be [B, T], got shape {}", detail::shape_str(ids.shape()));
+  std::vector<Tensor> out(blocks.size());
+  Tensor x = embed(ids, 0);
+  for (std::size_t i = 0; i < blocks.size(); ++i) x = blocks[i].forward(x, Tensor(), &out[i]);
+  return out;
 }
 
 void Decoder::visit(ModuleVisitor& v) {

@@ -85,9 +85,16 @@ void plot_lines(const std::string& path, const LinePlot& p) {
 }
 
 void plot_heatmaps(const std::string& path, const std::string& title, const std::vector<Heatmap>& panels) {
-  const int columns = static_cast<int>(std::max<std::size_t>(panels.size(), 1));
-  begin(path, 520 * columns, 560, columns);
-  for (const Heatmap& h : panels) {
+  // One page; panels on a grid of up to 3 columns, placed by hand so the title has its own band.
+  const int n = static_cast<int>(std::max<std::size_t>(panels.size(), 1));
+  const int columns = n == 4 ? 2 : std::min(n, 3), rows = (n + columns - 1) / columns;
+  const double band = title.empty() ? 0.0 : 0.5 / (rows * 5.0 + 0.5);  // the title's share of the height
+  begin(path, 560 * columns, 520 * rows + (title.empty() ? 0 : 50), 1);
+  pladv(0);
+  plschr(0, rows > 1 || columns > 2 ? 0.7 : 1.0);  // PLplot sizes text by the page: keep it in proportion
+  const PLFLT text = rows > 1 || columns > 2 ? 0.7 : 1.0;
+  for (int p = 0; p < static_cast<int>(panels.size()); ++p) {
+    const Heatmap& h = panels[static_cast<std::size_t>(p)];
     if (static_cast<long>(h.values.size()) != h.rows * h.cols) throw std::runtime_error("plot_heatmaps: values do not fill rows x cols");
     auto [lo, hi] = finite_range(h.values);
     if (h.diverging) hi = std::max(std::abs(lo), std::abs(hi)), lo = -hi;
@@ -99,8 +106,10 @@ void plot_heatmaps(const std::string& path, const std::string& title, const std:
       PLFLT pos[] = {0, 1}, r[] = {1, 0.05}, g[] = {1, 0.2}, b[] = {1, 0.55};
       plscmap1l(1, 2, pos, r, g, b, nullptr);
     }
-    pladv(0);
-    plvpor(0.16, 0.76, 0.14, 0.84);
+    // This panel's cell of the page, in normalised page coordinates.
+    const double cw = 1.0 / columns, ch = (1.0 - band) / rows;
+    const double x0 = (p % columns) * cw, y1 = 1.0 - band - (p / columns) * ch;
+    plvpor(x0 + 0.17 * cw, x0 + 0.75 * cw, y1 - 0.82 * ch, y1 - 0.12 * ch);
     plwind(0, static_cast<PLFLT>(h.cols), static_cast<PLFLT>(h.rows), 0);  // row 0 on top
     for (long i = 0; i < h.rows; ++i)
       for (long j = 0; j < h.cols; ++j) {
@@ -118,18 +127,18 @@ void plot_heatmaps(const std::string& path, const std::string& title, const std:
     plcol0(15);
     // Index labels at the cells' centres (every n-th when there are many).
     plbox("bc", 0, 0, "bc", 0, 0);
-    plschr(0, 0.8);
-    const long x_every = std::max(1L, h.cols / 16), y_every = std::max(1L, h.rows / 16);
+    plschr(0, 0.8 * text);
+    const long x_every = std::max(1L, (h.cols + 9) / 10), y_every = std::max(1L, (h.rows + 9) / 10);
     for (long j = 0; j < h.cols; j += x_every)
       plmtex("b", 1.2, (j + 0.5) / static_cast<double>(h.cols), 0.5, std::to_string(j).c_str());
     for (long i = 0; i < h.rows; i += y_every)
       plmtex("lv", 0.8, 1.0 - (i + 0.5) / static_cast<double>(h.rows), 1.0, std::to_string(i).c_str());
-    plschr(0, 1.0);
+    plschr(0, text);
     plmtex("b", 3.0, 0.5, 0.5, h.x_label.c_str());
     plmtex("l", 3.5, 0.5, 0.5, h.y_label.c_str());
-    plmtex("t", 1.5, 0.5, 0.5, h.title.c_str());
+    plmtex("t", 1.2, 0.5, 0.5, h.title.c_str());
     // Colour bar: a column of the colour map with its value axis.
-    plvpor(0.80, 0.84, 0.14, 0.84);
+    plvpor(x0 + 0.79 * cw, x0 + 0.83 * cw, y1 - 0.82 * ch, y1 - 0.12 * ch);
     plwind(0, 1, lo, hi);
     const int steps = 64;
     for (int s = 0; s < steps; ++s) {
@@ -143,11 +152,10 @@ void plot_heatmaps(const std::string& path, const std::string& title, const std:
     plmtex("r", 4.5, 0.5, 0.5, h.value_label.c_str());
   }
   if (!title.empty()) {
-    // The overall title, above the panels of the last page.
-    plvpor(0, 1, 0, 1);
+    plvpor(0, 1, 1 - band, 1);
     plwind(0, 1, 0, 1);
     plcol0(15);
-    plmtex("t", -1.5, 0.5, 0.5, title.c_str());
+    plptex(0.5, 0.4, 1, 0, 0.5, title.c_str());
   }
   end();
 }

@@ -30,7 +30,8 @@ class Progress {
     const double rate = seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0;
     const double left = step > 0 ? seconds * static_cast<double>(total_ - step) / static_cast<double>(step) : 0.0;
     line += fmt::format("  {:.1f}k tok/s  ETA {}:{:02d}", rate / 1000, static_cast<int>(left) / 60, static_cast<int>(left) % 60);
-    fmt::print(tty_ ? "\r{:<100}" : "{}\n", line);
+    if (tty_) fmt::print("\r{:<100}", line);
+    else fmt::print("{}\n", line);
     if (tty_ && step == total_) fmt::print("\n");
     std::fflush(stdout);
   }

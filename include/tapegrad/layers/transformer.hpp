@@ -33,8 +33,9 @@ class TransformerBlock : public Module {
  public:
   explicit TransformerBlock(const TransformerBlockConfig& config);
   // x [B, T, dim] -> [B, T, dim], position i attending to positions <= i. `key_mask` [B, T]
-  // (optional) marks padding positions false.
-  Tensor forward(const Tensor& x, const Tensor& key_mask = Tensor()) const;
+  // (optional) marks padding positions false. With `attention`, also stores the attention
+  // weights [B, heads, T, T] there.
+  Tensor forward(const Tensor& x, const Tensor& key_mask = Tensor(), Tensor* attention = nullptr) const;
   // The same block over n new positions, attending to every earlier position through `cache`
   // (see MultiHeadAttention::decode). Inference: records nothing.
   Tensor decode(const Tensor& x, KVCache& cache) const;
@@ -80,6 +81,9 @@ class Decoder : public Module {
   // Returns [B, T0 + new_tokens]. Inference (records nothing); dropout follows the module's
   // mode, so call eval() first.
   Tensor generate(const Tensor& prompt, const GenerateOptions& options) const;
+  // Every block's attention weights [B, heads, T, T] for ids [B, T], in block order (records
+  // nothing): what each position looked at.
+  std::vector<Tensor> attention_weights(const Tensor& ids) const;
   void visit(ModuleVisitor& v) override;
   const DecoderConfig& config() const noexcept { return config_; }
 

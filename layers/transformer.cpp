@@ -125,9 +125,15 @@ Tensor Decoder::generate(const Tensor& prompt, const GenerateOptions& o) const {
   detail::check_dtype(op, "prompt", prompt, DType::int64);
   if (prompt.dim() != 2 || prompt.size(1) < 1)
     detail::fail<ShapeError>("{}: argument 'prompt' must be [B, T0] with T0 >= 1, got shape {}", op, detail::shape_str(prompt.shape()));
-  if (o.new_tokens < 0 || o.new_tokens > config_.max_len - prompt.size(1))
-    detail::fail<ValueError>("{}: the prompt's {} positions plus options.new_tokens = {} must fit config.max_len = {}", op,
-                             prompt.size(1), o.new_tokens, config_.max_len);
+  if (o.window < 0 || o.window == 1 || o.window > config_.max_len)
+    detail::fail<ValueError>("{}: options.window must be 0 (no limit) or in [2, config.max_len = {}], got {}", op, config_.max_len,
+                             o.window);
+  if (o.window > 0 && prompt.size(1) >= o.window)
+    detail::fail<ValueError>("{}: the prompt's {} positions must be fewer than options.window = {}", op, prompt.size(1), o.window);
+  if (o.new_tokens < 0 || (o.window == 0 && o.new_tokens > config_.max_len - prompt.size(1)))
+    detail::fail<ValueError>("{}: the prompt's {} positions plus options.new_tokens = {} must fit config.max_len = {} "
+                             "(or set options.window)",
+                             op, prompt.size(1), o.new_tokens, config_.max_len);
   if (!(o.temperature >= 0) || !std::isfinite(o.temperature) || o.top_k < 0)
     detail::fail<ValueError>("{}: options.temperature must be finite and >= 0 and options.top_k >= 0, got {} and {}", op,
                              o.temperature, o.top_k);
@@ -140,7 +146,15 @@ Tensor Decoder::generate(const Tensor& prompt, const GenerateOptions& o) const {
   for (std::int64_t b = 0; b < batch; ++b) rows[b].assign(ids.begin() + b * t0, ids.begin() + (b + 1) * t0);
   Tensor input = prompt;
   for (std::int64_t step = 0; step < o.new_tokens; ++step) {
-    Tensor x = embed(input, static_cast<std::int64_t>(rows[0].size()) - input.size(1));
+    if (o.window > 0 && caches[0].length() + input.size(1) > o.window) {
+      // Full: start again from the last window / 2 tokens of each row.
+      const std::int64_t keep = o.window / 2;
+      std::vector<std::int64_t> tail;
+      for (const auto& r : rows) tail.insert(tail.end(), r.end() - keep, r.end());
+      input = from_vector(std::span<const std::int64_t>(tail), {batch, keep});
+      for (auto& c : caches) c.clear();
+    }
+    Tensor x = embed(input, caches[0].length());
     for (std::size_t i = 0; i < blocks.size(); ++i) x = blocks[i].decode(x, caches[i]);
     const auto logits = head.forward(ln_f.forward(select(x, 1, -1))).to_vector<double>();  // [B, vocab]
     std::vector<std::int64_t> next(static_cast<std::size_t>(batch));

@@ -1,0 +1,267 @@
+// train_chars: a character-level language model on a text file, then text generated from it.
+//
+// The model is a small decoder-only transformer (tapegrad::Decoder) trained with AdamW on
+// random windows of the first 90% of the text; the last 10% scores it (validation loss per
+// character, in nats and bits). It then continues a prompt through its KV cache, greedily and by
+// sampling with a temperature and top-k. The checkpoint (model and optimizer) can be reloaded
+// to continue training (--resume) or only to generate (--generate).
+//
+//   ./build/examples/train_chars                                  # GPL-3 text, about a minute
+//   ./build/examples/train_chars --text book.txt --steps 5000
+//   ./build/examples/train_chars --generate --prompt "This License" --tokens 400
+//
+// Writes OUT/loss.png, OUT/attention.png, OUT/model.safetensors, OUT/optimizer.safetensors.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+#include <tapegrad/tapegrad.hpp>
+
+#include "support/plot.hpp"
+#include "support/progress.hpp"
+
+namespace tg = tapegrad;
+namespace ex = tapegrad_examples;
+using tg::Tensor;
+
+namespace {
+
+struct Options {
+  std::string text = "/usr/share/common-licenses/GPL-3";
+  std::int64_t steps = 1000, batch = 32, context = 64, dim = 64, heads = 4, layers = 2;
+  double lr = 2e-3, dropout = 0.2;
+  std::uint64_t seed = 1;
+  int threads = 0;
+  std::string out = "train_chars_out";
+  bool resume = false, generate_only = false;
+  std::string prompt = "This License";
+  std::int64_t tokens = 300, top_k = 10;
+  double temperature = 0.8;
+};
+
+// The characters of the text (bytes), sorted: token i is alphabet[i].
+struct Alphabet {
+  std::string chars;
+  std::int64_t id(char c) const {
+    const auto at = chars.find(c);
+    if (at == std::string::npos) throw std::invalid_argument(fmt::format("character {:?} is not in the model's alphabet", c));
+    return static_cast<std::int64_t>(at);
+  }
+  std::vector<std::int64_t> encode(const std::string& s) const {
+    std::vector<std::int64_t> out;
+    for (char c : s) out.push_back(id(c));
+    return out;
+  }
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The model's shape, kept in the checkpoint's metadata so that --generate can rebuild it.
+std::map<std::string, std::string> describe(const Options& o, const Alphabet& a, std::int64_t steps_done) {
+  std::string codes;
+  for (unsigned char c : a.chars) codes += (codes.empty() ? "" : ",") + std::to_string(c);
+  return {{"example", "train_chars"}, {"alphabet", codes},
+          {"context", std::to_string(o.context)}, {"dim", std::to_string(o.dim)},
+          {"heads", std::to_string(o.heads)},     {"layers", std::to_string(o.layers)},
+          {"steps", std::to_string(steps_done)}};
+}
+
+tg::Decoder make_model(const Options& o, const Alphabet& a) {
+  return tg::Decoder({.vocab = static_cast<std::int64_t>(a.chars.size()), .max_len = o.context,
+                      .dim = o.dim, .heads = o.heads, .layers = o.layers, .dropout = o.dropout,
+                      .positions = tg::PositionKind::sinusoidal, .seed = o.seed});
+}
+
+// Reads the shape and the alphabet back from a checkpoint's metadata into `o`.
+Alphabet restore_description(Options& o, const std::string& path) {
+  const auto meta = tg::load_safetensors(path).metadata;
+  auto field = [&](const char* key) {
+    const auto it = meta.find(key);
+    if (it == meta.end()) throw std::runtime_error(fmt::format("{}: no '{}' in the metadata; not a train_chars checkpoint", path, key));
+    return it->second;
+  };
+  o.context = std::stoll(field("context"));
+  o.dim = std::stoll(field("dim"));
+  o.heads = std::stoll(field("heads"));
+  o.layers = std::stoll(field("layers"));
+  Alphabet a;
+  std::stringstream codes(field("alphabet"));
+  for (std::string code; std::getline(codes, code, ',');) a.chars.push_back(static_cast<char>(std::stoi(code)));
+  return a;
+}
+
+// `count` random windows of context + 1 tokens from text[begin, end): inputs and next-token targets.
+std::pair<Tensor, Tensor> windows(const std::vector<std::int64_t>& text, std::size_t begin, std::size_t end, std::int64_t count,
+                                  std::int64_t context, tg::Generator& gen) {
+  std::vector<std::int64_t> x, y;
+  const auto span = static_cast<double>(end - begin - static_cast<std::size_t>(context) - 1);
+  for (std::int64_t b = 0; b < count; ++b) {
+    const std::size_t at = begin + static_cast<std::size_t>(gen.uniform() * span);
+    x.insert(x.end(), text.begin() + static_cast<std::ptrdiff_t>(at), text.begin() + static_cast<std::ptrdiff_t>(at) + context);
+    y.insert(y.end(), text.begin() + static_cast<std::ptrdiff_t>(at) + 1, text.begin() + static_cast<std::ptrdiff_t>(at) + context + 1);
+  }
+  return {tg::from_vector(std::span<const std::int64_t>(x), {count, context}), tg::from_vector(std::span<const std::int64_t>(y), {count, context})};
+}
+
+// Mean cross-entropy over consecutive windows covering the validation text.
+double validation_loss(const tg::Decoder& model, const std::vector<std::int64_t>& text, std::size_t begin, std::int64_t context) {
+  tg::NoGradGuard no_grad;
+  std::vector<std::int64_t> x, y;
+  for (std::size_t at = begin; at + static_cast<std::size_t>(context) + 1 <= text.size(); at += static_cast<std::size_t>(context)) {
+    x.insert(x.end(), text.begin() + static_cast<std::ptrdiff_t>(at), text.begin() + static_cast<std::ptrdiff_t>(at) + context);
+    y.insert(y.end(), text.begin() + static_cast<std::ptrdiff_t>(at) + 1, text.begin() + static_cast<std::ptrdiff_t>(at) + context + 1);
+  }
+  const std::int64_t rows = static_cast<std::int64_t>(x.size()) / context;
+  const Tensor logits = model.forward(tg::from_vector(std::span<const std::int64_t>(x), {rows, context}));
+  return tg::cross_entropy(logits, tg::from_vector(std::span<const std::int64_t>(y), {rows, context})).item();
+}
+
+std::string generate(const tg::Decoder& model, const Alphabet& a, const Options& o, double temperature) {
+  const auto ids = a.encode(o.prompt);
+  const Tensor prompt = tg::from_vector(std::span<const std::int64_t>(ids), {1, static_cast<std::int64_t>(ids.size())});
+  const auto out = model.generate(prompt, {.new_tokens = o.tokens, .temperature = temperature, .top_k = o.top_k, .seed = o.seed,
+                                           .window = o.context})
+                       .to_vector<std::int64_t>();
+  std::string text;
+  for (auto id : out) text += a.chars[static_cast<std::size_t>(id)];
+  return text;
+}
+
+void show_samples(const tg::Decoder& model, const Alphabet& a, const Options& o) {
+  const auto started = std::chrono::steady_clock::now();
+  const std::string greedy = generate(model, a, o, 0.0);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  fmt::print("\n--- greedy ({} tokens, {:.0f} tokens/s with the KV cache) ---\n{}\n", o.tokens, o.tokens / seconds, greedy);
+  fmt::print("\n--- temperature {}, top-k {} ---\n{}\n", o.temperature, o.top_k, generate(model, a, o, o.temperature));
+}
+
+void attention_figure(const tg::Decoder& model, const Alphabet& a, const Options& o, const std::vector<std::int64_t>& text,
+                      std::size_t at) {
+  const std::int64_t t = std::min<std::int64_t>(o.context, 32);
+  std::vector<std::int64_t> ids(text.begin() + static_cast<std::ptrdiff_t>(at), text.begin() + static_cast<std::ptrdiff_t>(at) + t);
+  const Tensor weights = model.attention_weights(tg::from_vector(std::span<const std::int64_t>(ids), {1, t})).back();
+  std::string shown;
+  for (auto id : ids) shown += a.chars[static_cast<std::size_t>(id)] == '\n' ? ' ' : a.chars[static_cast<std::size_t>(id)];
+  std::vector<ex::Heatmap> panels;
+  for (std::int64_t h = 0; h < o.heads; ++h) {
+    ex::Heatmap map{fmt::format("head {}", h), "key position", "query position", "weight", t, t, {}, {}, false};
+    map.values = tg::select(tg::select(weights, 0, 0), 0, h).to(tg::float64).to_vector<double>();
+    for (std::int64_t i = 0; i < t; ++i)
+      for (std::int64_t j = 0; j < t; ++j) map.masked.push_back(j > i);
+    panels.push_back(std::move(map));
+  }
+  ex::plot_heatmaps(o.out + "/attention.png", fmt::format("last block on \"{}\"", shown), panels);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  Options o;
+  CLI::App app{"train_chars: a character-level transformer language model"};
+  app.add_option("--text", o.text, "text file to learn")->check(CLI::ExistingFile);
+  app.add_option("--steps", o.steps, "training steps")->check(CLI::NonNegativeNumber);
+  app.add_option("--batch", o.batch, "windows per step")->check(CLI::PositiveNumber);
+  app.add_option("--context", o.context, "characters per window")->check(CLI::PositiveNumber);
+  app.add_option("--dim", o.dim, "model width")->check(CLI::PositiveNumber);
+  app.add_option("--heads", o.heads, "attention heads (must divide --dim)")->check(CLI::PositiveNumber);
+  app.add_option("--layers", o.layers, "transformer blocks")->check(CLI::PositiveNumber);
+  app.add_option("--lr", o.lr, "peak learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--dropout", o.dropout, "dropout probability")->check(CLI::Range(0.0, 0.9));
+  app.add_option("--seed", o.seed, "seed for data, initialisation, dropout and sampling");
+  app.add_option("--threads", o.threads, "threads (0: the default)")->check(CLI::NonNegativeNumber);
+  app.add_option("--out", o.out, "folder for figures and checkpoints");
+  app.add_flag("--resume", o.resume, "continue training from OUT/model.safetensors and OUT/optimizer.safetensors");
+  app.add_flag("--generate", o.generate_only, "only load OUT/model.safetensors and generate");
+  app.add_option("--prompt", o.prompt, "text to continue");
+  app.add_option("--tokens", o.tokens, "characters to generate")->check(CLI::PositiveNumber);
+  app.add_option("--temperature", o.temperature, "sampling temperature (0: greedy)")->check(CLI::NonNegativeNumber);
+  app.add_option("--top-k", o.top_k, "sample among the k most likely characters (0: all)")->check(CLI::NonNegativeNumber);
+  CLI11_PARSE(app, argc, argv);
+  if (o.threads > 0) tg::set_num_threads(o.threads);
+  std::filesystem::create_directories(o.out);
+  const std::string model_path = o.out + "/model.safetensors", optimizer_path = o.out + "/optimizer.safetensors";
+
+  if (o.generate_only) {
+    const Alphabet a = restore_description(o, model_path);
+    tg::Decoder model = make_model(o, a);
+    tg::load(model, model_path);
+    model.eval();
+    show_samples(model, a, o);
+    return 0;
+  }
+
+  const std::string raw = read_file(o.text);
+  Alphabet a;
+  if (o.resume) {
+    a = restore_description(o, model_path);
+  } else {
+    a.chars = raw;
+    std::sort(a.chars.begin(), a.chars.end());
+    a.chars.erase(std::unique(a.chars.begin(), a.chars.end()), a.chars.end());
+  }
+  const std::vector<std::int64_t> text = a.encode(raw);
+  const std::size_t split = text.size() * 9 / 10;
+  if (text.size() - split < static_cast<std::size_t>(o.context) + 2)
+    throw std::runtime_error(fmt::format("{} is too short for windows of {} characters", o.text, o.context));
+
+  tg::Decoder model = make_model(o, a);
+  tg::AdamW opt(model.named_parameters(), {.lr = o.lr, .weight_decay = 0.01});
+  std::int64_t done = 0;
+  if (o.resume) {
+    tg::load(model, model_path);
+    const auto state = tg::load_safetensors(optimizer_path);
+    done = std::stoll(state.metadata.at("steps"));
+    opt.load_state(state.tensors, done);
+  }
+  const std::int64_t total = done + o.steps;
+  const tg::WarmupCosine schedule(o.lr, std::min<std::int64_t>(100, total / 10), total, o.lr / 10);
+  fmt::print("train_chars: {} characters ({} distinct) from {}; {} parameters; steps {} to {}; {} thread(s)\n", text.size(), a.chars.size(),
+             o.text, model.parameter_count(), done, total, tg::num_threads());
+
+  tg::Generator gen(o.seed + static_cast<std::uint64_t>(done));
+  ex::Series train_curve{"training", {}, {}}, validation_curve{"validation", {}, {}};
+  ex::Progress progress(o.steps);
+  for (std::int64_t step = done; step < total; ++step) {
+    const auto [x, y] = windows(text, 0, split, o.batch, o.context, gen);
+    const Tensor loss = tg::cross_entropy(model.forward(x), y);
+    tg::backward(loss);
+    tg::clip_grad_norm(model.parameters(), 1.0);
+    opt.set_learning_rate(schedule(step));
+    opt.step();
+    opt.zero_grad();
+    train_curve.x.push_back(static_cast<double>(step + 1));
+    train_curve.y.push_back(loss.item());
+    if ((step + 1 - done) % 250 == 0 || step + 1 == total) {
+      model.eval();
+      validation_curve.x.push_back(static_cast<double>(step + 1));
+      validation_curve.y.push_back(validation_loss(model, text, split, o.context));
+      model.train();
+    }
+    std::vector<std::pair<std::string, double>> shown{{"loss", train_curve.y.back()}};
+    if (!validation_curve.y.empty()) shown.emplace_back("val", validation_curve.y.back());
+    progress.update(step + 1 - done, (step + 1 - done) * o.batch * o.context, shown);
+  }
+  model.eval();
+  const double val = validation_loss(model, text, split, o.context);
+  fmt::print("validation loss {:.4f} nats = {:.3f} bits per character (uniform over the alphabet: {:.3f} bits)\n", val,
+             val / std::log(2.0), std::log2(static_cast<double>(a.chars.size())));
+  tg::save(model, model_path, describe(o, a, total));
+  auto state = opt.state();
+  tg::save_safetensors(optimizer_path, state, {{"steps", std::to_string(total)}});
+  if (!train_curve.x.empty())
+    ex::plot_lines(o.out + "/loss.png", {"train_chars: cross-entropy per character", "step", "nats", {train_curve, validation_curve}, true});
+  attention_figure(model, a, o, text, split);
+  show_samples(model, a, o);
+  fmt::print("\nwrote {0}/loss.png, {0}/attention.png, {0}/model.safetensors, {0}/optimizer.safetensors\n", o.out);
+  return 0;
+} catch (const std::exception& e) {
+  fmt::print(stderr, "train_chars: {}\n", e.what());
+  return 1;
+}

@@ -39,7 +39,7 @@ namespace {
 template <class F> Tensor fill_random(const Shape& shape, DType dtype, const char* op, F&& draw) {
   if (!is_floating(dtype))
     detail::fail<DTypeError>("{}: argument 'dtype' must be float32 or float64, got {}", op, dtype);
-  Tensor t = detail::new_tensor(shape, dtype, op);
+  Tensor t = detail::new_tensor(shape, dtype, op, "argument 'shape'");
   detail::visit_float(dtype, op, [&]<class T>(detail::Tag<T>) {
     T* p = static_cast<T*>(detail::mutable_data(t));
     for (std::int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = detail::convert<T>(draw());

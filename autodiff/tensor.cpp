@@ -24,9 +24,46 @@ Shape contiguous_strides(const Shape& shape) {
   return strides;
 }
 
-Tensor make_view(const Tensor& base, Shape shape, Shape strides, std::int64_t offset) {
+std::int64_t check_shape(const char* op, const char* what, const Shape& shape, DType dtype) {
+  for (auto s : shape)
+    if (s < 0) fail<ShapeError>("{}: {} {} has a negative size", op, what, shape_str(shape));
+  const auto item = static_cast<std::int64_t>(itemsize(dtype));
+  std::int64_t bytes = item;
+  bool overflow = false;
+  for (auto s : shape) overflow = overflow || __builtin_mul_overflow(bytes, std::max<std::int64_t>(s, 1), &bytes);
+  if (overflow || bytes > kMaxBytes)
+    fail<ShapeError>("{}: {} {} of {} has more elements than can be addressed (its sizes, with 0 counted as 1, "
+                     "times {} bytes per element exceed 2^48 bytes)",
+                     op, what, shape_str(shape), dtype, item);
+  return shape_numel(shape);
+}
+
+namespace {
+
+// Whether every element of a view lies inside its storage. Zero-size views hold no element.
+bool within_storage(const Storage& storage, const Shape& shape, const Shape& strides, std::int64_t offset, DType dtype) {
+  if (shape_numel(shape) == 0) return true;
+  std::int64_t lo = offset, hi = offset;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    std::int64_t reach = 0;
+    if (__builtin_mul_overflow(strides[d], shape[d] - 1, &reach)) return false;
+    std::int64_t& end = reach < 0 ? lo : hi;
+    if (__builtin_add_overflow(end, reach, &end)) return false;
+  }
+  return lo >= 0 && hi < static_cast<std::int64_t>(storage.bytes / itemsize(dtype));
+}
+
+}  // namespace
+
+Tensor make_view(const Tensor& base, Shape shape, Shape strides, std::int64_t offset, const char* op) {
+  check_shape(op, "result shape", shape, base.dtype());
+  const auto& storage = base.impl()->storage;
+  if (strides.size() != shape.size() || !within_storage(*storage, shape, strides, offset, base.dtype()))
+    throw std::logic_error(fmt::format("{}: tapegrad internal error: a view with shape {}, strides {} and offset {} "
+                                       "reaches outside its storage of {} bytes",
+                                       op, shape_str(shape), shape_str(strides), offset, storage->bytes));
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = base.impl()->storage;
+  impl->storage = storage;
   impl->shape = std::move(shape);
   impl->strides = std::move(strides);
   impl->offset = offset;
@@ -34,20 +71,8 @@ Tensor make_view(const Tensor& base, Shape shape, Shape strides, std::int64_t of
   return Tensor(std::move(impl));
 }
 
-std::int64_t checked_numel(const char* op, const Shape& shape, DType dtype) {
-  std::int64_t n = 1;
-  for (auto s : shape)
-    if (s < 0) fail<ShapeError>("{}: a shape must have no negative size, got {}", op, shape_str(shape));
-  bool overflow = false;
-  for (auto s : shape) overflow = overflow || __builtin_mul_overflow(n, s, &n);
-  std::int64_t bytes = 0;
-  if (overflow || __builtin_mul_overflow(n, static_cast<std::int64_t>(itemsize(dtype)), &bytes) || bytes > (std::int64_t{1} << 48))
-    fail<ShapeError>("{}: shape {} of {} has more elements than can be addressed", op, shape_str(shape), dtype);
-  return n;
-}
-
-Tensor new_tensor(const Shape& shape, DType dtype, const char* op) {
-  const std::int64_t n = checked_numel(op, shape, dtype);
+Tensor new_tensor(const Shape& shape, DType dtype, const char* op, const char* what) {
+  const std::int64_t n = check_shape(op, what, shape, dtype);
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(static_cast<std::size_t>(n) * itemsize(dtype));
   impl->shape = shape;
@@ -196,7 +221,7 @@ void Tensor::zero_grad() { const_cast<detail::TensorImpl&>(checked(impl_)).grad 
 
 Tensor Tensor::detach() const {
   const auto& impl = checked(impl_);
-  return detail::make_view(*this, impl.shape, impl.strides, impl.offset);
+  return detail::make_view(*this, impl.shape, impl.strides, impl.offset, "Tensor::detach");
 }
 
 

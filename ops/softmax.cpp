@@ -61,7 +61,7 @@ void check_softmax_args(const char* op, const char* scores_name, const Tensor& s
 Tensor masked_softmax_forward(const Tensor& s, const Tensor& allowed) {
   // Scores are read through their strides (a transposed or broadcast view is not copied); the
   // weights are written contiguously.
-  Tensor a = new_tensor(s.shape(), s.dtype());
+  Tensor a = new_tensor(s.shape(), s.dtype(), "masked_softmax");
   const std::size_t rank = s.shape().size();
   const std::int64_t k = s.shape().back();
   const Dims8 m_strides = allowed.defined() ? broadcast_strides(allowed, s.shape()) : Dims8(rank, 0);
@@ -82,7 +82,7 @@ Tensor masked_softmax_forward(const Tensor& s, const Tensor& allowed) {
 
 Tensor masked_softmax_backward(const Tensor& weights, const Tensor& grad_weights) {
   const Tensor g = grad_weights.is_contiguous() ? grad_weights : clone(grad_weights);
-  Tensor ds = new_tensor(weights.shape(), weights.dtype());
+  Tensor ds = new_tensor(weights.shape(), weights.dtype(), "masked_softmax");
   const std::int64_t k = weights.shape().back();
   const std::int64_t rows = k == 0 ? 0 : weights.numel() / k;
   visit_float(weights.dtype(), "masked_softmax", [&]<class T>(Tag<T>) {

@@ -1,5 +1,6 @@
 // Tensors: factories, layout and views, conversion, printing, argument checks.
 #define BOOST_TEST_MODULE tensor
+#include <cmath>
 #include <limits>
 
 #include "support.hpp"
@@ -23,7 +24,7 @@ BOOST_AUTO_TEST_CASE(filled_and_ranges) {
   check_throws<tg::ValueError>([] { tg::arange(0, 1, 0); }, {"arange", "step"});
   check_throws<tg::ShapeError>([] { tg::zeros({2, -1}); }, {"[2, -1]"});
   // Element counts that overflow are errors, not tiny allocations.
-  check_throws<tg::ShapeError>([] { tg::zeros({std::int64_t{1} << 62}); }, {"full/zeros/ones", "addressed"});
+  check_throws<tg::ShapeError>([] { tg::zeros({std::int64_t{1} << 62}); }, {"zeros", "'shape'", "addressed"});
   check_throws<tg::ShapeError>([] { tg::empty({std::int64_t{1} << 40, std::int64_t{1} << 40}); }, {"empty", "addressed"});
   check_throws<tg::ShapeError>([] { tg::expand(tg::zeros({1, 1}), {std::int64_t{1} << 40, std::int64_t{1} << 40}); }, {"expand", "addressed"});
   check_throws<tg::DTypeError>([] { tg::randn({2}, 1, tg::int64); }, {"randn", "'dtype'", "int64"});
@@ -64,6 +65,98 @@ BOOST_AUTO_TEST_CASE(random_is_seeded_and_reproducible) {
   // One generator gives a stream: two draws differ.
   tg::Generator gen(5);
   BOOST_TEST(tg::randn({4}, gen).to_vector<float>() != tg::randn({4}, gen).to_vector<float>());
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// Sizes that multiply past int64 (or past the 2^48 addressable bytes) are ShapeErrors naming the
+// function, also when a zero makes the element count 0: strides and offsets still multiply the
+// other sizes. Zero-size shapes within the limit work everywhere.
+BOOST_AUTO_TEST_SUITE(shape_arithmetic)
+
+constexpr std::int64_t operator""_p2(unsigned long long e) { return std::int64_t{1} << e; }
+
+BOOST_AUTO_TEST_CASE(factories_check_zero_size_shapes_too) {
+  const Shape huge{0, 62_p2, 4};
+  check_throws<tg::ShapeError>([&] { tg::zeros(huge); }, {"zeros", "'shape'", "[0, 4611686018427387904, 4]", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::ones(huge); }, {"ones", "'shape'", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::full(huge, 1.0); }, {"full", "'shape'", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::empty(huge, tg::bool_); }, {"empty", "'shape'", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::randn(huge, 1); }, {"randn", "'shape'", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::rand(huge, 1); }, {"rand", "'shape'", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::from_vector(std::vector<double>{}, huge); }, {"from_vector", "'shape'", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::from_bools({}, huge); }, {"from_bools", "'shape'", "addressed"});
+  check_throws<tg::ShapeError>([] { tg::zeros({0, -3}); }, {"zeros", "[0, -3]", "negative"});
+  // The limit counts bytes: 2^46 float32 elements fit, 2^47 do not, 2^48 bools do.
+  BOOST_TEST(tg::zeros({0, 46_p2}).numel() == 0);
+  check_throws<tg::ShapeError>([] { tg::zeros({0, 47_p2}); }, {"zeros", "float32", "addressed"});
+  BOOST_TEST(tg::empty({48_p2, 0}, tg::bool_).strides() == (Shape{1, 1}));
+  BOOST_TEST(tg::zeros({0, 20_p2, 20_p2}).strides() == (Shape{40_p2, 20_p2, 1}));
+}
+
+BOOST_AUTO_TEST_CASE(ranges_and_masks_name_themselves) {
+  check_throws<tg::ShapeError>([] { tg::arange(0, 1e14); }, {"arange", "[100000000000000]", "addressed"});
+  check_throws<tg::ShapeError>([] { tg::arange(-1e308, 1e308, 1e-10); }, {"arange", "would make", "addressed"});
+  check_throws<tg::ShapeError>([] { tg::causal_mask(40_p2, 40_p2); }, {"causal_mask", "[1099511627776, 1099511627776]", "addressed"});
+  check_throws<tg::ShapeError>([] { tg::causal_mask(0, 62_p2); }, {"causal_mask", "addressed"});
+  BOOST_TEST(tg::causal_mask(0, 40_p2).shape() == (Shape{0, 40_p2}));
+  BOOST_TEST(tg::causal_mask(40_p2, 0).numel() == 0);
+}
+
+BOOST_AUTO_TEST_CASE(views_of_zero_size_tensors) {
+  const Tensor e = tg::zeros({0, 1, 1});
+  check_throws<tg::ShapeError>([&] { tg::expand(e, {0, 40_p2, 40_p2}); }, {"expand", "[0, 1099511627776, 1099511627776]", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::broadcast_to(e, {0, 62_p2, 4}); }, {"broadcast_to", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::reshape(e, {0, 62_p2, 4}); }, {"reshape", "'shape'", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::reshape(e, {-1, 62_p2}); }, {"reshape", "'shape'", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::reshape(e, {0, -1}); }, {"reshape", "cannot infer"});
+  // Within the limit every view works and reduces to the right empty or zero result.
+  const Tensor big = tg::expand(e, {0, 20_p2, 20_p2});
+  BOOST_TEST(big.numel() == 0);
+  BOOST_TEST(tg::sum(big, {1, 2}).shape() == (Shape{0}));
+  BOOST_TEST(tg::sum(big, {0, 2}).to_vector<double>() == std::vector<double>(20_p2, 0.0));
+  BOOST_TEST(std::isnan(tg::mean(big, {0, 2}).to_vector<double>()[0]));
+  BOOST_TEST(tg::reshape(big, {20_p2, 0, 20_p2}).shape() == (Shape{20_p2, 0, 20_p2}));
+  BOOST_TEST(tg::flatten(big).shape() == (Shape{0}));
+  // Offsets of slices and selects along a long empty tensor's dims.
+  const Tensor wide = tg::zeros({0, 40_p2});
+  BOOST_TEST(tg::slice(wide, 1, 5, 40_p2, 39_p2).shape() == (Shape{0, 2}));
+  BOOST_TEST(tg::slice(wide, 1, 40_p2, 40_p2).shape() == (Shape{0, 0}));
+  BOOST_TEST(tg::select(wide, 1, -1).shape() == (Shape{0}));
+  BOOST_TEST(tg::narrow(wide, 1, 40_p2 - 3, 3).shape() == (Shape{0, 3}));
+  BOOST_TEST(tg::permute(wide, {1, 0}).contiguous().shape() == (Shape{40_p2, 0}));
+}
+
+BOOST_AUTO_TEST_CASE(joins_add_sizes_with_a_check) {
+  // concat({a, a}, 1) with a = zeros({0, 2^62}) cannot happen: a itself is refused.
+  check_throws<tg::ShapeError>([] { tg::zeros({0, 62_p2}); }, {"zeros", "addressed"});
+  const Tensor a = tg::zeros({0, 45_p2});
+  check_throws<tg::ShapeError>([&] { tg::concat({a, a, a}, 1); }, {"concat", "result shape", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::stack({a, a, a, a}, -1); }, {"stack", "result shape", "addressed"});
+  BOOST_TEST(tg::concat({a, a}, 1).shape() == (Shape{0, 46_p2}));
+  BOOST_TEST(tg::stack({a, a}, 0).shape() == (Shape{2, 0, 45_p2}));
+  // 2^15 views of 2^48 bools each: the sum itself leaves int64.
+  const Tensor widest = tg::expand(tg::zeros({0, 1}, tg::bool_), {0, 48_p2});
+  check_throws<tg::ShapeError>([&] { tg::concat(std::vector<Tensor>(15_p2, widest), 1); }, {"concat", "add up", "'tensors[32767]'"});
+}
+
+BOOST_AUTO_TEST_CASE(matmul_checks_the_shape_it_makes) {
+  const Tensor a = tg::zeros({32_p2, 0}), b = tg::zeros({0, 32_p2});
+  check_throws<tg::ShapeError>([&] { tg::matmul(a, b); }, {"matmul", "result shape", "[4294967296, 4294967296]", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::matmul(a.to(tg::float64), b.to(tg::float64)); }, {"matmul", "result shape"});
+  // Batch dims broadcast into a result too large, with K = 0.
+  check_throws<tg::ShapeError>([] { tg::matmul(tg::zeros({24_p2, 1, 2, 0}), tg::zeros({1, 24_p2, 0, 2})); },
+                               {"matmul", "result shape", "addressed"});
+  BOOST_TEST(tg::matmul(tg::zeros({30_p2, 0}), tg::zeros({0, 0})).shape() == (Shape{30_p2, 0}));
+  BOOST_TEST(tg::matmul(tg::zeros({3, 0}), tg::zeros({0, 2})).to_vector<double>() == std::vector<double>(6, 0.0));
+}
+
+BOOST_AUTO_TEST_CASE(elementwise_results_name_the_op) {
+  // 2^50 elements: too many for bool results too.
+  const Tensor col = tg::expand(tg::zeros({1, 1}), {25_p2, 1}), row = tg::expand(tg::zeros({1, 1}), {1, 25_p2});
+  check_throws<tg::ShapeError>([&] { tg::add(col, row); }, {"add", "result shape", "[33554432, 33554432]", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::lt(col, row); }, {"lt", "result shape", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::where(tg::gt(col, tg::scalar(0.0)), col, row); }, {"where", "result shape", "addressed"});
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -67,6 +67,41 @@ BOOST_AUTO_TEST_CASE(random_is_seeded_and_reproducible) {
   BOOST_TEST(tg::randn({4}, gen).to_vector<float>() != tg::randn({4}, gen).to_vector<float>());
 }
 
+BOOST_AUTO_TEST_CASE(rand_stays_in_its_interval) {
+  constexpr double dmax = std::numeric_limits<double>::max();
+  constexpr double fmax = std::numeric_limits<float>::max();
+  auto in_interval = [](const Tensor& t, double low, double high) {
+    for (double v : t.to_vector<double>())
+      if (!(v >= low && v < high)) return false;
+    return true;
+  };
+  // Bounds whose difference overflows, in both dtypes.
+  BOOST_TEST(in_interval(tg::rand({1000}, 1, tg::float64, -dmax, dmax), -dmax, dmax));
+  BOOST_TEST(in_interval(tg::rand({1000}, 2, tg::float64, 0.5 * dmax, dmax), 0.5 * dmax, dmax));
+  BOOST_TEST(in_interval(tg::rand({1000}, 3, tg::float32, -fmax, fmax), -fmax, fmax));
+  // float32 rounding of the bounds: float(0.1) > 0.1 and float(0.7) < 0.7, and an interval
+  // narrow enough that most draws round onto a bound.
+  BOOST_TEST(in_interval(tg::rand({10000}, 4, tg::float32, 0.0, 0.1), 0.0, 0.1));
+  BOOST_TEST(in_interval(tg::rand({10000}, 5, tg::float32, 0.7, 0.7000001), 0.7, 0.7000001));
+  BOOST_TEST(in_interval(tg::rand({1000}, 6, tg::float64, 1.0, std::nextafter(1.0, 2.0)), 1.0, std::nextafter(1.0, 2.0)));
+  // low == high gives low.
+  BOOST_TEST(tg::rand({3}, 7, tg::float64, 0.1, 0.1).to_vector<double>() == std::vector<double>(3, 0.1));
+  BOOST_TEST(tg::rand({3}, 7, tg::float32, 0.1, 0.1).to_vector<float>() == std::vector<float>(3, 0.1f));
+  // The same seed gives the same stream whatever the bounds.
+  tg::Generator a(8), b(8);
+  tg::rand({5}, a, tg::float64, 2.0, 2.0);
+  tg::rand({5}, b, tg::float64, 0.0, 1.0);
+  BOOST_TEST(a.uniform() == b.uniform());
+
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  check_throws<tg::ValueError>([&] { tg::rand({2}, 1, tg::float64, -inf, 0.0); }, {"rand", "'low'", "finite"});
+  check_throws<tg::ValueError>([&] { tg::rand({2}, 1, tg::float64, 0.0, nan); }, {"rand", "'high'", "finite"});
+  check_throws<tg::ValueError>([] { tg::rand({2}, 1, tg::float64, 1.0, 0.0); }, {"rand", "low <= high"});
+  check_throws<tg::ValueError>([&] { tg::rand({2}, 1, tg::float32, 0.0, dmax); }, {"rand", "float32", "represent"});
+  check_throws<tg::ValueError>([] { tg::rand({2}, 1, tg::float32, 0.1, 0.1 + 1e-12); }, {"rand", "no float32 value"});
+  check_throws<tg::DTypeError>([] { tg::rand({2}, 1, tg::int64); }, {"rand", "'dtype'", "int64"});
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 // Sizes that multiply past int64 (or past the 2^48 addressable bytes) are ShapeErrors naming the

@@ -653,7 +653,9 @@ std::vector<OpInfo> build() {
       return Outs{tg::expand(in[0], s) + tg::expand(in[1], s)};
     };
     info.reference = [](const Refs& in) { return Refs{ref_map(in, [](const auto& x) { return x[0] + x[1]; })}; };
-    info.errors = {{"shapes that do not broadcast", [] { tg::broadcast_shapes({2, 3}, {4}); }, Raises::shape, {"broadcast_shapes", "[2, 3]", "[4]"}}};
+    info.errors = {{"shapes that do not broadcast", [] { tg::broadcast_shapes({2, 3}, {4}); }, Raises::shape, {"broadcast_shapes", "[2, 3]", "[4]"}},
+                   {"negative size", [] { tg::broadcast_shapes({-5}, {1}); }, Raises::shape, {"broadcast_shapes", "'a'", "[-5]", "negative"}},
+                   {"negative size against 1", [] { tg::broadcast_shapes({3}, {-1}); }, Raises::shape, {"broadcast_shapes", "'b'", "[-1]"}}};
     t.push_back(info);
   }
 

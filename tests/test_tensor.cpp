@@ -194,6 +194,13 @@ BOOST_AUTO_TEST_CASE(elementwise_results_name_the_op) {
   check_throws<tg::ShapeError>([&] { tg::where(tg::gt(col, tg::scalar(0.0)), col, row); }, {"where", "result shape", "addressed"});
 }
 
+BOOST_AUTO_TEST_CASE(broadcast_shapes_rejects_negative_sizes) {
+  check_throws<tg::ShapeError>([] { tg::broadcast_shapes({-5}, {1}); }, {"broadcast_shapes", "'a'", "[-5]", "negative"});
+  check_throws<tg::ShapeError>([] { tg::broadcast_shapes({2, 3}, {-1, 3}); }, {"broadcast_shapes", "'b'", "[-1, 3]", "negative"});
+  check_throws<tg::ShapeError>([] { tg::broadcast_shapes({-1}, {}, "my_op"); }, {"my_op", "'a'"});
+  BOOST_TEST(tg::broadcast_shapes({0, 1}, {1, 5}) == (Shape{0, 5}));
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(layout)

@@ -24,14 +24,19 @@ Tensor filled(const char* op, const Shape& shape, double value, DType dtype) {
   return t;
 }
 
+Tensor filled_like(const char* op, const Tensor& t, double value) {
+  detail::check_defined(op, "t", t);
+  return filled(op, t.shape(), value, t.dtype());
+}
+
 }  // namespace
 
 Tensor empty(const Shape& shape, DType dtype) { return new_tensor(shape, dtype, "empty", kShapeArg); }
 Tensor full(const Shape& shape, double value, DType dtype) { return filled("full", shape, value, dtype); }
 Tensor zeros(const Shape& shape, DType dtype) { return filled("zeros", shape, 0.0, dtype); }
 Tensor ones(const Shape& shape, DType dtype) { return filled("ones", shape, 1.0, dtype); }
-Tensor zeros_like(const Tensor& t) { return filled("zeros_like", t.shape(), 0.0, t.dtype()); }
-Tensor ones_like(const Tensor& t) { return filled("ones_like", t.shape(), 1.0, t.dtype()); }
+Tensor zeros_like(const Tensor& t) { return filled_like("zeros_like", t, 0.0); }
+Tensor ones_like(const Tensor& t) { return filled_like("ones_like", t, 1.0); }
 Tensor scalar(double value, DType dtype) { return filled("scalar", {}, value, dtype); }
 
 Tensor arange(double start, double end, double step, DType dtype) {

@@ -92,6 +92,10 @@ void check_defined(const char* op, const char* name, const Tensor& t) {
   if (!t.defined()) fail<Error>("{}: argument '{}' is an undefined tensor", op, name);
 }
 
+void check_self(const char* member, const Tensor& t) {
+  if (!t.defined()) fail<Error>("{}: called on an undefined (default-constructed) tensor", member);
+}
+
 void check_floating(const char* op, const char* name, const Tensor& t) {
   check_defined(op, name, t);
   if (!is_floating(t.dtype()))
@@ -132,23 +136,25 @@ using detail::shape_str;
 
 Tensor::Tensor(std::shared_ptr<detail::TensorImpl> impl) noexcept : impl_(std::move(impl)) {}
 
-static const detail::TensorImpl& checked(const std::shared_ptr<detail::TensorImpl>& p) {
-  if (!p) fail<Error>("Tensor: this tensor is undefined (default-constructed)");
-  return *p;
+// Every member that reads the tensor starts here, so an undefined tensor names the member.
+static const detail::TensorImpl& checked(const Tensor& t, const char* member) {
+  detail::check_self(member, t);
+  return *t.impl();
 }
 
-DType Tensor::dtype() const { return checked(impl_).dtype; }
-const Shape& Tensor::shape() const { return checked(impl_).shape; }
-const Shape& Tensor::strides() const { return checked(impl_).strides; }
-std::int64_t Tensor::offset() const { return checked(impl_).offset; }
-std::int64_t Tensor::dim() const { return static_cast<std::int64_t>(shape().size()); }
+DType Tensor::dtype() const { return checked(*this, "Tensor::dtype").dtype; }
+const Shape& Tensor::shape() const { return checked(*this, "Tensor::shape").shape; }
+const Shape& Tensor::strides() const { return checked(*this, "Tensor::strides").strides; }
+std::int64_t Tensor::offset() const { return checked(*this, "Tensor::offset").offset; }
+std::int64_t Tensor::dim() const { return static_cast<std::int64_t>(checked(*this, "Tensor::dim").shape.size()); }
 std::int64_t Tensor::size(std::int64_t d) const {
-  return shape()[static_cast<std::size_t>(detail::wrap_dim("Tensor::size", "d", d, dim()))];
+  const Shape& shape = checked(*this, "Tensor::size").shape;
+  return shape[static_cast<std::size_t>(detail::wrap_dim("Tensor::size", "d", d, static_cast<std::int64_t>(shape.size())))];
 }
-std::int64_t Tensor::numel() const { return detail::shape_numel(shape()); }
+std::int64_t Tensor::numel() const { return detail::shape_numel(checked(*this, "Tensor::numel").shape); }
 
 bool Tensor::is_contiguous() const {
-  const auto& impl = checked(impl_);
+  const auto& impl = checked(*this, "Tensor::is_contiguous");
   std::int64_t expected = 1;
   for (std::size_t i = impl.shape.size(); i-- > 0;) {
     if (impl.shape[i] == 1) continue;
@@ -162,17 +168,24 @@ bool Tensor::shares_storage_with(const Tensor& other) const {
   return defined() && other.defined() && impl_->storage == other.impl_->storage;
 }
 
-const void* Tensor::raw_data() const { return detail::mutable_data(*this); }
-std::uint64_t Tensor::version() const { return checked(impl_).storage->version.load(std::memory_order_relaxed); }
+const void* Tensor::raw_data() const {
+  detail::check_self("Tensor::raw_data", *this);
+  return detail::mutable_data(*this);
+}
+std::uint64_t Tensor::version() const {
+  return checked(*this, "Tensor::version").storage->version.load(std::memory_order_relaxed);
+}
 void Tensor::note_write() const { detail::bump_version(*this); }
 
 void Tensor::check_element_type(DType requested) const {
-  if (dtype() != requested)
+  const auto& impl = checked(*this, "Tensor::data");
+  if (impl.dtype != requested)
     fail<DTypeError>("Tensor::data: requested {} elements from a {} tensor of shape {}", requested,
-                     dtype(), shape_str(shape()));
+                     impl.dtype, shape_str(impl.shape));
 }
 
 template <class T> std::vector<T> Tensor::to_vector() const {
+  detail::check_self("Tensor::to_vector", *this);
   std::vector<T> out;
   out.reserve(static_cast<std::size_t>(numel()));
   const Tensor c = is_contiguous() ? *this : detail::clone(*this);
@@ -188,6 +201,7 @@ template std::vector<bool> Tensor::to_vector<bool>() const;
 template std::vector<std::int64_t> Tensor::to_vector<std::int64_t>() const;
 
 double Tensor::item() const {
+  detail::check_self("Tensor::item", *this);
   if (numel() != 1)
     fail<ShapeError>("Tensor::item: expected a tensor with exactly one element, got shape {}",
                      shape_str(shape()));
@@ -195,12 +209,12 @@ double Tensor::item() const {
 }
 
 bool Tensor::requires_grad() const {
-  const auto& impl = checked(impl_);
+  const auto& impl = checked(*this, "Tensor::requires_grad");
   return impl.leaf_requires_grad || detail::live_node(impl) != nullptr;
 }
 
 Tensor& Tensor::set_requires_grad(bool on) {
-  auto& impl = const_cast<detail::TensorImpl&>(checked(impl_));
+  auto& impl = const_cast<detail::TensorImpl&>(checked(*this, "Tensor::set_requires_grad"));
   if (const detail::Node* n = detail::live_node(impl))
     fail<GraphError>(
         "Tensor::set_requires_grad: this tensor (shape {}) is the output of recorded op {}; only "
@@ -215,14 +229,13 @@ Tensor& Tensor::set_requires_grad(bool on) {
   return *this;
 }
 
-bool Tensor::is_leaf() const { return detail::live_node(checked(impl_)) == nullptr; }
-Tensor Tensor::grad() const { return checked(impl_).grad; }
-void Tensor::zero_grad() { const_cast<detail::TensorImpl&>(checked(impl_)).grad = Tensor(); }
+bool Tensor::is_leaf() const { return detail::live_node(checked(*this, "Tensor::is_leaf")) == nullptr; }
+Tensor Tensor::grad() const { return checked(*this, "Tensor::grad").grad; }
+void Tensor::zero_grad() { const_cast<detail::TensorImpl&>(checked(*this, "Tensor::zero_grad")).grad = Tensor(); }
 
 Tensor Tensor::detach() const {
-  const auto& impl = checked(impl_);
+  const auto& impl = checked(*this, "Tensor::detach");
   return detail::make_view(*this, impl.shape, impl.strides, impl.offset, "Tensor::detach");
 }
-
 
 }  // namespace tapegrad

@@ -62,6 +62,8 @@ std::vector<Tensor*> MultiHeadAttention::parameters() {
 }
 
 AttentionResult MultiHeadAttention::forward(const Tensor& query, const Tensor& context, const Call& call) const {
+  detail::check_defined("MultiHeadAttention::forward", "query", query);
+  detail::check_defined("MultiHeadAttention::forward", "context", context);
   AttentionResult r = multihead_attention({query, context, call.bias}, params_, call.masks, config_.heads, call.causal,
                                           call.causal_offset);
   if (!call.need_weights) r.weights = Tensor();

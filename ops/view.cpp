@@ -241,9 +241,21 @@ Tensor contiguous(const Tensor& x) {
   return out;
 }
 
-Tensor Tensor::contiguous() const { return tapegrad::contiguous(*this); }
-Tensor Tensor::reshape(Shape s) const { return tapegrad::reshape(*this, std::move(s)); }
-Tensor Tensor::permute(std::vector<std::int64_t> d) const { return tapegrad::permute(*this, std::move(d)); }
-Tensor Tensor::transpose(std::int64_t a, std::int64_t b) const { return tapegrad::transpose(*this, a, b); }
+Tensor Tensor::contiguous() const {
+  check_self("Tensor::contiguous", *this);
+  return tapegrad::contiguous(*this);
+}
+Tensor Tensor::reshape(Shape s) const {
+  check_self("Tensor::reshape", *this);
+  return tapegrad::reshape(*this, std::move(s));
+}
+Tensor Tensor::permute(std::vector<std::int64_t> d) const {
+  check_self("Tensor::permute", *this);
+  return tapegrad::permute(*this, std::move(d));
+}
+Tensor Tensor::transpose(std::int64_t a, std::int64_t b) const {
+  check_self("Tensor::transpose", *this);
+  return tapegrad::transpose(*this, a, b);
+}
 
 }  // namespace tapegrad

@@ -38,6 +38,11 @@ std::vector<std::vector<Shape>> binary_shapes() {
 Tensor f32(const Shape& s) { return tg::zeros(s, tg::float32); }
 Tensor f64(const Shape& s) { return tg::zeros(s, tg::float64); }
 
+// `call` passes an undefined Tensor as argument `arg` of `fn`.
+ErrorInput undefined_arg(const std::string& fn, const std::string& arg, std::function<void()> call) {
+  return {"undefined '" + arg + "'", std::move(call), Raises::error, {fn + ": argument '" + arg + "'", "undefined"}};
+}
+
 ErrorInput bad_dtype_unary(const std::string& name, std::function<Tensor(const Tensor&)> f) {
   return {"integer input", [f] { f(tg::zeros({2, 3}, tg::int64)); }, Raises::dtype, {name, "'x'", "int64", "[2, 3]"}};
 }
@@ -51,7 +56,7 @@ OpInfo unary(std::string name, std::function<Tensor(const Tensor&)> f, std::func
   info.op = [f](const Ins& in) { return Outs{f(in[0])}; };
   info.reference = [ref](const Refs& in) { return Refs{ref_map(in, [ref](const auto& x) { return ref(x[0]); })}; };
   info.positive = positive;
-  info.errors = {bad_dtype_unary(name, f), {"undefined input", [f] { f(Tensor()); }, Raises::any, {name, "'x'", "undefined"}}};
+  info.errors = {bad_dtype_unary(name, f), undefined_arg(name, "x", [f] { f(Tensor()); })};
   return info;
 }
 
@@ -92,15 +97,17 @@ OpInfo compare(std::string name, std::function<Tensor(const Tensor&, const Tenso
   info.name = name;
   info.covers = {name};
   info.differentiable = false;
-  // Rounded inputs make ties (equal elements) common, so eq/le/ge see both outcomes.
+  // The inputs as given, then rounded (trunc(2x)) so that ties are common and eq/le/ge see
+  // both outcomes.
   info.samples = {{{3, 4}, {3, 4}}, {{2, 1, 4}, {3, 1}}, {{}, {3}}};
   info.op = [f](const Ins& in) {
-    return Outs{tg::to(f(tg::to(tg::to(tg::mul(in[0], 2.0), tg::int64), in[0].dtype()),
-                         tg::to(tg::to(tg::mul(in[1], 2.0), tg::int64), in[1].dtype())),
-                       in[0].dtype())};
+    const Tensor raw = f(in[0], in[1]);
+    auto rounded = [](const Tensor& x) { return tg::to(tg::to(tg::mul(x, 2.0), tg::int64), x.dtype()); };
+    return Outs{tg::to(raw, in[0].dtype()), tg::to(f(rounded(in[0]), rounded(in[1])), in[0].dtype())};
   };
   info.reference = [ref](const Refs& in) {
-    return Refs{ref_map(in, [ref](const auto& x) { return ref(std::trunc(2 * x[0]), std::trunc(2 * x[1])) ? 1.0 : 0.0; })};
+    return Refs{ref_map(in, [ref](const auto& x) { return ref(x[0], x[1]) ? 1.0 : 0.0; }),
+                ref_map(in, [ref](const auto& x) { return ref(std::trunc(2 * x[0]), std::trunc(2 * x[1])) ? 1.0 : 0.0; })};
   };
   info.errors = {{"mixed dtypes", [f] { f(f32({2}), f64({2})); }, Raises::dtype, {name, "'a'", "'b'", "same dtype"}},
                  {"shapes that do not broadcast", [f] { f(f32({2}), f32({3})); }, Raises::shape, {name, "[2]", "[3]"}}};
@@ -120,7 +127,10 @@ OpInfo logic(std::string name, std::function<Tensor(const Tensor&, const Tensor&
   info.reference = [ref](const Refs& in) {
     return Refs{ref_map(in, [ref](const auto& x) { return ref(x[0] > 0, x[1] > 0) ? 1.0 : 0.0; })};
   };
-  info.errors = {{"float input", [f] { f(f32({2}), tg::zeros({2}, tg::bool_)); }, Raises::dtype, {name, "'a'", "bool", "float32"}}};
+  info.errors = {{"float input", [f] { f(f32({2}), tg::zeros({2}, tg::bool_)); }, Raises::dtype, {name, "'a'", "bool", "float32"}},
+                 undefined_arg(name, "a", [f] { f(Tensor(), tg::mask({true})); }),
+                 undefined_arg(name, "b", [f] { f(tg::mask({true}), Tensor()); })};
+  info.undefined_inputs_unreachable = "op makes its bool inputs with gt";
   return info;
 }
 
@@ -187,6 +197,7 @@ std::vector<OpInfo> build() {
   t.push_back(binary("operators", [](auto& a, auto& b) { return (a + b) * (a - b) / (b * b + 1.0) + 2.0 * -a; },
                      [](double x, double y) { return (x + y) * (x - y) / (y * y + 1.0) + 2.0 * -x; }));
   t.back().errors.clear();  // the operators are the named ops above, whose errors are checked there
+  t.back().covers = {"operators", "add", "sub", "mul", "div", "neg"};  // errors name the function
 
   // Elementwise unary.
   t.push_back(unary("neg", [](auto& x) { return tg::neg(x); }, [](double x) { return -x; }));
@@ -235,7 +246,11 @@ std::vector<OpInfo> build() {
                   Ref{{}, {all_pos ? 1.0 : 0.0}}};
     };
     info.errors = {{"float input", [] { tg::logical_not(f32({2})); }, Raises::dtype, {"logical_not", "'a'", "bool"}},
-                   {"float input", [] { tg::any(f32({2})); }, Raises::dtype, {"any", "'a'", "bool"}}};
+                   {"float input", [] { tg::any(f32({2})); }, Raises::dtype, {"any", "'a'", "bool"}},
+                   undefined_arg("logical_not", "a", [] { tg::logical_not(Tensor()); }),
+                   undefined_arg("any", "a", [] { tg::any(Tensor()); }),
+                   undefined_arg("all", "a", [] { tg::all(Tensor()); })};
+    info.undefined_inputs_unreachable = "op makes its bool input with gt";
     t.push_back(info);
   }
 
@@ -258,7 +273,11 @@ std::vector<OpInfo> build() {
     info.errors = {{"float condition", [] { tg::where(f32({2}), f32({2}), f32({2})); }, Raises::dtype, {"where", "'cond'", "bool", "float32"}},
                    {"mixed dtypes", [] { tg::where(tg::mask({true}), f32({1}), f64({1})); }, Raises::dtype, {"where", "'a'", "'b'"}},
                    {"condition that does not broadcast", [] { tg::where(tg::zeros({3}, tg::bool_), f32({2}), f32({2})); },
-                    Raises::shape, {"where", "'cond'", "[3]", "[2]"}}};
+                    Raises::shape, {"where", "'cond'", "[3]", "[2]"}},
+                   undefined_arg("where", "cond", [] { tg::where(Tensor(), f32({2}), f32({2})); }),
+                   undefined_arg("where", "a", [] { tg::where(tg::mask({true}), Tensor(), f32({2})); }),
+                   undefined_arg("where", "b", [] { tg::where(tg::mask({true}), f32({2}), Tensor()); })};
+    info.undefined_inputs_unreachable = "op builds the condition from the inputs' shapes";
     t.push_back(info);
   }
   {
@@ -279,7 +298,10 @@ std::vector<OpInfo> build() {
     };
     info.errors = {{"mask larger than x", [] { tg::masked_fill(f32({4}), tg::zeros({3, 4}, tg::bool_), 0.0); }, Raises::shape,
                     {"masked_fill", "'mask'", "[3, 4]", "[4]"}},
-                   {"float mask", [] { tg::masked_fill(f32({4}), f32({4}), 0.0); }, Raises::dtype, {"masked_fill", "'mask'", "bool"}}};
+                   {"float mask", [] { tg::masked_fill(f32({4}), f32({4}), 0.0); }, Raises::dtype, {"masked_fill", "'mask'", "bool"}},
+                   undefined_arg("masked_fill", "x", [] { tg::masked_fill(Tensor(), tg::mask({true}), 0.0); }),
+                   undefined_arg("masked_fill", "mask", [] { tg::masked_fill(f32({4}), Tensor(), 0.0); })};
+    info.undefined_inputs_unreachable = "op builds the mask from the input's shape";
     t.push_back(info);
   }
   {
@@ -299,7 +321,8 @@ std::vector<OpInfo> build() {
     // (~1e-7 |x|) small next to 2 eps.
     info.grad.eps = 1e-2;
     info.grad.atol = 1e-4;
-    info.errors = {{"undefined input", [] { tg::to(Tensor(), tg::float32); }, Raises::any, {"to", "'x'", "undefined"}}};
+    info.errors = {undefined_arg("to", "x", [] { tg::to(Tensor(), tg::float32); })};
+    info.undefined_inputs_unreachable = "op reads the input's dtype to pick the other one";
     t.push_back(info);
   }
 
@@ -391,7 +414,7 @@ std::vector<OpInfo> build() {
     info.name = "concat";
     info.covers = {"concat"};
     info.samples = {{{2, 3}, {4, 3}, {1, 3}}, {{2, 1, 2}, {2, 3, 2}, {2, 2, 2}}, {{2, 3}, {0, 3}, {1, 3}}};
-    info.op = [](const Ins& in) { return Outs{tg::concat(in, in[0].dim() == 2 ? 0 : 1)}; };
+    info.op = [](const Ins& in) { return Outs{tg::concat(in, -2)}; };  // dim 0 of the rank-2 samples, 1 of the rank-3
     info.reference = [](const Refs& in) {
       const std::size_t d = in[0].shape.size() == 2 ? 0 : 1;
       Shape s = in[0].shape;
@@ -440,8 +463,9 @@ std::vector<OpInfo> build() {
     info.covers = {"masked_softmax"};
     info.samples = {{{3, 5}}, {{2, 3, 4}}, {{6}}, {{4, 1}}, {{2, 0}}};
     info.op = [](const Ins& in) {
+      const Tensor plain = tg::masked_softmax(in[0]);
       const Shape& s = in[0].shape();
-      return Outs{tg::masked_softmax(in[0]), tg::masked_softmax(in[0], pattern_mask(Shape(s.end() - 1, s.end())))};
+      return Outs{plain, tg::masked_softmax(in[0], pattern_mask(Shape(s.end() - 1, s.end())))};
     };
     info.reference = [](const Refs& in) {
       const Ref& s = in[0];
@@ -515,6 +539,15 @@ std::vector<OpInfo> build() {
                    {"mixed dtypes", [] { tg::scaled_dot_product_attention(f32({1, 3}), f64({2, 3}), f32({2, 1})); }, Raises::dtype,
                     {"scaled_dot_product_attention", "'q'", "'k'"}},
                    {"zero width D", [] { tg::attention(f32({2, 0}), f32({3, 0}), f32({3, 2})); }, Raises::shape, {"attention", "D must be >= 1", "[2, 0]"}}};
+    for (const std::string fn : {"scaled_dot_product_attention", "attention"})
+      for (std::size_t missing = 0; missing < 3; ++missing)
+        info.errors.push_back(undefined_arg(fn, std::string(1, "qkv"[missing]), [fn, missing] {
+          std::vector<Tensor> qkv{f32({2, 3}), f32({4, 3}), f32({4, 1})};
+          qkv[missing] = Tensor();
+          if (fn == "attention") tg::attention(qkv[0], qkv[1], qkv[2]);
+          else tg::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2]);
+        }));
+    info.undefined_inputs_unreachable = "op builds the mask from q's and k's sizes";
     t.push_back(info);
   }
   {
@@ -537,6 +570,7 @@ std::vector<OpInfo> build() {
       return Refs{a, b};
     };
     info.errors = {{"negative size", [] { tg::causal_mask(2, -1); }, Raises::value, {"causal_mask", "'keys'", "-1"}}};
+    info.undefined_inputs_unreachable = "causal_mask takes no tensor (op reads its sizes from the input)";
     t.push_back(info);
   }
   {
@@ -594,6 +628,14 @@ std::vector<OpInfo> build() {
                     Raises::value, {"multihead_attention", "'heads'", "0"}},
                    {"zero width D", [] { tg::multihead_attention({f32({1, 1, 2}), f32({1, 1, 2})}, {f32({2, 0}), f32({2, 0}), f32({2, 2}), f32({2, 2})}); },
                     Raises::shape, {"multihead_attention", "D must be >= 1", "'w_q'", "[2, 0]"}}};
+    const std::vector<std::string> fields{"query", "context", "w_q", "w_k", "w_v", "w_o"};
+    for (std::size_t missing = 0; missing < fields.size(); ++missing)
+      info.errors.push_back(undefined_arg("multihead_attention", fields[missing], [missing] {
+        std::vector<Tensor> t{f32({1, 1, 2}), f32({1, 1, 2}), f32({2, 2}), f32({2, 2}), f32({2, 2}), f32({2, 2})};
+        t[missing] = Tensor();
+        tg::multihead_attention({t[0], t[1]}, {t[2], t[3], t[4], t[5]});
+      }));
+    info.undefined_inputs_unreachable = "op builds the masks from the inputs' sizes";
     t.push_back(info);
   }
   {
@@ -614,7 +656,11 @@ std::vector<OpInfo> build() {
       auto [out, attn] = tg::multihead_attention({x, x}, w, {}, 3, true);
       return Refs{Ref::of(out), Ref::of(attn)};
     };
-    info.errors = {{"heads not dividing", [] { tg::MultiHeadAttention({.query_dim = 5, .heads = 2}); }, Raises::value, {"MultiHeadAttention", "heads"}}};
+    info.errors = {{"heads not dividing", [] { tg::MultiHeadAttention({.query_dim = 5, .heads = 2}); }, Raises::value, {"MultiHeadAttention", "heads"}},
+                   undefined_arg("MultiHeadAttention::forward", "query", [] { tg::MultiHeadAttention({.query_dim = 2}).forward(Tensor()); }),
+                   undefined_arg("MultiHeadAttention::forward", "query", [] { tg::MultiHeadAttention({.query_dim = 2}).forward(Tensor(), f32({1, 1, 2})); }),
+                   undefined_arg("MultiHeadAttention::forward", "context", [] { tg::MultiHeadAttention({.query_dim = 2}).forward(f32({1, 1, 2}), Tensor()); })};
+    info.undefined_inputs_unreachable = "op makes the layer in the input's dtype";
     t.push_back(info);
   }
 
@@ -640,7 +686,12 @@ std::vector<OpInfo> build() {
     info.errors = {{"query of the wrong width", [] {
                       tg::KVCache cache;
                       tg::MultiHeadAttention({.query_dim = 4}).decode(f32({1, 1, 3}), cache);
-                    }, Raises::shape, {"MultiHeadAttention::decode", "'query'", "[1, 1, 3]"}}};
+                    }, Raises::shape, {"MultiHeadAttention::decode", "'query'", "[1, 1, 3]"}},
+                   undefined_arg("MultiHeadAttention::decode", "query", [] {
+                     tg::KVCache cache;
+                     tg::MultiHeadAttention({.query_dim = 4}).decode(Tensor(), cache);
+                   })};
+    info.undefined_inputs_unreachable = "op makes the layer in the input's dtype";
     t.push_back(info);
   }
   {
@@ -656,6 +707,7 @@ std::vector<OpInfo> build() {
     info.errors = {{"shapes that do not broadcast", [] { tg::broadcast_shapes({2, 3}, {4}); }, Raises::shape, {"broadcast_shapes", "[2, 3]", "[4]"}},
                    {"negative size", [] { tg::broadcast_shapes({-5}, {1}); }, Raises::shape, {"broadcast_shapes", "'a'", "[-5]", "negative"}},
                    {"negative size against 1", [] { tg::broadcast_shapes({3}, {-1}); }, Raises::shape, {"broadcast_shapes", "'b'", "[-1]"}}};
+    info.undefined_inputs_unreachable = "broadcast_shapes takes shapes, not tensors";
     t.push_back(info);
   }
 

@@ -1,7 +1,10 @@
 // Tensors: factories, layout and views, conversion, printing, argument checks.
 #define BOOST_TEST_MODULE tensor
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <string>
+#include <utility>
 
 #include "support.hpp"
 
@@ -240,6 +243,43 @@ BOOST_AUTO_TEST_CASE(conversion_and_item) {
   BOOST_TEST(x.size(-1) == 2);
   check_throws<tg::ShapeError>([&] { x.size(1); }, {"size", "rank 1"});
   check_throws<tg::Error>([] { Tensor().shape(); }, {"undefined"});
+}
+
+BOOST_AUTO_TEST_CASE(members_of_an_undefined_tensor_name_themselves) {
+  Tensor u;
+  const std::vector<std::pair<std::string, std::function<void()>>> members{
+      {"dtype", [&] { u.dtype(); }},
+      {"shape", [&] { u.shape(); }},
+      {"strides", [&] { u.strides(); }},
+      {"offset", [&] { u.offset(); }},
+      {"dim", [&] { u.dim(); }},
+      {"size", [&] { u.size(0); }},
+      {"numel", [&] { u.numel(); }},
+      {"is_contiguous", [&] { u.is_contiguous(); }},
+      {"data", [&] { u.data<float>(); }},
+      {"data", [&] { u.data<const double>(); }},
+      {"raw_data", [&] { u.raw_data(); }},
+      {"version", [&] { u.version(); }},
+      {"to_vector", [&] { u.to_vector<double>(); }},
+      {"item", [&] { u.item(); }},
+      {"requires_grad", [&] { u.requires_grad(); }},
+      {"set_requires_grad", [&] { u.set_requires_grad(); }},
+      {"is_leaf", [&] { u.is_leaf(); }},
+      {"grad", [&] { u.grad(); }},
+      {"zero_grad", [&] { u.zero_grad(); }},
+      {"detach", [&] { u.detach(); }},
+      {"contiguous", [&] { u.contiguous(); }},
+      {"reshape", [&] { u.reshape({1}); }},
+      {"permute", [&] { u.permute({0}); }},
+      {"transpose", [&] { u.transpose(0, 1); }},
+      {"to", [&] { u.to(tg::float64); }},
+  };
+  for (const auto& [member, call] : members)
+    check_throws<tg::Error>(call, {"Tensor::" + member + ": called on an undefined (default-constructed) tensor"});
+  BOOST_TEST(!u.shares_storage_with(tg::zeros({1})));
+  BOOST_TEST(tg::to_string(u) == "tensor(undefined)");
+  check_throws<tg::Error>([&] { tg::zeros_like(u); }, {"zeros_like: argument 't'", "undefined"});
+  check_throws<tg::Error>([&] { tg::ones_like(u); }, {"ones_like: argument 't'", "undefined"});
 }
 
 BOOST_AUTO_TEST_CASE(broadcast_shapes_follow_numpy) {

@@ -30,9 +30,20 @@ namespace {
 
 // Functions, not globals: Boost.Test builds the table while registering data test cases, during
 // static initialisation, when another file's globals may not exist yet.
-std::vector<std::vector<Shape>> unary_shapes() { return {{{3, 4}}, {{2, 3, 4}}, {{5}}, {{}}, {{1, 4}}, {{0, 3}}}; }
+// Zero-size samples include a long dim: its strides multiply the other sizes all the same.
+constexpr std::int64_t kLong = std::int64_t{1} << 20;
+std::vector<std::vector<Shape>> unary_shapes() { return {{{3, 4}}, {{2, 3, 4}}, {{5}}, {{}}, {{1, 4}}, {{0, 3}}, {{0, kLong}}}; }
 std::vector<std::vector<Shape>> binary_shapes() {
-  return {{{3, 4}, {3, 4}}, {{3, 4}, {4}}, {{2, 1, 4}, {3, 1}}, {{1}, {2, 3}}, {{}, {3}}, {{0, 3}, {3}}};
+  return {{{3, 4}, {3, 4}}, {{3, 4}, {4}}, {{2, 1, 4}, {3, 1}}, {{1}, {2, 3}}, {{}, {3}}, {{0, 3}, {3}}, {{kLong, 0}, {0}}};
+}
+
+// Shapes whose sizes, 0 counted as 1, pass the 2^48 addressable bytes.
+const Shape kHugeEmpty{0, std::int64_t{1} << 62, 4};
+// Two views that broadcast to [2^25, 2^25]: 2^50 elements, too many for any dtype.
+Tensor huge_column(tg::DType dtype = tg::float32) { return tg::expand(tg::zeros({1, 1}, dtype), {std::int64_t{1} << 25, 1}); }
+Tensor huge_row(tg::DType dtype = tg::float32) { return tg::expand(tg::zeros({1, 1}, dtype), {1, std::int64_t{1} << 25}); }
+ErrorInput result_too_large(const std::string& name, std::function<void()> call) {
+  return {"result too large to address", std::move(call), Raises::shape, {name, "result shape", "[33554432, 33554432]", "addressed"}};
 }
 
 Tensor f32(const Shape& s) { return tg::zeros(s, tg::float32); }
@@ -65,6 +76,7 @@ std::vector<ErrorInput> binary_errors(const std::string& name, std::function<Ten
       {"shapes that do not broadcast", [f] { f(f32({3, 4}), f32({5})); }, Raises::shape, {name, "'b'", "[5]", "'a'", "[3, 4]"}},
       {"float32 with float64", [f] { f(f32({2}), f64({2})); }, Raises::dtype, {name, "float32", "float64", "same dtype"}},
       {"bool input", [f] { f(tg::zeros({2}, tg::bool_), f32({2})); }, Raises::dtype, {name, "'a'", "bool"}},
+      result_too_large(name, [f] { f(huge_column(), huge_row()); }),
   };
 }
 
@@ -110,7 +122,8 @@ OpInfo compare(std::string name, std::function<Tensor(const Tensor&, const Tenso
                 ref_map(in, [ref](const auto& x) { return ref(std::trunc(2 * x[0]), std::trunc(2 * x[1])) ? 1.0 : 0.0; })};
   };
   info.errors = {{"mixed dtypes", [f] { f(f32({2}), f64({2})); }, Raises::dtype, {name, "'a'", "'b'", "same dtype"}},
-                 {"shapes that do not broadcast", [f] { f(f32({2}), f32({3})); }, Raises::shape, {name, "[2]", "[3]"}}};
+                 {"shapes that do not broadcast", [f] { f(f32({2}), f32({3})); }, Raises::shape, {name, "[2]", "[3]"}},
+                 result_too_large(name, [f] { f(huge_column(), huge_row()); })};
   return info;
 }
 
@@ -128,6 +141,7 @@ OpInfo logic(std::string name, std::function<Tensor(const Tensor&, const Tensor&
     return Refs{ref_map(in, [ref](const auto& x) { return ref(x[0] > 0, x[1] > 0) ? 1.0 : 0.0; })};
   };
   info.errors = {{"float input", [f] { f(f32({2}), tg::zeros({2}, tg::bool_)); }, Raises::dtype, {name, "'a'", "bool", "float32"}},
+                 result_too_large(name, [f] { f(huge_column(tg::bool_), huge_row(tg::bool_)); }),
                  undefined_arg(name, "a", [f] { f(Tensor(), tg::mask({true})); }),
                  undefined_arg(name, "b", [f] { f(tg::mask({true}), Tensor()); })};
   info.undefined_inputs_unreachable = "op makes its bool inputs with gt";
@@ -274,6 +288,7 @@ std::vector<OpInfo> build() {
                    {"mixed dtypes", [] { tg::where(tg::mask({true}), f32({1}), f64({1})); }, Raises::dtype, {"where", "'a'", "'b'"}},
                    {"condition that does not broadcast", [] { tg::where(tg::zeros({3}, tg::bool_), f32({2}), f32({2})); },
                     Raises::shape, {"where", "'cond'", "[3]", "[2]"}},
+                   result_too_large("where", [] { tg::where(tg::mask({true}), huge_column(), huge_row()); }),
                    undefined_arg("where", "cond", [] { tg::where(Tensor(), f32({2}), f32({2})); }),
                    undefined_arg("where", "a", [] { tg::where(tg::mask({true}), Tensor(), f32({2})); }),
                    undefined_arg("where", "b", [] { tg::where(tg::mask({true}), f32({2}), Tensor()); })};
@@ -353,7 +368,10 @@ std::vector<OpInfo> build() {
   t.push_back(view_op("reshape", {"reshape", "flatten"}, {{{3, 4}}, {{2, 3, 4}}, {{12}}, {{0, 4}}},
                       [](auto& x) { return tg::reshape(x, {-1, 2}); }, [](const Ref& r) { return ref_reshape(r, {r.numel() / 2, 2}); },
                       {{"element count mismatch", [] { tg::reshape(f32({3, 4}), {5, 2}); }, Raises::shape, {"reshape", "'shape'", "[5, 2]", "[3, 4]"}},
-                       {"two -1", [] { tg::reshape(f32({3, 4}), {-1, -1}); }, Raises::shape, {"reshape", "-1"}}}));
+                       {"two -1", [] { tg::reshape(f32({3, 4}), {-1, -1}); }, Raises::shape, {"reshape", "-1"}},
+                       {"zero-size shape too large", [] { tg::reshape(f32({0}), kHugeEmpty); }, Raises::shape, {"reshape", "'shape'", "addressed"}},
+                       {"-1 inferred into a shape too large", [] { tg::reshape(f32({0, 4}), {-1, std::int64_t{1} << 62}); }, Raises::shape,
+                        {"reshape", "'shape'", "addressed"}}}));
   t.push_back(view_op("flatten", {"flatten"}, {{{3, 4}}, {{2, 3, 4}}, {{}}}, [](auto& x) { return tg::flatten(x); },
                       [](const Ref& r) { return ref_reshape(r, {r.numel()}); }, {}));
   t.push_back(view_op("permute", {"permute", "Tensor::permute"}, {{{2, 3, 4}}, {{1, 3, 2}}, {{2, 0, 3}}},
@@ -399,7 +417,10 @@ std::vector<OpInfo> build() {
                         return out;
                       },
                       {{"incompatible size", [] { tg::expand(f32({3, 2}), {3, 4}); }, Raises::shape, {"expand", "[3, 2]", "[3, 4]"}},
-                       {"fewer dims", [] { tg::expand(f32({3, 2}), {2}); }, Raises::shape, {"expand", "fewer dims"}}}));
+                       {"fewer dims", [] { tg::expand(f32({3, 2}), {2}); }, Raises::shape, {"expand", "fewer dims"}},
+                       {"zero-size shape too large", [] { tg::expand(f32({0, 1, 1}), kHugeEmpty); }, Raises::shape, {"expand", "result shape", "addressed"}},
+                       {"zero-size shape too large", [] { tg::broadcast_to(f32({0, 1, 1}), kHugeEmpty); }, Raises::shape,
+                        {"broadcast_to", "result shape", "addressed"}}}));
   t.push_back(view_op("squeeze/unsqueeze", {"squeeze", "unsqueeze"}, {{{3, 1, 4}}, {{1, 1, 2}}},
                       [](auto& x) { return tg::unsqueeze(tg::squeeze(x, 1), -1); },
                       [](const Ref& r) { return ref_reshape(r, {r.shape[0], r.shape[2], 1}); },
@@ -431,7 +452,9 @@ std::vector<OpInfo> build() {
     };
     info.errors = {{"mismatched shapes", [] { tg::concat({f32({2, 3}), f32({2, 4})}, 0); }, Raises::shape, {"concat", "'tensors[1]'", "[2, 4]", "[2, 3]"}},
                    {"no tensors", [] { tg::concat({}, 0); }, Raises::value, {"concat", "'tensors'", "empty"}},
-                   {"mixed dtypes", [] { tg::concat({f32({2}), f64({2})}, 0); }, Raises::dtype, {"concat", "'tensors[1]'", "float64"}}};
+                   {"mixed dtypes", [] { tg::concat({f32({2}), f64({2})}, 0); }, Raises::dtype, {"concat", "'tensors[1]'", "float64"}},
+                   {"zero-size result too large", [] { tg::concat({f32({0, std::int64_t{1} << 46}), f32({0, std::int64_t{1} << 46})}, 1); },
+                    Raises::shape, {"concat", "result shape", "addressed"}}};
     t.push_back(info);
   }
   {
@@ -452,7 +475,10 @@ std::vector<OpInfo> build() {
       }
       return Refs{out};
     };
-    info.errors = {{"mismatched shapes", [] { tg::stack({f32({2, 3}), f32({3, 2})}, 0); }, Raises::shape, {"stack", "'tensors[1]'", "[3, 2]", "[2, 3]"}}};
+    info.errors = {{"mismatched shapes", [] { tg::stack({f32({2, 3}), f32({3, 2})}, 0); }, Raises::shape, {"stack", "'tensors[1]'", "[3, 2]", "[2, 3]"}},
+                   {"mixed dtypes", [] { tg::stack({f32({2}), f64({2})}, 0); }, Raises::dtype, {"stack", "'tensors[1]'", "float64"}},
+                   {"zero-size result too large", [] { tg::stack({f32({0, std::int64_t{1} << 46}), f32({0, std::int64_t{1} << 46})}, 0); },
+                    Raises::shape, {"stack", "result shape", "addressed"}}};
     t.push_back(info);
   }
 
@@ -569,7 +595,9 @@ std::vector<OpInfo> build() {
       }
       return Refs{a, b};
     };
-    info.errors = {{"negative size", [] { tg::causal_mask(2, -1); }, Raises::value, {"causal_mask", "'keys'", "-1"}}};
+    info.errors = {{"negative size", [] { tg::causal_mask(2, -1); }, Raises::value, {"causal_mask", "'keys'", "-1"}},
+                   {"too large", [] { tg::causal_mask(std::int64_t{1} << 40, std::int64_t{1} << 40); }, Raises::shape,
+                    {"causal_mask", "result shape", "addressed"}}};
     info.undefined_inputs_unreachable = "causal_mask takes no tensor (op reads its sizes from the input)";
     t.push_back(info);
   }
@@ -724,7 +752,12 @@ std::vector<OpInfo> build() {
                    {"batch dims do not broadcast", [] { tg::matmul(f32({2, 2, 3}), f32({3, 3, 2})); }, Raises::shape, {"matmul", "batch", "[2]", "[3]"}},
                    {"mixed dtypes", [] { tg::matmul(f32({2, 2}), f64({2, 2})); }, Raises::dtype, {"matmul", "float32", "float64"}},
                    {"bfloat16 on float64", [] { tg::matmul(f64({2, 2}), f64({2, 2}), tg::MatmulPrecision::bfloat16); }, Raises::dtype,
-                    {"matmul", "bfloat16", "float64"}}};
+                    {"matmul", "bfloat16", "float64"}},
+                   {"K = 0 with a result too large", [] { tg::matmul(f32({std::int64_t{1} << 32, 0}), f32({0, std::int64_t{1} << 32})); },
+                    Raises::shape, {"matmul", "result shape", "[4294967296, 4294967296]", "addressed"}},
+                   {"batch dims broadcast too large", [] { tg::matmul(tg::expand(f64({1, 1, 1, 2}), {std::int64_t{1} << 25, 1, 1, 2}),
+                                                                      tg::expand(f64({1, 1, 2, 1}), {1, std::int64_t{1} << 25, 2, 1})); },
+                    Raises::shape, {"matmul", "result shape", "addressed"}}};
     t.push_back(info);
   }
   return t;

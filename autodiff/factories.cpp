@@ -78,25 +78,25 @@ template <class T> Tensor copy_span(std::span<const T> values, const Shape& shap
 }
 
 // Flattens a nested literal, checking it is rectangular.
-void flatten_into(const Literal& lit, std::size_t depth, Shape& shape, std::vector<double>& out) {
+void flatten_into(const char* op, const Literal& lit, std::size_t depth, Shape& shape, std::vector<double>& out) {
   if (!lit.is_list()) {
     if (depth != shape.size())
-      fail<ShapeError>("tensor: nested literal is ragged: a number at depth {} where others are at depth {}", depth, shape.size());
+      fail<ShapeError>("{}: nested literal is ragged: a number at depth {} where others are at depth {}", op, depth, shape.size());
     out.push_back(lit.value());
     return;
   }
   const auto n = static_cast<std::int64_t>(lit.items().size());
   if (out.empty() && shape.size() == depth) shape.push_back(n);
   else if (shape.size() <= depth || shape[depth] != n)
-    fail<ShapeError>("tensor: nested literal is ragged: level {} has lengths {} and {}", depth,
+    fail<ShapeError>("{}: nested literal is ragged: level {} has lengths {} and {}", op, depth,
                      shape.size() > depth ? shape[depth] : 0, n);
-  for (const auto& item : lit.items()) flatten_into(item, depth + 1, shape, out);
+  for (const auto& item : lit.items()) flatten_into(op, item, depth + 1, shape, out);
 }
 
 Tensor from_literal(const char* op, const Literal& lit, DType dtype) {
   Shape shape;
   std::vector<double> flat;
-  flatten_into(lit, 0, shape, flat);
+  flatten_into(op, lit, 0, shape, flat);
   if (static_cast<std::int64_t>(flat.size()) != detail::shape_numel(shape))
     fail<ShapeError>("{}: nested literal is ragged: shape {} but {} numbers", op, shape_str(shape), flat.size());
   Tensor t = new_tensor(shape, dtype, op, "literal shape");

@@ -52,7 +52,8 @@ BOOST_AUTO_TEST_CASE(from_buffers_and_literals_in_every_dtype) {
   BOOST_TEST(tg::mask({{true, false}, {false, true}}).dtype() == tg::bool_);
   BOOST_TEST(tg::tensor({{10}, {20}}).shape() == (Shape{2, 1}));  // every brace pair is a dim
   BOOST_TEST(tg::tensor(5.0).dim() == 0);
-  check_throws<tg::ShapeError>([] { tg::tensor({{1, 2}, {3}}); }, {"ragged"});
+  check_throws<tg::ShapeError>([] { tg::tensor({{1, 2}, {3}}); }, {"tensor:", "ragged"});
+  check_throws<tg::ShapeError>([] { tg::mask({{true}, {false, true}}); }, {"mask:", "ragged"});
 }
 
 BOOST_AUTO_TEST_CASE(random_is_seeded_and_reproducible) {

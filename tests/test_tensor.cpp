@@ -302,6 +302,13 @@ BOOST_AUTO_TEST_CASE(prints_shape_dtype_and_values) {
   BOOST_TEST(fmt::format("{}", tg::float64) == "float64");
 }
 
+BOOST_AUTO_TEST_CASE(summarises_zero_size_tensors_with_long_dims) {
+  const std::string s = fmt::format("{}", tg::zeros({std::int64_t{1} << 40, 0}));
+  BOOST_TEST(s.find("shape=[1099511627776, 0]") != std::string::npos);
+  BOOST_TEST(s.find("[[],\n [],\n [],\n ...,\n [],\n [],\n []]") != std::string::npos);
+  BOOST_TEST(fmt::format("{}", tg::zeros({2, 0})).find("[[],\n []]") != std::string::npos);
+}
+
 BOOST_AUTO_TEST_CASE(summarises_large_tensors) {
   const std::string s = fmt::format("{}", tg::arange(0, 10000, 1, tg::int64));
   BOOST_TEST(s.find("[0, 1, 2, ..., 9997, 9998, 9999]") != std::string::npos);

@@ -27,14 +27,13 @@ Shape contiguous_strides(const Shape& shape) {
 std::int64_t check_shape(const char* op, const char* what, const Shape& shape, DType dtype) {
   for (auto s : shape)
     if (s < 0) fail<ShapeError>("{}: {} {} has a negative size", op, what, shape_str(shape));
-  const auto item = static_cast<std::int64_t>(itemsize(dtype));
-  std::int64_t bytes = item;
+  auto bytes = static_cast<std::int64_t>(itemsize(dtype));
   bool overflow = false;
   for (auto s : shape) overflow = overflow || __builtin_mul_overflow(bytes, std::max<std::int64_t>(s, 1), &bytes);
   if (overflow || bytes > kMaxBytes)
     fail<ShapeError>("{}: {} {} of {} has more elements than can be addressed (its sizes, with 0 counted as 1, "
-                     "times {} bytes per element exceed 2^48 bytes)",
-                     op, what, shape_str(shape), dtype, item);
+                     "times the item size exceed 2^48 bytes)",
+                     op, what, shape_str(shape), dtype);
   return shape_numel(shape);
 }
 

@@ -37,9 +37,24 @@ MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
   return c;
 }
 
+// H*D and H*Dv are sizes made from config integers, and the weights they shape must be tensors
+// (which also keeps xavier's fan_in + fan_out in range).
+void check_weight_sizes(const MultiHeadAttentionConfig& c) {
+  std::int64_t hd = 0, hdv = 0;
+  if (__builtin_mul_overflow(c.heads, c.head_dim, &hd) || __builtin_mul_overflow(c.heads, c.value_head_dim, &hdv))
+    fail<ShapeError>("{}: config.heads = {} times head_dim = {} or value_head_dim = {} overflows int64", kLayer, c.heads,
+                     c.head_dim, c.value_head_dim);
+  for (const auto& [name, shape] : {std::pair{"config's w_q shape", Shape{c.query_dim, hd}},
+                                    std::pair{"config's w_k shape", Shape{c.context_dim, hd}},
+                                    std::pair{"config's w_v shape", Shape{c.context_dim, hdv}},
+                                    std::pair{"config's w_o shape", Shape{hdv, c.out_dim}}})
+    detail::check_shape(kLayer, name, shape, c.dtype);
+}
+
 }  // namespace
 
 MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config) : config_(resolve(config)) {
+  check_weight_sizes(config_);
   const auto& c = config_;
   Generator gen(c.seed);
   const std::int64_t hd = c.heads * c.head_dim, hdv = c.heads * c.value_head_dim;

@@ -685,6 +685,10 @@ std::vector<OpInfo> build() {
       return Refs{Ref::of(out), Ref::of(attn)};
     };
     info.errors = {{"heads not dividing", [] { tg::MultiHeadAttention({.query_dim = 5, .heads = 2}); }, Raises::value, {"MultiHeadAttention", "heads"}},
+                   {"heads * head_dim past int64", [] { tg::MultiHeadAttention({.query_dim = 2, .heads = std::int64_t{1} << 32, .head_dim = std::int64_t{1} << 32}); },
+                    Raises::shape, {"MultiHeadAttention", "config.heads", "overflows"}},
+                   {"weights too large", [] { tg::MultiHeadAttention({.query_dim = std::int64_t{1} << 62}); }, Raises::shape,
+                    {"MultiHeadAttention", "config's w_q shape", "addressed"}},
                    undefined_arg("MultiHeadAttention::forward", "query", [] { tg::MultiHeadAttention({.query_dim = 2}).forward(Tensor()); }),
                    undefined_arg("MultiHeadAttention::forward", "query", [] { tg::MultiHeadAttention({.query_dim = 2}).forward(Tensor(), f32({1, 1, 2})); }),
                    undefined_arg("MultiHeadAttention::forward", "context", [] { tg::MultiHeadAttention({.query_dim = 2}).forward(f32({1, 1, 2}), Tensor()); })};

@@ -91,8 +91,8 @@ void check_defined(const char* op, const char* name, const Tensor& t) {
   if (!t.defined()) fail<Error>("{}: argument '{}' is an undefined tensor", op, name);
 }
 
-void check_self(const char* member, const Tensor& t) {
-  if (!t.defined()) fail<Error>("{}: called on an undefined (default-constructed) tensor", member);
+void fail_undefined_self(const char* member) {
+  fail<Error>("{}: called on an undefined (default-constructed) tensor", member);
 }
 
 void check_floating(const char* op, const char* name, const Tensor& t) {

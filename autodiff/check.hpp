@@ -19,8 +19,14 @@ template <class E, class... Args>
   throw E(fmt::format(f, std::forward<Args>(args)...));
 }
 
-// "op: argument 'name' must be defined" when a caller passes a default-constructed Tensor.
+// "op: argument 'name' is an undefined tensor" when a caller passes a default-constructed Tensor.
 void check_defined(const char* op, const char* name, const Tensor& t);
+// "Tensor::member: called on an undefined ... tensor", for Tensor's own members. Inline: every
+// shape() and dtype() call passes here.
+[[noreturn]] void fail_undefined_self(const char* member);
+inline void check_self(const char* member, const Tensor& t) {
+  if (!t.defined()) [[unlikely]] fail_undefined_self(member);
+}
 // Requires a floating dtype.
 void check_floating(const char* op, const char* name, const Tensor& t);
 // Requires both floating with the same dtype (no silent float32/float64 mixing); returns it.

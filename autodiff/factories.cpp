@@ -10,10 +10,12 @@ using detail::fail;
 using detail::new_tensor;
 using detail::shape_str;
 
-Tensor empty(const Shape& shape, DType dtype) { return new_tensor(shape, dtype, "empty"); }
+namespace {
 
-Tensor full(const Shape& shape, double value, DType dtype) {
-  Tensor t = new_tensor(shape, dtype, "full/zeros/ones");
+constexpr const char* kShapeArg = "argument 'shape'";
+
+Tensor filled(const char* op, const Shape& shape, double value, DType dtype) {
+  Tensor t = new_tensor(shape, dtype, op, kShapeArg);
   detail::visit_any(dtype, [&]<class T>(detail::Tag<T>) {
     T* p = static_cast<T*>(detail::mutable_data(t));
     const T v = detail::convert<T>(value);
@@ -21,21 +23,33 @@ Tensor full(const Shape& shape, double value, DType dtype) {
   });
   return t;
 }
-Tensor zeros(const Shape& shape, DType dtype) { return full(shape, 0.0, dtype); }
-Tensor ones(const Shape& shape, DType dtype) { return full(shape, 1.0, dtype); }
-Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype()); }
-Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.dtype()); }
-Tensor scalar(double value, DType dtype) { return full({}, value, dtype); }
+
+Tensor filled_like(const char* op, const Tensor& t, double value) {
+  detail::check_defined(op, "t", t);
+  return filled(op, t.shape(), value, t.dtype());
+}
+
+}  // namespace
+
+Tensor empty(const Shape& shape, DType dtype) { return new_tensor(shape, dtype, "empty", kShapeArg); }
+Tensor full(const Shape& shape, double value, DType dtype) { return filled("full", shape, value, dtype); }
+Tensor zeros(const Shape& shape, DType dtype) { return filled("zeros", shape, 0.0, dtype); }
+Tensor ones(const Shape& shape, DType dtype) { return filled("ones", shape, 1.0, dtype); }
+Tensor zeros_like(const Tensor& t) { return filled_like("zeros_like", t, 0.0); }
+Tensor ones_like(const Tensor& t) { return filled_like("ones_like", t, 1.0); }
+Tensor scalar(double value, DType dtype) { return filled("scalar", {}, value, dtype); }
 
 Tensor arange(double start, double end, double step, DType dtype) {
   if (step == 0.0 || !std::isfinite(step) || !std::isfinite(start) || !std::isfinite(end))
     fail<ValueError>("arange: expected finite start, end and a nonzero step, got start={} end={} step={}",
                      start, end, step);
+  // (end - start) may overflow to inf; the bound also keeps the conversion to int64 defined.
   const double count = std::max(0.0, std::ceil((end - start) / step));
-  if (!(count <= 1e15))
-    fail<ValueError>("arange: start={} end={} step={} would make {} elements", start, end, step, count);
+  if (!(count <= static_cast<double>(detail::kMaxBytes)))
+    fail<ShapeError>("arange: start={} end={} step={} would make {} elements, more than can be addressed", start,
+                     end, step, count);
   const auto n = static_cast<std::int64_t>(count);
-  Tensor t = new_tensor({n}, dtype);
+  Tensor t = new_tensor({n}, dtype, "arange");
   detail::visit_any(dtype, [&]<class T>(detail::Tag<T>) {
     T* p = static_cast<T*>(detail::mutable_data(t));
     for (std::int64_t i = 0; i < n; ++i) p[i] = detail::convert<T>(start + static_cast<double>(i) * step);
@@ -46,38 +60,46 @@ Tensor arange(std::int64_t end, DType dtype) { return arange(0.0, static_cast<do
 
 namespace {
 
-template <class T> Tensor copy_buffer(std::span<const T> values, const Shape& shape) {
-  if (static_cast<std::int64_t>(values.size()) != detail::checked_numel("from_vector", shape, dtype_of<T>()))
-    fail<ShapeError>("from_vector: argument 'values' has {} elements but shape {} needs {}",
-                     values.size(), shape_str(shape), detail::shape_numel(shape));
-  Tensor t = new_tensor(shape, dtype_of<T>(), "from_vector");
-  if (!values.empty()) std::memcpy(detail::mutable_data(t), values.data(), values.size() * sizeof(T));
+// A tensor of `shape` holding a copy of `values`; `fill` copies them into its buffer.
+template <class T, class Values, class Fill>
+Tensor copy_buffer(const char* op, const Values& values, const Shape& shape, Fill fill) {
+  const std::int64_t n = detail::check_shape(op, kShapeArg, shape, dtype_of<T>());
+  if (static_cast<std::int64_t>(values.size()) != n)
+    fail<ShapeError>("{}: argument 'values' has {} elements but shape {} needs {}", op, values.size(), shape_str(shape), n);
+  Tensor t = new_tensor(shape, dtype_of<T>(), op, kShapeArg);
+  fill(static_cast<T*>(detail::mutable_data(t)));
   return t;
 }
 
+template <class T> Tensor copy_span(std::span<const T> values, const Shape& shape) {
+  return copy_buffer<T>("from_vector", values, shape, [&](T* p) {
+    if (!values.empty()) std::memcpy(p, values.data(), values.size() * sizeof(T));
+  });
+}
+
 // Flattens a nested literal, checking it is rectangular.
-void flatten_into(const Literal& lit, std::size_t depth, Shape& shape, std::vector<double>& out) {
+void flatten_into(const char* op, const Literal& lit, std::size_t depth, Shape& shape, std::vector<double>& out) {
   if (!lit.is_list()) {
     if (depth != shape.size())
-      fail<ShapeError>("tensor: nested literal is ragged: a number at depth {} where others are at depth {}", depth, shape.size());
+      fail<ShapeError>("{}: nested literal is ragged: a number at depth {} where others are at depth {}", op, depth, shape.size());
     out.push_back(lit.value());
     return;
   }
   const auto n = static_cast<std::int64_t>(lit.items().size());
   if (out.empty() && shape.size() == depth) shape.push_back(n);
   else if (shape.size() <= depth || shape[depth] != n)
-    fail<ShapeError>("tensor: nested literal is ragged: level {} has lengths {} and {}", depth,
+    fail<ShapeError>("{}: nested literal is ragged: level {} has lengths {} and {}", op, depth,
                      shape.size() > depth ? shape[depth] : 0, n);
-  for (const auto& item : lit.items()) flatten_into(item, depth + 1, shape, out);
+  for (const auto& item : lit.items()) flatten_into(op, item, depth + 1, shape, out);
 }
 
-Tensor from_literal(const Literal& lit, DType dtype) {
+Tensor from_literal(const char* op, const Literal& lit, DType dtype) {
   Shape shape;
   std::vector<double> flat;
-  flatten_into(lit, 0, shape, flat);
+  flatten_into(op, lit, 0, shape, flat);
   if (static_cast<std::int64_t>(flat.size()) != detail::shape_numel(shape))
-    fail<ShapeError>("tensor: nested literal is ragged: shape {} but {} numbers", shape_str(shape), flat.size());
-  Tensor t = new_tensor(shape, dtype);
+    fail<ShapeError>("{}: nested literal is ragged: shape {} but {} numbers", op, shape_str(shape), flat.size());
+  Tensor t = new_tensor(shape, dtype, op, "literal shape");
   detail::visit_any(dtype, [&]<class T>(detail::Tag<T>) {
     T* p = static_cast<T*>(detail::mutable_data(t));
     for (std::size_t i = 0; i < flat.size(); ++i) p[i] = detail::convert<T>(flat[i]);
@@ -87,20 +109,16 @@ Tensor from_literal(const Literal& lit, DType dtype) {
 
 }  // namespace
 
-Tensor from_vector(std::span<const float> v, const Shape& s) { return copy_buffer(v, s); }
-Tensor from_vector(std::span<const double> v, const Shape& s) { return copy_buffer(v, s); }
-Tensor from_vector(std::span<const std::int64_t> v, const Shape& s) { return copy_buffer(v, s); }
+Tensor from_vector(std::span<const float> v, const Shape& s) { return copy_span(v, s); }
+Tensor from_vector(std::span<const double> v, const Shape& s) { return copy_span(v, s); }
+Tensor from_vector(std::span<const std::int64_t> v, const Shape& s) { return copy_span(v, s); }
 Tensor from_bools(const std::vector<bool>& values, const Shape& shape) {
-  if (static_cast<std::int64_t>(values.size()) != detail::checked_numel("from_bools", shape, DType::bool_))
-    fail<ShapeError>("from_bools: argument 'values' has {} elements but shape {} needs {}",
-                     values.size(), shape_str(shape), detail::shape_numel(shape));
-  Tensor t = new_tensor(shape, DType::bool_);
-  bool* p = static_cast<bool*>(detail::mutable_data(t));
-  for (std::size_t i = 0; i < values.size(); ++i) p[i] = values[i];
-  return t;
+  return copy_buffer<bool>("from_bools", values, shape, [&](bool* p) {
+    for (std::size_t i = 0; i < values.size(); ++i) p[i] = values[i];
+  });
 }
 
-Tensor tensor(const Literal& values, DType dtype) { return from_literal(values, dtype); }
-Tensor mask(const Literal& values) { return from_literal(values, DType::bool_); }
+Tensor tensor(const Literal& values, DType dtype) { return from_literal("tensor", values, dtype); }
+Tensor mask(const Literal& values) { return from_literal("mask", values, DType::bool_); }
 
 }  // namespace tapegrad

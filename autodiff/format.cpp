@@ -55,7 +55,8 @@ struct Printer {
 
 std::string to_string(const Tensor& t) {
   if (!t.defined()) return "tensor(undefined)";
-  Printer p{t, t.numel() > kSummariseAbove, {}};
+  // A zero-size tensor is summarised too: [2^40, 0] has no element but 2^40 empty rows.
+  Printer p{t, t.numel() > kSummariseAbove || t.numel() == 0, {}};
   p.out = fmt::format("tensor(shape={}, dtype={}{})\n", detail::shape_str(t.shape()), t.dtype(),
                       t.requires_grad() ? ", requires_grad" : "");
   p.level(0, 0);

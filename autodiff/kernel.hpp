@@ -81,8 +81,14 @@ class StridedLoop {
         return;
       }
       if (n == 1) continue;
+      // A group's size is a product of one tensor's sizes, which fits (tensor_impl.hpp). Stride
+      // times size is checked rather than argued (operands' strides are bounded only by how
+      // they were derived): a product that overflows is no stride, so it means no merge.
       bool merge = !sizes_.empty();
-      for (std::size_t k = 0; merge && k < N; ++k) merge = strides[k][d] == strides_[k].back() * sizes_.back();
+      for (std::size_t k = 0; merge && k < N; ++k) {
+        std::int64_t next = 0;
+        merge = !__builtin_mul_overflow(strides_[k].back(), sizes_.back(), &next) && strides[k][d] == next;
+      }
       if (merge) {
         sizes_.back() *= n;
         continue;
@@ -152,8 +158,10 @@ void map_into(const Tensor& out, F&& f, const Ts&... in) {
   });
 }
 
-// A fresh contiguous tensor; `op` names the caller in the error for an impossible shape.
-Tensor new_tensor(const Shape& shape, DType dtype, const char* op = "tensor");
+// A fresh contiguous tensor. A shape that breaks the invariant of tensor_impl.hpp is a
+// ShapeError "{op}: {what} ...": a caller whose shape comes from user integers or from several
+// tensors must name itself (a shape copied from one existing tensor cannot fail).
+Tensor new_tensor(const Shape& shape, DType dtype, const char* op = "tensor", const char* what = "result shape");
 
 // Copies src (broadcast to dst's shape) into dst's elements. Internal only: used on tensors a
 // kernel just created, never on a caller's tensor.

@@ -1,7 +1,10 @@
 // Seeded random tensors with platform-independent values.
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numbers>
 #include <random>
+#include <utility>
 
 #include "autodiff/kernel.hpp"
 
@@ -36,26 +39,67 @@ double Generator::normal() {
 }
 
 namespace {
-template <class F> Tensor fill_random(const Shape& shape, DType dtype, const char* op, F&& draw) {
+
+// A tensor of `shape` filled by draw = make(Tag<T>{}), one draw() per element, T the element
+// type of `dtype` (make runs once, so per-dtype set-up stays out of the loop).
+template <class Make> Tensor fill_random(const Shape& shape, DType dtype, const char* op, Make&& make) {
   if (!is_floating(dtype))
     detail::fail<DTypeError>("{}: argument 'dtype' must be float32 or float64, got {}", op, dtype);
-  Tensor t = detail::new_tensor(shape, dtype, op);
-  detail::visit_float(dtype, op, [&]<class T>(detail::Tag<T>) {
+  Tensor t = detail::new_tensor(shape, dtype, op, "argument 'shape'");
+  detail::visit_float(dtype, op, [&]<class T>(detail::Tag<T> tag) {
+    auto draw = make(tag);
     T* p = static_cast<T*>(detail::mutable_data(t));
-    for (std::int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = detail::convert<T>(draw());
+    for (std::int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = draw();
   });
   return t;
 }
+
+void check_rand_bounds(DType dtype, double low, double high) {
+  if (!std::isfinite(low) || !std::isfinite(high))
+    detail::fail<ValueError>("rand: arguments 'low' and 'high' must be finite, got low={} high={}", low, high);
+  if (!(low <= high)) detail::fail<ValueError>("rand: expected low <= high, got low={} high={}", low, high);
+  constexpr double kFloatMax = std::numeric_limits<float>::max();
+  if (dtype == DType::float32 && (std::abs(low) > kFloatMax || std::abs(high) > kFloatMax))
+    detail::fail<ValueError>("rand: float32 cannot represent the bounds low={} high={} (its values lie within +-{}); "
+                             "use float64 or narrower bounds",
+                             low, high, kFloatMax);
+}
+
+// The T values rand may return for low < high: from the smallest T >= low to the largest T < high.
+template <class T> std::pair<T, T> representable(double low, double high) {
+  constexpr T inf = std::numeric_limits<T>::infinity();
+  T lo = static_cast<T>(low), hi = static_cast<T>(high);
+  if (static_cast<double>(lo) < low) lo = std::nextafter(lo, inf);
+  if (static_cast<double>(hi) >= high) hi = std::nextafter(hi, -inf);
+  if (lo > hi)
+    detail::fail<ValueError>("rand: no {} value lies in [low, high) = [{}, {}); widen the interval or use float64",
+                             dtype_of<T>(), low, high);
+  return {lo, hi};
+}
+
 }  // namespace
 
 Tensor randn(const Shape& shape, Generator& gen, DType dtype) {
-  return fill_random(shape, dtype, "randn", [&] { return gen.normal(); });
+  return fill_random(shape, dtype, "randn", [&]<class T>(detail::Tag<T>) {
+    return [&] { return detail::convert<T>(gen.normal()); };
+  });
 }
+
+// low (1 - u) + high u cannot overflow where high - low would (low = -DBL_MAX, high = DBL_MAX);
+// rounding (of the sum, or to float32) may still reach high, hence the clamp. low == high gives
+// low (as PyTorch's uniform_); the generator advances by one draw per element either way.
 Tensor rand(const Shape& shape, Generator& gen, DType dtype, double low, double high) {
-  if (!(low <= high))
-    detail::fail<ValueError>("rand: expected low <= high, got low={} high={}", low, high);
-  return fill_random(shape, dtype, "rand", [&] { return low + (high - low) * gen.uniform(); });
+  check_rand_bounds(dtype, low, high);
+  return fill_random(shape, dtype, "rand", [&]<class T>(detail::Tag<T>) {
+    const std::pair<T, T> range = low == high ? std::pair{detail::convert<T>(low), detail::convert<T>(low)}
+                                              : representable<T>(low, high);
+    return [&gen, low, high, range] {
+      const double u = gen.uniform();
+      return std::clamp(detail::convert<T>(low * (1.0 - u) + high * u), range.first, range.second);
+    };
+  });
 }
+
 Tensor randn(const Shape& shape, std::uint64_t seed, DType dtype) {
   Generator gen(seed);
   return randn(shape, gen, dtype);

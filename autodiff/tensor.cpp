@@ -24,9 +24,45 @@ Shape contiguous_strides(const Shape& shape) {
   return strides;
 }
 
-Tensor make_view(const Tensor& base, Shape shape, Shape strides, std::int64_t offset) {
+std::int64_t check_shape(const char* op, const char* what, const Shape& shape, DType dtype) {
+  for (auto s : shape)
+    if (s < 0) fail<ShapeError>("{}: {} {} has a negative size", op, what, shape_str(shape));
+  auto bytes = static_cast<std::int64_t>(itemsize(dtype));
+  bool overflow = false;
+  for (auto s : shape) overflow = overflow || __builtin_mul_overflow(bytes, std::max<std::int64_t>(s, 1), &bytes);
+  if (overflow || bytes > kMaxBytes)
+    fail<ShapeError>("{}: {} {} of {} has more elements than can be addressed (its sizes, with 0 counted as 1, "
+                     "times the item size exceed 2^48 bytes)",
+                     op, what, shape_str(shape), dtype);
+  return shape_numel(shape);
+}
+
+namespace {
+
+// Whether every element of a view lies inside its storage. Zero-size views hold no element.
+bool within_storage(const Storage& storage, const Shape& shape, const Shape& strides, std::int64_t offset, DType dtype) {
+  if (shape_numel(shape) == 0) return true;
+  std::int64_t lo = offset, hi = offset;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    std::int64_t reach = 0;
+    if (__builtin_mul_overflow(strides[d], shape[d] - 1, &reach)) return false;
+    std::int64_t& end = reach < 0 ? lo : hi;
+    if (__builtin_add_overflow(end, reach, &end)) return false;
+  }
+  return lo >= 0 && hi < static_cast<std::int64_t>(storage.bytes / itemsize(dtype));
+}
+
+}  // namespace
+
+Tensor make_view(const Tensor& base, Shape shape, Shape strides, std::int64_t offset, const char* op) {
+  check_shape(op, "result shape", shape, base.dtype());
+  const auto& storage = base.impl()->storage;
+  if (strides.size() != shape.size() || !within_storage(*storage, shape, strides, offset, base.dtype()))
+    throw std::logic_error(fmt::format("{}: tapegrad internal error: a view with shape {}, strides {} and offset {} "
+                                       "reaches outside its storage of {} bytes",
+                                       op, shape_str(shape), shape_str(strides), offset, storage->bytes));
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = base.impl()->storage;
+  impl->storage = storage;
   impl->shape = std::move(shape);
   impl->strides = std::move(strides);
   impl->offset = offset;
@@ -34,20 +70,8 @@ Tensor make_view(const Tensor& base, Shape shape, Shape strides, std::int64_t of
   return Tensor(std::move(impl));
 }
 
-std::int64_t checked_numel(const char* op, const Shape& shape, DType dtype) {
-  std::int64_t n = 1;
-  for (auto s : shape)
-    if (s < 0) fail<ShapeError>("{}: a shape must have no negative size, got {}", op, shape_str(shape));
-  bool overflow = false;
-  for (auto s : shape) overflow = overflow || __builtin_mul_overflow(n, s, &n);
-  std::int64_t bytes = 0;
-  if (overflow || __builtin_mul_overflow(n, static_cast<std::int64_t>(itemsize(dtype)), &bytes) || bytes > (std::int64_t{1} << 48))
-    fail<ShapeError>("{}: shape {} of {} has more elements than can be addressed", op, shape_str(shape), dtype);
-  return n;
-}
-
-Tensor new_tensor(const Shape& shape, DType dtype, const char* op) {
-  const std::int64_t n = checked_numel(op, shape, dtype);
+Tensor new_tensor(const Shape& shape, DType dtype, const char* op, const char* what) {
+  const std::int64_t n = check_shape(op, what, shape, dtype);
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(static_cast<std::size_t>(n) * itemsize(dtype));
   impl->shape = shape;
@@ -65,6 +89,10 @@ void bump_version(const Tensor& t) noexcept { t.impl()->storage->version.fetch_a
 
 void check_defined(const char* op, const char* name, const Tensor& t) {
   if (!t.defined()) fail<Error>("{}: argument '{}' is an undefined tensor", op, name);
+}
+
+void fail_undefined_self(const char* member) {
+  fail<Error>("{}: called on an undefined (default-constructed) tensor", member);
 }
 
 void check_floating(const char* op, const char* name, const Tensor& t) {
@@ -107,23 +135,25 @@ using detail::shape_str;
 
 Tensor::Tensor(std::shared_ptr<detail::TensorImpl> impl) noexcept : impl_(std::move(impl)) {}
 
-static const detail::TensorImpl& checked(const std::shared_ptr<detail::TensorImpl>& p) {
-  if (!p) fail<Error>("Tensor: this tensor is undefined (default-constructed)");
-  return *p;
+// Every member that reads the tensor starts here, so an undefined tensor names the member.
+static const detail::TensorImpl& checked(const Tensor& t, const char* member) {
+  detail::check_self(member, t);
+  return *t.impl();
 }
 
-DType Tensor::dtype() const { return checked(impl_).dtype; }
-const Shape& Tensor::shape() const { return checked(impl_).shape; }
-const Shape& Tensor::strides() const { return checked(impl_).strides; }
-std::int64_t Tensor::offset() const { return checked(impl_).offset; }
-std::int64_t Tensor::dim() const { return static_cast<std::int64_t>(shape().size()); }
+DType Tensor::dtype() const { return checked(*this, "Tensor::dtype").dtype; }
+const Shape& Tensor::shape() const { return checked(*this, "Tensor::shape").shape; }
+const Shape& Tensor::strides() const { return checked(*this, "Tensor::strides").strides; }
+std::int64_t Tensor::offset() const { return checked(*this, "Tensor::offset").offset; }
+std::int64_t Tensor::dim() const { return static_cast<std::int64_t>(checked(*this, "Tensor::dim").shape.size()); }
 std::int64_t Tensor::size(std::int64_t d) const {
-  return shape()[static_cast<std::size_t>(detail::wrap_dim("Tensor::size", "d", d, dim()))];
+  const Shape& shape = checked(*this, "Tensor::size").shape;
+  return shape[static_cast<std::size_t>(detail::wrap_dim("Tensor::size", "d", d, static_cast<std::int64_t>(shape.size())))];
 }
-std::int64_t Tensor::numel() const { return detail::shape_numel(shape()); }
+std::int64_t Tensor::numel() const { return detail::shape_numel(checked(*this, "Tensor::numel").shape); }
 
 bool Tensor::is_contiguous() const {
-  const auto& impl = checked(impl_);
+  const auto& impl = checked(*this, "Tensor::is_contiguous");
   std::int64_t expected = 1;
   for (std::size_t i = impl.shape.size(); i-- > 0;) {
     if (impl.shape[i] == 1) continue;
@@ -137,17 +167,24 @@ bool Tensor::shares_storage_with(const Tensor& other) const {
   return defined() && other.defined() && impl_->storage == other.impl_->storage;
 }
 
-const void* Tensor::raw_data() const { return detail::mutable_data(*this); }
-std::uint64_t Tensor::version() const { return checked(impl_).storage->version.load(std::memory_order_relaxed); }
+const void* Tensor::raw_data() const {
+  detail::check_self("Tensor::raw_data", *this);
+  return detail::mutable_data(*this);
+}
+std::uint64_t Tensor::version() const {
+  return checked(*this, "Tensor::version").storage->version.load(std::memory_order_relaxed);
+}
 void Tensor::note_write() const { detail::bump_version(*this); }
 
 void Tensor::check_element_type(DType requested) const {
-  if (dtype() != requested)
+  const auto& impl = checked(*this, "Tensor::data");
+  if (impl.dtype != requested)
     fail<DTypeError>("Tensor::data: requested {} elements from a {} tensor of shape {}", requested,
-                     dtype(), shape_str(shape()));
+                     impl.dtype, shape_str(impl.shape));
 }
 
 template <class T> std::vector<T> Tensor::to_vector() const {
+  detail::check_self("Tensor::to_vector", *this);
   std::vector<T> out;
   out.reserve(static_cast<std::size_t>(numel()));
   const Tensor c = is_contiguous() ? *this : detail::copy_of(*this);
@@ -163,6 +200,7 @@ template std::vector<bool> Tensor::to_vector<bool>() const;
 template std::vector<std::int64_t> Tensor::to_vector<std::int64_t>() const;
 
 double Tensor::item() const {
+  detail::check_self("Tensor::item", *this);
   if (numel() != 1)
     fail<ShapeError>("Tensor::item: expected a tensor with exactly one element, got shape {}",
                      shape_str(shape()));
@@ -170,12 +208,12 @@ double Tensor::item() const {
 }
 
 bool Tensor::requires_grad() const {
-  const auto& impl = checked(impl_);
+  const auto& impl = checked(*this, "Tensor::requires_grad");
   return impl.leaf_requires_grad || detail::live_node(impl) != nullptr;
 }
 
 Tensor& Tensor::set_requires_grad(bool on) {
-  auto& impl = const_cast<detail::TensorImpl&>(checked(impl_));
+  auto& impl = const_cast<detail::TensorImpl&>(checked(*this, "Tensor::set_requires_grad"));
   if (const detail::Node* n = detail::live_node(impl))
     fail<GraphError>(
         "Tensor::set_requires_grad: this tensor (shape {}) is the output of recorded op {}; only "
@@ -190,14 +228,13 @@ Tensor& Tensor::set_requires_grad(bool on) {
   return *this;
 }
 
-bool Tensor::is_leaf() const { return detail::live_node(checked(impl_)) == nullptr; }
-Tensor Tensor::grad() const { return checked(impl_).grad; }
-void Tensor::zero_grad() { const_cast<detail::TensorImpl&>(checked(impl_)).grad = Tensor(); }
+bool Tensor::is_leaf() const { return detail::live_node(checked(*this, "Tensor::is_leaf")) == nullptr; }
+Tensor Tensor::grad() const { return checked(*this, "Tensor::grad").grad; }
+void Tensor::zero_grad() { const_cast<detail::TensorImpl&>(checked(*this, "Tensor::zero_grad")).grad = Tensor(); }
 
 Tensor Tensor::detach() const {
-  const auto& impl = checked(impl_);
-  return detail::make_view(*this, impl.shape, impl.strides, impl.offset);
+  const auto& impl = checked(*this, "Tensor::detach");
+  return detail::make_view(*this, impl.shape, impl.strides, impl.offset, "Tensor::detach");
 }
-
 
 }  // namespace tapegrad

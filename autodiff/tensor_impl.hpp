@@ -45,12 +45,23 @@ struct TensorImpl {
   std::int32_t slot = 0;
 };
 
+// The invariant every tensor's shape keeps: no size is negative, and the product of its sizes,
+// with 0 counted as 1, times the item size is at most kMaxBytes (x86-64's 48-bit address space).
+// Zero-size shapes are held to it too: their contiguous strides, and the offsets their views
+// compute, multiply the other sizes, so [0, 2^62, 4] would overflow int64 without a single
+// element. Under the invariant every product of one tensor's sizes, strides and in-range indices
+// fits in int64, so code that only rearranges an existing tensor needs no overflow check; code
+// that makes a size from user integers or from several tensors must check (or call this).
+inline constexpr std::int64_t kMaxBytes = std::int64_t{1} << 48;
+// Checks the invariant and returns the element count. Otherwise throws a ShapeError
+// "{op}: {what} [..] ...", so `what` names the argument ("argument 'shape'") or the result.
+std::int64_t check_shape(const char* op, const char* what, const Shape& shape, DType dtype);
+// The element count of a shape that keeps the invariant (no check).
 std::int64_t shape_numel(const Shape& shape) noexcept;
-// The element count of a shape a tensor may have: no negative size, and a byte count that fits
-// in memory's address range. Throws a ShapeError naming `op` otherwise.
-std::int64_t checked_numel(const char* op, const Shape& shape, DType dtype);
 Shape contiguous_strides(const Shape& shape);
-Tensor make_view(const Tensor& base, Shape shape, Shape strides, std::int64_t offset);
+// A view of base's storage. `op` is named if `shape` breaks the invariant. A view with elements
+// must lie inside the storage: anything else is a tapegrad bug, reported as std::logic_error.
+Tensor make_view(const Tensor& base, Shape shape, Shape strides, std::int64_t offset, const char* op);
 // The node behind a non-leaf, or null for a leaf and for an output whose node was released.
 Node* live_node(const TensorImpl& impl) noexcept;
 // Pointer to element [0, ...] for kernels that fill a tensor they own (no version bump).

@@ -121,9 +121,9 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
 Tensor causal_mask(std::int64_t queries, std::int64_t keys, std::int64_t offset) {
   if (queries < 0 || keys < 0)
     detail::fail<ValueError>("causal_mask: arguments 'queries' and 'keys' must be >= 0, got {} and {}", queries, keys);
-  Tensor m = detail::new_tensor({queries, keys}, DType::bool_);
+  Tensor m = detail::new_tensor({queries, keys}, DType::bool_, "causal_mask");
   bool* p = static_cast<bool*>(detail::mutable_data(m));
-  for (std::int64_t i = 0; i < queries; ++i)
+  for (std::int64_t i = 0; keys > 0 && i < queries; ++i)  // [2^40, 0] is no work
     for (std::int64_t j = 0; j < keys; ++j) p[i * keys + j] = j - i <= offset;  // j <= i + offset, without overflow
   return m;
 }

@@ -69,7 +69,7 @@ MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
                           Weight{"w_v", "config.context_dim", hdv_fields, c.context_dim, hdv},
                           Weight{"w_o", hdv_fields, "config.out_dim", hdv, c.out_dim}}) {
     try {
-      detail::checked_numel(kLayer, {w.rows, w.cols}, c.dtype);
+      detail::check_shape(kLayer, w.name, {w.rows, w.cols}, c.dtype);
     } catch (const Error&) {
       fail<ValueError>("{}: weight '{}' would have shape [{}, {}] = [{}, {}] of {}, more than can be allocated{}", kLayer, w.name,
                        w.rows_fields, w.cols_fields, w.rows, w.cols, c.dtype, defaults);
@@ -118,7 +118,7 @@ AttentionResult run_forward(const MultiHeadAttention& layer, const Input& query,
 // A fresh [B, capacity, width] buffer holding the first `length` positions of `buffer` (the
 // positions past them are not read: they were never written).
 Tensor reallocated(const Tensor& buffer, std::int64_t length, std::int64_t capacity) {
-  Tensor out = detail::new_tensor({buffer.size(0), capacity, buffer.size(2)}, buffer.dtype());
+  Tensor out = detail::new_tensor({buffer.size(0), capacity, buffer.size(2)}, buffer.dtype(), "KVCache");
   if (length > 0) detail::copy_into(slice(out, 1, 0, length), slice(buffer, 1, 0, length));
   return out;
 }

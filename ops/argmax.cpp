@@ -49,7 +49,7 @@ Tensor argmax_along(const Tensor& x, std::size_t d, bool keepdim) {
   if (keepdim) return out;
   Shape result = x.shape();
   result.erase(result.begin() + static_cast<std::ptrdiff_t>(d));
-  return make_view(out, result, contiguous_strides(result), 0);
+  return make_view(out, result, contiguous_strides(result), 0, "argmax");
 }
 
 }  // namespace
@@ -65,7 +65,7 @@ Tensor argmax(const Tensor& x) {
     fail<ShapeError>("argmax: argument 'x' with shape {} is empty; the maximum of nothing has no index", shape_str(x.shape()));
   // Row-major order is the flat order of a contiguous tensor, viewed as one dim.
   const Tensor flat = x.is_contiguous() ? x : copy_of(x);
-  return argmax_along(make_view(flat, {x.numel()}, {1}, flat.offset()), 0, /*keepdim=*/false);
+  return argmax_along(make_view(flat, {x.numel()}, {1}, flat.offset(), "argmax"), 0, /*keepdim=*/false);
 }
 
 }  // namespace tapegrad

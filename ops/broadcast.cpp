@@ -1,4 +1,7 @@
 // Broadcasting: shapes, strides, and the reduction that undoes it in backward.
+#include <algorithm>
+#include <utility>
+
 #include "ops/kernel.hpp"
 #include "tapegrad/ops/reduction.hpp"
 #include "tapegrad/ops/view.hpp"
@@ -19,6 +22,10 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
 }  // namespace detail
 
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
+  // Tensors' shapes are never negative; these come from the caller.
+  for (const auto& [name, shape] : {std::pair{"a", &a}, std::pair{"b", &b}})
+    if (std::any_of(shape->begin(), shape->end(), [](std::int64_t s) { return s < 0; }))
+      detail::fail<ShapeError>("{}: argument '{}' {} has a negative size", op, name, detail::shape_str(*shape));
   return detail::broadcast_args(op, "a", a, "b", b);
 }
 

@@ -8,7 +8,7 @@ using namespace detail;
 Tensor to(const Tensor& x, DType dtype) {
   check_defined("to", "x", x);
   if (x.dtype() == dtype) return x;
-  Tensor out = new_tensor(x.shape(), dtype);
+  Tensor out = new_tensor(x.shape(), dtype, "to");
   visit_any(dtype, [&]<class D>(Tag<D>) {
     visit_any(x.dtype(), [&]<class S>(Tag<S>) {
       map_into<D, S>(out, [](S v) { return convert<D>(v); }, x);
@@ -23,6 +23,9 @@ Tensor to(const Tensor& x, DType dtype) {
   return out;
 }
 
-Tensor Tensor::to(DType d) const { return tapegrad::to(*this, d); }
+Tensor Tensor::to(DType d) const {
+  check_self("Tensor::to", *this);
+  return tapegrad::to(*this, d);
+}
 
 }  // namespace tapegrad

@@ -12,7 +12,7 @@ template <class F> Tensor compare(const char* op, const Tensor& a, const Tensor&
   if (a.dtype() != b.dtype())
     fail<DTypeError>("{}: arguments 'a' ({} {}) and 'b' ({} {}) must have the same dtype", op,
                      a.dtype(), shape_str(a.shape()), b.dtype(), shape_str(b.shape()));
-  Tensor out = new_tensor(broadcast_args(op, "a", a.shape(), "b", b.shape()), DType::bool_);
+  Tensor out = new_tensor(broadcast_args(op, "a", a.shape(), "b", b.shape()), DType::bool_, op);
   visit_any(a.dtype(), [&]<class T>(Tag<T>) { map_into<bool, T, T>(out, f, a, b); });
   return out;
 }
@@ -46,7 +46,7 @@ Tensor logical_and(const Tensor& a, const Tensor& b) { return logic("logical_and
 Tensor logical_or(const Tensor& a, const Tensor& b) { return logic("logical_or", a, b, [](bool x, bool y) { return x || y; }); }
 Tensor logical_not(const Tensor& a) {
   check_dtype("logical_not", "a", a, DType::bool_);
-  Tensor out = new_tensor(a.shape(), DType::bool_);
+  Tensor out = new_tensor(a.shape(), DType::bool_, "logical_not");
   map_into<bool, bool>(out, [](bool x) { return !x; }, a);
   return out;
 }

@@ -9,7 +9,7 @@ using namespace detail;
 
 template <class F> Tensor binary_forward(const char* op, const Tensor& a, const Tensor& b, F f) {
   const DType dtype = check_same_float(op, "a", a, "b", b);
-  Tensor out = new_tensor(broadcast_args(op, "a", a.shape(), "b", b.shape()), dtype);
+  Tensor out = new_tensor(broadcast_args(op, "a", a.shape(), "b", b.shape()), dtype, op);
   visit_float(dtype, op, [&]<class T>(Tag<T>) { map_into<T, T, T>(out, f, a, b); });
   return out;
 }

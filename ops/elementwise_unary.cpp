@@ -71,7 +71,7 @@ struct Gelu {
 
 template <class Op> Tensor unary(const Tensor& x, Op op = {}) {
   check_floating(Op::name, "x", x);
-  Tensor y = new_tensor(x.shape(), x.dtype());
+  Tensor y = new_tensor(x.shape(), x.dtype(), Op::name);
   visit_float(x.dtype(), Op::name, [&]<class T>(Tag<T>) {
     map_into<T, T>(y, [&](T v) { return op.template f<T>(v); }, x);
   });
@@ -79,7 +79,7 @@ template <class Op> Tensor unary(const Tensor& x, Op op = {}) {
   record(Op::name, {x}, y, {Op::uses_x ? x : Tensor(), Op::uses_y ? y : Tensor()},
          [op, xs = Op::uses_x ? x : Tensor(), ys = Op::uses_y ? y.detach() : Tensor()](
              std::span<const Tensor> g, const std::vector<bool>&) {
-           Tensor dx = new_tensor(g[0].shape(), g[0].dtype());
+           Tensor dx = new_tensor(g[0].shape(), g[0].dtype(), Op::name);
            // An operand the derivative ignores is replaced by g, which is always at hand.
            const Tensor& xa = xs.defined() ? xs : g[0];
            const Tensor& ya = ys.defined() ? ys : g[0];

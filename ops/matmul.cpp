@@ -13,7 +13,7 @@ Tensor with_rank(const Tensor& x, std::size_t rank) {
   Shape shape = x.shape(), strides = x.strides();
   shape.insert(shape.begin(), rank - shape.size(), 1);
   strides.insert(strides.begin(), rank - strides.size(), 0);
-  return make_view(x, shape, strides, x.offset());
+  return make_view(x, shape, strides, x.offset(), "matmul");
 }
 
 // oneDNN sees a stride-0 batch dim as size 1 and broadcasts it against the other operand. That
@@ -32,11 +32,12 @@ Tensor forward(const Tensor& a_in, const Tensor& b_in, MatmulPrecision precision
   const std::int64_t m = a.shape()[rank - 2], k = a.shape()[rank - 1], n = b.shape()[rank - 1];
   shape.push_back(m);
   shape.push_back(n);
-  if (shape_numel(shape) == 0) return new_tensor(shape, a.dtype());
+  // A new size: [2^32, 0] @ [0, 2^32] has no element, its result 2^64.
+  if (check_shape("matmul", "result shape", shape, a.dtype()) == 0) return new_tensor(shape, a.dtype(), "matmul");
   if (k == 0) return zeros(shape, a.dtype());
   a = fit_batch(a, b);
   b = fit_batch(b, a);
-  Tensor c = new_tensor(shape, a.dtype());
+  Tensor c = new_tensor(shape, a.dtype(), "matmul");
   if (a.dtype() == DType::float64) matmul_f64(a, b, c);
   else matmul_dnnl(a, b, c, precision == MatmulPrecision::bfloat16);
   return c;

@@ -91,7 +91,7 @@ std::uint16_t to_bf16(float f) {
 // bfloat16 bits (uint16_t) or float32 holding the rounded values (for the emulated path).
 template <class Out> std::vector<Out> bf16_copy(const Tensor& x, Layout& l) {
   Shape shape(l.dims.begin(), l.dims.end());
-  Tensor region = make_view(x, shape, x.strides(), x.offset());
+  Tensor region = make_view(x, shape, x.strides(), x.offset(), "matmul");
   std::vector<Out> out(static_cast<std::size_t>(shape_numel(shape)));
   const Shape dense = contiguous_strides(shape);
   StridedLoop<2> loop(shape.data(), shape.size(), {dense.data(), region.strides().data()});
@@ -199,6 +199,9 @@ void matmul_dnnl(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
     Shape full = batch;
     full.push_back(rows);
     full.push_back(cols);
+    // c fits, but an operand broadcast to c's batch dims may not (K much larger than N or M).
+    check_shape("matmul", "an operand broadcast to the result's batch dims (rank past oneDNN's limit), shape", full,
+                x.dtype());
     return reshape(copy_of(expand(x, full)), {-1, rows, cols});
   };
   run(fold(a, m, k), fold(b, k, n), reshape(c, {-1, m, n}), bf16);

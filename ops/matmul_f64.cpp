@@ -39,10 +39,11 @@ void matmul_f64(const Tensor& a, const Tensor& b, const Tensor& c) {
   const std::size_t r = c.shape().size();
   const std::int64_t m = c.shape()[r - 2], n = c.shape()[r - 1], k = a.shape()[r - 1];
   const Shape batch(c.shape().begin(), c.shape().end() - 2);
-  const Dims8 sa = broadcast_strides(make_view(a, Shape(a.shape().begin(), a.shape().end() - 2),
-                                               Shape(a.strides().begin(), a.strides().end() - 2), a.offset()), batch);
-  const Dims8 sb = broadcast_strides(make_view(b, Shape(b.shape().begin(), b.shape().end() - 2),
-                                               Shape(b.strides().begin(), b.strides().end() - 2), b.offset()), batch);
+  auto batch_of = [](const Tensor& x) {
+    return make_view(x, Shape(x.shape().begin(), x.shape().end() - 2), Shape(x.strides().begin(), x.strides().end() - 2),
+                     x.offset(), "matmul");
+  };
+  const Dims8 sa = broadcast_strides(batch_of(a), batch), sb = broadcast_strides(batch_of(b), batch);
   const Shape sc(c.strides().begin(), c.strides().end() - 2);
   std::vector<double> pa(static_cast<std::size_t>(m * k)), pb(static_cast<std::size_t>(k * n));
   const double* base_a = static_cast<const double*>(a.raw_data());

@@ -32,7 +32,7 @@ Plan plan_reduction(const char* op, const Tensor& x, const Dims& dims, bool keep
   }
   for (std::size_t k = 0; k < p.kept.size(); ++k) {
     if (!p.reduced[k]) continue;
-    p.count *= p.kept[k];
+    p.count *= p.kept[k];  // a product of x's sizes: fits (tensor_impl.hpp)
     p.kept[k] = 1;
   }
   for (std::size_t k = 0; k < p.kept.size(); ++k)
@@ -68,7 +68,7 @@ Tensor sum(const Tensor& x, const Dims& dims, bool keepdim) {
   Tensor kept = visit_float(x.dtype(), "sum", [&]<class T>(Tag<T>) {
     return fold<T, double>(x, p, 0.0, [](double a, double v) { return a + v; });
   });
-  Tensor out = make_view(kept, p.result, contiguous_strides(p.result), 0);
+  Tensor out = make_view(kept, p.result, contiguous_strides(p.result), 0, "sum");
   // dx = g broadcast back over the reduced dims
   record("sum", {x}, out, {}, [kept_shape = p.kept, x_shape = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {
     return std::vector<Tensor>{expand(reshape(g[0], kept_shape), x_shape)};
@@ -91,7 +91,7 @@ Tensor max(const Tensor& x, const Dims& dims, bool keepdim) {
     return fold<T, T>(x, p, -std::numeric_limits<T>::infinity(),
                       [](T a, T v) { return (std::isnan(a) || a >= v) ? a : v; });
   });
-  Tensor out = make_view(kept, p.result, contiguous_strides(p.result), 0);
+  Tensor out = make_view(kept, p.result, contiguous_strides(p.result), 0, "max");
   // dx = [x == max] g / (number of tied maxima), the gradient shared among ties
   record("max", {x}, out, {x, out}, [x, kept = kept, kept_shape = p.kept, d = dims](std::span<const Tensor> g, const std::vector<bool>&) {
     const Tensor is_max = eq(x, kept);

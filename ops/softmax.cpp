@@ -52,7 +52,7 @@ void check_softmax_args(const char* op, const char* scores_name, const Tensor& s
 
 Tensor masked_softmax_forward(const Tensor& s, const Tensor& allowed) {
   // Scores are read through their strides; the weights are written contiguously.
-  Tensor a = new_tensor(s.shape(), s.dtype());
+  Tensor a = new_tensor(s.shape(), s.dtype(), "masked_softmax");
   const std::int64_t k = s.shape().back();
   visit_float(s.dtype(), "masked_softmax", [&]<class T>(Tag<T>) {
     T* pa = static_cast<T*>(mutable_data(a));
@@ -65,7 +65,7 @@ Tensor masked_softmax_forward(const Tensor& s, const Tensor& allowed) {
 
 Tensor masked_softmax_backward(const Tensor& weights, const Tensor& grad_weights) {
   const Tensor g = grad_weights.is_contiguous() ? grad_weights : copy_of(grad_weights);
-  Tensor ds = new_tensor(weights.shape(), weights.dtype());
+  Tensor ds = new_tensor(weights.shape(), weights.dtype(), "masked_softmax");
   const std::int64_t k = weights.shape().back();
   const std::int64_t rows = k == 0 ? 0 : weights.numel() / k;
   visit_float(weights.dtype(), "masked_softmax", [&]<class T>(Tag<T>) {

@@ -13,8 +13,18 @@ using namespace detail;
 
 using Backward = std::vector<Tensor>;
 
-Tensor view_of(const Tensor& x, Shape shape, Shape strides, std::int64_t offset) {
-  return make_view(x, std::move(shape), std::move(strides), offset);
+Tensor view_of(const char* op, const Tensor& x, Shape shape, Shape strides, std::int64_t offset) {
+  return make_view(x, std::move(shape), std::move(strides), offset, op);
+}
+
+// x's offset moved `index` (0 <= index <= size) steps along dim d. Within one tensor this fits
+// (tensor_impl.hpp); it is checked anyway, as the one offset computed from a caller's integer.
+std::int64_t offset_at(const char* op, const Tensor& x, std::size_t d, std::int64_t index) {
+  std::int64_t offset = 0;
+  if (__builtin_mul_overflow(index, x.strides()[d], &offset) || __builtin_add_overflow(offset, x.offset(), &offset))
+    fail<ShapeError>("{}: index {} of dim {} (stride {}) of shape {} is beyond addressable memory", op, index, d,
+                     x.strides()[d], shape_str(x.shape()));
+  return offset;
 }
 
 // Strides that let `shape` view x's elements in row-major order, or nullopt when x's layout
@@ -46,25 +56,25 @@ std::optional<Shape> reshape_strides(const Shape& old_shape, const Shape& old_st
   return strides;
 }
 
-Shape infer_shape(const Tensor& x, Shape shape) {
+Shape infer_shape(const char* op, const Tensor& x, Shape shape) {
   std::int64_t known = 1;
   std::optional<std::size_t> infer;
   for (std::size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] == -1 && !infer) infer = i;
     else if (shape[i] < 0)
-      fail<ShapeError>("reshape: argument 'shape' {} may hold one -1 and otherwise sizes >= 0 (input shape {})",
+      fail<ShapeError>("{}: argument 'shape' {} may hold one -1 and otherwise sizes >= 0 (input shape {})", op,
                        shape_str(shape), shape_str(x.shape()));
     else if (__builtin_mul_overflow(known, shape[i], &known))
-      fail<ShapeError>("reshape: argument 'shape' {} has more elements than can be addressed", shape_str(shape));
+      fail<ShapeError>("{}: argument 'shape' {} has more elements than can be addressed", op, shape_str(shape));
   }
   if (infer) {
     if (known == 0 || x.numel() % known != 0)
-      fail<ShapeError>("reshape: cannot infer the -1 in shape {} for an input of shape {} ({} elements)",
+      fail<ShapeError>("{}: cannot infer the -1 in shape {} for an input of shape {} ({} elements)", op,
                        shape_str(shape), shape_str(x.shape()), x.numel());
     shape[*infer] = x.numel() / known;
   }
-  if (checked_numel("reshape", shape, x.dtype()) != x.numel())
-    fail<ShapeError>("reshape: argument 'shape' {} has {} elements but the input shape {} has {}",
+  if (check_shape(op, "argument 'shape'", shape, x.dtype()) != x.numel())
+    fail<ShapeError>("{}: argument 'shape' {} has {} elements but the input shape {} has {}", op,
                      shape_str(shape), shape_numel(shape), shape_str(x.shape()), x.numel());
   return shape;
 }
@@ -77,22 +87,47 @@ template <class Region> Tensor scatter_into_zeros(const Shape& shape, const Tens
   return z;
 }
 
-}  // namespace
-
-Tensor reshape(const Tensor& x, Shape shape) {
-  check_defined("reshape", "x", x);
-  shape = infer_shape(x, std::move(shape));
+Tensor reshape_as(const char* op, const Tensor& x, Shape shape) {
+  check_defined(op, "x", x);
+  shape = infer_shape(op, x, std::move(shape));
   if (shape == x.shape()) return x;
   const auto strides = reshape_strides(x.shape(), x.strides(), shape);
-  Tensor out = strides ? view_of(x, shape, *strides, x.offset()) : view_of(copy_of(x), shape, contiguous_strides(shape), 0);
+  Tensor out = strides ? view_of(op, x, shape, *strides, x.offset()) : view_of(op, copy_of(x), shape, contiguous_strides(shape), 0);
   // dx = g reshaped back
-  record("reshape", {x}, out, {}, [xs = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {
+  record(op, {x}, out, {}, [xs = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {
     return Backward{reshape(g[0], xs)};
   });
   return out;
 }
 
-Tensor flatten(const Tensor& x) { return reshape(x, {-1}); }
+Tensor expand_as(const char* op, const Tensor& x, const Shape& shape) {
+  check_defined(op, "x", x);
+  if (shape.size() < x.shape().size())
+    fail<ShapeError>("{}: argument 'shape' {} has fewer dims than the input shape {}", op, shape_str(shape), shape_str(x.shape()));
+  const std::size_t lead = shape.size() - x.shape().size();
+  Shape out_shape(shape.size()), strides(shape.size(), 0);
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    const std::int64_t have = i < lead ? 1 : x.shape()[i - lead];
+    const std::int64_t want = shape[i] == -1 && i >= lead ? have : shape[i];
+    if (want < 0 || (have != want && have != 1))
+      fail<ShapeError>("{}: input shape {} cannot expand to argument 'shape' {} (dim {}: {} -> {})", op,
+                       shape_str(x.shape()), shape_str(shape), i, have, shape[i]);
+    out_shape[i] = want;
+    if (i >= lead && have == want) strides[i] = x.strides()[i - lead];
+  }
+  if (out_shape == x.shape()) return x;
+  Tensor out = view_of(op, x, out_shape, strides, x.offset());
+  // dx = g summed over the expanded dims
+  record(op, {x}, out, {}, [xs = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {
+    return Backward{sum_to(g[0], xs)};
+  });
+  return out;
+}
+
+}  // namespace
+
+Tensor reshape(const Tensor& x, Shape shape) { return reshape_as("reshape", x, std::move(shape)); }
+Tensor flatten(const Tensor& x) { return reshape_as("flatten", x, {-1}); }
 
 Tensor permute(const Tensor& x, std::vector<std::int64_t> dims) {
   check_defined("permute", "x", x);
@@ -111,7 +146,7 @@ Tensor permute(const Tensor& x, std::vector<std::int64_t> dims) {
     strides[i] = x.strides()[d];
     inverse[d] = static_cast<std::int64_t>(i);
   }
-  Tensor out = view_of(x, shape, strides, x.offset());
+  Tensor out = view_of("permute", x, shape, strides, x.offset());
   // dx = g permuted by the inverse permutation
   record("permute", {x}, out, {}, [inverse](std::span<const Tensor> g, const std::vector<bool>&) {
     return Backward{permute(g[0], inverse)};
@@ -140,7 +175,7 @@ Tensor slice(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_t
   shape[d] = end == start ? 0 : 1 + (end - start - 1) / step;  // no overflow for any step
   if (shape[d] > 1 && __builtin_mul_overflow(strides[d], step, &strides[d]))
     fail<ValueError>("slice: argument 'step' = {} is too large (input shape {})", step, shape_str(x.shape()));
-  Tensor out = view_of(x, shape, strides, x.offset() + start * x.strides()[d]);
+  Tensor out = view_of("slice", x, shape, strides, offset_at("slice", x, d, start));
   // dx = zeros with g written into the sliced region
   record("slice", {x}, out, {}, [xs = x.shape(), dim, start, end, step](std::span<const Tensor> g, const std::vector<bool>&) {
     return Backward{scatter_into_zeros(xs, g[0], [&](const Tensor& z) { return slice(z, dim, start, end, step); })};
@@ -168,7 +203,7 @@ Tensor select(const Tensor& x, std::int64_t dim, std::int64_t index) {
   Shape shape = x.shape(), strides = x.strides();
   shape.erase(shape.begin() + static_cast<std::ptrdiff_t>(d));
   strides.erase(strides.begin() + static_cast<std::ptrdiff_t>(d));
-  Tensor out = view_of(x, shape, strides, x.offset() + index * x.strides()[d]);
+  Tensor out = view_of("select", x, shape, strides, offset_at("select", x, d, index));
   // dx = zeros with g written into row `index`
   record("select", {x}, out, {}, [xs = x.shape(), dim, index](std::span<const Tensor> g, const std::vector<bool>&) {
     return Backward{scatter_into_zeros(xs, g[0], [&](const Tensor& z) { return select(z, dim, index); })};
@@ -176,30 +211,8 @@ Tensor select(const Tensor& x, std::int64_t dim, std::int64_t index) {
   return out;
 }
 
-Tensor expand(const Tensor& x, const Shape& shape) {
-  check_defined("expand", "x", x);
-  if (shape.size() < x.shape().size())
-    fail<ShapeError>("expand: argument 'shape' {} has fewer dims than the input shape {}", shape_str(shape), shape_str(x.shape()));
-  const std::size_t lead = shape.size() - x.shape().size();
-  Shape out_shape(shape.size()), strides(shape.size(), 0);
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    const std::int64_t have = i < lead ? 1 : x.shape()[i - lead];
-    const std::int64_t want = shape[i] == -1 && i >= lead ? have : shape[i];
-    if (want < 0 || (have != want && have != 1))
-      fail<ShapeError>("expand: input shape {} cannot expand to argument 'shape' {} (dim {}: {} -> {})",
-                       shape_str(x.shape()), shape_str(shape), i, have, shape[i]);
-    out_shape[i] = want;
-    if (i >= lead && have == want) strides[i] = x.strides()[i - lead];
-  }
-  if (out_shape == x.shape()) return x;
-  checked_numel("expand", out_shape, x.dtype());
-  Tensor out = view_of(x, out_shape, strides, x.offset());
-  // dx = g summed over the expanded dims
-  record("expand", {x}, out, {}, [xs = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {
-    return Backward{sum_to(g[0], xs)};
-  });
-  return out;
-}
+Tensor expand(const Tensor& x, const Shape& shape) { return expand_as("expand", x, shape); }
+Tensor broadcast_to(const Tensor& x, const Shape& shape) { return expand_as("broadcast_to", x, shape); }
 
 Tensor squeeze(const Tensor& x, std::int64_t dim) {
   check_defined("squeeze", "x", x);
@@ -228,9 +241,21 @@ Tensor contiguous(const Tensor& x) {
   return out;
 }
 
-Tensor Tensor::contiguous() const { return tapegrad::contiguous(*this); }
-Tensor Tensor::reshape(Shape s) const { return tapegrad::reshape(*this, std::move(s)); }
-Tensor Tensor::permute(std::vector<std::int64_t> d) const { return tapegrad::permute(*this, std::move(d)); }
-Tensor Tensor::transpose(std::int64_t a, std::int64_t b) const { return tapegrad::transpose(*this, a, b); }
+Tensor Tensor::contiguous() const {
+  check_self("Tensor::contiguous", *this);
+  return tapegrad::contiguous(*this);
+}
+Tensor Tensor::reshape(Shape s) const {
+  check_self("Tensor::reshape", *this);
+  return tapegrad::reshape(*this, std::move(s));
+}
+Tensor Tensor::permute(std::vector<std::int64_t> d) const {
+  check_self("Tensor::permute", *this);
+  return tapegrad::permute(*this, std::move(d));
+}
+Tensor Tensor::transpose(std::int64_t a, std::int64_t b) const {
+  check_self("Tensor::transpose", *this);
+  return tapegrad::transpose(*this, a, b);
+}
 
 }  // namespace tapegrad

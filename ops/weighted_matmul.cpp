@@ -52,7 +52,7 @@ template <class T> Tensor finite_part(const Tensor& x) {
 // The batch strides of t ([..., rows, cols]) read as if broadcast to `batch`.
 Dims8 batch_strides(const Tensor& t, const Shape& batch) {
   const Shape shape(t.shape().begin(), t.shape().end() - 2), strides(t.strides().begin(), t.strides().end() - 2);
-  return broadcast_strides(make_view(t, shape, strides, t.offset()), batch);
+  return broadcast_strides(make_view(t, shape, strides, t.offset(), "attention"), batch);
 }
 
 // c[i, n] += w[i, k] x[k, n] for every non-finite x[k, n] and every i with w[i, k] != 0.

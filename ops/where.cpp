@@ -15,7 +15,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
                      a.dtype(), shape_str(a.shape()), b.dtype(), shape_str(b.shape()));
   const Shape ab = broadcast_args("where", "a", a.shape(), "b", b.shape());
   const Shape shape = broadcast_args("where", "a and b (broadcast)", ab, "cond", cond.shape());
-  Tensor out = new_tensor(shape, a.dtype());
+  Tensor out = new_tensor(shape, a.dtype(), "where");
   visit_any(a.dtype(), [&]<class T>(Tag<T>) {
     map_into<T, bool, T, T>(out, [](bool c, T x, T y) { return c ? x : y; }, cond, a, b);
   });

@@ -41,9 +41,20 @@ namespace {
 
 // Functions, not globals: Boost.Test builds the table while registering data test cases, during
 // static initialisation, when another file's globals may not exist yet.
-std::vector<std::vector<Shape>> unary_shapes() { return {{{3, 4}}, {{2, 3, 4}}, {{5}}, {{}}, {{1, 4}}, {{0, 3}}}; }
+// Zero-size samples include a long dim: its strides multiply the other sizes all the same.
+constexpr std::int64_t kLong = std::int64_t{1} << 20;
+std::vector<std::vector<Shape>> unary_shapes() { return {{{3, 4}}, {{2, 3, 4}}, {{5}}, {{}}, {{1, 4}}, {{0, 3}}, {{0, kLong}}}; }
 std::vector<std::vector<Shape>> binary_shapes() {
-  return {{{3, 4}, {3, 4}}, {{3, 4}, {4}}, {{2, 1, 4}, {3, 1}}, {{1}, {2, 3}}, {{}, {3}}, {{0, 3}, {3}}};
+  return {{{3, 4}, {3, 4}}, {{3, 4}, {4}}, {{2, 1, 4}, {3, 1}}, {{1}, {2, 3}}, {{}, {3}}, {{0, 3}, {3}}, {{kLong, 0}, {0}}};
+}
+
+// Shapes whose sizes, 0 counted as 1, pass the 2^48 addressable bytes.
+const Shape kHugeEmpty{0, std::int64_t{1} << 62, 4};
+// Two views that broadcast to [2^25, 2^25]: 2^50 elements, too many for any dtype.
+Tensor huge_column(tg::DType dtype = tg::float32) { return tg::expand(tg::zeros({1, 1}, dtype), {std::int64_t{1} << 25, 1}); }
+Tensor huge_row(tg::DType dtype = tg::float32) { return tg::expand(tg::zeros({1, 1}, dtype), {1, std::int64_t{1} << 25}); }
+ErrorInput result_too_large(const std::string& name, std::function<void()> call) {
+  return {"result too large to address", std::move(call), Raises::shape, {name, "result shape", "[33554432, 33554432]", "addressed"}};
 }
 
 Tensor f32(const Shape& s) { return tg::zeros(s, tg::float32); }
@@ -56,6 +67,11 @@ template <class Flag> Tensor with_rows(const Tensor& x, Flag flagged, double val
   return tg::where(tg::from_bools(rows, {x.size(-2), 1}), tg::scalar(value, x.dtype()), x);
 }
 Tensor f64(const Shape& s) { return tg::zeros(s, tg::float64); }
+
+// `call` passes an undefined Tensor as argument `arg` of `fn`.
+ErrorInput undefined_arg(const std::string& fn, const std::string& arg, std::function<void()> call) {
+  return {"undefined '" + arg + "'", std::move(call), Raises::error, {fn + ": argument '" + arg + "'", "undefined"}};
+}
 
 ErrorInput bad_dtype_unary(const std::string& name, std::function<Tensor(const Tensor&)> f) {
   return {"integer input", [f] { f(tg::zeros({2, 3}, tg::int64)); }, Raises::dtype, {name, "'x'", "int64", "[2, 3]"}};
@@ -70,7 +86,7 @@ OpInfo unary(std::string name, std::function<Tensor(const Tensor&)> f, std::func
   info.op = [f](const Ins& in) { return Outs{f(in[0])}; };
   info.reference = [ref](const Refs& in) { return Refs{ref_map(in, [ref](const auto& x) { return ref(x[0]); })}; };
   info.positive = positive;
-  info.errors = {bad_dtype_unary(name, f), {"undefined input", [f] { f(Tensor()); }, Raises::any, {name, "'x'", "undefined"}}};
+  info.errors = {bad_dtype_unary(name, f), undefined_arg(name, "x", [f] { f(Tensor()); })};
   return info;
 }
 
@@ -79,6 +95,7 @@ std::vector<ErrorInput> binary_errors(const std::string& name, std::function<Ten
       {"shapes that do not broadcast", [f] { f(f32({3, 4}), f32({5})); }, Raises::shape, {name, "'b'", "[5]", "'a'", "[3, 4]"}},
       {"float32 with float64", [f] { f(f32({2}), f64({2})); }, Raises::dtype, {name, "float32", "float64", "same dtype"}},
       {"bool input", [f] { f(tg::zeros({2}, tg::bool_), f32({2})); }, Raises::dtype, {name, "'a'", "bool"}},
+      result_too_large(name, [f] { f(huge_column(), huge_row()); }),
   };
 }
 
@@ -111,18 +128,21 @@ OpInfo compare(std::string name, std::function<Tensor(const Tensor&, const Tenso
   info.name = name;
   info.covers = {name};
   info.differentiable = false;
-  // Rounded inputs make ties (equal elements) common, so eq/le/ge see both outcomes.
+  // The inputs as given, then rounded (trunc(2x)) so that ties are common and eq/le/ge see
+  // both outcomes.
   info.samples = {{{3, 4}, {3, 4}}, {{2, 1, 4}, {3, 1}}, {{}, {3}}};
   info.op = [f](const Ins& in) {
-    return Outs{tg::to(f(tg::to(tg::to(tg::mul(in[0], 2.0), tg::int64), in[0].dtype()),
-                         tg::to(tg::to(tg::mul(in[1], 2.0), tg::int64), in[1].dtype())),
-                       in[0].dtype())};
+    const Tensor raw = f(in[0], in[1]);
+    auto rounded = [](const Tensor& x) { return tg::to(tg::to(tg::mul(x, 2.0), tg::int64), x.dtype()); };
+    return Outs{tg::to(raw, in[0].dtype()), tg::to(f(rounded(in[0]), rounded(in[1])), in[0].dtype())};
   };
   info.reference = [ref](const Refs& in) {
-    return Refs{ref_map(in, [ref](const auto& x) { return ref(std::trunc(2 * x[0]), std::trunc(2 * x[1])) ? 1.0 : 0.0; })};
+    return Refs{ref_map(in, [ref](const auto& x) { return ref(x[0], x[1]) ? 1.0 : 0.0; }),
+                ref_map(in, [ref](const auto& x) { return ref(std::trunc(2 * x[0]), std::trunc(2 * x[1])) ? 1.0 : 0.0; })};
   };
   info.errors = {{"mixed dtypes", [f] { f(f32({2}), f64({2})); }, Raises::dtype, {name, "'a'", "'b'", "same dtype"}},
-                 {"shapes that do not broadcast", [f] { f(f32({2}), f32({3})); }, Raises::shape, {name, "[2]", "[3]"}}};
+                 {"shapes that do not broadcast", [f] { f(f32({2}), f32({3})); }, Raises::shape, {name, "[2]", "[3]"}},
+                 result_too_large(name, [f] { f(huge_column(), huge_row()); })};
   return info;
 }
 
@@ -139,7 +159,11 @@ OpInfo logic(std::string name, std::function<Tensor(const Tensor&, const Tensor&
   info.reference = [ref](const Refs& in) {
     return Refs{ref_map(in, [ref](const auto& x) { return ref(x[0] > 0, x[1] > 0) ? 1.0 : 0.0; })};
   };
-  info.errors = {{"float input", [f] { f(f32({2}), tg::zeros({2}, tg::bool_)); }, Raises::dtype, {name, "'a'", "bool", "float32"}}};
+  info.errors = {{"float input", [f] { f(f32({2}), tg::zeros({2}, tg::bool_)); }, Raises::dtype, {name, "'a'", "bool", "float32"}},
+                 result_too_large(name, [f] { f(huge_column(tg::bool_), huge_row(tg::bool_)); }),
+                 undefined_arg(name, "a", [f] { f(Tensor(), tg::mask({true})); }),
+                 undefined_arg(name, "b", [f] { f(tg::mask({true}), Tensor()); })};
+  info.undefined_inputs_unreachable = "op makes its bool inputs with gt";
   return info;
 }
 
@@ -206,6 +230,7 @@ std::vector<OpInfo> build() {
   t.push_back(binary("operators", [](auto& a, auto& b) { return (a + b) * (a - b) / (b * b + 1.0) + 2.0 * -a; },
                      [](double x, double y) { return (x + y) * (x - y) / (y * y + 1.0) + 2.0 * -x; }));
   t.back().errors.clear();  // the operators are the named ops above, whose errors are checked there
+  t.back().covers = {"operators", "add", "sub", "mul", "div", "neg"};  // errors name the function
 
   // Elementwise unary.
   t.push_back(unary("neg", [](auto& x) { return tg::neg(x); }, [](double x) { return -x; }));
@@ -254,7 +279,11 @@ std::vector<OpInfo> build() {
                   Ref{{}, {all_pos ? 1.0 : 0.0}}};
     };
     info.errors = {{"float input", [] { tg::logical_not(f32({2})); }, Raises::dtype, {"logical_not", "'a'", "bool"}},
-                   {"float input", [] { tg::any(f32({2})); }, Raises::dtype, {"any", "'a'", "bool"}}};
+                   {"float input", [] { tg::any(f32({2})); }, Raises::dtype, {"any", "'a'", "bool"}},
+                   undefined_arg("logical_not", "a", [] { tg::logical_not(Tensor()); }),
+                   undefined_arg("any", "a", [] { tg::any(Tensor()); }),
+                   undefined_arg("all", "a", [] { tg::all(Tensor()); })};
+    info.undefined_inputs_unreachable = "op makes its bool input with gt";
     t.push_back(info);
   }
 
@@ -277,7 +306,12 @@ std::vector<OpInfo> build() {
     info.errors = {{"float condition", [] { tg::where(f32({2}), f32({2}), f32({2})); }, Raises::dtype, {"where", "'cond'", "bool", "float32"}},
                    {"mixed dtypes", [] { tg::where(tg::mask({true}), f32({1}), f64({1})); }, Raises::dtype, {"where", "'a'", "'b'"}},
                    {"condition that does not broadcast", [] { tg::where(tg::zeros({3}, tg::bool_), f32({2}), f32({2})); },
-                    Raises::shape, {"where", "'cond'", "[3]", "[2]"}}};
+                    Raises::shape, {"where", "'cond'", "[3]", "[2]"}},
+                   result_too_large("where", [] { tg::where(tg::mask({true}), huge_column(), huge_row()); }),
+                   undefined_arg("where", "cond", [] { tg::where(Tensor(), f32({2}), f32({2})); }),
+                   undefined_arg("where", "a", [] { tg::where(tg::mask({true}), Tensor(), f32({2})); }),
+                   undefined_arg("where", "b", [] { tg::where(tg::mask({true}), f32({2}), Tensor()); })};
+    info.undefined_inputs_unreachable = "op builds the condition from the inputs' shapes";
     t.push_back(info);
   }
   {
@@ -298,7 +332,10 @@ std::vector<OpInfo> build() {
     };
     info.errors = {{"mask larger than x", [] { tg::masked_fill(f32({4}), tg::zeros({3, 4}, tg::bool_), 0.0); }, Raises::shape,
                     {"masked_fill", "'mask'", "[3, 4]", "[4]"}},
-                   {"float mask", [] { tg::masked_fill(f32({4}), f32({4}), 0.0); }, Raises::dtype, {"masked_fill", "'mask'", "bool"}}};
+                   {"float mask", [] { tg::masked_fill(f32({4}), f32({4}), 0.0); }, Raises::dtype, {"masked_fill", "'mask'", "bool"}},
+                   undefined_arg("masked_fill", "x", [] { tg::masked_fill(Tensor(), tg::mask({true}), 0.0); }),
+                   undefined_arg("masked_fill", "mask", [] { tg::masked_fill(f32({4}), Tensor(), 0.0); })};
+    info.undefined_inputs_unreachable = "op builds the mask from the input's shape";
     t.push_back(info);
   }
   {
@@ -318,7 +355,8 @@ std::vector<OpInfo> build() {
     // (~1e-7 |x|) small next to 2 eps.
     info.grad.eps = 1e-2;
     info.grad.atol = 1e-4;
-    info.errors = {{"undefined input", [] { tg::to(Tensor(), tg::float32); }, Raises::any, {"to", "'x'", "undefined"}}};
+    info.errors = {undefined_arg("to", "x", [] { tg::to(Tensor(), tg::float32); })};
+    info.undefined_inputs_unreachable = "op reads the input's dtype to pick the other one";
     t.push_back(info);
   }
 
@@ -349,7 +387,10 @@ std::vector<OpInfo> build() {
   t.push_back(view_op("reshape", {"reshape", "flatten"}, {{{3, 4}}, {{2, 3, 4}}, {{12}}, {{0, 4}}},
                       [](auto& x) { return tg::reshape(x, {-1, 2}); }, [](const Ref& r) { return ref_reshape(r, {r.numel() / 2, 2}); },
                       {{"element count mismatch", [] { tg::reshape(f32({3, 4}), {5, 2}); }, Raises::shape, {"reshape", "'shape'", "[5, 2]", "[3, 4]"}},
-                       {"two -1", [] { tg::reshape(f32({3, 4}), {-1, -1}); }, Raises::shape, {"reshape", "-1"}}}));
+                       {"two -1", [] { tg::reshape(f32({3, 4}), {-1, -1}); }, Raises::shape, {"reshape", "-1"}},
+                       {"zero-size shape too large", [] { tg::reshape(f32({0}), kHugeEmpty); }, Raises::shape, {"reshape", "'shape'", "addressed"}},
+                       {"-1 inferred into a shape too large", [] { tg::reshape(f32({0, 4}), {-1, std::int64_t{1} << 62}); }, Raises::shape,
+                        {"reshape", "'shape'", "addressed"}}}));
   t.push_back(view_op("flatten", {"flatten"}, {{{3, 4}}, {{2, 3, 4}}, {{}}}, [](auto& x) { return tg::flatten(x); },
                       [](const Ref& r) { return ref_reshape(r, {r.numel()}); }, {}));
   t.push_back(view_op("permute", {"permute", "Tensor::permute"}, {{{2, 3, 4}}, {{1, 3, 2}}, {{2, 0, 3}}},
@@ -395,7 +436,10 @@ std::vector<OpInfo> build() {
                         return out;
                       },
                       {{"incompatible size", [] { tg::expand(f32({3, 2}), {3, 4}); }, Raises::shape, {"expand", "[3, 2]", "[3, 4]"}},
-                       {"fewer dims", [] { tg::expand(f32({3, 2}), {2}); }, Raises::shape, {"expand", "fewer dims"}}}));
+                       {"fewer dims", [] { tg::expand(f32({3, 2}), {2}); }, Raises::shape, {"expand", "fewer dims"}},
+                       {"zero-size shape too large", [] { tg::expand(f32({0, 1, 1}), kHugeEmpty); }, Raises::shape, {"expand", "result shape", "addressed"}},
+                       {"zero-size shape too large", [] { tg::broadcast_to(f32({0, 1, 1}), kHugeEmpty); }, Raises::shape,
+                        {"broadcast_to", "result shape", "addressed"}}}));
   t.push_back(view_op("squeeze/unsqueeze", {"squeeze", "unsqueeze"}, {{{3, 1, 4}}, {{1, 1, 2}}},
                       [](auto& x) { return tg::unsqueeze(tg::squeeze(x, 1), -1); },
                       [](const Ref& r) { return ref_reshape(r, {r.shape[0], r.shape[2], 1}); },
@@ -410,7 +454,7 @@ std::vector<OpInfo> build() {
     info.name = "concat";
     info.covers = {"concat"};
     info.samples = {{{2, 3}, {4, 3}, {1, 3}}, {{2, 1, 2}, {2, 3, 2}, {2, 2, 2}}, {{2, 3}, {0, 3}, {1, 3}}};
-    info.op = [](const Ins& in) { return Outs{tg::concat(in, in[0].dim() == 2 ? 0 : 1)}; };
+    info.op = [](const Ins& in) { return Outs{tg::concat(in, -2)}; };  // dim 0 of the rank-2 samples, 1 of the rank-3
     info.reference = [](const Refs& in) {
       const std::size_t d = in[0].shape.size() == 2 ? 0 : 1;
       Shape s = in[0].shape;
@@ -427,7 +471,9 @@ std::vector<OpInfo> build() {
     };
     info.errors = {{"mismatched shapes", [] { tg::concat({f32({2, 3}), f32({2, 4})}, 0); }, Raises::shape, {"concat", "'tensors[1]'", "[2, 4]", "[2, 3]"}},
                    {"no tensors", [] { tg::concat({}, 0); }, Raises::value, {"concat", "'tensors'", "empty"}},
-                   {"mixed dtypes", [] { tg::concat({f32({2}), f64({2})}, 0); }, Raises::dtype, {"concat", "'tensors[1]'", "float64"}}};
+                   {"mixed dtypes", [] { tg::concat({f32({2}), f64({2})}, 0); }, Raises::dtype, {"concat", "'tensors[1]'", "float64"}},
+                   {"zero-size result too large", [] { tg::concat({f32({0, std::int64_t{1} << 46}), f32({0, std::int64_t{1} << 46})}, 1); },
+                    Raises::shape, {"concat", "result shape", "addressed"}}};
     t.push_back(info);
   }
   {
@@ -448,7 +494,10 @@ std::vector<OpInfo> build() {
       }
       return Refs{out};
     };
-    info.errors = {{"mismatched shapes", [] { tg::stack({f32({2, 3}), f32({3, 2})}, 0); }, Raises::shape, {"stack", "'tensors[1]'", "[3, 2]", "[2, 3]"}}};
+    info.errors = {{"mismatched shapes", [] { tg::stack({f32({2, 3}), f32({3, 2})}, 0); }, Raises::shape, {"stack", "'tensors[1]'", "[3, 2]", "[2, 3]"}},
+                   {"mixed dtypes", [] { tg::stack({f32({2}), f64({2})}, 0); }, Raises::dtype, {"stack", "'tensors[1]'", "float64"}},
+                   {"zero-size result too large", [] { tg::stack({f32({0, std::int64_t{1} << 46}), f32({0, std::int64_t{1} << 46})}, 0); },
+                    Raises::shape, {"stack", "result shape", "addressed"}}};
     t.push_back(info);
   }
 
@@ -459,8 +508,9 @@ std::vector<OpInfo> build() {
     info.covers = {"masked_softmax"};
     info.samples = {{{3, 5}}, {{2, 3, 4}}, {{6}}, {{4, 1}}, {{2, 0}}};
     info.op = [](const Ins& in) {
+      const Tensor plain = tg::masked_softmax(in[0]);
       const Shape& s = in[0].shape();
-      return Outs{tg::masked_softmax(in[0]), tg::masked_softmax(in[0], pattern_mask(Shape(s.end() - 1, s.end())))};
+      return Outs{plain, tg::masked_softmax(in[0], pattern_mask(Shape(s.end() - 1, s.end())))};
     };
     info.reference = [](const Refs& in) {
       const Ref& s = in[0];
@@ -545,6 +595,15 @@ std::vector<OpInfo> build() {
                    {"mixed dtypes", [] { tg::scaled_dot_product_attention(f32({1, 3}), f64({2, 3}), f32({2, 1})); }, Raises::dtype,
                     {"scaled_dot_product_attention", "'q'", "'k'"}},
                    {"zero width D", [] { tg::attention(f32({2, 0}), f32({3, 0}), f32({3, 2})); }, Raises::shape, {"attention", "D must be >= 1", "[2, 0]"}}};
+    for (const std::string fn : {"scaled_dot_product_attention", "attention"})
+      for (std::size_t missing = 0; missing < 3; ++missing)
+        info.errors.push_back(undefined_arg(fn, std::string(1, "qkv"[missing]), [fn, missing] {
+          std::vector<Tensor> qkv{f32({2, 3}), f32({4, 3}), f32({4, 1})};
+          qkv[missing] = Tensor();
+          if (fn == "attention") tg::attention(qkv[0], qkv[1], qkv[2]);
+          else tg::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2]);
+        }));
+    info.undefined_inputs_unreachable = "op builds the mask from q's and k's sizes";
     t.push_back(info);
   }
   {
@@ -566,7 +625,10 @@ std::vector<OpInfo> build() {
       }
       return Refs{a, b};
     };
-    info.errors = {{"negative size", [] { tg::causal_mask(2, -1); }, Raises::value, {"causal_mask", "'keys'", "-1"}}};
+    info.errors = {{"negative size", [] { tg::causal_mask(2, -1); }, Raises::value, {"causal_mask", "'keys'", "-1"}},
+                   {"too large", [] { tg::causal_mask(std::int64_t{1} << 40, std::int64_t{1} << 40); }, Raises::shape,
+                    {"causal_mask", "result shape", "addressed"}}};
+    info.undefined_inputs_unreachable = "causal_mask takes no tensor (op reads its sizes from the input)";
     t.push_back(info);
   }
   {
@@ -631,6 +693,14 @@ std::vector<OpInfo> build() {
                     Raises::value, {"multihead_attention", "'heads'", "0"}},
                    {"zero width D", [] { tg::multihead_attention({f32({1, 1, 2}), f32({1, 1, 2})}, {f32({2, 0}), f32({2, 0}), f32({2, 2}), f32({2, 2})}); },
                     Raises::shape, {"multihead_attention", "D must be >= 1", "'w_q'", "[2, 0]"}}};
+    const std::vector<std::string> fields{"query", "context", "w_q", "w_k", "w_v", "w_o"};
+    for (std::size_t missing = 0; missing < fields.size(); ++missing)
+      info.errors.push_back(undefined_arg("multihead_attention", fields[missing], [missing] {
+        std::vector<Tensor> t{f32({1, 1, 2}), f32({1, 1, 2}), f32({2, 2}), f32({2, 2}), f32({2, 2}), f32({2, 2})};
+        t[missing] = Tensor();
+        tg::multihead_attention({t[0], t[1]}, {t[2], t[3], t[4], t[5]});
+      }));
+    info.undefined_inputs_unreachable = "op builds the masks from the inputs' sizes";
     t.push_back(info);
   }
   {
@@ -655,7 +725,11 @@ std::vector<OpInfo> build() {
                    {"query_dim too large to allocate", [] { tg::MultiHeadAttention({.query_dim = std::numeric_limits<std::int64_t>::max()}); },
                     Raises::value, {"MultiHeadAttention", "'w_q'", "config.query_dim", "more than can be allocated"}},
                    {"heads * head_dim overflowing", [] { tg::MultiHeadAttention({.query_dim = 4, .heads = std::int64_t{1} << 33, .head_dim = std::int64_t{1} << 33}); },
-                    Raises::value, {"MultiHeadAttention", "config.heads * config.head_dim", "overflows"}}};
+                    Raises::value, {"MultiHeadAttention", "config.heads * config.head_dim", "overflows"}},
+                   undefined_arg("MultiHeadAttention::forward", "x", [] { tg::MultiHeadAttention({.query_dim = 2}).forward(Tensor()); }),
+                   undefined_arg("MultiHeadAttention::forward", "query", [] { tg::MultiHeadAttention({.query_dim = 2}).forward(Tensor(), f32({1, 1, 2})); }),
+                   undefined_arg("MultiHeadAttention::forward", "context", [] { tg::MultiHeadAttention({.query_dim = 2}).forward(f32({1, 1, 2}), Tensor()); })};
+    info.undefined_inputs_unreachable = "op makes the layer in the input's dtype";
     t.push_back(info);
   }
 
@@ -681,7 +755,12 @@ std::vector<OpInfo> build() {
     info.errors = {{"query of the wrong width", [] {
                       tg::KVCache cache;
                       tg::MultiHeadAttention({.query_dim = 4}).decode(f32({1, 1, 3}), cache);
-                    }, Raises::shape, {"MultiHeadAttention::decode", "'query'", "[1, 1, 3]"}}};
+                    }, Raises::shape, {"MultiHeadAttention::decode", "'query'", "[1, 1, 3]"}},
+                   undefined_arg("MultiHeadAttention::decode", "query", [] {
+                     tg::KVCache cache;
+                     tg::MultiHeadAttention({.query_dim = 4}).decode(Tensor(), cache);
+                   })};
+    info.undefined_inputs_unreachable = "op makes the layer in the input's dtype";
     t.push_back(info);
   }
   {
@@ -694,7 +773,10 @@ std::vector<OpInfo> build() {
       return Outs{tg::expand(in[0], s) + tg::expand(in[1], s)};
     };
     info.reference = [](const Refs& in) { return Refs{ref_map(in, [](const auto& x) { return x[0] + x[1]; })}; };
-    info.errors = {{"shapes that do not broadcast", [] { tg::broadcast_shapes({2, 3}, {4}); }, Raises::shape, {"broadcast_shapes", "[2, 3]", "[4]"}}};
+    info.errors = {{"shapes that do not broadcast", [] { tg::broadcast_shapes({2, 3}, {4}); }, Raises::shape, {"broadcast_shapes", "[2, 3]", "[4]"}},
+                   {"negative size", [] { tg::broadcast_shapes({-5}, {1}); }, Raises::shape, {"broadcast_shapes", "'a'", "[-5]", "negative"}},
+                   {"negative size against 1", [] { tg::broadcast_shapes({3}, {-1}); }, Raises::shape, {"broadcast_shapes", "'b'", "[-1]"}}};
+    info.undefined_inputs_unreachable = "broadcast_shapes takes shapes, not tensors";
     t.push_back(info);
   }
 
@@ -711,7 +793,12 @@ std::vector<OpInfo> build() {
                    {"batch dims do not broadcast", [] { tg::matmul(f32({2, 2, 3}), f32({3, 3, 2})); }, Raises::shape, {"matmul", "batch", "[2]", "[3]"}},
                    {"mixed dtypes", [] { tg::matmul(f32({2, 2}), f64({2, 2})); }, Raises::dtype, {"matmul", "float32", "float64"}},
                    {"bfloat16 on float64", [] { tg::matmul(f64({2, 2}), f64({2, 2}), tg::MatmulPrecision::bfloat16); }, Raises::dtype,
-                    {"matmul", "bfloat16", "float64"}}};
+                    {"matmul", "bfloat16", "float64"}},
+                   {"K = 0 with a result too large", [] { tg::matmul(f32({std::int64_t{1} << 32, 0}), f32({0, std::int64_t{1} << 32})); },
+                    Raises::shape, {"matmul", "result shape", "[4294967296, 4294967296]", "addressed"}},
+                   {"batch dims broadcast too large", [] { tg::matmul(tg::expand(f64({1, 1, 1, 2}), {std::int64_t{1} << 25, 1, 1, 2}),
+                                                                      tg::expand(f64({1, 1, 2, 1}), {1, std::int64_t{1} << 25, 2, 1})); },
+                    Raises::shape, {"matmul", "result shape", "addressed"}}};
     t.push_back(info);
   }
 
@@ -763,6 +850,9 @@ std::vector<OpInfo> build() {
                     {"index_select", "holds 3 at position [0]"}},
                    {"dim out of range", [] { tg::index_select(f32({5}), 1, tg::tensor({0}, tg::int64)); }, Raises::shape, {"index_select", "'dim'", "rank 1"}},
                    {"undefined x", [ids] { tg::index_select(Tensor(), 0, ids); }, Raises::any, {"index_select", "'x'", "undefined"}}};
+    info.undefined_inputs_unreachable = "the op builds its ids from the input's shape";
+    info.errors.push_back(undefined_arg("index_select", "x", [] { tg::index_select(Tensor(), 0, tg::zeros({1}, tg::int64)); }));
+    info.errors.push_back(undefined_arg("index_select", "index", [] { tg::index_select(f32({2}), 0, Tensor()); }));
     t.push_back(info);
   }
   {
@@ -785,6 +875,9 @@ std::vector<OpInfo> build() {
                    {"id past the vocabulary", [] { tg::embedding(f32({4, 2}), tg::tensor({{1, 2}, {7, 0}}, tg::int64)); }, Raises::value,
                     {"embedding", "'ids'", "holds 7 at position [1, 0]", "'weight'", "[4, 2]", "[0, 4)"}},
                    {"bool ids", [] { tg::embedding(f32({4, 2}), tg::mask({true})); }, Raises::dtype, {"embedding", "'ids'", "int64", "bool"}}};
+    info.undefined_inputs_unreachable = "the op builds its ids from the input's shape";
+    info.errors.push_back(undefined_arg("embedding", "weight", [] { tg::embedding(Tensor(), tg::zeros({1}, tg::int64)); }));
+    info.errors.push_back(undefined_arg("embedding", "ids", [] { tg::embedding(f32({2, 2}), Tensor()); }));
     t.push_back(info);
   }
   {
@@ -819,6 +912,9 @@ std::vector<OpInfo> build() {
                    {"id out of range", [] { tg::gather(f32({2, 3}), 1, tg::tensor({{0, 1}, {3, 0}}, tg::int64)); }, Raises::value,
                     {"gather", "'index'", "holds 3 at position [1, 0]", "[0, 3)"}},
                    {"float index", [] { tg::gather(f32({2, 3}), 0, f32({2, 3})); }, Raises::dtype, {"gather", "'index'", "int64"}}};
+    info.undefined_inputs_unreachable = "the op builds its index from the input's shape";
+    info.errors.push_back(undefined_arg("gather", "x", [] { tg::gather(Tensor(), 0, tg::zeros({1}, tg::int64)); }));
+    info.errors.push_back(undefined_arg("gather", "index", [] { tg::gather(f32({2}), 0, Tensor()); }));
     t.push_back(info);
   }
   {
@@ -864,6 +960,9 @@ std::vector<OpInfo> build() {
                    {"dim out of range", [] { tg::argmax(f32({2, 3}), 2); }, Raises::shape, {"argmax", "'dim'", "rank 2"}},
                    {"zero-size dim", [] { tg::argmax(f32({2, 0}), 1); }, Raises::shape, {"argmax", "dim 1", "size 0", "[2, 0]"}},
                    {"empty input", [] { tg::argmax(f32({0, 3})); }, Raises::shape, {"argmax", "'x'", "[0, 3]", "empty"}}};
+    info.undefined_inputs_unreachable = "the op reads the input's rank to pick its dims";
+    info.errors.push_back(undefined_arg("argmax", "x", [] { tg::argmax(Tensor(), 0); }));
+    info.errors.push_back(undefined_arg("argmax", "x", [] { tg::argmax(Tensor()); }));
     t.push_back(info);
   }
   {
@@ -901,6 +1000,8 @@ std::vector<OpInfo> build() {
                    {"mask larger than x", [] { tg::log_softmax(f32({2}), tg::zeros({3, 2}, tg::bool_)); }, Raises::shape,
                     {"log_softmax", "'allowed'", "[3, 2]", "[2]"}},
                    {"rank 0 x", [] { tg::log_softmax(f32({})); }, Raises::shape, {"log_softmax", "rank >= 1"}}};
+    info.undefined_inputs_unreachable = "the op builds its mask from the input's shape";
+    info.errors.push_back(undefined_arg("log_softmax", "x", [] { tg::log_softmax(Tensor()); }));
     t.push_back(info);
   }
   for (const auto& [smoothing, ignore] : std::vector<std::pair<double, std::int64_t>>{{0.0, -100}, {0.2, 1}}) {
@@ -962,6 +1063,9 @@ std::vector<OpInfo> build() {
                     {"cross_entropy", "'label_smoothing'", "nan"}},
                    {"unknown reduction", [two] { tg::cross_entropy(f32({2, 5}), two, {.reduction = static_cast<tg::Reduction>(7)}); }, Raises::value,
                     {"cross_entropy", "'reduction'", "7"}}};
+    info.undefined_inputs_unreachable = "the op builds its targets from the logits' shape";
+    info.errors.push_back(undefined_arg("cross_entropy", "logits", [] { tg::cross_entropy(Tensor(), tg::zeros({1}, tg::int64)); }));
+    info.errors.push_back(undefined_arg("cross_entropy", "targets", [] { tg::cross_entropy(f32({1, 2}), Tensor()); }));
     t.push_back(info);
   }
   {
@@ -1019,6 +1123,8 @@ std::vector<OpInfo> build() {
                    {"negative eps", [] { tg::layer_norm(f32({2, 4}), Tensor(), Tensor(), -1e-5); }, Raises::value, {"layer_norm", "'eps'", ">= 0", "-1e-05"}},
                    {"rank-0 x", [] { tg::layer_norm(f32({})); }, Raises::shape, {"layer_norm", "'x'", "rank >= 1"}},
                    {"integer x", [] { tg::layer_norm(tg::zeros({2}, tg::int64)); }, Raises::dtype, {"layer_norm", "'x'", "int64"}}};
+    info.undefined_inputs_unreachable = "weight and bias are optional: an undefined one means none";
+    info.errors.push_back(undefined_arg("layer_norm", "x", [] { tg::layer_norm(Tensor()); }));
     t.push_back(info);
   }
   {

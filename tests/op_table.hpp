@@ -10,7 +10,7 @@
 
 namespace tg_test {
 
-enum class Raises { shape, dtype, value, graph, any };
+enum class Raises { shape, dtype, value, graph, error, any };  // error: tapegrad::Error itself
 
 struct ErrorInput {
   std::string description;
@@ -32,6 +32,11 @@ struct OpInfo {
   tapegrad::GradcheckOptions grad{};
   double f32_tol = 2e-5;  // float32 vs float64 agreement, absolute and relative
   std::vector<ErrorInput> errors;
+  // Empty when test_ops may replace each input of the first sample by an undefined Tensor and
+  // expect the op to name itself and the argument. Otherwise why it cannot (`op` reads the
+  // inputs' shapes or dtypes before calling the function, or the function takes no tensor);
+  // then `errors` covers each undefined argument instead.
+  std::string undefined_inputs_unreachable;
 };
 
 const std::vector<OpInfo>& op_table();

@@ -3,6 +3,7 @@
 // against float64 in float32, for dtype preservation and untouched inputs, by float64
 // gradcheck, and on its error inputs.
 #define BOOST_TEST_MODULE ops
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -165,7 +166,40 @@ void check_error_inputs(const std::string& name) {
         case Raises::dtype: check_throws<tg::DTypeError>(e.call, e.fragments); break;
         case Raises::value: check_throws<tg::ValueError>(e.call, e.fragments); break;
         case Raises::graph: check_throws<tg::GraphError>(e.call, e.fragments); break;
+        case Raises::error: check_throws<tg::Error>(e.call, e.fragments); break;
         case Raises::any: check_throws<std::invalid_argument>(e.call, e.fragments); break;
+      }
+    }
+  }
+}
+
+// Whether the message starts with "name:" (or "name::member:") for one of the entry's names.
+bool names_one_of(const std::string& msg, const std::vector<std::string>& names) {
+  return std::any_of(names.begin(), names.end(), [&](const std::string& n) { return msg.rfind(n + ":", 0) == 0; });
+}
+
+// Each input of the first sample in turn replaced by an undefined Tensor: the function must
+// name itself and the argument, not fail inside Tensor (or crash).
+void check_undefined_inputs(const std::string& name) {
+  const OpInfo& info = find_op(name);
+  if (!info.undefined_inputs_unreachable.empty()) {
+    BOOST_TEST_MESSAGE(name << ": undefined arguments are in its error inputs (" << info.undefined_inputs_unreachable << ")");
+    return;
+  }
+  const Inputs in = make_inputs(info, info.samples.front(), Layout::contiguous, tg::float64, 1);
+  for (std::size_t i = 0; i < in.leaves.size(); ++i) {
+    BOOST_TEST_CONTEXT(name << " with input " << i << " undefined") {
+      std::vector<Tensor> args = in.leaves;
+      args[i] = Tensor();
+      try {
+        info.op(args);
+        BOOST_ERROR("no error");
+      } catch (const tg::Error& e) {
+        const std::string msg = e.what();
+        BOOST_CHECK_MESSAGE(msg.find("undefined") != std::string::npos && msg.find("argument '") != std::string::npos &&
+                                names_one_of(msg, info.covers),
+                            "message '" << msg << "' should name one of " << fmt::format("{}", info.covers)
+                                        << " and the undefined argument");
       }
     }
   }
@@ -178,6 +212,10 @@ BOOST_AUTO_TEST_SUITE(op_table_suite)
 BOOST_DATA_TEST_CASE(matches_reference_in_every_layout, bdata::make(op_names()), name) { check_against_reference(name); }
 
 BOOST_DATA_TEST_CASE(rejects_bad_inputs_with_clear_errors, bdata::make(op_names()), name) { check_error_inputs(name); }
+
+BOOST_DATA_TEST_CASE(undefined_inputs_name_the_function_and_argument, bdata::make(op_names()), name) {
+  check_undefined_inputs(name);
+}
 
 // Every op and layer the public headers (ops/ and layers/) declare must be named by some entry,
 // so nothing escapes the table.

@@ -1,6 +1,10 @@
 // Tensors: factories, layout and views, conversion, printing, argument checks.
 #define BOOST_TEST_MODULE tensor
+#include <cmath>
+#include <functional>
 #include <limits>
+#include <string>
+#include <utility>
 
 #include "support.hpp"
 
@@ -23,7 +27,7 @@ BOOST_AUTO_TEST_CASE(filled_and_ranges) {
   check_throws<tg::ValueError>([] { tg::arange(0, 1, 0); }, {"arange", "step"});
   check_throws<tg::ShapeError>([] { tg::zeros({2, -1}); }, {"[2, -1]"});
   // Element counts that overflow are errors, not tiny allocations.
-  check_throws<tg::ShapeError>([] { tg::zeros({std::int64_t{1} << 62}); }, {"full/zeros/ones", "addressed"});
+  check_throws<tg::ShapeError>([] { tg::zeros({std::int64_t{1} << 62}); }, {"zeros", "'shape'", "addressed"});
   check_throws<tg::ShapeError>([] { tg::empty({std::int64_t{1} << 40, std::int64_t{1} << 40}); }, {"empty", "addressed"});
   check_throws<tg::ShapeError>([] { tg::expand(tg::zeros({1, 1}), {std::int64_t{1} << 40, std::int64_t{1} << 40}); }, {"expand", "addressed"});
   check_throws<tg::DTypeError>([] { tg::randn({2}, 1, tg::int64); }, {"randn", "'dtype'", "int64"});
@@ -48,7 +52,8 @@ BOOST_AUTO_TEST_CASE(from_buffers_and_literals_in_every_dtype) {
   BOOST_TEST(tg::mask({{true, false}, {false, true}}).dtype() == tg::bool_);
   BOOST_TEST(tg::tensor({{10}, {20}}).shape() == (Shape{2, 1}));  // every brace pair is a dim
   BOOST_TEST(tg::tensor(5.0).dim() == 0);
-  check_throws<tg::ShapeError>([] { tg::tensor({{1, 2}, {3}}); }, {"ragged"});
+  check_throws<tg::ShapeError>([] { tg::tensor({{1, 2}, {3}}); }, {"tensor:", "ragged"});
+  check_throws<tg::ShapeError>([] { tg::mask({{true}, {false, true}}); }, {"mask:", "ragged"});
 }
 
 BOOST_AUTO_TEST_CASE(random_is_seeded_and_reproducible) {
@@ -64,6 +69,140 @@ BOOST_AUTO_TEST_CASE(random_is_seeded_and_reproducible) {
   // One generator gives a stream: two draws differ.
   tg::Generator gen(5);
   BOOST_TEST(tg::randn({4}, gen).to_vector<float>() != tg::randn({4}, gen).to_vector<float>());
+}
+
+BOOST_AUTO_TEST_CASE(rand_stays_in_its_interval) {
+  constexpr double dmax = std::numeric_limits<double>::max();
+  constexpr double fmax = std::numeric_limits<float>::max();
+  auto in_interval = [](const Tensor& t, double low, double high) {
+    for (double v : t.to_vector<double>())
+      if (!(v >= low && v < high)) return false;
+    return true;
+  };
+  // Bounds whose difference overflows, in both dtypes.
+  BOOST_TEST(in_interval(tg::rand({1000}, 1, tg::float64, -dmax, dmax), -dmax, dmax));
+  BOOST_TEST(in_interval(tg::rand({1000}, 2, tg::float64, 0.5 * dmax, dmax), 0.5 * dmax, dmax));
+  BOOST_TEST(in_interval(tg::rand({1000}, 3, tg::float32, -fmax, fmax), -fmax, fmax));
+  // float32 rounding of the bounds: float(0.1) > 0.1 and float(0.7) < 0.7, and an interval
+  // narrow enough that most draws round onto a bound.
+  BOOST_TEST(in_interval(tg::rand({10000}, 4, tg::float32, 0.0, 0.1), 0.0, 0.1));
+  BOOST_TEST(in_interval(tg::rand({10000}, 5, tg::float32, 0.7, 0.7000001), 0.7, 0.7000001));
+  BOOST_TEST(in_interval(tg::rand({1000}, 6, tg::float64, 1.0, std::nextafter(1.0, 2.0)), 1.0, std::nextafter(1.0, 2.0)));
+  // low == high gives low.
+  BOOST_TEST(tg::rand({3}, 7, tg::float64, 0.1, 0.1).to_vector<double>() == std::vector<double>(3, 0.1));
+  BOOST_TEST(tg::rand({3}, 7, tg::float32, 0.1, 0.1).to_vector<float>() == std::vector<float>(3, 0.1f));
+  // The same seed gives the same stream whatever the bounds.
+  tg::Generator a(8), b(8);
+  tg::rand({5}, a, tg::float64, 2.0, 2.0);
+  tg::rand({5}, b, tg::float64, 0.0, 1.0);
+  BOOST_TEST(a.uniform() == b.uniform());
+
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  check_throws<tg::ValueError>([&] { tg::rand({2}, 1, tg::float64, -inf, 0.0); }, {"rand", "'low'", "finite"});
+  check_throws<tg::ValueError>([&] { tg::rand({2}, 1, tg::float64, 0.0, nan); }, {"rand", "'high'", "finite"});
+  check_throws<tg::ValueError>([] { tg::rand({2}, 1, tg::float64, 1.0, 0.0); }, {"rand", "low <= high"});
+  check_throws<tg::ValueError>([&] { tg::rand({2}, 1, tg::float32, 0.0, dmax); }, {"rand", "float32", "represent"});
+  check_throws<tg::ValueError>([] { tg::rand({2}, 1, tg::float32, 0.1, 0.1 + 1e-12); }, {"rand", "no float32 value"});
+  check_throws<tg::DTypeError>([] { tg::rand({2}, 1, tg::int64); }, {"rand", "'dtype'", "int64"});
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// Sizes that multiply past int64 (or past the 2^48 addressable bytes) are ShapeErrors naming the
+// function, also when a zero makes the element count 0: strides and offsets still multiply the
+// other sizes. Zero-size shapes within the limit work everywhere.
+BOOST_AUTO_TEST_SUITE(shape_arithmetic)
+
+constexpr std::int64_t operator""_p2(unsigned long long e) { return std::int64_t{1} << e; }
+
+BOOST_AUTO_TEST_CASE(factories_check_zero_size_shapes_too) {
+  const Shape huge{0, 62_p2, 4};
+  check_throws<tg::ShapeError>([&] { tg::zeros(huge); }, {"zeros", "'shape'", "[0, 4611686018427387904, 4]", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::ones(huge); }, {"ones", "'shape'", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::full(huge, 1.0); }, {"full", "'shape'", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::empty(huge, tg::bool_); }, {"empty", "'shape'", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::randn(huge, 1); }, {"randn", "'shape'", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::rand(huge, 1); }, {"rand", "'shape'", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::from_vector(std::vector<double>{}, huge); }, {"from_vector", "'shape'", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::from_bools({}, huge); }, {"from_bools", "'shape'", "addressed"});
+  check_throws<tg::ShapeError>([] { tg::zeros({0, -3}); }, {"zeros", "[0, -3]", "negative"});
+  // The limit counts bytes: 2^46 float32 elements fit, 2^47 do not, 2^48 bools do.
+  BOOST_TEST(tg::zeros({0, 46_p2}).numel() == 0);
+  check_throws<tg::ShapeError>([] { tg::zeros({0, 47_p2}); }, {"zeros", "float32", "addressed"});
+  BOOST_TEST(tg::empty({48_p2, 0}, tg::bool_).strides() == (Shape{1, 1}));
+  BOOST_TEST(tg::zeros({0, 20_p2, 20_p2}).strides() == (Shape{40_p2, 20_p2, 1}));
+}
+
+BOOST_AUTO_TEST_CASE(ranges_and_masks_name_themselves) {
+  check_throws<tg::ShapeError>([] { tg::arange(0, 1e14); }, {"arange", "[100000000000000]", "addressed"});
+  check_throws<tg::ShapeError>([] { tg::arange(-1e308, 1e308, 1e-10); }, {"arange", "would make", "addressed"});
+  check_throws<tg::ShapeError>([] { tg::causal_mask(40_p2, 40_p2); }, {"causal_mask", "[1099511627776, 1099511627776]", "addressed"});
+  check_throws<tg::ShapeError>([] { tg::causal_mask(0, 62_p2); }, {"causal_mask", "addressed"});
+  BOOST_TEST(tg::causal_mask(0, 40_p2).shape() == (Shape{0, 40_p2}));
+  BOOST_TEST(tg::causal_mask(40_p2, 0).numel() == 0);
+}
+
+BOOST_AUTO_TEST_CASE(views_of_zero_size_tensors) {
+  const Tensor e = tg::zeros({0, 1, 1});
+  check_throws<tg::ShapeError>([&] { tg::expand(e, {0, 40_p2, 40_p2}); }, {"expand", "[0, 1099511627776, 1099511627776]", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::broadcast_to(e, {0, 62_p2, 4}); }, {"broadcast_to", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::reshape(e, {0, 62_p2, 4}); }, {"reshape", "'shape'", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::reshape(e, {-1, 62_p2}); }, {"reshape", "'shape'", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::reshape(e, {0, -1}); }, {"reshape", "cannot infer"});
+  // Within the limit every view works and reduces to the right empty or zero result.
+  const Tensor big = tg::expand(e, {0, 20_p2, 20_p2});
+  BOOST_TEST(big.numel() == 0);
+  BOOST_TEST(tg::sum(big, {1, 2}).shape() == (Shape{0}));
+  BOOST_TEST(tg::sum(big, {0, 2}).to_vector<double>() == std::vector<double>(20_p2, 0.0));
+  BOOST_TEST(std::isnan(tg::mean(big, {0, 2}).to_vector<double>()[0]));
+  BOOST_TEST(tg::reshape(big, {20_p2, 0, 20_p2}).shape() == (Shape{20_p2, 0, 20_p2}));
+  BOOST_TEST(tg::flatten(big).shape() == (Shape{0}));
+  // Offsets of slices and selects along a long empty tensor's dims.
+  const Tensor wide = tg::zeros({0, 40_p2});
+  BOOST_TEST(tg::slice(wide, 1, 5, 40_p2, 39_p2).shape() == (Shape{0, 2}));
+  BOOST_TEST(tg::slice(wide, 1, 40_p2, 40_p2).shape() == (Shape{0, 0}));
+  BOOST_TEST(tg::select(wide, 1, -1).shape() == (Shape{0}));
+  BOOST_TEST(tg::narrow(wide, 1, 40_p2 - 3, 3).shape() == (Shape{0, 3}));
+  BOOST_TEST(tg::permute(wide, {1, 0}).contiguous().shape() == (Shape{40_p2, 0}));
+}
+
+BOOST_AUTO_TEST_CASE(joins_add_sizes_with_a_check) {
+  // concat({a, a}, 1) with a = zeros({0, 2^62}) cannot happen: a itself is refused.
+  check_throws<tg::ShapeError>([] { tg::zeros({0, 62_p2}); }, {"zeros", "addressed"});
+  const Tensor a = tg::zeros({0, 45_p2});
+  check_throws<tg::ShapeError>([&] { tg::concat({a, a, a}, 1); }, {"concat", "result shape", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::stack({a, a, a, a}, -1); }, {"stack", "result shape", "addressed"});
+  BOOST_TEST(tg::concat({a, a}, 1).shape() == (Shape{0, 46_p2}));
+  BOOST_TEST(tg::stack({a, a}, 0).shape() == (Shape{2, 0, 45_p2}));
+  // 2^15 views of 2^48 bools each: the sum itself leaves int64.
+  const Tensor widest = tg::expand(tg::zeros({0, 1}, tg::bool_), {0, 48_p2});
+  check_throws<tg::ShapeError>([&] { tg::concat(std::vector<Tensor>(15_p2, widest), 1); }, {"concat", "add up", "'tensors[32767]'"});
+}
+
+BOOST_AUTO_TEST_CASE(matmul_checks_the_shape_it_makes) {
+  const Tensor a = tg::zeros({32_p2, 0}), b = tg::zeros({0, 32_p2});
+  check_throws<tg::ShapeError>([&] { tg::matmul(a, b); }, {"matmul", "result shape", "[4294967296, 4294967296]", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::matmul(a.to(tg::float64), b.to(tg::float64)); }, {"matmul", "result shape"});
+  // Batch dims broadcast into a result too large, with K = 0.
+  check_throws<tg::ShapeError>([] { tg::matmul(tg::zeros({24_p2, 1, 2, 0}), tg::zeros({1, 24_p2, 0, 2})); },
+                               {"matmul", "result shape", "addressed"});
+  BOOST_TEST(tg::matmul(tg::zeros({30_p2, 0}), tg::zeros({0, 0})).shape() == (Shape{30_p2, 0}));
+  BOOST_TEST(tg::matmul(tg::zeros({3, 0}), tg::zeros({0, 2})).to_vector<double>() == std::vector<double>(6, 0.0));
+}
+
+BOOST_AUTO_TEST_CASE(elementwise_results_name_the_op) {
+  // 2^50 elements: too many for bool results too.
+  const Tensor col = tg::expand(tg::zeros({1, 1}), {25_p2, 1}), row = tg::expand(tg::zeros({1, 1}), {1, 25_p2});
+  check_throws<tg::ShapeError>([&] { tg::add(col, row); }, {"add", "result shape", "[33554432, 33554432]", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::lt(col, row); }, {"lt", "result shape", "addressed"});
+  check_throws<tg::ShapeError>([&] { tg::where(tg::gt(col, tg::scalar(0.0)), col, row); }, {"where", "result shape", "addressed"});
+}
+
+BOOST_AUTO_TEST_CASE(broadcast_shapes_rejects_negative_sizes) {
+  check_throws<tg::ShapeError>([] { tg::broadcast_shapes({-5}, {1}); }, {"broadcast_shapes", "'a'", "[-5]", "negative"});
+  check_throws<tg::ShapeError>([] { tg::broadcast_shapes({2, 3}, {-1, 3}); }, {"broadcast_shapes", "'b'", "[-1, 3]", "negative"});
+  check_throws<tg::ShapeError>([] { tg::broadcast_shapes({-1}, {}, "my_op"); }, {"my_op", "'a'"});
+  BOOST_TEST(tg::broadcast_shapes({0, 1}, {1, 5}) == (Shape{0, 5}));
 }
 
 BOOST_AUTO_TEST_SUITE_END()
@@ -107,6 +246,43 @@ BOOST_AUTO_TEST_CASE(conversion_and_item) {
   check_throws<tg::Error>([] { Tensor().shape(); }, {"undefined"});
 }
 
+BOOST_AUTO_TEST_CASE(members_of_an_undefined_tensor_name_themselves) {
+  Tensor u;
+  const std::vector<std::pair<std::string, std::function<void()>>> members{
+      {"dtype", [&] { u.dtype(); }},
+      {"shape", [&] { u.shape(); }},
+      {"strides", [&] { u.strides(); }},
+      {"offset", [&] { u.offset(); }},
+      {"dim", [&] { u.dim(); }},
+      {"size", [&] { u.size(0); }},
+      {"numel", [&] { u.numel(); }},
+      {"is_contiguous", [&] { u.is_contiguous(); }},
+      {"data", [&] { u.data<float>(); }},
+      {"data", [&] { u.data<const double>(); }},
+      {"raw_data", [&] { u.raw_data(); }},
+      {"version", [&] { u.version(); }},
+      {"to_vector", [&] { u.to_vector<double>(); }},
+      {"item", [&] { u.item(); }},
+      {"requires_grad", [&] { u.requires_grad(); }},
+      {"set_requires_grad", [&] { u.set_requires_grad(); }},
+      {"is_leaf", [&] { u.is_leaf(); }},
+      {"grad", [&] { u.grad(); }},
+      {"zero_grad", [&] { u.zero_grad(); }},
+      {"detach", [&] { u.detach(); }},
+      {"contiguous", [&] { u.contiguous(); }},
+      {"reshape", [&] { u.reshape({1}); }},
+      {"permute", [&] { u.permute({0}); }},
+      {"transpose", [&] { u.transpose(0, 1); }},
+      {"to", [&] { u.to(tg::float64); }},
+  };
+  for (const auto& [member, call] : members)
+    check_throws<tg::Error>(call, {"Tensor::" + member + ": called on an undefined (default-constructed) tensor"});
+  BOOST_TEST(!u.shares_storage_with(tg::zeros({1})));
+  BOOST_TEST(tg::to_string(u) == "tensor(undefined)");
+  check_throws<tg::Error>([&] { tg::zeros_like(u); }, {"zeros_like: argument 't'", "undefined"});
+  check_throws<tg::Error>([&] { tg::ones_like(u); }, {"ones_like: argument 't'", "undefined"});
+}
+
 BOOST_AUTO_TEST_CASE(broadcast_shapes_follow_numpy) {
   BOOST_TEST(tg::broadcast_shapes({2, 1, 4}, {3, 1}) == (Shape{2, 3, 4}));
   BOOST_TEST(tg::broadcast_shapes({}, {5}) == (Shape{5}));
@@ -124,6 +300,13 @@ BOOST_AUTO_TEST_CASE(prints_shape_dtype_and_values) {
   BOOST_TEST(s.find("[[1, 2],\n [3, 4.5]]") != std::string::npos);
   BOOST_TEST(fmt::format("{}", tg::mask({true, false})).find("[True, False]") != std::string::npos);
   BOOST_TEST(fmt::format("{}", tg::float64) == "float64");
+}
+
+BOOST_AUTO_TEST_CASE(summarises_zero_size_tensors_with_long_dims) {
+  const std::string s = fmt::format("{}", tg::zeros({std::int64_t{1} << 40, 0}));
+  BOOST_TEST(s.find("shape=[1099511627776, 0]") != std::string::npos);
+  BOOST_TEST(s.find("[[],\n [],\n [],\n ...,\n [],\n [],\n []]") != std::string::npos);
+  BOOST_TEST(fmt::format("{}", tg::zeros({2, 0})).find("[[],\n []]") != std::string::npos);
 }
 
 BOOST_AUTO_TEST_CASE(summarises_large_tensors) {

@@ -146,6 +146,9 @@ class Generator {
   std::shared_ptr<State> state_;
 };
 Tensor randn(const Shape& shape, Generator& gen, DType dtype = float32);
+// Uniform in [low, high): every value v has low <= v < high, for any finite low < high (also
+// -DBL_MAX and DBL_MAX); float32 needs bounds within float32's range and some float32 value in
+// [low, high). low == high gives low everywhere (as PyTorch's uniform_). Otherwise a ValueError.
 Tensor rand(const Shape& shape, Generator& gen, DType dtype = float32, double low = 0.0,
             double high = 1.0);
 Tensor randn(const Shape& shape, std::uint64_t seed, DType dtype = float32);

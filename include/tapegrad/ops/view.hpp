@@ -23,7 +23,7 @@ Tensor narrow(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_
 Tensor select(const Tensor& x, std::int64_t dim, std::int64_t index);
 // Broadcasts to `shape` without copying (stride 0 on new and size-1 dims).
 Tensor expand(const Tensor& x, const Shape& shape);
-inline Tensor broadcast_to(const Tensor& x, const Shape& shape) { return expand(x, shape); }
+Tensor broadcast_to(const Tensor& x, const Shape& shape);  // expand, under NumPy's name
 Tensor squeeze(const Tensor& x, std::int64_t dim);  // dim must have size 1
 Tensor unsqueeze(const Tensor& x, std::int64_t dim);
 Tensor contiguous(const Tensor& x);  // x itself when already contiguous

@@ -38,7 +38,8 @@ int main() {
                                 tg::randn({kHidden, 1}, gen, tg::float64) / std::sqrt(double(kHidden)),
                                 tg::zeros({1}, tg::float64)};
   for (auto& p : params) p.set_requires_grad();
-  const std::vector<Tensor> initial = params;  // handles: the loop below rebinds params
+  std::vector<Tensor> initial;  // copies: the loop below updates params in place
+  for (const auto& p : params) initial.push_back(tg::clone(p).detach().set_requires_grad());
 
   double first_loss = 0, loss_value = 0;
   for (int step = 0; step <= kSteps; ++step) {
@@ -47,12 +48,11 @@ int main() {
     if (step == 0) first_loss = loss_value;
     if (step % 500 == 0) fmt::print("step {:5d}  loss {:.6f}\n", step, loss_value);
     tg::backward(loss);
-    {
-      tg::NoGradGuard no_grad;  // the update itself is not part of the model
-      for (auto& p : params) p = (p - p.grad() * kLearningRate).detach().set_requires_grad();
+    for (auto& p : params) {
+      tg::add_(p, p.grad(), -kLearningRate);  // in place and unrecorded: not part of the model
+      p.zero_grad();
     }
-    tg::clear_tape();  // keeps memory flat: nothing from this step is needed any more
-  }
+  }  // each step's graph is freed with its loss
   fmt::print("loss fell from {:.4f} to {:.6f}\n\n", first_loss, loss_value);
 
   // Were the gradients we trained with right? Compare with central differences at the starting

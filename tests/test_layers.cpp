@@ -296,3 +296,38 @@ BOOST_AUTO_TEST_CASE(a_decoder_round_trips_through_a_checkpoint) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+// The README's "Adding a layer" example, as written there.
+namespace {
+struct Gated : tg::Module {
+  Gated(std::int64_t dim, std::uint64_t seed, tg::DType dtype = tg::float32)
+      : proj({.in = dim, .out = 2 * dim, .dtype = dtype, .seed = seed}),
+        scale(tg::ones({dim}, dtype).set_requires_grad()) {}
+  tg::Tensor forward(const tg::Tensor& x) const {  // x [..., dim]
+    const tg::Tensor h = proj.forward(x);
+    const std::int64_t d = x.size(-1);
+    return tg::narrow(h, -1, 0, d) * tg::tanh(tg::narrow(h, -1, d, d)) * scale;
+  }
+  void visit(tg::ModuleVisitor& v) override {
+    v.module("proj", proj);  // its parameters become proj.weight, proj.bias
+    v.parameter("scale", scale);
+  }
+  tg::Linear proj;
+  tg::Tensor scale;
+};
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(the_readme_layer_example_works_as_described) {
+  Gated layer(3, 1);
+  BOOST_TEST(names_of(layer) == (std::vector<std::string>{"proj.weight", "proj.bias", "scale"}), boost::test_tools::per_element());
+  Gated layer64(3, 1, tg::float64);
+  const Tensor x = tg::randn({2, 3}, 4, tg::float64).set_requires_grad();
+  auto params = layer64.parameters();
+  params.push_back(x);
+  const auto r = tg::gradcheck_parameters([&] { return std::vector<Tensor>{layer64.forward(x)}; }, params);
+  BOOST_TEST(r.ok, r.report());
+  tg::AdamW opt(layer.named_parameters());
+  tg::backward(tg::sum(layer.forward(tg::ones({2, 3}))));
+  opt.step();
+  BOOST_TEST(layer.scale.to_vector<float>() != (std::vector<float>{1, 1, 1}));  // the optimizer reached it
+}

@@ -1,0 +1,23 @@
+# Fails unless the README's code block that follows the marker line "<!-- training-loop -->" is
+# exactly the text between "// README:begin" and "// README:end" in the example, so the loop the
+# README shows is the one that is compiled and run.
+file(READ "${README}" readme)
+file(READ "${EXAMPLE}" example)
+string(FIND "${readme}" "<!-- training-loop -->\n```cpp\n" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "${README}: no '<!-- training-loop -->' marker followed by a ```cpp block")
+endif()
+string(LENGTH "<!-- training-loop -->\n```cpp\n" skip)
+math(EXPR at "${at} + ${skip}")
+string(SUBSTRING "${readme}" ${at} -1 rest)
+string(FIND "${rest}" "```\n" end)
+string(SUBSTRING "${rest}" 0 ${end} shown)
+string(FIND "${example}" "// README:begin\n" b)
+string(FIND "${example}" "// README:end\n" e)
+string(LENGTH "// README:begin\n" skip)
+math(EXPR b "${b} + ${skip}")
+math(EXPR len "${e} - ${b}")
+string(SUBSTRING "${example}" ${b} ${len} compiled)
+if(NOT shown STREQUAL compiled)
+  message(FATAL_ERROR "The README's training loop differs from ${EXAMPLE} (between README:begin and README:end); copy one to the other")
+endif()

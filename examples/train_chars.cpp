@@ -151,11 +151,8 @@ void attention_figure(const tg::Decoder& model, const Alphabet& a, const Options
   for (auto id : ids) shown += a.chars[static_cast<std::size_t>(id)] == '\n' ? ' ' : a.chars[static_cast<std::size_t>(id)];
   std::vector<ex::Heatmap> panels;
   for (std::int64_t h = 0; h < o.heads; ++h) {
-    ex::Heatmap map{fmt::format("head {}", h), "key position", "query position", "weight", t, t, {}, {}, false};
-    map.values = tg::select(tg::select(weights, 0, 0), 0, h).to(tg::float64).to_vector<double>();
-    for (std::int64_t i = 0; i < t; ++i)
-      for (std::int64_t j = 0; j < t; ++j) map.masked.push_back(j > i);
-    panels.push_back(std::move(map));
+    panels.push_back(ex::causal_attention_map(fmt::format("head {}", h),
+                                              tg::select(tg::select(weights, 0, 0), 0, h).to(tg::float64).to_vector<double>(), t));
   }
   ex::plot_heatmaps(o.out + "/attention.png", fmt::format("last block on \"{}\"", shown), panels);
 }

@@ -86,11 +86,8 @@ void write_figures(const Options& o, const tg::Decoder& model, const Batch& held
   std::vector<ex::Heatmap> panels;
   const std::int64_t t = 2 * o.digits;
   for (std::int64_t h = 0; h < o.heads; ++h) {
-    ex::Heatmap map{fmt::format("head {}", h), "key position", "query position", "weight", t, t, {}, {}, false};
-    map.values = tg::select(tg::select(weights, 0, 0), 0, h).to(tg::float64).to_vector<double>();
-    for (std::int64_t i = 0; i < t; ++i)
-      for (std::int64_t j = 0; j < t; ++j) map.masked.push_back(j > i);  // the causal mask
-    panels.push_back(std::move(map));
+    panels.push_back(ex::causal_attention_map(fmt::format("head {}", h),
+                                              tg::select(tg::select(weights, 0, 0), 0, h).to(tg::float64).to_vector<double>(), t));
   }
   const auto shown = seq.to_vector<std::int64_t>();
   std::string text;

@@ -40,6 +40,13 @@ std::pair<double, double> finite_range(const std::vector<double>& v) {
 
 }  // namespace
 
+Heatmap causal_attention_map(std::string title, std::vector<double> weights, long t) {
+  Heatmap map{std::move(title), "key position", "query position", "weight", t, t, std::move(weights), {}, false};
+  for (long i = 0; i < t; ++i)
+    for (long j = 0; j < t; ++j) map.masked.push_back(j > i);
+  return map;
+}
+
 void plot_lines(const std::string& path, const LinePlot& p) {
   begin(path, 900, 600, 1);
   std::vector<std::vector<double>> ys;

@@ -28,6 +28,9 @@ struct Heatmap {
   bool diverging = false;      // blue-white-red, symmetric around 0 (for gradients)
 };
 
+// One head's causal attention weights [t, t] (row-major) as a heatmap, future keys masked.
+Heatmap causal_attention_map(std::string title, std::vector<double> weights, long t);
+
 // Writes a PNG; throws std::runtime_error when the file cannot be written.
 void plot_lines(const std::string& path, const LinePlot& plot);
 // Several heatmaps side by side in one PNG, with an overall title.

@@ -41,15 +41,15 @@ std::string shapes_str(const std::vector<Tensor>& ts) {
 
 // <w, f(x)> for outputs that must look exactly like the first evaluation's: the projection
 // weights were drawn for those shapes.
-double projected_loss(const std::vector<Tensor>& outputs, const std::vector<Tensor>& first,
+double projected_loss(const char* op, const std::vector<Tensor>& outputs, const std::vector<Tensor>& first,
                       const std::vector<std::vector<double>>& w) {
   bool same = outputs.size() == first.size();
   for (std::size_t o = 0; same && o < outputs.size(); ++o)
     same = outputs[o].defined() && outputs[o].shape() == first[o].shape() && outputs[o].dtype() == first[o].dtype();
   if (!same)
-    fail<ValueError>("gradcheck: f returned {} for perturbed inputs but {} for the inputs given; gradcheck needs "
+    fail<ValueError>("{}: f returned {} for perturbed inputs but {} for the inputs given; {} needs "
                      "outputs whose number, shapes and dtypes do not depend on the input values",
-                     shapes_str(outputs), shapes_str(first));
+                     op, shapes_str(outputs), shapes_str(first), op);
   double loss = 0.0;
   for (std::size_t o = 0; o < outputs.size(); ++o) {
     const auto v = outputs[o].to_vector<double>();
@@ -132,12 +132,17 @@ GradcheckResult check(const char* op, const std::function<std::vector<Tensor>()>
       const Shape index = unravel(e, x.shape());
       std::int64_t at = 0;
       for (std::size_t d = 0; d < index.size(); ++d) at += index[d] * x.strides()[d];
-      const double saved = base[at];
-      base[at] = saved + options.eps;
-      const double plus = projected_loss(evaluate(), outputs, w);
-      base[at] = saved - options.eps;
-      const double minus = projected_loss(evaluate(), outputs, w);
-      base[at] = saved;
+      // Put the element back however the evaluations end (f may throw, and the tensor may be
+      // the caller's own parameter).
+      struct Restore {
+        double* at;
+        double value;
+        ~Restore() { *at = value; }
+      } restore{base + at, base[at]};
+      base[at] = restore.value + options.eps;
+      const double plus = projected_loss(op, evaluate(), outputs, w);
+      base[at] = restore.value - options.eps;
+      const double minus = projected_loss(op, evaluate(), outputs, w);
       const double numeric = (plus - minus) / (2 * options.eps);
       const double a = analytic[static_cast<std::size_t>(e)];
       const double err = std::abs(a - numeric);

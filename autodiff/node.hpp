@@ -35,8 +35,12 @@ struct OutputMeta {
 struct SavedVersion {
   std::weak_ptr<Storage> storage;  // weak: the backward's own capture is what keeps it alive
   std::uint64_t version = 0;
-  std::string what;  // "input 1", "output 0", "a view of input 0"... for the error message
+  // What it is to the op, for the error message: "input 1", "a view of output 0"...
+  enum class Kind : std::uint8_t { input, output, view_of_input, view_of_output, other } kind = Kind::other;
+  std::uint32_t index = 0;
 };
+
+using SharedBackward = std::shared_ptr<const BackwardFn>;
 
 struct Tape;  // one per thread, in tape.cpp
 
@@ -47,10 +51,13 @@ struct Node {
   std::vector<bool> needs_grad;
   std::vector<OutputMeta> outputs;
   std::vector<SavedVersion> saved;
-  BackwardFn backward;
+  // Shared so that a backward pass can hold it while clear_tape() on the recording thread
+  // releases the node.
+  SharedBackward backward;
   std::atomic<bool> released{false};  // by clear_tape(): its outputs no longer require grad
 
-  // Membership in the recording thread's list of live nodes.
+  // Membership in the recording thread's list of live nodes. The tape's mutex also guards
+  // `inputs`, `saved`, `backward` and `released`, which clear_tape() changes.
   std::shared_ptr<Tape> tape;
   Node* prev = nullptr;
   Node* next = nullptr;

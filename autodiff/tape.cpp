@@ -51,7 +51,8 @@ const std::shared_ptr<Tape>& this_tape() {
 // inside its destructor would recurse once per op along a chain.
 struct Graveyard {
   std::vector<std::shared_ptr<Node>> nodes;
-  std::vector<BackwardFn> backwards;
+  std::vector<SharedBackward> backwards;
+  std::vector<std::shared_ptr<TensorImpl>> leaves;  // a leaf's .grad may hold a graph too
 };
 thread_local Graveyard* active_graveyard = nullptr;
 
@@ -65,6 +66,7 @@ struct BackwardDepth {
 class LeafGradients {
  public:
   void add(const std::shared_ptr<TensorImpl>& leaf, const Tensor& g) {
+    if (!leaf->leaf_requires_grad) return;  // set_requires_grad(false) since it was recorded
     auto [it, inserted] = index_.try_emplace(leaf.get(), pending_.size());
     if (inserted) pending_.emplace_back(leaf, g);
     else pending_[it->second].second = add_same_shape(pending_[it->second].second, g);
@@ -72,13 +74,15 @@ class LeafGradients {
   void apply() {
     for (auto& [leaf, g] : pending_) {
       if (leaf->grad.defined()) {
-        leaf->grad = add_same_shape(leaf->grad, g);
+        leaf->grad = add_same_shape(leaf->grad, g);  // a fresh tensor without history
         continue;
       }
-      // Keep g itself only when nothing else can see its storage: a leaf's gradient must not
-      // alias an upstream gradient the caller still holds, nor be a broadcast (stride 0) view.
+      // Keep g's storage only when nothing else can see it: a leaf's gradient must not alias an
+      // upstream gradient the caller still holds, nor be a broadcast (stride 0) view. Either way
+      // the gradient carries no history (a backward run with grad mode on may return one): a
+      // .grad holding a graph would hold its own leaf in a cycle.
       const bool exclusive = g.is_contiguous() && g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1;
-      leaf->grad = exclusive ? std::move(g) : copy_of(g);
+      leaf->grad = exclusive ? g.detach() : copy_of(g);
     }
   }
 
@@ -89,24 +93,34 @@ class LeafGradients {
 
 void accumulate(Tensor& slot, const Tensor& g) { slot = slot.defined() ? add_same_shape(slot, g) : g; }
 
-std::string describe(const Tensor& t, std::span<const Tensor> inputs, std::span<const Tensor> outputs) {
-  const std::string layout = fmt::format("{} {}", shape_str(t.shape()), t.dtype());
-  auto find = [&](std::span<const Tensor> list, const char* kind, bool same_tensor) -> std::string {
-    for (std::size_t k = 0; k < list.size(); ++k) {
-      if (!list[k].defined()) continue;
-      if (same_tensor ? list[k].impl() == t.impl() : list[k].shares_storage_with(t))
-        return fmt::format("{}{} {}", same_tensor ? "" : "a view of ", kind, k);
-    }
-    return {};
-  };
+// What `t` is to an op with these inputs and outputs, for the in-place error message.
+SavedVersion::Kind describe(const Tensor& t, std::span<const Tensor> inputs, std::span<const Tensor> outputs,
+                            std::uint32_t& index) {
+  using Kind = SavedVersion::Kind;
   for (bool same : {true, false})
-    for (auto [list, kind] : {std::pair{inputs, "input"}, {outputs, "output"}})
-      if (auto s = find(list, kind, same); !s.empty()) return fmt::format("{} ({})", s, layout);
-  return fmt::format("a saved tensor ({})", layout);
+    for (auto [list, kind] : {std::pair{inputs, same ? Kind::input : Kind::view_of_input},
+                              std::pair{outputs, same ? Kind::output : Kind::view_of_output}})
+      for (std::size_t k = 0; k < list.size(); ++k)
+        if (list[k].defined() && (same ? list[k].impl() == t.impl() : list[k].shares_storage_with(t))) {
+          index = static_cast<std::uint32_t>(k);
+          return kind;
+        }
+  return Kind::other;
 }
 
-void check_saved_versions(const Node& node) {
-  for (const SavedVersion& s : node.saved) {
+std::string saved_name(const SavedVersion& s) {
+  switch (s.kind) {
+    case SavedVersion::Kind::input: return fmt::format("input {}", s.index);
+    case SavedVersion::Kind::output: return fmt::format("output {}", s.index);
+    case SavedVersion::Kind::view_of_input: return fmt::format("a view of input {}", s.index);
+    case SavedVersion::Kind::view_of_output: return fmt::format("a view of output {}", s.index);
+    case SavedVersion::Kind::other: break;
+  }
+  return "a saved tensor";
+}
+
+void check_saved_versions(const char* name, const std::vector<SavedVersion>& saved) {
+  for (const SavedVersion& s : saved) {
     const auto storage = s.storage.lock();
     if (!storage) continue;  // the backward does not hold it, so it cannot read it
     const std::uint64_t now = storage->version.load(std::memory_order_relaxed);
@@ -114,29 +128,46 @@ void check_saved_versions(const Node& node) {
       fail<GraphError>(
           "backward of {}: {} was modified in place after {} was recorded (version {}, now {}), so its "
           "gradient would be wrong; run backward before updating it, or update a clone()",
-          node.name, s.what, node.name, s.version, now);
+          name, saved_name(s), name, s.version, now);
   }
+}
+
+// What a backward pass reads of a node, copied under the recording tape's lock: clear_tape() on
+// that thread may release the node while this pass runs on another.
+struct NodeView {
+  SharedBackward backward;
+  std::vector<Edge> inputs;
+  std::vector<SavedVersion> saved;
+  bool released = false;
+};
+
+NodeView view_of(const Node& n) {
+  std::lock_guard lock(n.tape->mutex);
+  return {n.backward, n.inputs, n.saved, n.released};
 }
 
 }  // namespace
 
 Node::~Node() {
   if (tape) tape->unlink(this);
-  if (active_graveyard != nullptr) {
-    for (auto& e : inputs)
-      if (e.node) active_graveyard->nodes.push_back(std::move(e.node));
-    if (backward) active_graveyard->backwards.push_back(std::move(backward));
-    return;
-  }
+  // Everything this node holds that may hold other nodes goes to the graveyard of the outermost
+  // ~Node on this thread, which frees it in a loop instead of by recursion.
   Graveyard local;
-  for (auto& e : inputs)
-    if (e.node) local.nodes.push_back(std::move(e.node));
-  if (backward) local.backwards.push_back(std::move(backward));
+  Graveyard& g = active_graveyard != nullptr ? *active_graveyard : local;
+  for (auto& e : inputs) {
+    if (e.node) g.nodes.push_back(std::move(e.node));
+    if (e.leaf) g.leaves.push_back(std::move(e.leaf));
+  }
+  if (backward) g.backwards.push_back(std::move(backward));
+  if (active_graveyard != nullptr) return;
   active_graveyard = &local;
-  while (!local.nodes.empty() || !local.backwards.empty()) {
+  while (!local.nodes.empty() || !local.backwards.empty() || !local.leaves.empty()) {
     if (!local.backwards.empty()) {
-      BackwardFn doomed = std::move(local.backwards.back());
+      SharedBackward doomed = std::move(local.backwards.back());
       local.backwards.pop_back();
+    } else if (!local.leaves.empty()) {
+      std::shared_ptr<TensorImpl> doomed = std::move(local.leaves.back());
+      local.leaves.pop_back();
     } else {
       std::shared_ptr<Node> doomed = std::move(local.nodes.back());
       local.nodes.pop_back();
@@ -167,7 +198,7 @@ void clear_tape() {
   // Taken off the nodes under the lock, destroyed after it: destroying them frees other nodes,
   // whose destructors take the lock.
   std::vector<detail::Edge> inputs;
-  std::vector<BackwardFn> backwards;
+  std::vector<detail::SharedBackward> backwards;
   {
     std::lock_guard lock(tape.mutex);
     for (detail::Node* n = tape.head; n != nullptr;) {
@@ -202,6 +233,7 @@ bool should_record(std::span<const Tensor> inputs) {
 bool record_op(const char* name, std::span<const Tensor> inputs, std::span<Tensor> outputs, BackwardFn backward,
                std::span<const Tensor> saved) {
   if (!should_record(inputs)) return false;
+  if (!backward) fail<ValueError>("record_op: argument 'backward' of {} is empty", name);
   // Check every output before touching any, so a failure leaves nothing half-recorded.
   for (std::size_t k = 0; k < outputs.size(); ++k) {
     const Tensor& out = outputs[k];
@@ -212,6 +244,12 @@ bool record_op(const char* name, std::span<const Tensor> inputs, std::span<Tenso
       fail<GraphError>("{}: output {} (shape {}) already requires grad (a leaf, an input, or the output of another "
                        "recorded op); an op's outputs must be new tensors",
                        name, k, shape_str(out.shape()));
+    // An output that is also an input, or listed twice, would make the node hold itself.
+    for (std::size_t i = 0; i < inputs.size(); ++i)
+      if (inputs[i].defined() && inputs[i].impl() == out.impl())
+        fail<GraphError>("{}: output {} is input {} itself; an op's outputs must be new tensors", name, k, i);
+    for (std::size_t j = 0; j < k; ++j)
+      if (outputs[j].impl() == out.impl()) fail<GraphError>("{}: outputs {} and {} are the same tensor", name, j, k);
   }
   auto node = std::make_shared<detail::Node>();
   node->name = name;
@@ -234,11 +272,13 @@ bool record_op(const char* name, std::span<const Tensor> inputs, std::span<Tenso
   node->outputs.reserve(outputs.size());
   for (const auto& out : outputs) node->outputs.push_back({out.shape(), out.dtype()});
   node->saved.reserve(saved.size());
-  for (const auto& s : saved)
-    if (s.defined())
-      node->saved.push_back({s.impl()->storage, s.impl()->storage->version.load(std::memory_order_relaxed),
-                             detail::describe(s, inputs, outputs)});
-  node->backward = std::move(backward);
+  for (const auto& s : saved) {
+    if (!s.defined()) continue;
+    detail::SavedVersion v{s.impl()->storage, s.impl()->storage->version.load(std::memory_order_relaxed)};
+    v.kind = detail::describe(s, inputs, outputs, v.index);
+    node->saved.push_back(std::move(v));
+  }
+  node->backward = std::make_shared<const BackwardFn>(std::move(backward));
   node->sequence = detail::next_sequence.fetch_add(1, std::memory_order_relaxed);
   node->tape = detail::this_tape();
   node->tape->link(node.get());
@@ -292,16 +332,31 @@ void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gra
   // are held here, and they hold everything below them, for the whole pass.
   std::vector<std::shared_ptr<detail::Node>> roots;
   std::vector<detail::Node*> order;
+  std::vector<detail::NodeView> views;  // parallel to `order` until the sort
   std::unordered_map<const detail::Node*, std::size_t> index;
   for (const Tensor& out : outputs)
     if (detail::Node* n = detail::live_node(*out.impl()); n != nullptr && index.emplace(n, 0).second) {
       roots.push_back(out.impl()->grad_fn);
       order.push_back(n);
     }
-  for (std::size_t i = 0; i < order.size(); ++i)
-    for (const detail::Edge& e : order[i]->inputs)
-      if (e.node && !e.node->released && index.emplace(e.node.get(), 0).second) order.push_back(e.node.get());
-  std::sort(order.begin(), order.end(), [](const detail::Node* a, const detail::Node* b) { return a->sequence > b->sequence; });
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    views.push_back(detail::view_of(*order[i]));
+    for (const detail::Edge& e : views.back().inputs)
+      if (e.node && index.emplace(e.node.get(), 0).second) order.push_back(e.node.get());
+  }
+  std::vector<std::size_t> by_age(order.size());
+  for (std::size_t i = 0; i < by_age.size(); ++i) by_age[i] = i;
+  std::sort(by_age.begin(), by_age.end(), [&](std::size_t a, std::size_t b) { return order[a]->sequence > order[b]->sequence; });
+  {
+    std::vector<detail::Node*> sorted_order;
+    std::vector<detail::NodeView> sorted_views;
+    for (std::size_t i : by_age) {
+      sorted_order.push_back(order[i]);
+      sorted_views.push_back(std::move(views[i]));
+    }
+    order = std::move(sorted_order);
+    views = std::move(sorted_views);
+  }
   for (std::size_t i = 0; i < order.size(); ++i) index[order[i]] = i;
 
   detail::LeafGradients leaves;
@@ -320,16 +375,19 @@ void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gra
   for (std::size_t i = 0; i < order.size(); ++i) {
     if (pending[i].empty()) continue;
     const detail::Node& node = *order[i];
-    if (!node.backward)
-      fail<GraphError>("backward of {}: its graph was released by clear_tape() during this pass", node.name);
-    detail::check_saved_versions(node);
-    std::vector<Tensor> grads = node.backward(pending[i], node.needs_grad);
+    const detail::NodeView& view = views[i];
+    if (view.released || !view.backward)
+      fail<GraphError>("backward: the graph through {} was released by clear_tape() on the thread that recorded it, "
+                       "so the gradients reaching it cannot go further",
+                       node.name);
+    detail::check_saved_versions(node.name, view.saved);
+    std::vector<Tensor> grads = (*view.backward)(pending[i], node.needs_grad);
     pending[i] = {};  // release this node's upstream gradients as soon as they are used
-    if (grads.size() != node.inputs.size())
-      fail<GraphError>("backward of {}: returned {} gradients for {} inputs", node.name, grads.size(), node.inputs.size());
+    if (grads.size() != view.inputs.size())
+      fail<GraphError>("backward of {}: returned {} gradients for {} inputs", node.name, grads.size(), view.inputs.size());
     for (std::size_t k = 0; k < grads.size(); ++k) {
       const Tensor& g = grads[k];
-      const detail::Edge& e = node.inputs[k];
+      const detail::Edge& e = view.inputs[k];
       if (!g.defined() || !node.needs_grad[k]) continue;
       // What the gradient must look like: the input itself (a leaf) or the output it came from.
       const detail::OutputMeta& want = e.leaf ? detail::OutputMeta{e.leaf->shape, e.leaf->dtype}
@@ -338,7 +396,7 @@ void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gra
         fail<GraphError>("backward of {}: gradient for input {} must be {} {}, got {} {}", node.name, k, want.dtype,
                          shape_str(want.shape), g.dtype(), shape_str(g.shape()));
       if (e.leaf) leaves.add(e.leaf, g);
-      else if (!e.node->released) send(e.node.get(), e.slot, g);
+      else send(e.node.get(), e.slot, g);
     }
   }
   leaves.apply();

@@ -1,10 +1,10 @@
 // The training loop shown in the README, verbatim between the markers (a test compares the two).
 // It trains a small decoder-only transformer to sort 6 digits and prints its held-out accuracy.
+// README:begin
 #include <algorithm>
 
 #include <tapegrad/tapegrad.hpp>
 
-// README:begin
 namespace tg = tapegrad;
 
 // A batch of "digits | sorted digits": inputs, and next-token targets on the sorted half only.

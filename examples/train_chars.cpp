@@ -110,17 +110,25 @@ std::pair<Tensor, Tensor> windows(const std::vector<std::int64_t>& text, std::si
   return {tg::from_vector(std::span<const std::int64_t>(x), {count, context}), tg::from_vector(std::span<const std::int64_t>(y), {count, context})};
 }
 
-// Mean cross-entropy over consecutive windows covering the validation text.
+// Mean cross-entropy over consecutive windows covering the validation text, 64 windows per
+// forward so that a long text does not need one huge batch.
 double validation_loss(const tg::Decoder& model, const std::vector<std::int64_t>& text, std::size_t begin, std::int64_t context) {
   tg::NoGradGuard no_grad;
-  std::vector<std::int64_t> x, y;
-  for (std::size_t at = begin; at + static_cast<std::size_t>(context) + 1 <= text.size(); at += static_cast<std::size_t>(context)) {
-    x.insert(x.end(), text.begin() + static_cast<std::ptrdiff_t>(at), text.begin() + static_cast<std::ptrdiff_t>(at) + context);
-    y.insert(y.end(), text.begin() + static_cast<std::ptrdiff_t>(at) + 1, text.begin() + static_cast<std::ptrdiff_t>(at) + context + 1);
+  const auto c = static_cast<std::size_t>(context);
+  double total = 0;
+  std::int64_t windows = 0;
+  for (std::size_t at = begin; at + c + 1 <= text.size();) {
+    std::vector<std::int64_t> x, y;
+    std::int64_t rows = 0;
+    for (; rows < 64 && at + c + 1 <= text.size(); ++rows, at += c) {
+      x.insert(x.end(), text.begin() + static_cast<std::ptrdiff_t>(at), text.begin() + static_cast<std::ptrdiff_t>(at + c));
+      y.insert(y.end(), text.begin() + static_cast<std::ptrdiff_t>(at + 1), text.begin() + static_cast<std::ptrdiff_t>(at + c + 1));
+    }
+    const Tensor logits = model.forward(tg::from_vector(std::span<const std::int64_t>(x), {rows, context}));
+    total += tg::cross_entropy(logits, tg::from_vector(std::span<const std::int64_t>(y), {rows, context})).item() * static_cast<double>(rows);
+    windows += rows;
   }
-  const std::int64_t rows = static_cast<std::int64_t>(x.size()) / context;
-  const Tensor logits = model.forward(tg::from_vector(std::span<const std::int64_t>(x), {rows, context}));
-  return tg::cross_entropy(logits, tg::from_vector(std::span<const std::int64_t>(y), {rows, context})).item();
+  return total / static_cast<double>(windows);
 }
 
 std::string generate(const tg::Decoder& model, const Alphabet& a, const Options& o, double temperature) {
@@ -182,6 +190,9 @@ int main(int argc, char** argv) try {
   app.add_option("--top-k", o.top_k, "sample among the k most likely characters (0: all)")->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
   if (o.threads > 0) tg::set_num_threads(o.threads);
+  // Found now rather than after training: generation restarts within the trained context.
+  if (static_cast<std::int64_t>(o.prompt.size()) >= o.context && !o.generate_only)
+    throw std::invalid_argument(fmt::format("--prompt has {} characters; it must be shorter than --context = {}", o.prompt.size(), o.context));
   std::filesystem::create_directories(o.out);
   const std::string model_path = o.out + "/model.safetensors", optimizer_path = o.out + "/optimizer.safetensors";
 

@@ -8,8 +8,9 @@
 //   ./build/examples/train_sort                       # defaults: reaches >= 99% exact
 //   ./build/examples/train_sort --steps 300 --threads 1 --out /tmp/sort
 //
-// Writes OUT/loss.png (training loss and held-out accuracy), OUT/attention.png (each head's
-// attention in the last block for one held-out sequence) and OUT/model.safetensors.
+// Writes OUT/loss.png (training loss), OUT/accuracy.png (held-out accuracy during training),
+// OUT/attention.png (each head's attention in the last block for one held-out sequence) and
+// OUT/model.safetensors.
 #include <filesystem>
 
 #include <CLI/CLI.hpp>
@@ -97,7 +98,7 @@ void write_figures(const Options& o, const tg::Decoder& model, const Batch& held
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   Options o;
   CLI::App app{"train_sort: a decoder-only transformer learns to sort digit sequences"};
   app.add_option("--steps", o.steps, "training steps")->check(CLI::PositiveNumber);
@@ -150,4 +151,7 @@ int main(int argc, char** argv) {
   tg::save(model, o.out + "/model.safetensors", {{"example", "train_sort"}, {"steps", std::to_string(o.steps)}});
   fmt::print("wrote {0}/loss.png, {0}/accuracy.png, {0}/attention.png, {0}/model.safetensors\n", o.out);
   return 0;
+} catch (const std::exception& e) {
+  fmt::print(stderr, "train_sort: {}\n", e.what());
+  return 1;
 }

@@ -25,6 +25,9 @@ Tensor LayerNorm::forward(const Tensor& x) const {
   if (x.dim() < 1 || x.size(-1) != config_.dim)
     detail::fail<ShapeError>("LayerNorm::forward: argument 'x' must be [..., {}] (config.dim), got shape {}", config_.dim,
                              detail::shape_str(x.shape()));
+  if (x.dtype() != config_.dtype)
+    detail::fail<DTypeError>("LayerNorm::forward: argument 'x' ({}) is {} but the layer is {} (config.dtype)",
+                             detail::shape_str(x.shape()), x.dtype(), config_.dtype);
   return layer_norm(x, weight, bias, config_.eps);
 }
 

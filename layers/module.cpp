@@ -2,6 +2,9 @@
 #include "tapegrad/layers/module.hpp"
 
 #include <functional>
+#include <set>
+
+#include "autodiff/tensor_impl.hpp"
 
 #include "autodiff/check.hpp"
 
@@ -29,8 +32,16 @@ class Walker final : public ModuleVisitor {
     if (on_parameter_) on_parameter_(prefix_ + std::string(name), t);
   }
   void module(std::string_view name, Module& m) override {
-    // modules() numbers list children "list.0": only the last component is checked there.
-    check_name("module", name.substr(name.rfind('.') == std::string_view::npos ? 0 : name.rfind('.') + 1));
+    check_name("module", name);
+    enter(name, m);
+  }
+  void list_child(std::string_view list, std::size_t index, Module& m) override {
+    check_name("module list", list);
+    enter(std::string(list) + "." + std::to_string(index), m);
+  }
+
+ private:
+  void enter(std::string_view name, Module& m) {
     const std::size_t size = prefix_.size();
     prefix_ += std::string(name) + ".";
     if (on_module_) on_module_(m);
@@ -38,7 +49,6 @@ class Walker final : public ModuleVisitor {
     prefix_.resize(size);
   }
 
- private:
   std::function<void(const std::string&, Tensor&)> on_parameter_;
   std::function<void(Module&)> on_module_;
   std::string prefix_;
@@ -48,7 +58,10 @@ class Walker final : public ModuleVisitor {
 
 std::vector<NamedTensor> Module::named_parameters() {
   std::vector<NamedTensor> out;
-  Walker([&](const std::string& name, Tensor& t) { out.push_back({name, t}); }, nullptr).walk(*this);
+  std::set<const detail::TensorImpl*> seen;  // a shared (tied) parameter is listed once, first name
+  Walker([&](const std::string& name, Tensor& t) {
+    if (!t.defined() || seen.insert(t.impl()).second) out.push_back({name, t});
+  }, nullptr).walk(*this);
   return out;
 }
 

@@ -3,7 +3,10 @@
 
 #include <cmath>
 #include <numbers>
+#include <map>
 #include <set>
+
+#include "autodiff/tensor_impl.hpp"
 
 #include "autodiff/check.hpp"
 #include "tapegrad/autodiff/tape.hpp"
@@ -28,12 +31,15 @@ Optimizer::Optimizer(const char* kind, std::vector<NamedTensor> parameters, doub
     : kind_(kind), params_(std::move(parameters)), lr_(0) {
   set_learning_rate(lr);
   std::set<std::string> names;
+  std::map<const detail::TensorImpl*, std::string> seen;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const auto& [name, t] = params_[i];
     if (name.empty() || !names.insert(name).second)
       fail<ValueError>("{}: parameter {} has {} name '{}'; names must be unique and non-empty", kind, i,
                        name.empty() ? "an empty" : "a repeated", name);
     detail::check_floating(kind, name.c_str(), t);
+    if (const auto [it, fresh] = seen.emplace(t.impl(), name); !fresh)
+      fail<ValueError>("{}: parameters '{}' and '{}' are the same tensor; list a shared parameter once", kind, it->second, name);
     if (!t.requires_grad() || !t.is_leaf())
       fail<GraphError>("{}: parameter '{}' (shape {}) must be a leaf that requires grad{}", kind, name,
                        shape_str(t.shape()), t.is_leaf() ? "; call set_requires_grad()" : ", not the output of an op");
@@ -49,9 +55,10 @@ void Optimizer::zero_grad() {
   for (auto& p : params_) p.tensor.zero_grad();
 }
 
-std::size_t Optimizer::add_slot(const char* name) {
+std::size_t Optimizer::add_slot(const char* name, bool counter) {
   std::vector<Tensor> zeros;
-  for (const auto& p : params_) zeros.push_back(tapegrad::zeros(p.tensor.shape(), p.tensor.dtype()));
+  for (const auto& p : params_)
+    zeros.push_back(counter ? tapegrad::zeros({}, DType::int64) : tapegrad::zeros(p.tensor.shape(), p.tensor.dtype()));
   slots_.emplace_back(name, std::move(zeros));
   return slots_.size() - 1;
 }
@@ -72,7 +79,7 @@ void Optimizer::load_state(const std::vector<NamedTensor>& state, std::int64_t s
     const auto& [name, t] = state[i];
     if (name != mine[i].name)
       fail<ValueError>("{}::load_state: state tensor {} is '{}', expected '{}'", kind_, i, name, mine[i].name);
-    detail::check_defined(kind_, name.c_str(), t);
+    detail::check_defined(fmt::format("{}::load_state", kind_).c_str(), name.c_str(), t);
     if (t.shape() != mine[i].tensor.shape() || t.dtype() != mine[i].tensor.dtype())
       fail<ShapeError>("{}::load_state: state tensor '{}' must be {} {}, got {} {}", kind_, name,
                        mine[i].tensor.dtype(), shape_str(mine[i].tensor.shape()), t.dtype(), shape_str(t.shape()));
@@ -118,16 +125,19 @@ Adam::Adam(const char* kind, std::vector<NamedTensor> parameters, const AdamOpti
   if (!(options.eps > 0) || !std::isfinite(options.eps)) fail<ValueError>("{}: option 'eps' must be finite and > 0, got {}", kind_, options.eps);
   exp_avg_ = add_slot("exp_avg");
   exp_avg_sq_ = add_slot("exp_avg_sq");
+  step_ = add_slot("step", /*counter=*/true);
 }
 
 void Adam::step() {
   NoGradGuard no_grad;
-  const auto t = static_cast<double>(steps_ + 1);
-  const double bias1 = 1 - std::pow(options_.beta1, t), bias2 = 1 - std::pow(options_.beta2, t);
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i].tensor;
     Tensor g = p.grad();
     if (!g.defined()) continue;
+    const Tensor& count = slot(step_)[i];
+    const double t = count.item() + 1;
+    fill_(count, t);
+    const double bias1 = 1 - std::pow(options_.beta1, t), bias2 = 1 - std::pow(options_.beta2, t);
     if (options_.weight_decay != 0) {
       if (decoupled_) mul_(p, 1 - lr_ * options_.weight_decay);
       else g = g + p * options_.weight_decay;
@@ -143,22 +153,25 @@ void Adam::step() {
   ++steps_;
 }
 
-AdamW::AdamW(std::vector<NamedTensor> parameters, const AdamOptions& options) : Adam("AdamW", std::move(parameters), options, true) {}
+AdamW::AdamW(std::vector<NamedTensor> parameters, const AdamWOptions& o)
+    : Adam("AdamW", std::move(parameters), {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay}, true) {}
 
 double clip_grad_norm(const std::vector<Tensor>& parameters, double max_norm) {
   if (!(max_norm > 0) || !std::isfinite(max_norm))
     fail<ValueError>("clip_grad_norm: argument 'max_norm' must be finite and > 0, got {}", max_norm);
   NoGradGuard no_grad;
   double squares = 0;
+  std::set<const detail::TensorImpl*> seen;
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     detail::check_defined("clip_grad_norm", fmt::format("parameters[{}]", i).c_str(), parameters[i]);
+    if (!seen.insert(parameters[i].impl()).second) continue;  // a tied parameter counts once
     const Tensor g = parameters[i].grad();
     if (g.defined()) squares += sum(g.to(DType::float64) * g.to(DType::float64)).item();
   }
   const double total = std::sqrt(squares);
   if (std::isfinite(total) && total > max_norm)
-    for (const Tensor& p : parameters)
-      if (p.grad().defined()) mul_(p.grad(), max_norm / total);
+    for (const detail::TensorImpl* p : seen)
+      if (p->grad.defined()) mul_(p->grad, max_norm / total);
   return total;
 }
 
@@ -171,6 +184,7 @@ WarmupCosine::WarmupCosine(double peak_lr, std::int64_t warmup, std::int64_t tot
 }
 
 double WarmupCosine::operator()(std::int64_t step) const {
+  if (step < 0) fail<ValueError>("WarmupCosine: argument 'step' must be >= 0, got {}", step);
   if (step < warmup_) return peak_ * static_cast<double>(step + 1) / static_cast<double>(warmup_);
   if (step >= total_) return final_;
   const double progress = static_cast<double>(step - warmup_) / static_cast<double>(std::max<std::int64_t>(total_ - warmup_, 1));

@@ -21,11 +21,33 @@ const TransformerBlockConfig& checked(const TransformerBlockConfig& c) {
   return c;
 }
 
+// Every field is checked here, so that an error names the Decoder's config rather than the
+// layer inside it that would have found the problem.
 const DecoderConfig& checked(const DecoderConfig& c) {
-  detail::check_field("Decoder", "vocab", c.vocab);
-  detail::check_field("Decoder", "max_len", c.max_len);
-  detail::check_field("Decoder", "layers", c.layers);
+  const char* layer = "Decoder";
+  detail::check_field(layer, "vocab", c.vocab);
+  detail::check_field(layer, "max_len", c.max_len);
+  detail::check_field(layer, "dim", c.dim);
+  detail::check_field(layer, "heads", c.heads);
+  detail::check_field(layer, "layers", c.layers);
+  detail::check_field(layer, "hidden", c.hidden, 0);
+  detail::check_float_dtype(layer, c.dtype);
+  if (c.dim % c.heads != 0) detail::fail<ValueError>("Decoder: config.heads = {} must divide config.dim = {}", c.heads, c.dim);
+  if (!(c.dropout >= 0 && c.dropout < 1)) detail::fail<ValueError>("Decoder: config.dropout must be in [0, 1), got {}", c.dropout);
+  detail::checked_product(layer, "vocab", c.vocab, "dim", c.dim);
+  detail::checked_product(layer, "max_len", c.max_len, "dim", c.dim);
   return c;
+}
+
+// ids must be int64 [B, T] with every id in [0, vocab) (T checked by the caller).
+void check_ids(const char* op, const char* name, const Tensor& ids, std::int64_t vocab) {
+  detail::check_dtype(op, name, ids, DType::int64);
+  if (ids.dim() != 2) detail::fail<ShapeError>("{}: argument '{}' must be [B, T], got shape {}", op, name, detail::shape_str(ids.shape()));
+  const auto values = ids.to_vector<std::int64_t>();
+  for (std::size_t i = 0; i < values.size(); ++i)
+    if (values[i] < 0 || values[i] >= vocab)
+      detail::fail<ValueError>("{}: argument '{}' holds id {} at flat position {}; ids must be in [0, {}) (config.vocab)", op, name,
+                               values[i], i, vocab);
 }
 
 std::variant<LearnedPositions, SinusoidalPositions> make_positions(const DecoderConfig& c) {
@@ -112,9 +134,10 @@ Tensor Decoder::embed(const Tensor& ids, std::int64_t offset) const {
 }
 
 Tensor Decoder::forward(const Tensor& ids) const {
-  detail::check_dtype("Decoder::forward", "ids", ids, DType::int64);
-  if (ids.dim() != 2)
-    detail::fail<ShapeError>("Decoder::forward: argument 'ids' must be [B, T], got shape {}", detail::shape_str(ids.shape()));
+  check_ids("Decoder::forward", "ids", ids, config_.vocab);
+  if (ids.size(1) > config_.max_len)
+    detail::fail<ShapeError>("Decoder::forward: argument 'ids' has {} positions (shape {}), more than config.max_len = {}", ids.size(1),
+                             detail::shape_str(ids.shape()), config_.max_len);
   Tensor x = embed(ids, 0);
   for (const auto& b : blocks) x = b.forward(x);
   return head.forward(ln_f.forward(x));
@@ -122,8 +145,8 @@ Tensor Decoder::forward(const Tensor& ids) const {
 
 Tensor Decoder::generate(const Tensor& prompt, const GenerateOptions& o) const {
   const char* op = "Decoder::generate";
-  detail::check_dtype(op, "prompt", prompt, DType::int64);
-  if (prompt.dim() != 2 || prompt.size(1) < 1)
+  check_ids(op, "prompt", prompt, config_.vocab);
+  if (prompt.size(1) < 1)
     detail::fail<ShapeError>("{}: argument 'prompt' must be [B, T0] with T0 >= 1, got shape {}", op, detail::shape_str(prompt.shape()));
   if (o.window < 0 || o.window == 1 || o.window > config_.max_len)
     detail::fail<ValueError>("{}: options.window must be 0 (no limit) or in [2, config.max_len = {}], got {}", op, config_.max_len,
@@ -171,9 +194,10 @@ Tensor Decoder::generate(const Tensor& prompt, const GenerateOptions& o) const {
 
 std::vector<Tensor> Decoder::attention_weights(const Tensor& ids) const {
   NoGradGuard no_grad;
-  detail::check_dtype("Decoder::attention_weights", "ids", ids, DType::int64);
-  if (ids.dim() != 2)
-    detail::fail<ShapeError>("Decoder::attention_weights: argument 'ids' must be [B, T], got shape {}", detail::shape_str(ids.shape()));
+  check_ids("Decoder::attention_weights", "ids", ids, config_.vocab);
+  if (ids.size(1) > config_.max_len)
+    detail::fail<ShapeError>("Decoder::attention_weights: argument 'ids' has {} positions, more than config.max_len = {}", ids.size(1),
+                             config_.max_len);
   std::vector<Tensor> out(blocks.size());
   Tensor x = embed(ids, 0);
   for (std::size_t i = 0; i < blocks.size(); ++i) x = blocks[i].forward(x, Tensor(), &out[i]);

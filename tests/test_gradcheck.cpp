@@ -126,6 +126,20 @@ BOOST_AUTO_TEST_CASE(checks_tensors_the_function_captures_and_restores_them) {
   BOOST_TEST(!w.grad().defined());
 }
 
+BOOST_AUTO_TEST_CASE(parameters_are_restored_when_the_function_throws) {
+  Tensor w = tg::tensor({1.0, 2.0, 3.0}, tg::float64).set_requires_grad();
+  int calls = 0;
+  auto fails_later = [&] {
+    if (++calls > 1) throw tg::ValueError("f: deliberately failing");
+    return std::vector<Tensor>{w * 2.0};
+  };
+  BOOST_CHECK_THROW(tg::gradcheck_parameters(fails_later, {w}), tg::ValueError);
+  BOOST_TEST(w.to_vector<double>() == (std::vector<double>{1, 2, 3}));  // exactly, not w + eps
+  auto grows = [&] { return std::vector<Tensor>{w.to_vector<double>()[0] > 1 ? tg::concat({w, w}, 0) : w * 1.0}; };
+  check_throws<tg::ValueError>([&] { tg::gradcheck_parameters(grows, {w}); }, {"gradcheck_parameters: f returned"});
+  BOOST_TEST(w.to_vector<double>() == (std::vector<double>{1, 2, 3}));
+}
+
 BOOST_AUTO_TEST_CASE(catches_a_wrong_gradient) {
   Tensor w = tg::tensor({0.5, -1.0}, tg::float64).set_requires_grad();
   auto wrong_square = [&] {

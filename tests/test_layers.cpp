@@ -331,3 +331,16 @@ BOOST_AUTO_TEST_CASE(the_readme_layer_example_works_as_described) {
   opt.step();
   BOOST_TEST(layer.scale.to_vector<float>() != (std::vector<float>{1, 1, 1}));  // the optimizer reached it
 }
+
+BOOST_AUTO_TEST_CASE(decoder_errors_name_the_decoder) {
+  check_throws<tg::ValueError>([] { tg::Decoder({.vocab = 5, .max_len = 4, .dim = 8, .heads = 3}); }, {"Decoder", "config.heads = 3", "config.dim = 8"});
+  check_throws<tg::ValueError>([] { tg::Decoder({.vocab = 5, .max_len = 4, .dim = 0}); }, {"Decoder", "config.dim"});
+  check_throws<tg::ValueError>([] { tg::Decoder({.vocab = 5, .max_len = 4, .dim = 8, .dropout = 1.0}); }, {"Decoder", "config.dropout"});
+  tg::Decoder model({.vocab = 5, .max_len = 4, .dim = 8, .heads = 2});
+  const auto ids = [](std::vector<std::int64_t> v) { return tg::from_vector(std::span<const std::int64_t>(v), {1, static_cast<std::int64_t>(v.size())}); };
+  check_throws<tg::ShapeError>([&] { model.forward(ids({1, 2, 3, 4, 0})); }, {"Decoder::forward", "'ids'", "5 positions", "max_len = 4"});
+  check_throws<tg::ValueError>([&] { model.forward(ids({1, 7})); }, {"Decoder::forward", "'ids'", "id 7", "[0, 5)"});
+  check_throws<tg::ValueError>([&] { model.generate(ids({-1}), {.new_tokens = 1}); }, {"Decoder::generate", "'prompt'", "id -1"});
+  tg::LayerNorm ln({.dim = 2});
+  check_throws<tg::DTypeError>([&] { ln.forward(tg::zeros({1, 2}, tg::float64)); }, {"LayerNorm::forward", "'x'", "float64", "config.dtype"});
+}

@@ -82,3 +82,32 @@ BOOST_AUTO_TEST_CASE(bad_names_are_refused) {
   BadName bad;
   check_throws<tg::ValueError>([&] { bad.named_parameters(); }, {"Module::visit", "'a.b'"});
 }
+
+namespace {
+struct Tied final : tg::Module {
+  void visit(tg::ModuleVisitor& v) override {
+    v.module("first", first);
+    v.module("second", second);
+  }
+  Leaf first{2}, second{2};
+};
+struct DottedChild final : tg::Module {
+  void visit(tg::ModuleVisitor& v) override { v.module("a.b", child); }
+  Leaf child{1};
+};
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_shared_parameter_is_listed_once_under_its_first_name) {
+  Tied tied;
+  tied.second.w = tied.first.w;  // weight tying: one tensor, two layers
+  std::vector<std::string> names;
+  for (const auto& p : tied.named_parameters()) names.push_back(p.name);
+  BOOST_TEST(names == (std::vector<std::string>{"first.w", "first.b", "second.b"}), boost::test_tools::per_element());
+  BOOST_TEST(tied.parameter_count() == 4 + 2 + 2);
+  tg::SGD opt(tied.named_parameters());  // accepted: each tensor once
+}
+
+BOOST_AUTO_TEST_CASE(module_names_with_a_dot_are_refused) {
+  DottedChild m;
+  check_throws<tg::ValueError>([&] { m.named_parameters(); }, {"Module::visit", "'a.b'"});
+}

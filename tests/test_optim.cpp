@@ -59,7 +59,7 @@ BOOST_AUTO_TEST_CASE(adam_and_adamw_follow_the_papers) {
   for (bool decoupled : {false, true}) {
     Problem pr;
     const tg::AdamOptions o{.lr = 0.01, .beta1 = 0.8, .beta2 = 0.9, .eps = 1e-6, .weight_decay = 0.1};
-    std::unique_ptr<tg::Optimizer> opt = decoupled ? std::unique_ptr<tg::Optimizer>(new tg::AdamW({{"p", pr.p}}, o))
+    std::unique_ptr<tg::Optimizer> opt = decoupled ? std::unique_ptr<tg::Optimizer>(new tg::AdamW({{"p", pr.p}}, {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay}))
                                                    : std::unique_ptr<tg::Optimizer>(new tg::Adam({{"p", pr.p}}, o));
     std::vector<double> m(3, 0.0), v(3, 0.0);
     check_three_steps(*opt, pr, [&](std::vector<double>& p, const std::vector<double>& grad, std::size_t t) {
@@ -93,7 +93,7 @@ BOOST_AUTO_TEST_CASE(state_round_trips_and_resumes_identically) {
       if (static_cast<int>(s) == steps_before_reload) {
         // Rebuild from saved state, as a checkpoint would.
         std::vector<tg::NamedTensor> saved;
-        for (const auto& [name, t] : opt.state()) saved.push_back({name, tg::to(t, t.dtype()) * 1.0});
+        for (const auto& [name, t] : opt.state()) saved.push_back({name, tg::clone(t)});
         const auto steps = opt.steps();
         Problem fresh;
         tg::copy_(fresh.p, pr.p.detach());
@@ -116,12 +116,45 @@ BOOST_AUTO_TEST_CASE(state_round_trips_and_resumes_identically) {
   BOOST_TEST(run(1) == run(-1));  // bit-identical
   Problem pr;
   tg::Adam opt({{"p", pr.p}});
-  BOOST_TEST(opt.state().size() == 2u);
+  BOOST_TEST(opt.state().size() == 3u);  // exp_avg, exp_avg_sq and the step count
   BOOST_TEST(opt.state()[0].name == "exp_avg.p");
-  check_throws<tg::ShapeError>([&] { opt.load_state({{"exp_avg.p", tg::zeros({4}, tg::float64)}, {"exp_avg_sq.p", tg::zeros({3}, tg::float64)}}, 1); },
+  const Tensor zero_step = tg::zeros({}, tg::int64);
+  check_throws<tg::ShapeError>([&] { opt.load_state({{"exp_avg.p", tg::zeros({4}, tg::float64)}, {"exp_avg_sq.p", tg::zeros({3}, tg::float64)}, {"step.p", zero_step}}, 1); },
                                {"load_state", "exp_avg.p", "[3]", "[4]"});
-  check_throws<tg::ValueError>([&] { opt.load_state({{"m.p", tg::zeros({3}, tg::float64)}, {"exp_avg_sq.p", tg::zeros({3}, tg::float64)}}, 1); },
+  check_throws<tg::ValueError>([&] { opt.load_state({{"m.p", tg::zeros({3}, tg::float64)}, {"exp_avg_sq.p", tg::zeros({3}, tg::float64)}, {"step.p", zero_step}}, 1); },
                                {"load_state", "'m.p'", "exp_avg.p"});
+  check_throws<tg::Error>([&] { opt.load_state({{"exp_avg.p", Tensor()}, {"exp_avg_sq.p", tg::zeros({3}, tg::float64)}, {"step.p", zero_step}}, 1); },
+                          {"Adam::load_state", "'exp_avg.p'", "undefined"});
+}
+
+BOOST_AUTO_TEST_CASE(adam_counts_steps_per_parameter) {
+  // b is first reached after 1,000 steps of a: its first update must be a first step (bias
+  // correction 1 - beta^1), lr * sign(g) = -0.1, not 2.5 times that.
+  Tensor a = tg::ones({1}, tg::float64).set_requires_grad(), b = tg::ones({1}, tg::float64).set_requires_grad();
+  tg::Adam opt({{"a", a}, {"b", b}}, {.lr = 0.1});
+  for (int i = 0; i < 1000; ++i) {
+    tg::backward(tg::sum(a * 2.0));
+    opt.step();
+    opt.zero_grad();
+  }
+  tg::backward(tg::sum(b * 3.0));
+  opt.step();
+  BOOST_TEST(std::abs(b.item() - 0.9) < 1e-6);
+}
+
+BOOST_AUTO_TEST_CASE(adamw_keeps_its_default_weight_decay_with_designated_options) {
+  Tensor w = tg::ones({1}, tg::float64).set_requires_grad();
+  tg::AdamW opt({{"w", w}}, {.lr = 0.1});
+  tg::backward(tg::sum(w * 0.0));  // a zero gradient: only the decay moves w
+  opt.step();
+  BOOST_TEST(std::abs(w.item() - (1 - 0.1 * 0.01)) < 1e-12);
+}
+
+BOOST_AUTO_TEST_CASE(a_tensor_listed_twice_is_refused_and_clipped_once) {
+  Tensor w = tg::ones({2}, tg::float64).set_requires_grad();
+  check_throws<tg::ValueError>([&] { tg::SGD({{"a", w}, {"b", w}}); }, {"SGD", "'a'", "'b'", "same tensor"});
+  tg::backward(tg::sum(w));  // gradient [1, 1], norm sqrt(2)
+  BOOST_TEST(std::abs(tg::clip_grad_norm({w, w}, 10.0) - std::sqrt(2.0)) < 1e-15);
 }
 
 BOOST_AUTO_TEST_CASE(clip_grad_norm_scales_to_the_limit_and_reports_the_norm) {
@@ -145,6 +178,7 @@ BOOST_AUTO_TEST_CASE(warmup_cosine_schedule) {
   BOOST_TEST(lr(14) == 0.1);
   BOOST_TEST(lr(1000) == 0.1);
   check_throws<tg::ValueError>([] { tg::WarmupCosine(1.0, 5, 4); }, {"WarmupCosine", "warmup = 5", "total = 4"});
+  check_throws<tg::ValueError>([&] { lr(-5); }, {"WarmupCosine", "'step'", "-5"});
 }
 
 BOOST_AUTO_TEST_CASE(bad_configurations_are_named) {

@@ -1,6 +1,7 @@
 // The tape: recording, backward from one or several outputs, accumulation, no-grad, clearing,
 // depth, threads, user-defined ops and misuse.
 #define BOOST_TEST_MODULE tape
+#include <atomic>
 #include <functional>
 #include <thread>
 
@@ -211,6 +212,69 @@ BOOST_AUTO_TEST_CASE(a_graph_can_be_handed_to_another_thread) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
+BOOST_AUTO_TEST_CASE(a_leaf_that_stopped_requiring_grad_gets_no_gradient) {
+  Tensor w = tg::ones({2}, tg::float64).set_requires_grad();
+  const Tensor y = tg::sum(w * 2.0);
+  w.set_requires_grad(false);
+  tg::backward(y);
+  BOOST_TEST(!w.grad().defined());
+}
+
+BOOST_AUTO_TEST_CASE(clear_tape_on_the_recording_thread_during_another_threads_backward) {
+  // Thread A records an op whose backward waits; thread B runs backward through it while A
+  // clears its tape. B's pass holds what it reads, so it finishes with the right gradient
+  // (and no use-after-free under AddressSanitizer).
+  Tensor w = tg::ones({100}, tg::float64).set_requires_grad();
+  Tensor h;
+  std::atomic<int> stage{0};
+  std::thread a([&] {
+    std::vector<Tensor> outs{tg::zeros({100}, tg::float64)};
+    const Tensor big = tg::full({100}, 3.0, tg::float64);
+    tg::record_op("slow_scale", std::vector<Tensor>{w}, outs, [big, &stage](std::span<const Tensor> g, const std::vector<bool>&) {
+      stage = 1;
+      while (stage != 2) std::this_thread::yield();
+      return std::vector<Tensor>{g[0] * big};
+    }, std::vector<Tensor>{big});
+    h = outs[0];
+    stage = -1;
+    while (stage != 1) std::this_thread::yield();
+    tg::clear_tape();
+    stage = 2;
+  });
+  while (stage != -1) std::this_thread::yield();
+  std::thread b([&] { tg::backward({h}, {tg::ones({100}, tg::float64)}); });
+  a.join();
+  b.join();
+  BOOST_TEST(w.grad().to_vector<double>() == std::vector<double>(100, 3.0));
+}
+
+BOOST_AUTO_TEST_CASE(a_graph_cleared_by_its_recording_thread_is_an_error_not_a_missing_gradient) {
+  Tensor w = tg::tensor({1.0, 2.0, 3.0}, tg::float64).set_requires_grad();
+  // A graph half recorded on a thread that has ended (nobody can clear it) keeps working.
+  Tensor h;
+  std::thread([&] { h = w * 2.0; }).join();
+  const Tensor loss = tg::sum(h * h);
+  // A graph half recorded on a thread that then clears its tape: the gradient cannot reach w,
+  // and backward says so rather than leaving w.grad() silently short.
+  Tensor h2, loss2;
+  std::atomic<int> stage{0};
+  std::thread owner([&] {
+    h2 = w * 2.0;
+    stage = 1;
+    while (stage != 2) std::this_thread::yield();
+    tg::clear_tape();
+    stage = 3;
+  });
+  while (stage != 1) std::this_thread::yield();
+  loss2 = tg::sum(h2 * h2);
+  stage = 2;
+  while (stage != 3) std::this_thread::yield();
+  owner.join();
+  check_throws<tg::GraphError>([&] { tg::backward(loss2); }, {"released by clear_tape()", "mul"});
+  tg::backward(loss);  // the graph nobody cleared still works
+  BOOST_TEST(w.grad().to_vector<double>() == (std::vector<double>{8, 16, 24}));
+}
+
 BOOST_AUTO_TEST_SUITE(reentrancy)
 
 namespace {
@@ -257,6 +321,23 @@ BOOST_AUTO_TEST_CASE(a_backward_may_run_a_nested_backward_and_gradcheck) {
   BOOST_TEST(nested == 6.0);
   BOOST_TEST(checked);
   BOOST_TEST(x.grad().to_vector<double>() == (std::vector<double>{2, 2}));
+}
+
+BOOST_AUTO_TEST_CASE(a_gradient_computed_with_grad_mode_on_is_stored_without_its_graph) {
+  tg::clear_tape();
+  {
+    Tensor x = tg::tensor({3.0}, tg::float64).set_requires_grad();
+    std::vector<Tensor> outs{tg::zeros({1}, tg::float64)};
+    tg::record_op("differentiable", std::vector<Tensor>{x}, outs, [x](std::span<const Tensor> g, const std::vector<bool>&) {
+      tg::EnableGradGuard on;
+      return std::vector<Tensor>{x * 2.0 * g[0]};  // carries a graph back to x
+    });
+    tg::backward(tg::sum(outs[0]));
+    BOOST_TEST(x.grad().item() == 6.0);
+    BOOST_TEST(!x.grad().requires_grad());  // otherwise x -> x.grad -> node -> x never frees
+    tg::mul_(x.grad(), 0.5);                 // and in-place updates of it work
+  }
+  BOOST_TEST(tg::tape_size() == 0u);
 }
 
 BOOST_AUTO_TEST_CASE(clear_tape_inside_a_backward_is_a_graph_error) {
@@ -315,6 +396,21 @@ BOOST_AUTO_TEST_CASE(record_op_outputs_must_be_new_tensors) {
   check_throws<tg::GraphError>([&] { tg::record_op("again", std::vector<Tensor>{x}, itself, pass); }, {"again", "output 0", "already requires grad"});
   std::vector<Tensor> recorded{x * 2.0};
   check_throws<tg::GraphError>([&] { tg::record_op("again", std::vector<Tensor>{x}, recorded, pass); }, {"again", "output 0", "already requires grad"});
+}
+
+BOOST_AUTO_TEST_CASE(record_op_refuses_an_input_as_output_a_repeated_output_and_an_empty_backward) {
+  const Tensor w = tg::ones({2}, tg::float64).set_requires_grad();
+  const Tensor c = tg::ones({2}, tg::float64);  // a constant input: it does not require grad
+  auto pass = [](std::span<const Tensor> g, const std::vector<bool>&) { return std::vector<Tensor>{g[0], g[0]}; };
+  std::vector<Tensor> is_input{c};
+  check_throws<tg::GraphError>([&] { tg::record_op("mine", std::vector<Tensor>{w, c}, is_input, pass); }, {"mine", "output 0", "input 1"});
+  BOOST_TEST(!c.requires_grad());
+  const Tensor fresh = tg::zeros({2}, tg::float64);
+  std::vector<Tensor> twice{fresh, fresh};
+  check_throws<tg::GraphError>([&] { tg::record_op("mine", std::vector<Tensor>{w}, twice, pass); }, {"mine", "outputs 0 and 1", "same"});
+  std::vector<Tensor> one{tg::zeros({2}, tg::float64)};
+  check_throws<tg::ValueError>([&] { tg::record_op("mine", std::vector<Tensor>{w}, one, tg::BackwardFn()); }, {"record_op", "'backward'", "empty"});
+  BOOST_TEST(tg::tape_size() == 0u);
 }
 
 BOOST_AUTO_TEST_CASE(a_backward_that_fails_half_way_leaves_gradients_untouched) {

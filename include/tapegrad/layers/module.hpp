@@ -39,10 +39,11 @@ class ModuleVisitor {
   virtual void module(std::string_view name, Module& m) = 0;
   // A list of children, named "<name>.0", "<name>.1"...
   template <class M> void modules(std::string_view name, std::vector<M>& list) {
-    for (std::size_t i = 0; i < list.size(); ++i) module(std::string(name) + "." + std::to_string(i), list[i]);
+    for (std::size_t i = 0; i < list.size(); ++i) list_child(name, i, list[i]);
   }
 
  protected:
+  virtual void list_child(std::string_view list, std::size_t index, Module& m) = 0;
   ~ModuleVisitor() = default;
 };
 
@@ -64,10 +65,11 @@ class Module {
   virtual void visit(ModuleVisitor& v) = 0;
 
   // Every parameter of this module and its descendants, depth first in visit() order, with its
-  // full name. The tensors are handles to the parameters themselves (not copies).
+  // full name. The tensors are handles to the parameters themselves (not copies). A tensor
+  // reached twice (a parameter shared by two layers) is listed once, under its first name.
   std::vector<NamedTensor> named_parameters();
   std::vector<Tensor> parameters();
-  // The parameter called `name` (full dotted name), or a ValueError listing the close names.
+  // The parameter called `name` (full dotted name), or a ValueError listing the names there are.
   Tensor parameter(std::string_view name);
   std::int64_t parameter_count();  // elements, over all parameters
   void zero_grad();                // drops every parameter's accumulated gradient

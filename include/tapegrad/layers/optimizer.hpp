@@ -24,7 +24,8 @@ namespace tapegrad {
 
 class Optimizer {
  public:
-  // Every parameter must be a floating leaf that requires grad, with a unique non-empty name.
+  // Every parameter must be a floating leaf that requires grad, with a unique non-empty name,
+  // and appear once (a tensor listed twice would be updated twice).
   Optimizer(const char* kind, std::vector<NamedTensor> parameters, double lr);
   virtual ~Optimizer() = default;
   Optimizer(const Optimizer&) = delete;
@@ -45,8 +46,9 @@ class Optimizer {
   void load_state(const std::vector<NamedTensor>& state, std::int64_t steps);
 
  protected:
-  // Adds a zero tensor per parameter, listed in state() as "<slot>.<name>"; returns its index.
-  std::size_t add_slot(const char* slot);
+  // Adds a zero tensor per parameter (of the parameter's shape and dtype, or with `counter` a
+  // rank-0 int64), listed in state() as "<slot>.<name>"; returns its index.
+  std::size_t add_slot(const char* slot, bool counter = false);
   std::vector<Tensor>& slot(std::size_t index) { return slots_[index].second; }
   const char* kind_;
   std::vector<NamedTensor> params_;
@@ -83,7 +85,8 @@ struct AdamOptions {
 };
 
 // m = b1 m + (1 - b1) g,  v = b2 v + (1 - b2) g^2,  p -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
-// with g = grad + weight_decay p (L2).
+// with g = grad + weight_decay p (L2), and t the number of steps that updated this parameter
+// (kept per parameter, as PyTorch does: one first reached late starts its bias correction at 1).
 class Adam : public Optimizer {
  public:
   Adam(std::vector<NamedTensor> parameters, const AdamOptions& options = {});
@@ -95,19 +98,27 @@ class Adam : public Optimizer {
  private:
   AdamOptions options_;
   bool decoupled_;
-  std::size_t exp_avg_, exp_avg_sq_;
+  std::size_t exp_avg_, exp_avg_sq_, step_;
+};
+
+// AdamW's options: Adam's, with PyTorch's default decoupled weight decay.
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
 };
 
 // Adam with decoupled weight decay (Loshchilov & Hutter): p -= lr weight_decay p before the
 // Adam step, instead of adding weight_decay p to the gradient.
 class AdamW : public Adam {
  public:
-  AdamW(std::vector<NamedTensor> parameters, const AdamOptions& options = {.weight_decay = 0.01});
+  AdamW(std::vector<NamedTensor> parameters, const AdamWOptions& options = {});
 };
 
 // Scales every gradient by max_norm / total when the global L2 norm `total` of all gradients
-// (parameters without a gradient count as zero) exceeds max_norm, and returns `total` (before
-// clipping). A non-finite total leaves the gradients as they are: the caller sees it and can
+// (parameters without a gradient count as zero; a tensor listed twice counts once) exceeds
+// max_norm, and returns `total` (before clipping). A non-finite total leaves the gradients as they are: the caller sees it and can
 // skip the step.
 double clip_grad_norm(const std::vector<Tensor>& parameters, double max_norm);
 

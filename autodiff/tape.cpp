@@ -77,7 +77,10 @@ class LeafGradients {
       }
       // Keep g itself only when nothing else can see its storage: a leaf's gradient must not
       // alias an upstream gradient the caller still holds, nor be a broadcast (stride 0) view.
-      const bool exclusive = g.is_contiguous() && g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1;
+      // Nor may it carry a graph (a backward that ran its ops under EnableGradGuard): those
+      // nodes can hold the leaf itself, a cycle that only clear_tape() would break.
+      const bool exclusive = g.is_contiguous() && g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1 &&
+                             live_node(*g.impl()) == nullptr;
       leaf->grad = exclusive ? std::move(g) : copy_of(g);
     }
   }

@@ -175,8 +175,12 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
     append(key, lb);
     if (fast.size() >= kMaxCached) fast.clear();
     auto [it, inserted] = fast.try_emplace(key, true);
-    if (inserted) it->second = a.is_contiguous() && b.is_contiguous() ? true : has_fast_kernel(la, lb, lc);
-    if (!it->second) return run(a.is_contiguous() ? a : copy_of(a), b.is_contiguous() ? b : copy_of(b), c, false);
+    // Contiguous operands run as they are, whatever was decided for the layout: an expanded
+    // operand (stride-0 batch) is described like a contiguous one of batch size 1, and copying
+    // contiguous operands would change nothing (it recursed until the stack overflowed).
+    const bool contiguous = a.is_contiguous() && b.is_contiguous();
+    if (inserted) it->second = contiguous || has_fast_kernel(la, lb, lc);
+    if (!it->second && !contiguous) return run(a.is_contiguous() ? a : copy_of(a), b.is_contiguous() ? b : copy_of(b), c, false);
   }
   Entry& e = *primitive_for(la, lb, lc, bf16);
   e.a.set_data_handle(pa);

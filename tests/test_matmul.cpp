@@ -83,6 +83,19 @@ BOOST_AUTO_TEST_CASE(strided_and_expanded_operands) {
               "both expanded, float32");
 }
 
+BOOST_AUTO_TEST_CASE(a_contiguous_operand_after_an_expanded_one_of_the_same_layout) {
+  // Found by fuzz/fuzz_layer.cpp. oneDNN sees the expanded a [2, 2, 2] (batch stride 0) as
+  // [1, 2, 2] and, with b [2, 2, 1], runs it on its reference loop, so tapegrad notes the layout
+  // as slow and copies a. The contiguous a [1, 2, 2] that follows is described the same way; its
+  // "copy" changed nothing and the call recursed until the stack overflowed.
+  const Tensor small = tg::randn({1, 2, 2}, 6, tg::float64), b = tg::randn({2, 2, 1}, 7, tg::float64);
+  const Tensor expanded = tg::expand(small, {2, 2, 2});
+  check_close(tg::matmul(tg::expand(small.to(tg::float32), {2, 2, 2}), b.to(tg::float32)).to_vector<double>(),
+              ref_matmul(Ref::of(expanded), Ref::of(b)).v, 1e-5, 1e-5, "expanded a");
+  check_close(tg::matmul(small.to(tg::float32), b.to(tg::float32)).to_vector<double>(), ref_matmul(Ref::of(small), Ref::of(b)).v, 1e-5,
+              1e-5, "contiguous a, the same layout");
+}
+
 BOOST_AUTO_TEST_CASE(empty_dims) {
   BOOST_TEST(tg::matmul(tg::zeros({0, 3}), tg::zeros({3, 4})).shape() == (Shape{0, 4}));
   const Tensor k0 = tg::matmul(tg::zeros({2, 0}), tg::zeros({0, 3}));

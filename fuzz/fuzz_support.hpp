@@ -32,9 +32,12 @@ template <class... A> [[noreturn]] void fail(fmt::format_string<A...> f, A&&... 
 }
 
 // With FUZZ_DEBUG set in the environment, a target narrates what it runs (to read a finding).
-template <class... A> void narrate(fmt::format_string<A...> f, A&&... a) {
+inline bool narrating() {
   static const bool on = std::getenv("FUZZ_DEBUG") != nullptr;
-  if (on) std::fprintf(stderr, "%s\n", fmt::format(f, std::forward<A>(a)...).c_str());
+  return on;
+}
+template <class... A> void narrate(fmt::format_string<A...> f, A&&... a) {
+  if (narrating()) std::fprintf(stderr, "%s\n", fmt::format(f, std::forward<A>(a)...).c_str());
 }
 
 template <class... A> void require(bool ok, fmt::format_string<A...> f, A&&... a) {

@@ -247,8 +247,9 @@ struct Program {
     const bool saved_all = in.flag(), on_thread = in.flag() && in.flag() && w.disturbed;
     if (!sa.t.defined() || !sb.t.defined()) return;
     const Tensor a = use(sa), b = use(sb);
-    narrate("step {} op {} behaviour {} guards {} thread {}\na = {}\nb = {}", kind, op, static_cast<int>(how), guards, on_thread,
-            tg::to_string(a), tg::to_string(b));
+    if (narrating())
+      narrate("step {} op {} behaviour {} guards {} thread {}\na = {}\nb = {}", kind, op, static_cast<int>(how), guards, on_thread,
+              tg::to_string(a), tg::to_string(b));
     std::vector<Slot> made;
     auto body = [&] {
       const bool mode = tg::is_grad_enabled();

@@ -123,6 +123,8 @@ struct Fuzzer {
     Shape lead(in.in<std::size_t>(0, 2));
     for (auto& d : lead) d = in.in<std::int64_t>(1, 3);
     const std::int64_t q = in.in(1, 4), k = in.in(1, 4), d = in.in(1, 3), dv = in.in(1, 3);
+    dtype = in.float_dtype();
+    const bool both = in.flag();  // backward from the output and the weights, or the output only
     auto with = [](Shape s, std::int64_t a, std::int64_t b) {
       s.push_back(a);
       s.push_back(b);
@@ -172,8 +174,6 @@ struct Fuzzer {
     for (std::size_t i = 0; i < d_w.v.size(); ++i) d_w.free[i] = !allowed[i];
     for (auto [op, row] : std::array<std::pair<Operand*, std::int64_t>, 5>{{{&oq, d}, {&ok, d}, {&ov, dv}, {&d_out, dv}, {&d_w, k}}})
       choose(*op, row);
-    dtype = in.float_dtype();
-    const bool both = in.flag();  // backward from the output and the weights, or the output only
     auto run = [&](bool poisoned) {
       const Tensor tq = oq.make(poisoned, dtype), tk = ok.make(poisoned, dtype), tv = ov.make(poisoned, dtype);
       auto [out, w] = tg::scaled_dot_product_attention(tq, tk, tv, mask);

@@ -536,6 +536,7 @@ struct Fuzzer {
     }
     const std::int64_t k = ok ? as.back() : 0;
     const bool cheap = !ok || numel_of(out) == 0 || (numel_of(out) <= kSmall && a.numel() <= kMaxWork && numel_of(out) * k <= kMaxWork);
+    narrate("matmul of a {} (strides {}) and b {} {}{}", as, a.strides(), bs, bdt, bf16 ? " in bfloat16" : "");
     auto r = judge("matmul", !ok ? Outcome::error : cheap ? Outcome::shape : Outcome::skip, out, a.dtype(), [&] {
       return tg::matmul(a, b->x, bf16 ? tg::MatmulPrecision::bfloat16 : tg::MatmulPrecision::exact);
     });

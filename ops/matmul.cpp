@@ -59,11 +59,14 @@ Tensor matmul(const Tensor& a, const Tensor& b, MatmulPrecision precision) {
     fail<DTypeError>("matmul: bfloat16 precision takes float32 operands, got {} with shapes {} and {}", dtype,
                      shape_str(a.shape()), shape_str(b.shape()));
   Tensor out = forward(a, b, precision);
-  // da = g b^T,  db = a^T g   (each summed over the batch dims its operand was broadcast along)
+  // da = g b^T,  db = a^T g   (each summed over the batch dims its operand was broadcast along).
+  // A zero-size g gives zeros, made at the operand's shape: the product would be made at the
+  // broadcast shape first, and with N = 0 that is [batch..., M, K] of zeros however long the batch.
   record("matmul", {a, b}, out, {a, b}, [a, b, precision](std::span<const Tensor> g, const std::vector<bool>& needs) {
     std::vector<Tensor> grads(2);
-    if (needs[0]) grads[0] = sum_to(forward(g[0], transpose(b, -1, -2), precision), a.shape());
-    if (needs[1]) grads[1] = sum_to(forward(transpose(a, -1, -2), g[0], precision), b.shape());
+    const bool empty = g[0].numel() == 0;
+    if (needs[0]) grads[0] = empty ? zeros(a.shape(), a.dtype()) : sum_to(forward(g[0], transpose(b, -1, -2), precision), a.shape());
+    if (needs[1]) grads[1] = empty ? zeros(b.shape(), b.dtype()) : sum_to(forward(transpose(a, -1, -2), g[0], precision), b.shape());
     return grads;
   });
   return out;

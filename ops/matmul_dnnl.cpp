@@ -4,7 +4,9 @@
 // Recipe: 1. describe a, b and c by dims and strides (a transposed view is just other strides,
 // no copy); 2. build the primitive once per layout and keep it in a per-thread cache; 3. wrap
 // the three buffers in dnnl::memory and execute.
+#include <algorithm>
 #include <bit>
+#include <numeric>
 #include <string>
 #include <unordered_map>
 
@@ -39,7 +41,8 @@ struct Layout {
 // Batch dims that were broadcast by stride 0 become size 1 (oneDNN broadcasts size-1 batch dims
 // itself); size-1 dims get the stride a dense layout would give them, so oneDNN recognises
 // plain and transposed layouts. Returns false when neither of the two matrix dims has unit
-// stride: gemm kernels need a row- or column-major matrix, so such an operand is copied.
+// stride (gemm kernels need a row- or column-major matrix) or when oneDNN would refuse the
+// strides: such an operand is copied.
 bool describe(const Tensor& x, Layout& out) {
   const std::size_t r = x.shape().size();
   out.dims.assign(x.shape().begin(), x.shape().end());
@@ -55,6 +58,20 @@ bool describe(const Tensor& x, Layout& out) {
     if (out.strides[d] == 0) out.dims[d] = 1;
     if (out.dims[d] == 1) out.strides[d] = span;
     span = std::max(span, out.strides[d] * out.dims[d]);
+  }
+  // oneDNN also refuses strides that interleave: taken in increasing order, each must reach past
+  // the dims below it. A batch sliced from a taller one does not ([4, 4, 2, 1] with strides
+  // [16, 4, 3, 1]: each matrix spans 6 elements, batches start every 4); memory::desc threw.
+  std::vector<std::size_t> order(r);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
+    return std::pair{out.strides[x], out.dims[x]} < std::pair{out.strides[y], out.dims[y]};
+  });
+  std::int64_t reach = 1;
+  for (std::size_t d : order) {
+    if (out.dims[d] == 1) continue;
+    if (out.strides[d] < reach) return false;
+    reach = out.strides[d] * out.dims[d];
   }
   return true;
 }
@@ -175,8 +192,12 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
     append(key, lb);
     if (fast.size() >= kMaxCached) fast.clear();
     auto [it, inserted] = fast.try_emplace(key, true);
-    if (inserted) it->second = a.is_contiguous() && b.is_contiguous() ? true : has_fast_kernel(la, lb, lc);
-    if (!it->second) return run(a.is_contiguous() ? a : copy_of(a), b.is_contiguous() ? b : copy_of(b), c, false);
+    // Contiguous operands run as they are, whatever was decided for the layout: an expanded
+    // operand (stride-0 batch) is described like a contiguous one of batch size 1, and copying
+    // contiguous operands would change nothing (it recursed until the stack overflowed).
+    const bool contiguous = a.is_contiguous() && b.is_contiguous();
+    if (inserted) it->second = contiguous || has_fast_kernel(la, lb, lc);
+    if (!it->second && !contiguous) return run(a.is_contiguous() ? a : copy_of(a), b.is_contiguous() ? b : copy_of(b), c, false);
   }
   Entry& e = *primitive_for(la, lb, lc, bf16);
   e.a.set_data_handle(pa);

@@ -83,6 +83,34 @@ BOOST_AUTO_TEST_CASE(strided_and_expanded_operands) {
               "both expanded, float32");
 }
 
+BOOST_AUTO_TEST_CASE(a_contiguous_operand_after_an_expanded_one_of_the_same_layout) {
+  // Found by fuzz/fuzz_layer.cpp. oneDNN sees the expanded a [2, 2, 2] (batch stride 0) as
+  // [1, 2, 2] and, with b [2, 2, 1], runs it on its reference loop, so tapegrad notes the layout
+  // as slow and copies a. The contiguous a [1, 2, 2] that follows is described the same way; its
+  // "copy" changed nothing and the call recursed until the stack overflowed.
+  const Tensor small = tg::randn({1, 2, 2}, 6, tg::float64), b = tg::randn({2, 2, 1}, 7, tg::float64);
+  const Tensor expanded = tg::expand(small, {2, 2, 2});
+  check_close(tg::matmul(tg::expand(small.to(tg::float32), {2, 2, 2}), b.to(tg::float32)).to_vector<double>(),
+              ref_matmul(Ref::of(expanded), Ref::of(b)).v, 1e-5, 1e-5, "expanded a");
+  check_close(tg::matmul(small.to(tg::float32), b.to(tg::float32)).to_vector<double>(), ref_matmul(Ref::of(small), Ref::of(b)).v, 1e-5,
+              1e-5, "contiguous a, the same layout");
+}
+
+BOOST_AUTO_TEST_CASE(interleaved_batches) {
+  // Found by fuzz/fuzz_shapes.cpp: rows 0 and 3 of every [4, 1] matrix of a [4, 4, 4, 1] tensor
+  // have strides [16, 4, 3, 1]. Each matrix spans 6 elements but a new one starts every 4:
+  // oneDNN refuses such strides, and its dnnl::error escaped from matmul. They are copied now.
+  const Tensor base = tg::randn({4, 4, 4, 1}, 8, tg::float64), b = tg::randn({1, 3}, 9, tg::float64);
+  const Tensor a = tg::slice(base, 2, 0, 4, 3);
+  BOOST_TEST(a.strides() == (Shape{16, 4, 3, 1}));
+  const Ref expected = ref_matmul(Ref::of(a), Ref::of(b));
+  check_close(tg::matmul(tg::slice(base.to(tg::float32), 2, 0, 4, 3), b.to(tg::float32)).to_vector<double>(), expected.v, 1e-5, 1e-5,
+              "float32");
+  check_close(tg::matmul(tg::transpose(b, 0, 1).to(tg::float32), tg::transpose(tg::slice(base.to(tg::float32), 2, 0, 4, 3), -1, -2))
+                  .to_vector<double>(),
+              ref_matmul(Ref::of(tg::transpose(b, 0, 1)), Ref::of(tg::transpose(a, -1, -2))).v, 1e-5, 1e-5, "as b, transposed");
+}
+
 BOOST_AUTO_TEST_CASE(empty_dims) {
   BOOST_TEST(tg::matmul(tg::zeros({0, 3}), tg::zeros({3, 4})).shape() == (Shape{0, 4}));
   const Tensor k0 = tg::matmul(tg::zeros({2, 0}), tg::zeros({0, 3}));

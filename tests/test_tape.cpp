@@ -304,6 +304,29 @@ BOOST_AUTO_TEST_CASE(a_backward_may_record_ops_with_grad_mode_on) {
   BOOST_TEST(tg::tape_size() == 1u);  // mine (y is alive); the sum and the 100 nodes died with their tensors
 }
 
+BOOST_AUTO_TEST_CASE(a_gradient_computed_with_grad_mode_on_reaches_leaves_without_its_graph) {
+  // Found by fuzz/fuzz_tape.cpp. The backward below returns recorded tensors (g * b needs b,
+  // which requires grad). A leaf must get their values only: a gradient that required grad
+  // would hold the node that made it, which holds the other leaf, whose gradient holds a node
+  // holding the first: a cycle that kept both nodes alive after every tensor was gone.
+  tg::clear_tape();
+  {
+    Tensor a = tg::tensor({1.0, 2.0}, tg::float64).set_requires_grad();
+    Tensor b = tg::tensor({3.0, 4.0}, tg::float64).set_requires_grad();
+    std::vector<Tensor> outs{tg::zeros({2}, tg::float64)};
+    tg::record_op("user_mul", std::vector<Tensor>{a, b}, outs, [a, b](std::span<const Tensor> g, const std::vector<bool>&) {
+      tg::EnableGradGuard on;
+      return std::vector<Tensor>{g[0] * b, g[0] * a};
+    });
+    tg::backward(tg::sum(outs[0]));
+    BOOST_TEST(a.grad().to_vector<double>() == (std::vector<double>{3, 4}));
+    BOOST_TEST(b.grad().to_vector<double>() == (std::vector<double>{1, 2}));
+    BOOST_TEST(!a.grad().requires_grad());
+    BOOST_TEST(!b.grad().requires_grad());
+  }
+  BOOST_TEST(tg::tape_size() == 0u);  // every node died with the tensors
+}
+
 BOOST_AUTO_TEST_CASE(a_backward_may_run_a_nested_backward_and_gradcheck) {
   Tensor x = tg::tensor({1.0, 2.0}, tg::float64).set_requires_grad();
   double nested = 0;

@@ -190,6 +190,19 @@ BOOST_AUTO_TEST_CASE(matmul_checks_the_shape_it_makes) {
   BOOST_TEST(tg::matmul(tg::zeros({3, 0}), tg::zeros({0, 2})).to_vector<double>() == std::vector<double>(6, 0.0));
 }
 
+BOOST_AUTO_TEST_CASE(a_zero_size_product_has_a_backward_that_costs_nothing) {
+  // Found by fuzz/fuzz_shapes.cpp: with N = 0 there is nothing to multiply, but da = g b^T was
+  // made at the broadcast shape [2^40, 2, 1, 1] (16 TiB of zeros) before being summed to [1, 2, 1, 1].
+  Tensor a = tg::ones({1, 2, 1, 1}, tg::float64).set_requires_grad();
+  Tensor b = tg::zeros({40_p2, 1, 1, 0}, tg::float64).set_requires_grad();
+  const Tensor c = tg::matmul(a, b);
+  BOOST_TEST(c.shape() == (Shape{40_p2, 2, 1, 0}));
+  tg::backward({c}, {tg::zeros(c.shape(), tg::float64)});
+  BOOST_TEST(a.grad().to_vector<double>() == std::vector<double>(2, 0.0));
+  BOOST_TEST(b.grad().shape() == b.shape());
+  tg::clear_tape();
+}
+
 BOOST_AUTO_TEST_CASE(elementwise_results_name_the_op) {
   // 2^50 elements: too many for bool results too.
   const Tensor col = tg::expand(tg::zeros({1, 1}), {25_p2, 1}), row = tg::expand(tg::zeros({1, 1}), {1, 25_p2});

@@ -93,3 +93,30 @@ BOOST_AUTO_TEST_CASE(twenty_thousand_steps_without_clear_tape_or_backward_on_mos
   const Run r = train(20000, /*clear=*/false, /*backward_every=*/7);
   check_flat(r, 40);
 }
+
+// The training loop of the README and the examples: a decoder, AdamW, clipping, no clear_tape().
+BOOST_AUTO_TEST_CASE(a_thousand_decoder_training_steps_keep_memory_flat) {
+  tg::Decoder model({.vocab = 11, .max_len = 12, .dim = 32, .heads = 4, .layers = 2, .dropout = 0.1, .seed = 3});
+  tg::AdamW opt(model.named_parameters(), {.lr = 1e-3});
+  tg::Generator gen(4);
+  std::vector<std::int64_t> ids(16 * 12);
+  std::size_t max_nodes = 0;
+  std::int64_t warm = 0;
+  for (int step = 0; step < 1000; ++step) {
+    for (auto& id : ids) id = static_cast<std::int64_t>(gen.uniform() * 11);
+    const Tensor x = tg::from_vector(std::span<const std::int64_t>(ids), {16, 12});
+    const Tensor loss = tg::cross_entropy(model.forward(x), x);
+    tg::backward(loss);
+    tg::clip_grad_norm(model.parameters(), 1.0);
+    opt.step();
+    opt.zero_grad();
+    max_nodes = std::max(max_nodes, tg::tape_size());
+    if (step == 199) warm = resident_bytes();
+  }
+  const std::int64_t end = resident_bytes();
+  BOOST_TEST_MESSAGE("decoder: RSS after 200 steps " << warm / 1024 << " KiB, after 1,000 " << end / 1024 << " KiB; at most "
+                                                      << max_nodes << " live nodes");
+  BOOST_TEST(tg::tape_size() == 0u);
+  if (kAddressSanitizer) return;
+  BOOST_TEST(end - warm <= 4 * 1024 * 1024);
+}

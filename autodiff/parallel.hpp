@@ -1,0 +1,23 @@
+// Internal: tapegrad's own loops on the threads that oneDNN uses (OpenMP, libgomp).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace tapegrad::detail {
+
+// Below this many elements (times the per-element cost) a loop stays on the calling thread:
+// waking the team costs a few microseconds, which is what ~32k float copies take.
+inline constexpr std::int64_t kParallelGrain = 1 << 15;
+
+// Calls body(begin, end) on disjoint chunks covering [0, n), in parallel when n * cost is at
+// least kParallelGrain and num_threads() > 1, else once on the calling thread. Chunks are
+// contiguous and at most num_threads() of them run at once; a nested call (from inside a
+// body) runs inline. An exception thrown by a body is rethrown on the calling thread after
+// every chunk has finished.
+void parallel_for(std::int64_t n, std::int64_t cost, const std::function<void(std::int64_t, std::int64_t)>& body);
+
+// How many chunks parallel_for would use for n * cost units of work (1 when it stays serial).
+int parallel_chunks(std::int64_t n, std::int64_t cost) noexcept;
+
+}  // namespace tapegrad::detail

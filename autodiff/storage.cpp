@@ -1,4 +1,5 @@
 // Tensor storage and the cache of large blocks behind it.
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <new>
@@ -79,6 +80,17 @@ BlockCache& cache() {
   return *instance;
 }
 
+// Storage bytes in use and their high-water mark (memory_stats()). Relaxed: they are statistics,
+// and a peak raced by two allocations still ends at the larger of the two sums it saw.
+std::atomic<std::int64_t> live_bytes{0}, peak_bytes{0};
+
+void count_allocation(std::int64_t size) noexcept {
+  const std::int64_t now = live_bytes.fetch_add(size, std::memory_order_relaxed) + size;
+  std::int64_t peak = peak_bytes.load(std::memory_order_relaxed);
+  while (now > peak && !peak_bytes.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+
 }  // namespace
 
 Storage::Storage(std::size_t n) : bytes(n) {
@@ -89,11 +101,13 @@ Storage::Storage(std::size_t n) : bytes(n) {
   const std::size_t size = size_class(n);
   data = static_cast<std::byte*>(size >= kCacheFrom ? cache().take(size) : std::aligned_alloc(kAlign, size));
   if (data == nullptr) throw std::bad_alloc();
+  count_allocation(static_cast<std::int64_t>(size));
 }
 
 Storage::~Storage() {
   if (data == inline_bytes) return;
   const std::size_t size = size_class(bytes);
+  live_bytes.fetch_sub(static_cast<std::int64_t>(size), std::memory_order_relaxed);
   if (size >= kCacheFrom) cache().give(data, size);
   else std::free(data);
 }
@@ -101,5 +115,11 @@ Storage::~Storage() {
 }  // namespace detail
 
 void release_cached_memory() { detail::cache().release(); }
+
+MemoryStats memory_stats() noexcept {
+  return {detail::live_bytes.load(std::memory_order_relaxed), detail::peak_bytes.load(std::memory_order_relaxed)};
+}
+
+void reset_peak_memory() noexcept { detail::peak_bytes.store(detail::live_bytes.load(std::memory_order_relaxed), std::memory_order_relaxed); }
 
 }  // namespace tapegrad

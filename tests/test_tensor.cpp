@@ -345,3 +345,22 @@ BOOST_AUTO_TEST_CASE(only_floating_leaves) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_CASE(memory_stats_track_storage_and_its_peak) {
+  tg::reset_peak_memory();
+  const tg::MemoryStats before = tg::memory_stats();
+  BOOST_TEST(before.peak_bytes == before.current_bytes);
+  {
+    const Tensor big = tg::zeros({1024, 256});  // 1 MiB
+    const tg::MemoryStats during = tg::memory_stats();
+    BOOST_TEST(during.current_bytes - before.current_bytes >= 1 << 20);
+    BOOST_TEST(during.peak_bytes >= during.current_bytes);
+  }
+  const tg::MemoryStats after = tg::memory_stats();
+  BOOST_TEST(after.current_bytes == before.current_bytes);  // freed, even if the block is cached
+  BOOST_TEST(after.peak_bytes - before.current_bytes >= 1 << 20);
+  tg::reset_peak_memory();
+  BOOST_TEST(tg::memory_stats().peak_bytes == after.current_bytes);
+  const Tensor small = tg::zeros({4});  // inline in its storage: no allocation counted
+  BOOST_TEST(tg::memory_stats().current_bytes == after.current_bytes);
+}

@@ -159,6 +159,17 @@ Tensor rand(const Shape& shape, std::uint64_t seed, DType dtype = float32, doubl
 // a similar size; this returns them to the system.
 void release_cached_memory();
 
+// Bytes held by tensor storage now, and the most held at once since the last
+// reset_peak_memory() (or since the start), summed over all threads. Counts what tensors use,
+// rounded as allocated: not the cache of freed blocks above, not oneDNN's scratch buffers.
+struct MemoryStats {
+  std::int64_t current_bytes = 0;
+  std::int64_t peak_bytes = 0;
+};
+MemoryStats memory_stats() noexcept;
+// Sets the peak to what is held now.
+void reset_peak_memory() noexcept;
+
 // A readable, summarised rendering: shape, dtype and values (numpy-style "..." past 1000
 // elements). fmt::print("{}", t) uses it too.
 std::string to_string(const Tensor& t);

@@ -1,0 +1,137 @@
+#include "report.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <tapegrad/tapegrad.hpp>
+
+namespace bench {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double seconds(const std::function<void()>& f, int batch) {
+  const auto t0 = clock_type::now();
+  for (int i = 0; i < batch; ++i) f();
+  return std::chrono::duration<double>(clock_type::now() - t0).count() / batch;
+}
+
+Stats summarise(std::vector<double> samples) {
+  std::sort(samples.begin(), samples.end());
+  const std::size_t n = samples.size();
+  const double median = n % 2 ? samples[n / 2] : (samples[n / 2 - 1] + samples[n / 2]) / 2;
+  return {median, samples.front(), samples.back(), static_cast<int>(n)};
+}
+
+nlohmann::json to_json(const Cell& c) {
+  return std::visit([](const auto& v) { return nlohmann::json(v); }, c);
+}
+
+std::string render(const Cell& c, const Column& col) {
+  if (const auto* s = std::get_if<std::string>(&c)) return *s;
+  if (const auto* i = std::get_if<std::int64_t>(&c)) return fmt::format("{}", *i);
+  return fmt::format("{:.{}f}", std::get<double>(c), col.precision);
+}
+
+}  // namespace
+
+std::vector<Stats> measure(const std::vector<std::function<void()>>& fs, int min_runs, double min_seconds) {
+  std::vector<int> batch(fs.size(), 1);
+  for (std::size_t i = 0; i < fs.size(); ++i) {
+    const double first = seconds(fs[i], 1);  // warm-up: primitives, caches, pages
+    const double again = seconds(fs[i], 1);
+    const double t = std::min(first, again);
+    if (t < 50e-6) batch[i] = static_cast<int>(std::min(1000.0, 50e-6 / std::max(t, 1e-9)));
+  }
+  std::vector<std::vector<double>> samples(fs.size());
+  const auto start = clock_type::now();
+  for (int round = 0;; ++round) {
+    const double elapsed = std::chrono::duration<double>(clock_type::now() - start).count();
+    if (round >= min_runs && elapsed >= min_seconds) break;
+    if (round >= 10 * min_runs && elapsed >= min_seconds / 10) break;  // many fast rounds are enough
+    for (std::size_t i = 0; i < fs.size(); ++i) samples[i].push_back(seconds(fs[i], batch[i]));
+  }
+  std::vector<Stats> out;
+  for (auto& s : samples) out.push_back(summarise(std::move(s)));
+  return out;
+}
+
+Stats measure(const std::function<void()>& f, int min_runs, double min_seconds) {
+  return measure(std::vector<std::function<void()>>{f}, min_runs, min_seconds)[0];
+}
+
+std::string format_time(const Stats& s) {
+  const bool us = s.median < 1e-3;
+  const double k = us ? 1e6 : 1e3;
+  return fmt::format("{:.{}f} {} ({:.{}f}-{:.{}f})", s.median * k, us ? 1 : 2, us ? "us" : "ms", s.min * k, us ? 1 : 2,
+                     s.max * k, us ? 1 : 2);
+}
+
+Table::Table(std::string id, std::string title, std::vector<Column> columns)
+    : id_(std::move(id)), title_(std::move(title)), columns_(std::move(columns)) {
+  std::string header;
+  for (const auto& c : columns_) header += fmt::format("{:>{}} ", c.name, c.width);
+  fmt::print("\n{}\n{}\n", title_, header);
+  std::fflush(stdout);
+}
+
+void Table::add(std::vector<Cell> row) {
+  if (row.size() != columns_.size())
+    throw std::logic_error(fmt::format("table {}: row of {} cells for {} columns", id_, row.size(), columns_.size()));
+  std::string line;
+  for (std::size_t i = 0; i < row.size(); ++i) line += fmt::format("{:>{}} ", render(row[i], columns_[i]), columns_[i].width);
+  fmt::print("{}\n", line);
+  std::fflush(stdout);
+  rows_.push_back(std::move(row));
+}
+
+void Table::note(std::string text) {
+  fmt::print("  {}\n", text);
+  notes_.push_back(std::move(text));
+}
+
+std::string Table::json() const {
+  nlohmann::json t{{"title", title_}, {"notes", notes_}};
+  t["columns"] = nlohmann::json::array();
+  for (const auto& c : columns_) t["columns"].push_back(c.name);
+  t["rows"] = nlohmann::json::array();
+  for (const auto& r : rows_) {
+    nlohmann::json row;
+    for (std::size_t i = 0; i < r.size(); ++i) row[columns_[i].name] = to_json(r[i]);
+    t["rows"].push_back(row);
+  }
+  return t.dump();
+}
+
+void Report::fact(const std::string& key, const Cell& value, const std::string& unit) {
+  const Column plain{key, 2, 0};
+  fmt::print("{}: {}{}{}\n", key, render(value, plain), unit.empty() ? "" : " ", unit);
+  facts_.emplace_back(unit.empty() ? key : fmt::format("{} ({})", key, unit), value);
+}
+
+Table& Report::table(std::string id, std::string title, std::vector<Column> columns) {
+  tables_.push_back(std::make_unique<Table>(std::move(id), std::move(title), std::move(columns)));
+  return *tables_.back();
+}
+
+void Report::write_json(const std::string& path) const {
+  nlohmann::json out;
+  for (const auto& [k, v] : facts_) out["facts"][k] = to_json(v);
+  for (const auto& t : tables_) out["tables"][t->id()] = nlohmann::json::parse(t->json());
+  std::ofstream f(path);
+  if (!f) throw std::runtime_error(fmt::format("cannot write {}", path));
+  f << out.dump(2) << "\n";
+}
+
+std::int64_t peak_bytes_of(const std::function<void()>& f) {
+  tapegrad::reset_peak_memory();
+  const std::int64_t before = tapegrad::memory_stats().current_bytes;
+  f();
+  return tapegrad::memory_stats().peak_bytes - before;
+}
+
+}  // namespace bench

@@ -8,6 +8,8 @@ namespace tapegrad {
 namespace {
 using namespace detail;
 
+thread_local MatmulPrecision current_precision = MatmulPrecision::exact;
+
 // x with leading size-1 dims so it has `rank` dims (a view).
 Tensor with_rank(const Tensor& x, std::size_t rank) {
   Shape shape = x.shape(), strides = x.strides();
@@ -44,6 +46,15 @@ Tensor forward(const Tensor& a_in, const Tensor& b_in, MatmulPrecision precision
 }
 
 }  // namespace
+
+void set_matmul_precision(MatmulPrecision precision) noexcept { current_precision = precision; }
+MatmulPrecision matmul_precision() noexcept { return current_precision; }
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  // The thread's precision applies to float32 only: float64 stays exact rather than an error.
+  const bool f32 = a.defined() && a.dtype() == DType::float32;
+  return matmul(a, b, f32 ? current_precision : MatmulPrecision::exact);
+}
 
 Tensor matmul(const Tensor& a, const Tensor& b, MatmulPrecision precision) {
   const DType dtype = check_same_float("matmul", "a", a, "b", b);

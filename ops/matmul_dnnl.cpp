@@ -6,12 +6,14 @@
 // the three buffers in dnnl::memory and execute.
 #include <algorithm>
 #include <bit>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <unordered_map>
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "autodiff/parallel.hpp"
 #include "ops/kernel.hpp"
 #include "ops/matmul_kernels.hpp"
 #include "tapegrad/ops/view.hpp"
@@ -95,31 +97,67 @@ void append(std::vector<std::int64_t>& key, const Layout& l) {
   key.insert(key.end(), l.strides.begin(), l.strides.end());
 }
 
-// Rounds to nearest even, keeping NaN a (quiet) NaN.
-std::uint16_t to_bf16(float f) {
-  std::uint32_t u = std::bit_cast<std::uint32_t>(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
+// Rounds to nearest even, keeping NaN a (quiet) NaN. Branch-free so that loops over it vectorise.
+inline std::uint16_t to_bf16(float f) {
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const std::uint32_t quiet = (u >> 16) | 0x40u;
+  return static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+}
+
+template <class Out> inline Out rounded_as(float f) {
+  const std::uint16_t bits = to_bf16(f);
+  if constexpr (std::is_same_v<Out, std::uint16_t>) return bits;
+  else return std::bit_cast<float>(std::uint32_t{bits} << 16);
+}
+
+// The contiguous conversion loops, compiled for AVX-512 (x86-64-v4), AVX2 (v3) and plain x86-64 and chosen when
+// the program starts (the build machine's CPU says nothing about the one it runs on).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define TAPEGRAD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define TAPEGRAD_CLONES
+#endif
+TAPEGRAD_CLONES void round_run(const float* src, std::uint16_t* dst, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = rounded_as<std::uint16_t>(src[i]);
+}
+TAPEGRAD_CLONES void round_run(const float* src, float* dst, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = rounded_as<float>(src[i]);
+}
+#undef TAPEGRAD_CLONES
+
+// Scratch for the rounded operands, kept per thread and grown as needed: allocating (and
+// page-faulting) fresh buffers on every call cost as much as the conversion itself.
+template <class Out> Out* scratch(int which, std::int64_t n) {
+  thread_local std::unique_ptr<Out[]> buffers[2];
+  thread_local std::int64_t sizes[2] = {0, 0};
+  if (sizes[which] < n) {
+    buffers[which] = std::make_unique_for_overwrite<Out[]>(static_cast<std::size_t>(n));
+    sizes[which] = n;
+  }
+  return buffers[which].get();
 }
 
 // x (float32, any strides) rounded to bfloat16, as a contiguous buffer of the shape `l`
-// describes (a stride-0 batch dim was already turned into size 1 there). Out is either raw
-// bfloat16 bits (uint16_t) or float32 holding the rounded values (for the emulated path).
-template <class Out> std::vector<Out> bf16_copy(const Tensor& x, Layout& l) {
+// describes (a stride-0 batch dim was already turned into size 1 there), in this thread's
+// scratch buffer `which` (0 for a, 1 for b). Out is either raw bfloat16 bits (uint16_t) or
+// float32 holding the rounded values (for the emulated path). Contiguous operands (the common
+// case) are converted by vectorised runs on all threads.
+template <class Out> Out* bf16_copy(const Tensor& x, Layout& l, int which) {
   Shape shape(l.dims.begin(), l.dims.end());
   Tensor region = make_view(x, shape, x.strides(), x.offset(), "matmul");
-  std::vector<Out> out(static_cast<std::size_t>(shape_numel(shape)));
+  const std::int64_t numel = shape_numel(shape);
+  Out* out = scratch<Out>(which, numel);
   const Shape dense = contiguous_strides(shape);
-  StridedLoop<2> loop(shape.data(), shape.size(), {dense.data(), region.strides().data()});
   const float* src = static_cast<const float*>(region.raw_data());
-  loop.for_each_run([&](const auto& off, std::int64_t n, const auto& inner) {
-    for (std::int64_t i = 0; i < n; ++i) {
-      const std::uint16_t bits = to_bf16(src[off[1] + i * inner[1]]);
-      if constexpr (std::is_same_v<Out, std::uint16_t>) out[static_cast<std::size_t>(off[0] + i * inner[0])] = bits;
-      else out[static_cast<std::size_t>(off[0] + i * inner[0])] = std::bit_cast<float>(std::uint32_t{bits} << 16);
-    }
-  });
+  if (region.is_contiguous()) {
+    parallel_for(numel, 2, [&](std::int64_t begin, std::int64_t end) { round_run(src + begin, out + begin, end - begin); });
+  } else {
+    StridedLoop<2> loop(shape.data(), shape.size(), {dense.data(), region.strides().data()});
+    loop.for_each_run([&](const auto& off, std::int64_t n, const auto& inner) {
+      for (std::int64_t i = 0; i < n; ++i) out[off[0] + i * inner[0]] = rounded_as<Out>(src[off[1] + i * inner[1]]);
+    });
+  }
   l.strides.assign(dense.begin(), dense.end());
   return out;
 }
@@ -167,20 +205,19 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   if (!describe(a, la)) return run(copy_of(a), b, c, bf16);
   if (!describe(b, lb)) return run(a, copy_of(b), c, bf16);
   describe(c, lc);
-  std::vector<std::uint16_t> a16, b16;
   void* pa = mutable_data(a);  // oneDNN takes non-const handles; it only reads a and b
   void* pb = mutable_data(b);
   if (bf16) {
-    a16 = bf16_copy<std::uint16_t>(a, la);
-    b16 = bf16_copy<std::uint16_t>(b, lb);
-    pa = a16.data();
-    pb = b16.data();
+    pa = bf16_copy<std::uint16_t>(a, la, 0);
+    pb = bf16_copy<std::uint16_t>(b, lb, 1);
     if (!primitive_for(la, lb, lc, true)) {
       // No bfloat16 kernel on this CPU: products of bfloat16 values are exact in float32, so
       // float32 kernels on the rounded operands compute the same thing.
-      auto ar = bf16_copy<float>(a, la), br = bf16_copy<float>(b, lb);
-      Tensor ta = from_vector(std::span<const float>(ar), Shape(la.dims.begin(), la.dims.end()));
-      Tensor tb = from_vector(std::span<const float>(br), Shape(lb.dims.begin(), lb.dims.end()));
+      const Shape sa(la.dims.begin(), la.dims.end()), sb(lb.dims.begin(), lb.dims.end());
+      const float* ar = bf16_copy<float>(a, la, 0);
+      const float* br = bf16_copy<float>(b, lb, 1);
+      Tensor ta = from_vector(std::span<const float>(ar, static_cast<std::size_t>(shape_numel(sa))), sa);
+      Tensor tb = from_vector(std::span<const float>(br, static_cast<std::size_t>(shape_numel(sb))), sb);
       return run(ta, tb, c, false);
     }
   } else {

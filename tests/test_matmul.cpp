@@ -154,3 +154,52 @@ BOOST_AUTO_TEST_CASE(gradients_in_float32_match_float64) {
   check_close(g16.first, g64.first, 0.05, 0.02, "da bf16");
   check_close(g16.second, g64.second, 0.05, 0.02, "db bf16");
 }
+
+// Large contiguous operands take the threaded conversion; a NaN stays a NaN through rounding.
+BOOST_AUTO_TEST_CASE(bfloat16_large_operands_on_two_threads) {
+  const int saved = tg::num_threads();
+  tg::set_num_threads(2);
+  Tensor a = tg::randn({300, 260}, 21, tg::float32);
+  const Tensor b = tg::randn({260, 200}, 22, tg::float32);
+  const auto got = tg::matmul(a, b, tg::MatmulPrecision::bfloat16).to_vector<double>();
+  const auto exact = ref_matmul(Ref::of(a), Ref::of(b)).v;
+  const auto bound = ref_matmul(Ref::of(tg::sqrt(a * a)), Ref::of(tg::sqrt(b * b))).v;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    BOOST_REQUIRE(std::abs(got[i] - exact[i]) <= (std::ldexp(1.0, -8) + std::ldexp(1.0, -16)) * bound[i] + 1e-4);
+  a.data<float>()[5 * 260 + 3] = std::numeric_limits<float>::quiet_NaN();
+  const Tensor c = tg::matmul(a, b, tg::MatmulPrecision::bfloat16);
+  BOOST_TEST(std::isnan(c.to_vector<double>()[5 * 200 + 7]));
+  BOOST_TEST(std::isfinite(c.to_vector<double>()[4 * 200 + 7]));
+  tg::set_num_threads(saved);
+}
+
+bool same(const Tensor& x, const Tensor& y) { return x.shape() == y.shape() && x.to_vector<double>() == y.to_vector<double>(); }
+
+// The thread's matmul precision reaches products that name none (the layers'), is restored by
+// the guard, leaves float64 exact, and a recorded product's backward keeps its forward's.
+BOOST_AUTO_TEST_CASE(matmul_precision_guard) {
+  const Tensor a = tg::randn({2, 5, 7}, 11), b = tg::randn({7, 3}, 12);
+  BOOST_TEST((tg::matmul_precision() == tg::MatmulPrecision::exact));
+  auto grads = [&](auto&& product) {
+    Tensor ga = a.detach().set_requires_grad(), gb = b.detach().set_requires_grad();
+    const Tensor y = tg::sum(tg::tanh(product(ga, gb)));
+    return std::make_pair(y, std::vector<Tensor>{ga, gb});
+  };
+  auto [y_explicit, leaves_explicit] = grads([](const Tensor& x, const Tensor& w) { return tg::matmul(x, w, tg::MatmulPrecision::bfloat16); });
+  tg::backward(y_explicit);
+  std::pair<Tensor, std::vector<Tensor>> guarded;
+  {
+    tg::MatmulPrecisionGuard bf16(tg::MatmulPrecision::bfloat16);
+    BOOST_TEST((tg::matmul_precision() == tg::MatmulPrecision::bfloat16));
+    guarded = grads([](const Tensor& x, const Tensor& w) { return tg::matmul(x, w); });
+    const Tensor a64 = a.to(tg::float64), b64 = b.to(tg::float64);
+    BOOST_TEST(same(tg::matmul(a64, b64), tg::matmul(a64, b64, tg::MatmulPrecision::exact)));
+    const tg::Linear layer({.in = 7, .out = 3, .seed = 4});
+    BOOST_TEST(same(layer.forward(a), tg::matmul(a, layer.weight, tg::MatmulPrecision::bfloat16) + layer.bias));
+  }
+  BOOST_TEST((tg::matmul_precision() == tg::MatmulPrecision::exact));
+  tg::backward(guarded.first);  // outside the guard: still the bfloat16 backward
+  BOOST_TEST(same(guarded.first, y_explicit));
+  for (int i = 0; i < 2; ++i) BOOST_TEST(same(guarded.second[i].grad(), leaves_explicit[i].grad()));
+  BOOST_TEST(!same(tg::matmul(a, b), tg::matmul(a, b, tg::MatmulPrecision::bfloat16)));
+}

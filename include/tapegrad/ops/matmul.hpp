@@ -13,7 +13,28 @@ namespace tapegrad {
 
 enum class MatmulPrecision { exact, bfloat16 };
 
-Tensor matmul(const Tensor& a, const Tensor& b, MatmulPrecision precision = MatmulPrecision::exact);
+// With no precision given, float32 products use matmul_precision() (exact unless changed).
+Tensor matmul(const Tensor& a, const Tensor& b);
+Tensor matmul(const Tensor& a, const Tensor& b, MatmulPrecision precision);
+
+// The precision of every float32 matmul that does not name one: those inside Linear, attention
+// and the other layers, forward and backward (a recorded product's backward keeps the precision
+// of its forward). Per calling thread, like set_num_threads. float64 is always exact.
+void set_matmul_precision(MatmulPrecision precision) noexcept;
+MatmulPrecision matmul_precision() noexcept;
+
+// Sets the calling thread's matmul precision for a scope, then restores the previous one:
+//   { MatmulPrecisionGuard bf16(MatmulPrecision::bfloat16); loss = model.forward(x); backward(loss); }
+class MatmulPrecisionGuard {
+ public:
+  explicit MatmulPrecisionGuard(MatmulPrecision precision) : saved_(matmul_precision()) { set_matmul_precision(precision); }
+  ~MatmulPrecisionGuard() { set_matmul_precision(saved_); }
+  MatmulPrecisionGuard(const MatmulPrecisionGuard&) = delete;
+  MatmulPrecisionGuard& operator=(const MatmulPrecisionGuard&) = delete;
+
+ private:
+  MatmulPrecision saved_;
+};
 
 // Whether this CPU has native bfloat16 dot products (AVX512-BF16 or AMX). The bfloat16
 // precision works everywhere oneDNN supports it, but is only fast where this is true.

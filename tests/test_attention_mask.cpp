@@ -17,7 +17,8 @@ BOOST_AUTO_TEST_CASE(rows_match_the_materialised_mask) {
   const Tensor pairs = tg::gt(tg::rand({B, 1, Q, K}, 3), tg::scalar(0.2));
   for (std::int64_t offset : {std::int64_t{-2}, std::int64_t{0}, std::int64_t{1}, std::int64_t{100}, std::int64_t{-100},
                               INT64_MAX, INT64_MIN}) {
-    const tg::detail::RowMasks rows("test", {pairs, keys, queries, true, offset}, {B, H, Q, K});
+    const tg::detail::RowMasks rows(
+        "test", {.allowed = pairs, .key_mask = keys, .query_mask = queries, .causal = true, .causal_offset = offset}, {B, H, Q, K});
     Tensor full = tg::logical_and(tg::reshape(keys, {B, 1, 1, K}), tg::reshape(queries, {B, 1, Q, 1}));
     full = tg::logical_and(tg::logical_and(full, pairs), tg::causal_mask(Q, K, offset));
     full = tg::contiguous(tg::expand(full, {B, H, Q, K}));
@@ -39,10 +40,10 @@ BOOST_AUTO_TEST_CASE(no_parts_allow_everything) {
 BOOST_AUTO_TEST_CASE(misshapen_parts_are_named) {
   const Tensor keys = tg::ones({2, 6}, tg::bool_);
   try {
-    tg::detail::RowMasks("attn", {Tensor(), keys}, {2, 3, 4, 5});
+    tg::detail::RowMasks("attn", {.key_mask = keys}, {2, 3, 4, 5});
     BOOST_FAIL("expected ShapeError");
   } catch (const tg::ShapeError& e) {
     BOOST_TEST(std::string(e.what()).find("'key_mask' must have shape [B, K] = [2, 5]") != std::string::npos, e.what());
   }
-  BOOST_CHECK_THROW(tg::detail::RowMasks("attn", {tg::ones({3, 5})}, {2, 3, 4, 5}), tg::DTypeError);
+  BOOST_CHECK_THROW(tg::detail::RowMasks("attn", {.allowed = tg::ones({3, 5})}, {2, 3, 4, 5}), tg::DTypeError);
 }

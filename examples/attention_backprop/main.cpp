@@ -299,7 +299,8 @@ int main(int argc, char** argv) try {
       dS = r.tape;
       // What a backward without the row term would give: the check would catch it.
       const Gap wrong = gap(tg::mul(at(base, Var::A), dA), r.numeric, kFdAtol, kFdRtol);
-      fmt::print("     (A ⊙ dA alone, without − rowsum(A ⊙ dA), would differ from numeric by {:.2g}: far beyond the tolerance.)\n", wrong.max);
+      fmt::print("     A wrong backward, A ⊙ dA without − rowsum(A ⊙ dA), would differ from numeric by {:.2g}: {}\n", wrong.max,
+                 wrong.ok ? "NOT caught (the rows' sums are ~0 here)" : "caught");
       fmt::print("     Per head, A (weights) and dS (its gradient):\n");
       ab::print_head_maps(p, base, dS, o.colour);
       fmt::print("\n     Batch {} head {}, lined up: A, dA and dS = A ⊙ (dA − rowsum(A ⊙ dA)). Where A is near 0, dS is near 0\n"
@@ -312,7 +313,9 @@ int main(int argc, char** argv) try {
                  "     the softmax ignores (A(S + c) = A(S)). Central differences see the same flat direction.\n");
     if (info.var == Var::q_h) {
       const Gap wrong = gap(tg::matmul(dS, at(base, Var::k_h)), r.numeric, kFdAtol, kFdRtol);
-      fmt::print("     (dS k without the 1/√D would differ from numeric by {:.2g}.)\n", wrong.max);
+      if (n.d > 1)
+        fmt::print("     A wrong backward, dS k without the 1/√D, would differ from numeric by {:.2g}: {}\n", wrong.max,
+                   wrong.ok ? "NOT caught" : "caught");
     }
     fmt::print("     {}\n", verdict(r.ok()));
     results.push_back(std::move(r));

@@ -71,10 +71,11 @@ void print_head_maps(const Problem& p, const Vars& base, const Tensor& dS, bool 
     for (std::int64_t h = 0; h < p.n.h; ++h) {
       const Slice a = head_slice(p, at(base, Var::A), b, h), ds = head_slice(p, dS, b, h);
       fmt::print("\n");
-      ex::print_text_heatmaps({{fmt::format("A   batch {} head {}", b, h), p.n.q, p.n.k, a.values, a.masked, false, 1.0, {}},
+      const bool last = b == p.n.b - 1 && h == p.n.h - 1;
+      ex::print_text_heatmaps({{fmt::format("A   batch {} head {}", b, h), p.n.q, p.n.k, a.values, a.masked, false, 1.0, {}, "A (every head)"},
                                {fmt::format("dS  batch {} head {}", b, h), p.n.q, p.n.k, ds.values, ds.masked, true, scale,
-                                row_notes(p, b, h)}},
-                              colour);
+                                row_notes(p, b, h), "dS (every head)"}},
+                              colour, last);
     }
 }
 
@@ -85,12 +86,12 @@ void print_lineup(const Problem& p, const Vars& base, const Tensor& dA, const Te
   for (std::int64_t i = 0; i < p.n.q; ++i) {
     double dot = 0;
     for (std::int64_t j = 0; j < p.n.k; ++j) dot += a.values[static_cast<std::size_t>(i * p.n.k + j)] * da.values[static_cast<std::size_t>(i * p.n.k + j)];
-    const std::string row = fmt::format("rowsum(A ⊙ dA) = {:+.4f}", dot);
+    const std::string row = dot == 0 ? std::string("rowsum(A ⊙ dA) = 0") : fmt::format("rowsum(A ⊙ dA) = {:+.4f}", dot);
     notes[static_cast<std::size_t>(i)] = notes[static_cast<std::size_t>(i)].empty() ? row : row + "; " + notes[static_cast<std::size_t>(i)];
   }
-  ex::print_text_heatmaps({{fmt::format("A  (b{} h{})", b, h), p.n.q, p.n.k, a.values, a.masked, false, 1.0, {}},
-                           {"dA = dO vᵀ", p.n.q, p.n.k, da.values, da.masked, true, max_abs(da.values, da.masked), {}},
-                           {"dS = A ⊙ (dA − rowsum)", p.n.q, p.n.k, ds.values, ds.masked, true, max_abs(ds.values, ds.masked), notes}},
+  ex::print_text_heatmaps({{fmt::format("A  (b{} h{})", b, h), p.n.q, p.n.k, a.values, a.masked, false, 1.0, {}, "A"},
+                           {"dA = dO vᵀ", p.n.q, p.n.k, da.values, da.masked, true, max_abs(da.values, da.masked), {}, "dA"},
+                           {"dS = A ⊙ (dA − rowsum)", p.n.q, p.n.k, ds.values, ds.masked, true, max_abs(ds.values, ds.masked), notes, "dS"}},
                           colour);
 }
 

@@ -48,7 +48,7 @@ std::string cell(const TextHeatmap& m, long i, long j, bool colour) {
 
 }  // namespace
 
-void print_text_heatmaps(const std::vector<TextHeatmap>& maps, bool colour) {
+void print_text_heatmaps(const std::vector<TextHeatmap>& maps, bool colour, bool legend) {
   if (maps.empty()) return;
   const long rows = maps.front().rows;
   const std::string gap = "   ";
@@ -72,19 +72,21 @@ void print_text_heatmaps(const std::vector<TextHeatmap>& maps, bool colour) {
     if (!notes.empty() && !notes[static_cast<std::size_t>(i)].empty()) fmt::print("<- {}", notes[static_cast<std::size_t>(i)]);
     fmt::print("\n");
   }
+  if (!legend) return;
   // One legend line per colour scale.
   std::vector<std::pair<const TextHeatmap*, std::string>> scales;
   for (const auto& m : maps) {
     auto same = std::find_if(scales.begin(), scales.end(),
                              [&](const auto& s) { return s.first->diverging == m.diverging && s.first->scale == m.scale; });
-    if (same == scales.end()) scales.emplace_back(&m, m.title);
-    else same->second += ", " + m.title;
+    const std::string& name = m.legend.empty() ? m.title : m.legend;
+    if (same == scales.end()) scales.emplace_back(&m, name);
+    else same->second += ", " + name;
   }
   for (const auto& [m, titles] : scales) {
     const double lo = m->diverging ? -m->scale : 0.0;
     std::string ramp;
     for (int s = 0; s <= 12; ++s) ramp += painted("  ", colour_of(lo + (m->scale - lo) * s / 12.0, *m), colour);
-    fmt::print("    legend {}: {:+.3g} {} {:+.3g}\n", titles, lo, colour ? ramp : std::string("..."), m->scale);
+    fmt::print("    legend {}: {:.3g} {} {:.3g}\n", titles, lo, colour ? ramp : std::string("to"), m->scale);
   }
   fmt::print("    {} = masked (not allowed, no number); 0 = exactly zero; 4e-05 = small but not zero\n",
              painted("   ·   ", {190, 190, 190}, colour));

@@ -16,10 +16,11 @@ struct TextHeatmap {
   bool diverging = false;              // blue-white-red around 0; otherwise white to dark blue
   double scale = 1;                    // |value| at full colour (the legend's end)
   std::vector<std::string> row_notes;  // empty, or one per row, printed after the last map
+  std::string legend;                  // the map's name in the legend (the title when empty)
 };
 
 // Prints the maps next to each other (they must have the same number of rows), row i labelled
-// q<i> and column j labelled k<j>, then one legend line per distinct colour scale.
-void print_text_heatmaps(const std::vector<TextHeatmap>& maps, bool colour);
+// q<i> and column j labelled k<j>, then (with `legend`) one legend line per distinct colour scale.
+void print_text_heatmaps(const std::vector<TextHeatmap>& maps, bool colour, bool legend = true);
 
 }  // namespace tapegrad_examples

@@ -257,7 +257,7 @@ int main(int argc, char** argv) try {
   int number = 0;
   for (const StageInfo& info : kStages) {
     if (!at(base, info.var).defined()) continue;  // no bias
-    StageResult r{&info, ab::tape_gradient(p, base, info.var), ab::numeric_gradient(p, base, info.var, kStep), {}, {}, 0, true};
+    StageResult r{&info, ab::tape_gradient(p, base, info.var), ab::numeric_gradient(p, base, info.var, kStep), {}, {}, 0.0, 0, true};
     r.fd = gap(r.tape, r.numeric, kFdAtol, kFdRtol);
     for (const auto* lib : {&whole, &node})
       if (auto it = lib->grads.find(info.var); it != lib->grads.end()) r.library = gap(it->second, r.tape, lib_atol, lib_rtol);

@@ -301,6 +301,15 @@ int main(int argc, char** argv) try {
       const Gap wrong = gap(tg::mul(at(base, Var::A), dA), r.numeric, kFdAtol, kFdRtol);
       fmt::print("     A wrong backward, A ⊙ dA without − rowsum(A ⊙ dA), would differ from numeric by {:.2g}: {}\n", wrong.max,
                  wrong.ok ? "NOT caught (the rows' sums are ~0 here)" : "caught");
+      // Softmax ignores a constant added to a row, so each row of dS sums to 0.
+      double row_sum = 0;
+      const auto ds = dS.to_vector<double>();
+      for (std::size_t row = 0; row < ds.size(); row += static_cast<std::size_t>(n.k)) {
+        double sum = 0;
+        for (std::int64_t j = 0; j < n.k; ++j) sum += ds[row + static_cast<std::size_t>(j)];
+        row_sum = std::max(row_sum, std::abs(sum));
+      }
+      fmt::print("     Each row of dS sums to 0 (largest |row sum| {:.1e}): adding c to a whole row of S leaves A unchanged.\n", row_sum);
       fmt::print("     Per head, A (weights) and dS (its gradient):\n");
       ab::print_head_maps(p, base, dS, o.colour);
       fmt::print("\n     Batch {} head {}, lined up: A, dA and dS = A ⊙ (dA − rowsum(A ⊙ dA)). Where A is near 0, dS is near 0\n"

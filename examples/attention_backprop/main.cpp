@@ -98,75 +98,6 @@ Gap gap(const Tensor& got, const Tensor& want, double atol, double rtol) {
   return r;
 }
 
-// Entries whose gradient must be exactly 0 for stage x, and what they are.
-std::pair<std::vector<bool>, std::string> exact_zeros(const ab::Problem& p, Var x, const tg::Shape& shape) {
-  const ab::Sizes& n = p.n;
-  std::size_t numel = 1;
-  for (auto s : shape) numel *= static_cast<std::size_t>(s);
-  std::vector<bool> z(numel, false);
-  auto allowed = [&](std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
-    return p.allowed_host[static_cast<std::size_t>(((b * n.h + h) * n.q + i) * n.k + j)];
-  };
-  auto active = [&](std::int64_t b, std::int64_t i) { return p.active_host[static_cast<std::size_t>(b * n.q + i)]; };
-  const std::int64_t inner = shape.empty() ? 1 : shape.back();
-  switch (x) {
-    case Var::y:
-    case Var::merged:
-    case Var::query:  // [B, Q, C]
-      for (std::size_t e = 0; e < numel; ++e) z[e] = !p.active_host[e / static_cast<std::size_t>(inner)];
-      return {z, "rows of suppressed queries"};
-    case Var::context:
-      for (std::size_t e = 0; e < numel; ++e) z[e] = !p.used_host[e / static_cast<std::size_t>(inner)];
-      return {z, "rows of unused keys"};
-    case Var::O_h:
-    case Var::A:  // [B, H, Q, W]
-      for (std::size_t e = 0; e < numel; ++e) {
-        const auto row = static_cast<std::int64_t>(e) / inner;
-        z[e] = !active(row / (n.h * n.q), row % n.q);
-      }
-      return {z, "rows of suppressed queries"};
-    case Var::S:
-    case Var::raw:
-      for (std::size_t e = 0; e < numel; ++e) z[e] = !p.allowed_host[e];
-      return {z, "masked entries (empty rows included)"};
-    case Var::q_h:
-    case Var::k_h:
-    case Var::v_h: {  // a query row (or key row) of a head with no allowed pair
-      const bool keys = x != Var::q_h;
-      for (std::size_t e = 0; e < numel; ++e) {
-        const auto row = static_cast<std::int64_t>(e) / inner, b = row / (n.h * (keys ? n.k : n.q)),
-                   h = row / (keys ? n.k : n.q) % n.h, r = row % (keys ? n.k : n.q);
-        bool any = false;
-        for (std::int64_t o = 0; o < (keys ? n.q : n.k); ++o) any = any || (keys ? allowed(b, h, o, r) : allowed(b, h, r, o));
-        z[e] = !any;
-      }
-      return {z, keys ? "keys no query of the head may attend to" : "empty rows"};
-    }
-    case Var::bias: {  // entries that are masked everywhere the bias is broadcast to
-      std::vector<bool> reached(numel, false);
-      const tg::Shape padded = [&] {
-        tg::Shape s(4 - shape.size(), 1);
-        s.insert(s.end(), shape.begin(), shape.end());
-        return s;
-      }();
-      const std::int64_t full[4] = {n.b, n.h, n.q, n.k};
-      for (std::int64_t b = 0; b < n.b; ++b)
-        for (std::int64_t h = 0; h < n.h; ++h)
-          for (std::int64_t i = 0; i < n.q; ++i)
-            for (std::int64_t j = 0; j < n.k; ++j) {
-              const std::int64_t c[4] = {b, h, i, j};
-              std::int64_t e = 0;
-              for (int d = 0; d < 4; ++d) e = e * padded[static_cast<std::size_t>(d)] + (padded[static_cast<std::size_t>(d)] == full[d] ? c[d] : 0);
-              if (allowed(b, h, i, j)) reached[static_cast<std::size_t>(e)] = true;
-            }
-      for (std::size_t e = 0; e < numel; ++e) z[e] = !reached[e];
-      return {z, "entries masked wherever they are added"};
-    }
-    default:
-      return {std::vector<bool>(), std::string()};
-  }
-}
-
 struct StageResult {
   const StageInfo* info;
   Tensor tape, numeric;
@@ -196,7 +127,7 @@ int main(int argc, char** argv) try {
   app.add_option("--context-dim", o.context_dim, "Cctx, the context's channels")->check(CLI::Range(1, 16));
   app.add_option("--out-dim", o.out_dim, "Cout, the output's channels")->check(CLI::Range(1, 16));
   app.add_flag("--causal", o.causal, "key j is allowed for query i only if j <= i + offset");
-  app.add_option("--offset", o.offset, "the causal offset (any sign)");
+  app.add_option("--offset", o.offset, "the causal offset (any sign)")->check(CLI::Range(-1000, 1000));
   app.add_option("--key-mask", o.key_mask, "B groups of K 0/1, e.g. 11110,11111; 'none'; 'default' masks batch 0's last key");
   app.add_option("--query-mask", o.query_mask, "B groups of Q 0/1; 'none'; 'default' masks batch 0's query 1");
   app.add_option("--block", o.block, "attention-mask pairs to block: h:i (a whole row) or h:i:j, comma-separated; 'none'; 'default' = 1:2");
@@ -262,7 +193,7 @@ int main(int argc, char** argv) try {
     for (const auto* lib : {&whole, &node})
       if (auto it = lib->grads.find(info.var); it != lib->grads.end()) r.library = gap(it->second, r.tape, lib_atol, lib_rtol);
     const tg::Shape& shape = r.tape.shape();
-    const auto [must_zero, zero_what] = exact_zeros(p, info.var, shape);
+    const auto [must_zero, zero_what] = ab::exact_zeros(p, info.var, shape);
     const auto t = r.tape.to_vector<double>(), num = r.numeric.to_vector<double>();
     for (std::size_t e = 0; e < must_zero.size(); ++e)
       if (must_zero[e]) {

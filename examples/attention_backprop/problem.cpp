@@ -1,4 +1,5 @@
-// The problem the options describe: sizes, masks, bias shape and seeded random numbers.
+// The problem the options describe (sizes, masks, bias shape, seeded random numbers), and which
+// of its gradients the masks make exactly zero.
 #include <cmath>
 #include <stdexcept>
 
@@ -158,6 +159,74 @@ std::string describe_masks(const Problem& p) {
       "  masked pairs: {} of {}\n  empty rows (no allowed key in that head): {}\n"
       "  suppressed queries (no allowed key in any head, output forced to 0): {}\n  unused keys (no query of any head may attend): {}\n",
       masked, n.b * n.h * n.q * n.k, list(empty), list(suppressed), list(unused));
+}
+
+std::pair<std::vector<bool>, std::string> exact_zeros(const Problem& p, Var x, const Shape& shape) {
+  const Sizes& n = p.n;
+  std::size_t numel = 1;
+  for (auto s : shape) numel *= static_cast<std::size_t>(s);
+  std::vector<bool> z(numel, false);
+  auto allowed = [&](std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
+    return p.allowed_host[static_cast<std::size_t>(((b * n.h + h) * n.q + i) * n.k + j)];
+  };
+  auto active = [&](std::int64_t b, std::int64_t i) { return p.active_host[static_cast<std::size_t>(b * n.q + i)]; };
+  const std::int64_t inner = shape.empty() ? 1 : shape.back();
+  switch (x) {
+    case Var::y:
+    case Var::merged:
+    case Var::query:  // [B, Q, C]
+      for (std::size_t e = 0; e < numel; ++e) z[e] = !p.active_host[e / static_cast<std::size_t>(inner)];
+      return {z, "rows of suppressed queries"};
+    case Var::context:
+      for (std::size_t e = 0; e < numel; ++e) z[e] = !p.used_host[e / static_cast<std::size_t>(inner)];
+      return {z, "rows of unused keys"};
+    case Var::O_h:
+    case Var::A:  // [B, H, Q, W]
+      for (std::size_t e = 0; e < numel; ++e) {
+        const auto row = static_cast<std::int64_t>(e) / inner;
+        z[e] = !active(row / (n.h * n.q), row % n.q);
+      }
+      return {z, "rows of suppressed queries"};
+    case Var::S:
+    case Var::raw:
+      for (std::size_t e = 0; e < numel; ++e) z[e] = !p.allowed_host[e];
+      return {z, "masked entries (empty rows included)"};
+    case Var::q_h:
+    case Var::k_h:
+    case Var::v_h: {  // a query row (or key row) of a head with no allowed pair
+      const bool keys = x != Var::q_h;
+      for (std::size_t e = 0; e < numel; ++e) {
+        const auto row = static_cast<std::int64_t>(e) / inner, b = row / (n.h * (keys ? n.k : n.q)),
+                   h = row / (keys ? n.k : n.q) % n.h, r = row % (keys ? n.k : n.q);
+        bool any = false;
+        for (std::int64_t o = 0; o < (keys ? n.q : n.k); ++o) any = any || (keys ? allowed(b, h, o, r) : allowed(b, h, r, o));
+        z[e] = !any;
+      }
+      return {z, keys ? "keys no query of the head may attend to" : "empty rows"};
+    }
+    case Var::bias: {  // entries that are masked everywhere the bias is broadcast to
+      std::vector<bool> reached(numel, false);
+      const Shape padded = [&] {
+        Shape s(4 - shape.size(), 1);
+        s.insert(s.end(), shape.begin(), shape.end());
+        return s;
+      }();
+      const std::int64_t full[4] = {n.b, n.h, n.q, n.k};
+      for (std::int64_t b = 0; b < n.b; ++b)
+        for (std::int64_t h = 0; h < n.h; ++h)
+          for (std::int64_t i = 0; i < n.q; ++i)
+            for (std::int64_t j = 0; j < n.k; ++j) {
+              const std::int64_t c[4] = {b, h, i, j};
+              std::int64_t e = 0;
+              for (int d = 0; d < 4; ++d) e = e * padded[static_cast<std::size_t>(d)] + (padded[static_cast<std::size_t>(d)] == full[d] ? c[d] : 0);
+              if (allowed(b, h, i, j)) reached[static_cast<std::size_t>(e)] = true;
+            }
+      for (std::size_t e = 0; e < numel; ++e) z[e] = !reached[e];
+      return {z, "entries masked wherever they are added"};
+    }
+    default:
+      return {std::vector<bool>(), std::string()};
+  }
 }
 
 }  // namespace attention_backprop

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "attention_backprop/staged.hpp"
 
@@ -32,6 +34,10 @@ Problem make_problem(const Options& o);
 std::string mask_options(const Problem& p);
 // Human-readable lists: masked pairs, empty rows (b, h, i), suppressed queries (b, i), unused keys (b, j).
 std::string describe_masks(const Problem& p);
+
+// The entries of dL/dX (X of the given shape) that the masks make exactly 0, as a mask over X's
+// entries (empty when none are), and what they are ("rows of suppressed queries", ...).
+std::pair<std::vector<bool>, std::string> exact_zeros(const Problem& p, Var x, const Shape& shape);
 
 // Terminal heatmaps of A and dS for every head, and the line-up A | dA | dS for one head.
 void print_head_maps(const Problem& p, const Vars& base, const Tensor& dS, bool colour);

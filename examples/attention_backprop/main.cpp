@@ -216,11 +216,13 @@ int main(int argc, char** argv) try {
     if (info.var == Var::b_o) {
       // Step 7: the suppressed queries' rows of R do not reach b_o.
       const Tensor all_rows = tg::sum(p.R, {0, 1});
-      const Gap missing = gap(all_rows, r.tape, 0, 0);
-      fmt::print("     Σ of R over every query would be {:.4f}; db_o differs from it by {:.4f}: the rows of R at suppressed\n"
-                 "     queries. Their output is 0 whatever b_o is (step 7), so L does not depend on b_o through them, dy is\n"
-                 "     exactly 0 there, and central differences agree.\n",
-                 fmt::join(all_rows.to_vector<double>(), ", "), missing.max);
+      const Tensor suppressed_rows = tg::sum(tg::where(p.active, tg::scalar(0.0, tg::float64), p.R), {0, 1});
+      fmt::print("     Σ of R over every query would be [{:.4f}]; db_o is that minus [{:.4f}],\n"
+                 "     the sum of R over the suppressed queries (difference from db_o: {:.1e}). Their output is 0 whatever\n"
+                 "     b_o is (step 7), so L does not depend on b_o through them: dy is exactly 0 there, and central\n"
+                 "     differences agree.\n",
+                 fmt::join(all_rows.to_vector<double>(), ", "), fmt::join(suppressed_rows.to_vector<double>(), ", "),
+                 gap(tg::sub(all_rows, suppressed_rows), r.tape, 0, 0).max);
     }
     if (info.var == Var::A) {
       dA = r.tape;

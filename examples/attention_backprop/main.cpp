@@ -11,6 +11,7 @@
 // derivative. The library's fused multihead_attention, and its attention node on its own, must
 // then give the same gradients as the staged chain. Exits 1 if any stage disagrees beyond the
 // stated tolerance, or if an entry that must be exactly zero is not.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -213,7 +214,9 @@ int main(int argc, char** argv) try {
     if (r.zeros > 0)
       fmt::print("     exactly 0 at {} entries ({}): {}\n", r.zeros, zero_what, r.zeros_ok ? "yes, in tape and numeric" : "NO");
 
-    if (info.var == Var::b_o) {
+    const bool any_suppressed = std::find(p.active_host.begin(), p.active_host.end(), false) != p.active_host.end();
+    if (info.var == Var::b_o && !any_suppressed) fmt::print("     No query is suppressed here, so db_o is Σ of R over every query.\n");
+    if (info.var == Var::b_o && any_suppressed) {
       // Step 7: the suppressed queries' rows of R do not reach b_o.
       const Tensor all_rows = tg::sum(p.R, {0, 1});
       const Tensor suppressed_rows = tg::sum(tg::where(p.active, tg::scalar(0.0, tg::float64), p.R), {0, 1});

@@ -106,6 +106,7 @@ MhaShapes check_mha(const char* op, const MhaActivations& a, const MhaParameters
 
 AllowedPairs allowed_pairs(const MhaMasks& m, const MhaShapes& s, bool causal, std::int64_t causal_offset) {
   AllowedPairs out;
+  out.parts = {m.attention_mask, m.key_mask, m.query_mask, causal, causal_offset};
   auto restrict_to = [&](const Tensor& more) { out.pairs = out.pairs.defined() ? logical_and(out.pairs, more) : more; };
   if (m.key_mask.defined()) restrict_to(reshape(m.key_mask, {s.b, 1, 1, s.k}));
   if (m.query_mask.defined()) restrict_to(reshape(m.query_mask, {s.b, 1, s.q, 1}));
@@ -136,10 +137,16 @@ AllowedPairs allowed_pairs(const MhaMasks& m, const MhaShapes& s, bool causal, s
 }
 
 AttentionResult attend_projected(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const MhaParameters& p,
-                                 const AllowedPairs& allowed, const MhaShapes& s) {
-  // Steps 2-5 in the attention core (one tape node), with the bias added to the scores.
+                                 const AllowedPairs& allowed, const MhaShapes& s, bool need_weights) {
+  // Steps 2-5 in the attention core (one tape node), with the bias added to the scores. The fused
+  // path reads the masks part by part, the weights path the combined pairs.
+  AttentionMask mask = allowed.parts;
+  if (need_weights) {
+    mask = AttentionMask();
+    mask.allowed = allowed.pairs;
+  }
   auto [heads_out, attention] =
-      attention_core({s.op, split_heads(q, s.h), split_heads(k, s.h), split_heads(v, s.h), bias, allowed.pairs});
+      attention_core({s.op, split_heads(q, s.h), split_heads(k, s.h), split_heads(v, s.h), bias, mask, need_weights});
   // Step 6: concatenate heads in head order, then the output projection.
   const Tensor merged = reshape(permute(heads_out, {0, 2, 1, 3}), {s.b, s.q, s.h * s.dv});
   Tensor output = project(merged, p.w_o, p.b_o);
@@ -149,7 +156,7 @@ AttentionResult attend_projected(const Tensor& q, const Tensor& k, const Tensor&
 }
 
 AttentionResult multihead_attention(const char* op, const MhaActivations& a, const MhaParameters& p, const MhaMasks& m,
-                                    std::int64_t heads, bool causal, std::int64_t causal_offset) {
+                                    std::int64_t heads, bool causal, std::int64_t causal_offset, bool need_weights) {
   check_floating(op, "context", a.context);
   if (a.context.dim() != 3)
     fail<ShapeError>("{}: argument 'context' must be [B, K, Cctx], got shape {}", op, shape_str(a.context.shape()));
@@ -171,14 +178,14 @@ AttentionResult multihead_attention(const char* op, const MhaActivations& a, con
   const Tensor q = project(query, p.w_q, p.b_q);
   const Tensor k = project(context, p.w_k, p.b_k);
   const Tensor v = project(context, p.w_v, p.b_v);
-  return attend_projected(q, k, v, a.bias, p, allowed, s);
+  return attend_projected(q, k, v, a.bias, p, allowed, s, need_weights);
 }
 
 }  // namespace detail
 
 AttentionResult multihead_attention(const MhaActivations& a, const MhaParameters& p, const MhaMasks& m, std::int64_t heads,
-                                    bool causal, std::int64_t causal_offset) {
-  return detail::multihead_attention("multihead_attention", a, p, m, heads, causal, causal_offset);
+                                    bool causal, std::int64_t causal_offset, bool need_weights) {
+  return detail::multihead_attention("multihead_attention", a, p, m, heads, causal, causal_offset, need_weights);
 }
 
 }  // namespace tapegrad

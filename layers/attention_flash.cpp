@@ -139,9 +139,12 @@ template <class T> struct Matrices {
   std::int64_t ld = 0;
   Matrices() = default;
   Matrices(const Tensor& t, const Shape& batch) : base(static_cast<const T*>(t.raw_data())), ld(row_stride(t)) {
-    const Tensor lead = make_view(t, Shape(t.shape().begin(), t.shape().end() - 2), Shape(t.strides().begin(), t.strides().end() - 2),
-                                  t.offset(), "attention");
-    offsets = batch_offsets(broadcast_strides(lead, batch).data(), batch);
+    // The leading dims' strides broadcast to `batch` (right-aligned, 0 where t has size 1 or no dim).
+    std::vector<std::int64_t> strides(batch.size(), 0);
+    const std::size_t lead = t.shape().size() - 2;
+    for (std::size_t d = 0; d < lead; ++d)
+      if (t.shape()[d] != 1) strides[batch.size() - lead + d] = t.strides()[d];
+    offsets = batch_offsets(strides.data(), batch);
   }
   const T* operator[](std::int64_t bh) const { return base + offsets[static_cast<std::size_t>(bh)]; }
 };
@@ -427,7 +430,8 @@ template <class T> std::vector<Tensor> backward(const Saved& sv, const Tensor& g
     for (int c = 0; c < chunks; ++c) g.dbias_chunks.push_back(static_cast<T*>(mutable_data(dbias_buffers[shared ? 0 : static_cast<std::size_t>(c)])));
   }
 
-  parallel_for(chunks, kParallelGrain, [&](std::int64_t c0, std::int64_t c1) {
+  // With Q = 0 or K = 0 there is no pair: every gradient stays 0.
+  if (p.q > 0 && p.k > 0) parallel_for(chunks, kParallelGrain, [&](std::int64_t c0, std::int64_t c1) {
     BackwardScratch<T> w;
     for (std::int64_t c = c0; c < c1; ++c)
       for (std::int64_t item = items * c / chunks; item < items * (c + 1) / chunks; ++item) {

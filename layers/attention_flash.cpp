@@ -21,7 +21,9 @@
 // (dk, dv are written by one thread each) and, when there are fewer batch entries than threads,
 // splits a batch entry's key tiles into G interleaved groups whose dq go to separate buffers.
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <numeric>
 #include <vector>
@@ -40,6 +42,55 @@ namespace {
 constexpr std::int64_t kTileQ = 128, kTileK = 128;
 
 template <class T> constexpr T kInf = std::numeric_limits<T>::infinity();
+
+// exp(x) for the x <= 0 (and NaN) that softmax tiles take, written without calls or branches so
+// that the tile loops vectorise (libm's expf is a call per element, most of the tile time).
+// x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two so that n ln2 is exact), exp(r) by a
+// degree-7 polynomial (Cephes' expf coefficients), 2^n put into the exponent bits. Within 2 ulp
+// of the correctly rounded result; below -87 (and at -inf) it is 0, NaN stays NaN.
+inline float exp_tile(float x) {
+  const float xc = x < -87.0f ? -87.0f : x;            // NaN fails the test and stays NaN
+  const float t = xc * 1.44269504088896341f + 12582912.0f;  // 1.5 * 2^23: rounds to an integer n
+  const float n = t - 12582912.0f;
+  const float r = (xc - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const std::uint32_t bits = (std::bit_cast<std::uint32_t>(t) - 0x4B400000u + 127u) << 23;  // 2^n, n >= -126
+  const float y = p * std::bit_cast<float>(bits);
+  return x < -87.0f ? 0.0f : y;
+}
+inline double exp_tile(double x) { return std::exp(x); }  // float64 is for exact checks
+
+// 1 for an infinity or NaN (exponent bits all ones), as an integer so that scans vectorise.
+inline std::uint32_t non_finite(float v) { return (std::bit_cast<std::uint32_t>(v) & 0x7f800000u) == 0x7f800000u; }
+inline std::uint32_t non_finite(double v) {
+  return (std::bit_cast<std::uint64_t>(v) & 0x7ff0000000000000u) == 0x7ff0000000000000u;
+}
+
+// Row reductions in eight lanes: a float reduction loop is not vectorised without licence to
+// reorder the additions (-ffast-math); eight independent lanes give the compiler that order.
+template <class T> T row_max(const T* s, std::int64_t n) {  // NaN skipped, as masked_max does
+  T lane[8];
+  std::fill_n(lane, 8, -kInf<T>);
+  std::int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int u = 0; u < 8; ++u) lane[u] = s[j + u] > lane[u] ? s[j + u] : lane[u];
+  for (; j < n; ++j) lane[0] = s[j] > lane[0] ? s[j] : lane[0];
+  return *std::max_element(lane, lane + 8);
+}
+template <class T> T row_sum(const T* s, std::int64_t n) {
+  T lane[8] = {};
+  std::int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int u = 0; u < 8; ++u) lane[u] += s[j + u];
+  for (; j < n; ++j) lane[0] += s[j];
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
 
 // C = alpha op(A) op(B) + beta C (row-major, beta 0 or 1).
 void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,
@@ -84,20 +135,22 @@ void weighted_gemm(bool wt, std::int64_t m, std::int64_t n, std::int64_t k, T al
                    std::int64_t ldx, T* c, std::int64_t ldc, std::vector<T>& pack) {
   if (m == 0 || n == 0 || k == 0) return;
   pack.resize(static_cast<std::size_t>(k * n));
-  bool any_bad = false;
-  for (std::int64_t t = 0; t < k; ++t)
+  std::uint32_t any_bad = 0;
+  for (std::int64_t t = 0; t < k; ++t) {
+    const T* row = x + t * ldx;
+    T* out = pack.data() + t * n;
     for (std::int64_t j = 0; j < n; ++j) {
-      const T v = x[t * ldx + j];
-      const bool bad = !std::isfinite(v);
+      const std::uint32_t bad = non_finite(row[j]);
       any_bad |= bad;
-      pack[static_cast<std::size_t>(t * n + j)] = bad ? T(0) : v;
+      out[j] = bad ? T(0) : row[j];
     }
+  }
   gemm(wt, false, m, n, k, alpha, w, ldw, pack.data(), n, T(1), c, ldc);
   if (!any_bad) return;
   for (std::int64_t t = 0; t < k; ++t)
     for (std::int64_t j = 0; j < n; ++j) {
       const T v = x[t * ldx + j];
-      if (std::isfinite(v)) continue;
+      if (!non_finite(v)) continue;
       for (std::int64_t i = 0; i < m; ++i)
         if (const T weight = wt ? w[t * ldw + i] : w[i * ldw + t]; weight != T(0)) c[i * ldc + j] += alpha * weight * v;
     }
@@ -205,9 +258,15 @@ void mask_row(const Problem<T>& p, const RowMask& rm, std::int64_t bh, std::int6
     const T* b = p.bias.base + p.bias.at(bh, i) + j0 * p.bias.sj;
     for (std::int64_t j = 0; j < live; ++j) s[j] += b[j * p.bias.sj];  // a masked entry is overwritten below
   }
-  if (!rm.dense())
-    for (std::int64_t j = 0; j < live; ++j)
-      if (!rm(j0 + j)) s[j] = -kInf<T>;
+  // Selected, not added: a masked score may be NaN (a poisoned key), and is dropped.
+  if (rm.keys != nullptr) {
+    const bool* keys = rm.keys + j0;
+    for (std::int64_t j = 0; j < live; ++j) s[j] = keys[j] ? s[j] : -kInf<T>;
+  }
+  if (rm.pairs != nullptr) {
+    const bool* pairs = rm.pairs + j0 * rm.pairs_stride;
+    for (std::int64_t j = 0; j < live; ++j) s[j] = pairs[j * rm.pairs_stride] ? s[j] : -kInf<T>;
+  }
   std::fill(s + live, s + n, -kInf<T>);
 }
 
@@ -240,23 +299,20 @@ void forward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t i0, std::in
     for (std::int64_t r = 0; r < nq; ++r) {
       T* s = w.s.data() + r * kTileK;
       mask_row(p, w.rows[static_cast<std::size_t>(r)], bh, i0 + r, j0, nk, s);
-      T mx = -kInf<T>;
-      for (std::int64_t j = 0; j < nk; ++j) {
-        if (s[j] > mx) mx = s[j];
-        else if (std::isnan(s[j])) w.nan[static_cast<std::size_t>(r)] = 1;
-      }
+      const T mx = row_max(s, nk);
       T& m = w.m[static_cast<std::size_t>(r)];
       const T m_new = std::max(m, mx);
-      if (m_new == -kInf<T>) {  // nothing with a finite score yet: this tile adds nothing
+      if (m_new == -kInf<T>) {  // nothing with a finite score yet: this tile adds nothing, unless NaN
+        std::uint32_t nan = 0;
+        for (std::int64_t j = 0; j < nk; ++j) nan |= s[j] != s[j];
+        if (nan) w.nan[static_cast<std::size_t>(r)] = 1;
         std::fill_n(s, nk, T(0));
         continue;
       }
-      const T c = std::exp(m - m_new);  // 0 on the first live tile (m = -inf)
-      T sum = 0;
-      for (std::int64_t j = 0; j < nk; ++j) {
-        s[j] = std::exp(s[j] - m_new);  // exp(-inf) = 0 at masked keys
-        sum += s[j];
-      }
+      // A NaN score (or +inf, through +inf - +inf) makes sum and l NaN, hence O and L NaN.
+      const T c = exp_tile(m - m_new);  // 0 on the first live tile (m = -inf)
+      for (std::int64_t j = 0; j < nk; ++j) s[j] = exp_tile(s[j] - m_new);  // exp(-inf) = 0 at masked keys
+      const T sum = row_sum(s, nk);
       T& l = w.l[static_cast<std::size_t>(r)];
       l = l * c + sum;
       if (c != T(1))
@@ -331,7 +387,7 @@ void backward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t j0, std::i
         continue;
       }
       mask_row(p, rows[static_cast<std::size_t>(i0 + r)], bh, i0 + r, j0, nk, s);
-      for (std::int64_t j = 0; j < nk; ++j) s[j] = std::exp(s[j] - l);  // masked: exp(-inf) = 0
+      for (std::int64_t j = 0; j < nk; ++j) s[j] = exp_tile(s[j] - l);  // masked: exp(-inf) = 0
     }
     // dv += Pᵀ ⊛ dO
     if (g.dv) weighted_gemm<T>(true, nk, dv, nq, T(1), w.s.data(), kTileK, go, d_out.ld, w.dv.data(), dv, w.pack);

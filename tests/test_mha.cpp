@@ -325,6 +325,31 @@ BOOST_AUTO_TEST_CASE(inactive_queries_unattended_keys_and_masked_bias_change_not
   }
 }
 
+BOOST_AUTO_TEST_CASE(fused_path_equals_weights_path) {
+  // Output and every input's gradient, need_weights false against true, over every mask and bias
+  // kind (the fused path reads the masks part by part and finds the active queries and used keys
+  // row by row; the weights path combines them into one tensor).
+  const MaskKind masks[] = {MaskKind::none, MaskKind::random, MaskKind::empty_row, MaskKind::empty_query, MaskKind::empty_batch};
+  const BiasKind biases[] = {BiasKind::none, BiasKind::full, BiasKind::heads_keys, BiasKind::queries_keys};
+  for (auto dtype : {tg::float64, tg::float32}) {
+    const double tol = dtype == tg::float64 ? 1e-11 : 2e-4;
+    for (std::uint64_t seed = 0; seed < 60; ++seed) {
+      MhaProblem p = make_problem(200 + seed, dtype, masks[seed % 5], biases[(seed / 5) % 4], seed % 2 == 0, seed % 3 == 0);
+      // Rows with pairs, with a key mask only, and with neither (causal and query mask at most).
+      if (seed % 3 != 0) p.masks.attention_mask = Tensor();
+      if (seed % 3 == 2) p.masks.key_mask = Tensor();
+      tg::Generator gen(seed);
+      const Tensor d_out = tg::randn({p.b, p.q, p.cout}, gen, tg::float64).to(dtype);
+      auto weights = run_with_gradients(p, p.inputs(), d_out, tg::zeros({p.b, p.h, p.q, p.k}, dtype));
+      weights.erase(weights.begin() + 1);  // the attention
+      p.need_weights = false;
+      const auto fused = run_with_gradients(p, p.inputs(), d_out, Tensor());
+      BOOST_TEST_REQUIRE(fused.size() == weights.size());
+      for (std::size_t i = 0; i < fused.size(); ++i) check_close(fused[i], weights[i], tol, tol, fmt::format("{} seed {} result {}", dtype, seed, i));
+    }
+  }
+}
+
 // The layer: inputs, masks and upstream gradients for one forward + backward.
 std::vector<std::vector<double>> run_layer(tg::MultiHeadAttention& layer, const Tensor& query0, const Tensor& context0, const tg::MhaCall& call,
                                            const Tensor& d_out) {

@@ -7,12 +7,15 @@
 //
 // Peak memory: each measurement runs in a fresh process (this program re-run with --peak), so
 // that nothing freed by an earlier measurement is still counted. The child builds the layer and
-// input, makes one warm-up call (oneDNN primitives, tape buffers), resets the kernel's
-// high-water mark (writing 5 to /proc/self/clear_refs), notes VmRSS, makes the measured call
-// and reports VmHWM - VmRSS: the resident memory the call added at its peak. Large blocks come
-// from mmap and go back to the kernel on free, so this tracks what the call held at once.
+// input, makes one warm-up call (oneDNN primitives), empties tapegrad's cache of freed blocks
+// (release_cached_memory), resets the kernel's high-water mark (writing 5 to
+// /proc/self/clear_refs), notes VmRSS, makes the measured call and reports VmHWM - VmRSS: the
+// resident memory the call added at its peak. malloc is told to serve every block of 64 KiB and
+// up by mmap, so a freed block goes back to the kernel and this tracks what the call held at once.
 //
 // Usage: bench_flash [runs]  (default 10), at 1 and 2 threads.
+#include <malloc.h>
+
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -59,10 +62,12 @@ std::int64_t status_kb(const char* field) {
 
 // The child: prints the peak resident memory (MiB) one call added.
 int peak_child(std::int64_t len, bool need_weights, bool backward, int threads) {
+  mallopt(M_MMAP_THRESHOLD, 64 << 10);  // fixed: no dynamic threshold keeping big blocks in the heap
   tg::set_num_threads(threads);
   Setup s(len, need_weights);
   auto call = [&] { backward ? s.forward_backward() : s.forward(); };
   call();
+  tg::release_cached_memory();
   std::ofstream("/proc/self/clear_refs") << "5";
   const std::int64_t before = status_kb("VmRSS:");
   call();

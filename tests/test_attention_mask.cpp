@@ -39,10 +39,10 @@ BOOST_AUTO_TEST_CASE(no_parts_allow_everything) {
 BOOST_AUTO_TEST_CASE(misshapen_parts_are_named) {
   const Tensor keys = tg::ones({2, 6}, tg::bool_);
   try {
-    tg::detail::RowMasks("attn", {Tensor(), keys}, {2, 3, 4, 5});
+    tg::detail::RowMasks("attn", {Tensor(), keys, Tensor()}, {2, 3, 4, 5});
     BOOST_FAIL("expected ShapeError");
   } catch (const tg::ShapeError& e) {
     BOOST_TEST(std::string(e.what()).find("'key_mask' must have shape [B, K] = [2, 5]") != std::string::npos, e.what());
   }
-  BOOST_CHECK_THROW(tg::detail::RowMasks("attn", {tg::ones({3, 5})}, {2, 3, 4, 5}), tg::DTypeError);
+  BOOST_CHECK_THROW(tg::detail::RowMasks("attn", {tg::ones({3, 5}), Tensor(), Tensor()}, {2, 3, 4, 5}), tg::DTypeError);
 }

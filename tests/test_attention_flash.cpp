@@ -195,8 +195,15 @@ BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(gradcheck_fused)
 
-BOOST_DATA_TEST_CASE(float64_finite_differences, bdata::make(grid()), c) {
-  if (c.seed % 4 != 0 || c.poison) return;  // a quarter of the grid, finite inputs
+// A quarter of the grid, without the NaN-poisoned cases (finite differences need finite inputs).
+std::vector<Case> gradcheck_grid() {
+  std::vector<Case> cases;
+  for (const Case& c : grid())
+    if (c.seed % 4 == 0 && !c.poison) cases.push_back(c);
+  return cases;
+}
+
+BOOST_DATA_TEST_CASE(float64_finite_differences, bdata::make(gradcheck_grid()), c) {
   const Problem p = make(c, tg::float64);
   std::vector<Tensor> xs{p.q, p.k, p.v};
   if (p.bias.defined()) xs.push_back(p.bias);

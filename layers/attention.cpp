@@ -56,11 +56,12 @@ Shape check_attention(const AttentionArgs& a) {
       fail<ShapeError>("{}: argument 'bias' with shape {} must broadcast to the scores' shape {}", a.op,
                        shape_str(a.bias.shape()), shape_str(scores));
   }
-  if (a.allowed.defined()) {
-    check_dtype(a.op, "mask", a.allowed, DType::bool_);
-    if (broadcast_args(a.op, "scores", scores, "mask", a.allowed.shape()) != scores)
+  const Tensor& allowed = a.mask.allowed;
+  if (allowed.defined()) {
+    check_dtype(a.op, "mask", allowed, DType::bool_);
+    if (broadcast_args(a.op, "scores", scores, "mask", allowed.shape()) != scores)
       fail<ShapeError>("{}: argument 'mask' with shape {} must broadcast to the scores' shape {}", a.op,
-                       shape_str(a.allowed.shape()), shape_str(scores));
+                       shape_str(allowed.shape()), shape_str(scores));
   }
   return scores;
 }
@@ -69,6 +70,10 @@ Shape check_attention(const AttentionArgs& a) {
 
 AttentionResult attention_core(const AttentionArgs& a) {
   const Shape scores_shape = check_attention(a);
+  if (!a.need_weights) return {flash_attention(a, scores_shape), Tensor()};
+  // The weights path takes its mask as one bool tensor; the fused path reads the parts row by row.
+  if (a.mask.key_mask.defined() || a.mask.query_mask.defined() || a.mask.causal)
+    fail<ValueError>("{}: internal: the weights path takes its mask as 'allowed' only", a.op);
   const double scale = 1.0 / std::sqrt(static_cast<double>(a.q.size(-1)));
   Tensor weights, output;
   {
@@ -78,7 +83,7 @@ AttentionResult attention_core(const AttentionArgs& a) {
     // The weights carry every leading dim of q, k and v (v may have more than q and k): a view.
     if (scores.shape() != scores_shape) scores = expand(scores, scores_shape);
     if (a.bias.defined()) scores = add(scores, a.bias);
-    weights = masked_softmax_forward(scores, a.allowed);
+    weights = masked_softmax_forward(scores, a.mask.allowed);
     output = weighted_matmul(weights, a.v);
   }
   const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias};
@@ -110,12 +115,21 @@ AttentionResult attention_core(const AttentionArgs& a) {
 
 }  // namespace detail
 
+namespace {
+detail::AttentionMask allowed_only(const Tensor& allowed) {
+  detail::AttentionMask m;
+  m.allowed = allowed;
+  return m;
+}
+}  // namespace
+
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) {
-  return detail::attention_core({"scaled_dot_product_attention", q, k, v, Tensor(), mask});
+  return detail::attention_core({"scaled_dot_product_attention", q, k, v, Tensor(), allowed_only(mask)});
 }
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) {
-  return detail::attention_core({"attention", q, k, v, Tensor(), mask}).output;
+  // Only the output is wanted: the fused path, which never holds the [..., Q, K] weights.
+  return detail::attention_core({"attention", q, k, v, Tensor(), allowed_only(mask), /*need_weights=*/false}).output;
 }
 
 Tensor causal_mask(std::int64_t queries, std::int64_t keys, std::int64_t offset) {

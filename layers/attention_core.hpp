@@ -2,6 +2,7 @@
 // public scaled_dot_product_attention (no bias) and multihead_attention (bias allowed) use it.
 #pragma once
 
+#include "layers/attention_mask.hpp"
 #include "tapegrad/layers/attention.hpp"
 
 namespace tapegrad::detail {
@@ -9,10 +10,16 @@ namespace tapegrad::detail {
 struct AttentionArgs {
   const char* op;  // for error messages
   Tensor q, k, v;
-  Tensor bias;     // optional, floating, broadcasts to [..., Q, K]
-  Tensor allowed;  // optional, bool, broadcasts to [..., Q, K]
+  Tensor bias;          // optional, floating, broadcasts to [..., Q, K]
+  AttentionMask mask;   // which (query, key) pairs may attend; empty: all
+  // false: only the output is wanted, and the attention runs fused (layers/attention_flash.cpp)
+  // without ever holding the [..., Q, K] weights; the result's weights are then undefined.
+  bool need_weights = true;
 };
 
 AttentionResult attention_core(const AttentionArgs& args);
+
+// The fused path: validated arguments and the scores' shape [..., Q, K]. Returns the output.
+Tensor flash_attention(const AttentionArgs& args, const Shape& scores_shape);
 
 }  // namespace tapegrad::detail

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "layers/attention_mask.hpp"
 #include "tapegrad/layers/multihead_attention.hpp"
 
 namespace tapegrad::detail {
@@ -20,7 +21,7 @@ MhaShapes check_mha(const char* op, const MhaActivations& a, const MhaParameters
 
 // multihead_attention, with errors that name `op` (the layer's forward runs it too).
 AttentionResult multihead_attention(const char* op, const MhaActivations& a, const MhaParameters& p, const MhaMasks& m,
-                                    std::int64_t heads, bool causal, std::int64_t causal_offset);
+                                    std::int64_t heads, bool causal, std::int64_t causal_offset, bool need_weights);
 
 // x w (+ b)
 Tensor project(const Tensor& x, const Tensor& w, const Tensor& b);
@@ -30,14 +31,17 @@ Tensor rows_where(const Tensor& rows, const Tensor& x);
 
 // Step 4: which (query, key) pairs may attend, and which queries and keys take part at all.
 struct AllowedPairs {
-  Tensor pairs;   // bool, broadcastable to [B, H, Q, K]; undefined when every pair is allowed
+  Tensor pairs;   // bool, broadcastable to [B, H, Q, K]; undefined when every pair is allowed (or not combined)
   Tensor active;  // bool [B, Q]: the query has an allowed key in some head; undefined when all do
   Tensor used;    // bool [B, K]: some query may attend to the key in some head; undefined when all are
+  AttentionMask parts;  // the same pairs, described per row (the fused path reads these)
 };
-AllowedPairs allowed_pairs(const MhaMasks& m, const MhaShapes& s, bool causal, std::int64_t causal_offset);
+// With `combine` false the pairs are left undefined (the fused path reads the parts).
+AllowedPairs allowed_pairs(const MhaMasks& m, const MhaShapes& s, bool causal, std::int64_t causal_offset, bool combine);
 
 // Steps 2-7 of multihead_attention from projected q [B, Q, H*D], k [B, K, H*D], v [B, K, H*Dv].
+// Without need_weights the attention runs fused and the returned weights are undefined.
 AttentionResult attend_projected(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const MhaParameters& p,
-                                 const AllowedPairs& allowed, const MhaShapes& s);
+                                 const AllowedPairs& allowed, const MhaShapes& s, bool need_weights);
 
 }  // namespace tapegrad::detail

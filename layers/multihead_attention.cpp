@@ -104,8 +104,58 @@ MhaShapes check_mha(const char* op, const MhaActivations& a, const MhaParameters
   return s;
 }
 
-AllowedPairs allowed_pairs(const MhaMasks& m, const MhaShapes& s, bool causal, std::int64_t causal_offset) {
+namespace {
+
+// active and used from the mask's parts, one row of [B, H, Q, K] at a time and nothing of size
+// Q K built: a row without key or pair mask allows every key below its end, a row with only a
+// key mask allows the keys the mask allows below its end; only rows with pairs are walked.
+void participation_by_rows(const AttentionMask& parts, const MhaShapes& s, AllowedPairs& out) {
+  const RowMasks rows(s.op, parts, {s.b, s.h, s.q, s.k});
+  out.active = zeros({s.b, s.q}, DType::bool_);
+  out.used = zeros({s.b, s.k}, DType::bool_);
+  bool* active = static_cast<bool*>(mutable_data(out.active));
+  bool* used = static_cast<bool*>(mutable_data(out.used));
+  // Per batch entry: keys below `reach` are used; keys below `key_reach` are used where allowed;
+  // `first_key` is the first key the key mask allows (K when none).
+  std::vector<std::int64_t> reach(static_cast<std::size_t>(s.b), 0), key_reach(reach), first_key(reach.size(), s.k);
+  const Tensor keys = parts.key_mask.defined() ? contiguous(parts.key_mask) : Tensor();
+  const bool* key_rows = keys.defined() ? static_cast<const bool*>(keys.raw_data()) : nullptr;
+  for (std::int64_t b = 0; key_rows != nullptr && b < s.b; ++b)
+    for (std::int64_t j = s.k; j-- > 0;)
+      if (key_rows[b * s.k + j]) first_key[static_cast<std::size_t>(b)] = j;
+  for (std::int64_t b = 0; b < s.b; ++b)
+    for (std::int64_t h = 0; h < s.h; ++h)
+      for (std::int64_t i = 0; i < s.q; ++i) {
+        const RowMask r = rows.row((b * s.h + h) * s.q + i);
+        const auto bi = static_cast<std::size_t>(b);
+        if (r.pairs != nullptr) {
+          for (std::int64_t j = 0; j < r.end; ++j)
+            if (r(j)) active[b * s.q + i] = used[b * s.k + j] = true;
+        } else if (r.keys != nullptr) {
+          active[b * s.q + i] |= r.end > first_key[bi];
+          key_reach[bi] = std::max(key_reach[bi], r.end);
+        } else {
+          active[b * s.q + i] |= r.end > 0;
+          reach[bi] = std::max(reach[bi], r.end);
+        }
+      }
+  for (std::int64_t b = 0; b < s.b; ++b)
+    for (std::int64_t j = 0; j < s.k; ++j)
+      used[b * s.k + j] |= j < reach[static_cast<std::size_t>(b)] || (j < key_reach[static_cast<std::size_t>(b)] && key_rows[b * s.k + j]);
+}
+
+}  // namespace
+
+AllowedPairs allowed_pairs(const MhaMasks& m, const MhaShapes& s, bool causal, std::int64_t causal_offset, bool combine) {
   AllowedPairs out;
+  out.parts = {m.attention_mask, m.key_mask, m.query_mask, causal, causal_offset};
+  if (!combine) {
+    if (out.parts.empty()) return out;
+    participation_by_rows(out.parts, s, out);
+    if (all(out.active)) out.active = Tensor();
+    if (all(out.used)) out.used = Tensor();
+    return out;
+  }
   auto restrict_to = [&](const Tensor& more) { out.pairs = out.pairs.defined() ? logical_and(out.pairs, more) : more; };
   if (m.key_mask.defined()) restrict_to(reshape(m.key_mask, {s.b, 1, 1, s.k}));
   if (m.query_mask.defined()) restrict_to(reshape(m.query_mask, {s.b, 1, s.q, 1}));
@@ -136,10 +186,16 @@ AllowedPairs allowed_pairs(const MhaMasks& m, const MhaShapes& s, bool causal, s
 }
 
 AttentionResult attend_projected(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const MhaParameters& p,
-                                 const AllowedPairs& allowed, const MhaShapes& s) {
-  // Steps 2-5 in the attention core (one tape node), with the bias added to the scores.
+                                 const AllowedPairs& allowed, const MhaShapes& s, bool need_weights) {
+  // Steps 2-5 in the attention core (one tape node), with the bias added to the scores. The fused
+  // path reads the masks part by part, the weights path the combined pairs.
+  AttentionMask mask = allowed.parts;
+  if (need_weights) {
+    mask = AttentionMask();
+    mask.allowed = allowed.pairs;
+  }
   auto [heads_out, attention] =
-      attention_core({s.op, split_heads(q, s.h), split_heads(k, s.h), split_heads(v, s.h), bias, allowed.pairs});
+      attention_core({s.op, split_heads(q, s.h), split_heads(k, s.h), split_heads(v, s.h), bias, mask, need_weights});
   // Step 6: concatenate heads in head order, then the output projection.
   const Tensor merged = reshape(permute(heads_out, {0, 2, 1, 3}), {s.b, s.q, s.h * s.dv});
   Tensor output = project(merged, p.w_o, p.b_o);
@@ -149,7 +205,7 @@ AttentionResult attend_projected(const Tensor& q, const Tensor& k, const Tensor&
 }
 
 AttentionResult multihead_attention(const char* op, const MhaActivations& a, const MhaParameters& p, const MhaMasks& m,
-                                    std::int64_t heads, bool causal, std::int64_t causal_offset) {
+                                    std::int64_t heads, bool causal, std::int64_t causal_offset, bool need_weights) {
   check_floating(op, "context", a.context);
   if (a.context.dim() != 3)
     fail<ShapeError>("{}: argument 'context' must be [B, K, Cctx], got shape {}", op, shape_str(a.context.shape()));
@@ -162,7 +218,7 @@ AttentionResult multihead_attention(const char* op, const MhaActivations& a, con
                      shape_str(a.context.shape()));
   if (a.context.dtype() != a.query.dtype())
     fail<DTypeError>("{}: arguments 'query' ({}) and 'context' ({}) must have the same dtype", op, a.query.dtype(), a.context.dtype());
-  const AllowedPairs allowed = allowed_pairs(m, s, causal, causal_offset);
+  const AllowedPairs allowed = allowed_pairs(m, s, causal, causal_offset, /*combine=*/need_weights);
   // Step 1, on zero rows for the queries that attend to nothing and the keys that no query
   // attends to. Their values reach no output, but a NaN or inf there would reach the weight
   // gradients: dw_q = query^T dq multiplies a query's row by its zero row of dq, and 0 * NaN is
@@ -171,14 +227,14 @@ AttentionResult multihead_attention(const char* op, const MhaActivations& a, con
   const Tensor q = project(query, p.w_q, p.b_q);
   const Tensor k = project(context, p.w_k, p.b_k);
   const Tensor v = project(context, p.w_v, p.b_v);
-  return attend_projected(q, k, v, a.bias, p, allowed, s);
+  return attend_projected(q, k, v, a.bias, p, allowed, s, need_weights);
 }
 
 }  // namespace detail
 
 AttentionResult multihead_attention(const MhaActivations& a, const MhaParameters& p, const MhaMasks& m, std::int64_t heads,
-                                    bool causal, std::int64_t causal_offset) {
-  return detail::multihead_attention("multihead_attention", a, p, m, heads, causal, causal_offset);
+                                    bool causal, std::int64_t causal_offset, bool need_weights) {
+  return detail::multihead_attention("multihead_attention", a, p, m, heads, causal, causal_offset, need_weights);
 }
 
 }  // namespace tapegrad

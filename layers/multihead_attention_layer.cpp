@@ -109,10 +109,8 @@ AttentionResult run_forward(const MultiHeadAttention& layer, const Input& query,
   const MultiHeadAttentionConfig& c = layer.config();
   check_input(kForward, query, "query_dim", c.query_dim, c.dtype);
   check_input(kForward, context, "context_dim", c.context_dim, c.dtype);
-  AttentionResult r = detail::multihead_attention(kForward, {query.tensor, context.tensor, call.bias}, layer.weights(), call.masks,
-                                                  c.heads, call.causal, call.causal_offset);
-  if (!call.need_weights) r.weights = Tensor();
-  return r;
+  return detail::multihead_attention(kForward, {query.tensor, context.tensor, call.bias}, layer.weights(), call.masks,
+                                     c.heads, call.causal, call.causal_offset, call.need_weights);
 }
 
 // A fresh [B, capacity, width] buffer holding the first `length` positions of `buffer` (the
@@ -186,10 +184,9 @@ AttentionResult MultiHeadAttention::decode(const Tensor& query, KVCache& cache, 
   cache.append(detail::project(query, params_.w_k, params_.b_k), detail::project(query, params_.w_v, params_.b_v));
   // Unlike multihead_attention, the rows of inactive queries and unattended keys are kept: the
   // new keys may serve later queries, and nothing here has a gradient.
-  AttentionResult r = detail::attend_projected(detail::project(query, params_.w_q, params_.b_q), cache.keys(), cache.values(),
-                                               call.bias, params_, detail::allowed_pairs(call.masks, s, /*causal=*/true, before), s);
-  if (!call.need_weights) r.weights = Tensor();
-  return r;
+  return detail::attend_projected(detail::project(query, params_.w_q, params_.b_q), cache.keys(), cache.values(), call.bias, params_,
+                                  detail::allowed_pairs(call.masks, s, /*causal=*/true, before, call.need_weights), s,
+                                  call.need_weights);
 }
 
 KVCache::KVCache(const KVCache& other)

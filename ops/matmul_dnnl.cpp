@@ -265,6 +265,16 @@ void matmul_dnnl(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   run(fold(a, m, k), fold(b, k, n), reshape(c, {-1, m, n}), bf16);
 }
 
+void gemm_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+              std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+  // dnnl_sgemm skips primitive creation and takes a beta, so tiles accumulate in place.
+  const dnnl_status_t status =
+      dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (status != dnnl_success)
+    fail<ValueError>("gemm_f32: oneDNN refused a [{}, {}] x [{}, {}] tile product (lda {}, ldb {}, ldc {}), status {}", m, k, k, n,
+                     lda, ldb, ldc, static_cast<int>(status));
+}
+
 bool dnnl_bf16_native() noexcept {
   const auto isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
   return (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;

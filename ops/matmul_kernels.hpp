@@ -4,6 +4,8 @@
 // are all nonzero.
 #pragma once
 
+#include <cstdint>
+
 #include "tapegrad/autodiff/tensor.hpp"
 
 namespace tapegrad::detail {
@@ -12,6 +14,13 @@ namespace tapegrad::detail {
 // float32. The only file that sees oneDNN.
 void matmul_dnnl(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16);
 bool dnnl_bf16_native() noexcept;
+
+// Row-major BLAS-style float32 gemm on raw blocks, for kernels that multiply many small tiles
+// (the fused attention): C[m, n] = alpha op(A) op(B) + beta C, op(X) = X or X^T as stored,
+// lda/ldb/ldc the row strides as stored. C is not read when beta = 0. Single-threaded when
+// called from inside a parallel region.
+void gemm_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+              std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc);
 
 // float64: tapegrad's own cache-blocked kernel.
 void matmul_f64(const Tensor& a, const Tensor& b, const Tensor& c);

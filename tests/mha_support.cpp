@@ -21,7 +21,7 @@ tg::AttentionResult MhaProblem::run(const std::vector<Tensor>& xs) const {
   for (auto [from, to] : {std::pair{&par.w_q, &p.w_q}, {&par.w_k, &p.w_k}, {&par.w_v, &p.w_v}, {&par.w_o, &p.w_o},
                           {&par.b_q, &p.b_q}, {&par.b_k, &p.b_k}, {&par.b_v, &p.b_v}, {&par.b_o, &p.b_o}})
     if (from->defined()) *to = xs[i++];
-  return tg::multihead_attention(a, p, masks, h, causal, offset);
+  return tg::multihead_attention(a, p, masks, h, causal, offset, need_weights);
 }
 
 MhaProblem make_problem(std::uint64_t seed, tg::DType dtype, MaskKind masks, BiasKind bias, bool all_biases,

@@ -12,6 +12,7 @@ struct MhaProblem {
   std::int64_t b, q, k, h, d, dv, cq, cctx, cout;
   bool causal = false;
   std::int64_t offset = 0;
+  bool need_weights = true;  // false: the fused path, and run() returns no attention
   tapegrad::MhaActivations act;
   tapegrad::MhaParameters par;
   tapegrad::MhaMasks masks;

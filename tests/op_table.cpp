@@ -550,7 +550,8 @@ std::vector<OpInfo> build() {
     info.samples = {{{3, 4}, {5, 4}, {5, 2}}, {{2, 3, 4}, {1, 5, 4}, {5, 3}}, {{1, 1}, {1, 1}, {1, 1}}, {{2, 2, 3, 2}, {2, 1, 4, 2}, {4, 1}},
                     {{3, 2}, {0, 2}, {0, 4}}, {{0, 2}, {3, 2}, {3, 1}}};
     // Outputs 3 and 4 run again with NaN in the masked keys' k and the empty rows' q and inf in
-    // the masked keys' v: they must equal outputs 0 and 1, gradients included.
+    // the masked keys' v: they must equal outputs 0 and 1, gradients included. Outputs 2 and 5 are
+    // attention(), the fused path (need_weights = false), clean and poisoned.
     info.op = [](const Ins& in) {
       const std::int64_t q = in[0].size(-2), k = in[1].size(-2);
       const Tensor mask = tg::logical_and(tg::causal_mask(q, k, 1), pattern_mask({k}));
@@ -562,9 +563,9 @@ std::vector<OpInfo> build() {
         return true;
       };
       const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
-      auto [out_p, w_p] = tg::scaled_dot_product_attention(with_rows(in[0], empty_row, nan), with_rows(in[1], masked_key, nan),
-                                                           with_rows(in[2], masked_key, inf), mask);
-      return Outs{out, w, tg::attention(in[0], in[1], in[2], mask), out_p, w_p};
+      const Tensor q_p = with_rows(in[0], empty_row, nan), k_p = with_rows(in[1], masked_key, nan), v_p = with_rows(in[2], masked_key, inf);
+      auto [out_p, w_p] = tg::scaled_dot_product_attention(q_p, k_p, v_p, mask);
+      return Outs{out, w, tg::attention(in[0], in[1], in[2], mask), out_p, w_p, tg::attention(q_p, k_p, v_p, mask)};
     };
     info.reference = [](const Refs& in) {
       const Ref& q = in[0];
@@ -588,7 +589,7 @@ std::vector<OpInfo> build() {
         for (std::int64_t j = 0; j < nk; ++j) w.v[static_cast<std::size_t>(r * nk + j)] = any ? w.v[static_cast<std::size_t>(r * nk + j)] / z : 0.0;
       }
       const Ref out = ref_matmul(w, in[2]);
-      return Refs{out, w, out, out, w};
+      return Refs{out, w, out, out, w, out};
     };
     info.errors = {{"q of rank 1", [] { tg::scaled_dot_product_attention(f32({3}), f32({2, 3}), f32({2, 1})); }, Raises::shape,
                     {"scaled_dot_product_attention", "'q'", "rank >= 2"}},
@@ -643,7 +644,8 @@ std::vector<OpInfo> build() {
       return tg::MhaMasks{.key_mask = pattern_mask({b, k}), .query_mask = tg::logical_not(pattern_mask({b, q}))};
     };
     // Outputs 2 and 3 run again with NaN in the masked queries' rows and -inf in the padding
-    // keys' context rows: they must equal outputs 0 and 1, gradients included.
+    // keys' context rows: they must equal outputs 0 and 1, gradients included. Outputs 4 and 5 are
+    // the fused path (need_weights = false), clean and poisoned.
     info.op = [masks](const Ins& in) {
       const tg::MhaMasks m = masks(in);
       auto [out, attn] = tg::multihead_attention({in[0], in[1]}, {in[2], in[3], in[4], in[5]}, m, 2, true, 0);
@@ -651,7 +653,9 @@ std::vector<OpInfo> build() {
       const Tensor context = tg::where(tg::unsqueeze(tg::logical_not(m.key_mask), -1),
                                        tg::scalar(-std::numeric_limits<double>::infinity(), in[1].dtype()), in[1]);
       auto [out_p, attn_p] = tg::multihead_attention({query, context}, {in[2], in[3], in[4], in[5]}, m, 2, true, 0);
-      return Outs{out, attn, out_p, attn_p};
+      const Tensor fused = tg::multihead_attention({in[0], in[1]}, {in[2], in[3], in[4], in[5]}, m, 2, true, 0, false).output;
+      const Tensor fused_p = tg::multihead_attention({query, context}, {in[2], in[3], in[4], in[5]}, m, 2, true, 0, false).output;
+      return Outs{out, attn, out_p, attn_p, fused, fused_p};
     };
     info.reference = [](const Refs& in) {
       // Written out with plain loops: b, h, i, j indices, D = cols(w_q) / 2, Dv = cols(w_v) / 2.
@@ -687,7 +691,7 @@ std::vector<OpInfo> build() {
             for (std::int64_t e = 0; e < H * Dv; ++e)
               out.v[static_cast<std::size_t>((b * Q + i) * Cout + o)] += merged.v[static_cast<std::size_t>((b * Q + i) * H * Dv + e)] * wo.v[static_cast<std::size_t>(e * Cout + o)];
         }
-      return Refs{out, attn, out, attn};
+      return Refs{out, attn, out, attn, out, out};
     };
     info.errors = {{"zero heads", [] { tg::multihead_attention({f32({1, 1, 2}), f32({1, 1, 2})}, {f32({2, 2}), f32({2, 2}), f32({2, 2}), f32({2, 2})}, {}, 0); },
                     Raises::value, {"multihead_attention", "'heads'", "0"}},

@@ -180,6 +180,11 @@ BOOST_AUTO_TEST_CASE(T2_broadcast_masks_and_empty_rows) {
   auto [out2, w2] = tg::scaled_dot_product_attention(q, k, v, tg::from_bools(m, {2, 3, 1}));
   BOOST_TEST(values(tg::select(tg::select(w2, 0, 0), 0, 1)) == std::vector<double>(5, 0.0));
   BOOST_TEST(values(tg::select(tg::select(out2, 0, 0), 0, 1)) == std::vector<double>(3, 0.0));
+  // The fused path: the same empty row, exactly zero, and the same outputs elsewhere.
+  const Tensor fused = tg::attention(q, k, v, tg::from_bools(m, {2, 3, 1}));
+  BOOST_TEST(values(tg::select(tg::select(fused, 0, 0), 0, 1)) == std::vector<double>(3, 0.0));
+  check_close(fused, values(out2), 1e-14, "fused output");
+  check_close(tg::attention(q, k, v, key_mask), values(out), 1e-14, "fused output, key mask");
 }
 
 BOOST_AUTO_TEST_CASE(T2_leading_dims_of_v_broadcast_the_weights) {
@@ -201,6 +206,11 @@ BOOST_AUTO_TEST_CASE(T2_leading_dims_of_v_broadcast_the_weights) {
     return std::vector<Tensor>{o, ww};
   }, {q, k, v});
   BOOST_TEST(r.ok, r.report());
+  // The fused path (attention) gives the same output and passes the same check.
+  check_close(tg::attention(q, k, v, mask), values(out), 1e-14, "fused output");
+  const auto fused = tg::gradcheck([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{tg::attention(in[0], in[1], in[2], mask)}; },
+                                   {q, k, v});
+  BOOST_TEST(fused.ok, fused.report());
   tg::clear_tape();
 }
 
@@ -345,15 +355,28 @@ BOOST_AUTO_TEST_SUITE(non_finite_masked_entries)
 // or an infinity there must change no output and no gradient. Each run poisons those entries
 // and compares with the same run where they are 0. The comparison is exact (== on every value):
 // the products by the weights run the same matmul on the same finite values in both runs.
+// Every test here runs on both paths: the weights path (scaled_dot_product_attention, with an
+// upstream gradient for the weights too) and the fused one (attention, output only).
 struct SdpaRun {
-  std::vector<std::vector<double>> results;  // output, weights, dq, dk, dv
+  std::vector<std::vector<double>> results;  // output, [weights,] dq, dk, dv
+  std::vector<const char*> names;
 };
 
-SdpaRun run_sdpa(const Tensor& q0, const Tensor& k0, const Tensor& v0, const Tensor& mask, const Tensor& d_out, const Tensor& d_weights) {
+SdpaRun run_attention(const Tensor& q0, const Tensor& k0, const Tensor& v0, const Tensor& mask, const Tensor& d_out, const Tensor& d_weights,
+                 bool need_weights) {
   Tensor q = q0.detach().set_requires_grad(), k = k0.detach().set_requires_grad(), v = v0.detach().set_requires_grad();
-  auto [out, w] = tg::scaled_dot_product_attention(q, k, v, mask);
-  tg::backward({out, w}, {d_out, d_weights});
-  SdpaRun r{{values(out), values(w), values(q.grad()), values(k.grad()), values(v.grad())}};
+  SdpaRun r;
+  if (need_weights) {
+    auto [out, w] = tg::scaled_dot_product_attention(q, k, v, mask);
+    tg::backward({out, w}, {d_out, d_weights});
+    r = {{values(out), values(w)}, {"output", "weights"}};
+  } else {
+    const Tensor out = tg::attention(q, k, v, mask);
+    tg::backward({out}, {d_out});
+    r = {{values(out)}, {"output"}};
+  }
+  for (const Tensor* x : {&q, &k, &v}) r.results.push_back(values(x->grad()));
+  r.names.insert(r.names.end(), {"dq", "dk", "dv"});
   tg::clear_tape();
   return r;
 }
@@ -368,7 +391,7 @@ Tensor with_rows(const Tensor& x, const std::vector<std::int64_t>& rows, double 
 }
 
 void check_same(const SdpaRun& poisoned, const SdpaRun& zeroed, const std::string& what) {
-  const char* names[] = {"output", "weights", "dq", "dk", "dv"};
+  const auto& names = poisoned.names;
   for (std::size_t i = 0; i < poisoned.results.size(); ++i) {
     for (double x : poisoned.results[i]) BOOST_TEST_REQUIRE(std::isfinite(x), what << ": " << names[i] << " is not finite");
     BOOST_TEST((poisoned.results[i] == zeroed.results[i]), what << ": " << names[i] << " differs from the zeroed run");
@@ -389,13 +412,15 @@ BOOST_AUTO_TEST_CASE(masked_keys_and_empty_rows_change_no_output_and_no_gradient
   set(1, 1, 2);
   const Tensor mask = tg::from_bools(m, {2, 4, 5});
   const std::vector<std::int64_t> masked_keys{1, 5 + 0, 5 + 4}, empty_rows{2, 4 + 0, 4 + 3};  // flattened [B, L]
-  for (auto dtype : {tg::float32, tg::float64}) {
+  for (auto [dtype, nw] : {std::pair{tg::float32, true}, {tg::float64, true}, {tg::float32, false}, {tg::float64, false}}) {
+    const bool need_weights = nw;  // a structured binding cannot be captured by the lambda below
+    auto run_sdpa = [&](auto&&... a) { return run_attention(a..., need_weights); };
     const Tensor q = tg::randn({2, 4, 3}, 40, tg::float64).to(dtype), k = tg::randn({2, 5, 3}, 41, tg::float64).to(dtype);
     const Tensor v = tg::randn({2, 5, 2}, 42, tg::float64).to(dtype);
     const Tensor d_out = tg::randn({2, 4, 2}, 43, tg::float64).to(dtype), d_w = tg::randn({2, 4, 5}, 44, tg::float64).to(dtype);
     const SdpaRun zeroed = run_sdpa(with_rows(q, empty_rows, 0), with_rows(k, masked_keys, 0), with_rows(v, masked_keys, 0), mask, d_out, d_w);
     for (double poison : kPoisons) {
-      const std::string what = fmt::format("{} poison {}", dtype, poison);
+      const std::string what = fmt::format("{} need_weights {} poison {}", dtype, need_weights, poison);
       check_same(run_sdpa(with_rows(q, empty_rows, poison), with_rows(k, masked_keys, 0), with_rows(v, masked_keys, 0), mask, d_out, d_w),
                  zeroed, what + " in empty rows' q");
       check_same(run_sdpa(with_rows(q, empty_rows, 0), with_rows(k, masked_keys, poison), with_rows(v, masked_keys, 0), mask, d_out, d_w),
@@ -417,7 +442,9 @@ BOOST_AUTO_TEST_CASE(broadcast_keys_and_strided_values) {
   // k and v shared by the batch ([1, K, *], v transposed in memory), a mask broadcast from [K]:
   // key 3 is masked for every query of both batch entries.
   const Tensor mask = tg::from_bools({true, true, false, false, true}, {5});
-  for (auto dtype : {tg::float32, tg::float64}) {
+  for (auto [dtype, nw] : {std::pair{tg::float32, true}, {tg::float64, true}, {tg::float32, false}, {tg::float64, false}}) {
+    const bool need_weights = nw;
+    auto run_sdpa = [&](auto&&... a) { return run_attention(a..., need_weights); };
     const Tensor q = tg::randn({2, 3, 4}, 45, tg::float64).to(dtype), k = tg::randn({1, 5, 4}, 46, tg::float64).to(dtype);
     const Tensor v = tg::randn({1, 5, 3}, 47, tg::float64).to(dtype);
     const Tensor d_out = tg::randn({2, 3, 3}, 48, tg::float64).to(dtype), d_w = tg::randn({2, 3, 5}, 49, tg::float64).to(dtype);
@@ -425,7 +452,7 @@ BOOST_AUTO_TEST_CASE(broadcast_keys_and_strided_values) {
     const SdpaRun zeroed = run_sdpa(q, with_rows(k, {2, 3}, 0), transposed(with_rows(v, {2, 3}, 0)), mask, d_out, d_w);
     for (double poison : kPoisons)
       check_same(run_sdpa(q, with_rows(k, {2, 3}, poison), transposed(with_rows(v, {2, 3}, -poison)), mask, d_out, d_w), zeroed,
-                 fmt::format("{} poison {}", dtype, poison));
+                 fmt::format("{} need_weights {} poison {}", dtype, need_weights, poison));
   }
 }
 
@@ -436,12 +463,18 @@ BOOST_AUTO_TEST_CASE(a_key_poisons_exactly_the_rows_that_attend_to_it) {
     const Tensor q = tg::randn({4, 2}, 50, tg::float64).to(dtype), k = tg::randn({4, 2}, 51, tg::float64).to(dtype);
     const Tensor v = tg::randn({4, 3}, 52, tg::float64).to(dtype);
     const Tensor mask = tg::causal_mask(4, 4);
-    for (double poison : kPoisons) {
-      const auto clean = values(tg::attention(q, k, with_rows(v, {3}, 0), mask));
-      const auto out = values(tg::attention(q, k, with_rows(v, {3}, poison), mask));
-      BOOST_TEST(std::vector<double>(out.begin(), out.begin() + 9) == std::vector<double>(clean.begin(), clean.begin() + 9));
-      for (std::size_t c = 9; c < 12; ++c) BOOST_TEST(!std::isfinite(out[c]));
-    }
+    // attention() is the fused path, scaled_dot_product_attention's output the weights path.
+    auto paths = {+[](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& m) { return tg::attention(q, k, v, m); },
+                  +[](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& m) {
+                    return tg::scaled_dot_product_attention(q, k, v, m).output;
+                  }};
+    for (auto attend : paths)
+      for (double poison : kPoisons) {
+        const auto clean = values(attend(q, k, with_rows(v, {3}, 0), mask));
+        const auto out = values(attend(q, k, with_rows(v, {3}, poison), mask));
+        BOOST_TEST(std::vector<double>(out.begin(), out.begin() + 9) == std::vector<double>(clean.begin(), clean.begin() + 9));
+        for (std::size_t c = 9; c < 12; ++c) BOOST_TEST(!std::isfinite(out[c]));
+      }
   }
 }
 

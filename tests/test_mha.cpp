@@ -68,31 +68,33 @@ struct GridCase {
   std::uint64_t seed;
   MaskKind masks;
   BiasKind bias;
-  bool biases, non_contiguous;
+  bool biases, non_contiguous, need_weights;
 };
 std::ostream& operator<<(std::ostream& os, const GridCase& c) {
   return os << "seed " << c.seed << " masks " << int(c.masks) << " bias " << int(c.bias) << " biases " << c.biases << " nc "
-            << c.non_contiguous;
+            << c.non_contiguous << " need_weights " << c.need_weights;
 }
 
 std::vector<GridCase> grid() {
   std::vector<GridCase> cases;
   const MaskKind masks[] = {MaskKind::none, MaskKind::random, MaskKind::empty_row, MaskKind::empty_query, MaskKind::empty_batch};
   const BiasKind biases[] = {BiasKind::none, BiasKind::full, BiasKind::heads_keys, BiasKind::queries_keys};
-  for (std::uint64_t s = 0; s < 40; ++s)
-    cases.push_back({100 + s, masks[s % 5], biases[(s / 5) % 4], s % 3 != 0, s % 4 == 1});
+  for (bool need_weights : {true, false})  // the weights path and the fused one
+    for (std::uint64_t s = 0; s < 40; ++s)
+      cases.push_back({100 + s, masks[s % 5], biases[(s / 5) % 4], s % 3 != 0, s % 4 == 1, need_weights});
   return cases;
 }
 
 BOOST_DATA_TEST_CASE(gradcheck_every_input_and_parameter, bdata::make(grid()), c) {
-  const MhaProblem p = make_problem(c.seed, tg::float64, c.masks, c.bias, c.biases, c.non_contiguous);
+  MhaProblem p = make_problem(c.seed, tg::float64, c.masks, c.bias, c.biases, c.non_contiguous);
+  p.need_weights = c.need_weights;
   std::vector<Tensor> xs = p.inputs();
   for (auto& x : xs) x = x.detach().set_requires_grad();
   BOOST_TEST_CONTEXT("B=" << p.b << " Q=" << p.q << " K=" << p.k << " H=" << p.h << " D=" << p.d << " Dv=" << p.dv << " causal="
                           << p.causal << " offset=" << p.offset) {
     const auto r = tg::gradcheck([&](const std::vector<Tensor>& in) {
       auto [out, attn] = p.run(in);
-      return std::vector<Tensor>{out, attn};
+      return attn.defined() ? std::vector<Tensor>{out, attn} : std::vector<Tensor>{out};
     }, xs);
     BOOST_TEST(r.ok, r.report());
   }
@@ -123,6 +125,10 @@ BOOST_DATA_TEST_CASE(scaled_dot_product_attention_gradcheck, bdata::make(first(2
     return std::vector<Tensor>{out, w};
   }, {tq, tk, tv});
   BOOST_TEST(r.ok, r.report());
+  // The fused path: attention() returns the output alone.
+  const auto fused = tg::gradcheck([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{tg::attention(in[0], in[1], in[2], mask)}; },
+                                   {tq, tk, tv});
+  BOOST_TEST(fused.ok, fused.report());
   tg::clear_tape();
 }
 
@@ -134,8 +140,9 @@ BOOST_AUTO_TEST_CASE(masked_and_future_positions_do_not_matter_bitwise) {
   // For each query i: raise the context by 1000 at every key that is masked for all queries or in
   // i's future (j > i + offset); query i's output and attention must not change by one bit.
   for (auto dtype : {tg::float32, tg::float64}) {
-    for (std::uint64_t seed : {1u, 2u, 3u, 4u, 5u, 6u}) {
-      MhaProblem p = make_problem(seed, dtype, MaskKind::random, BiasKind::none, true, false);
+    for (std::uint64_t seed : {1u, 2u, 3u, 4u, 5u, 6u, 11u, 12u, 13u, 14u, 15u, 16u}) {
+      MhaProblem p = make_problem(seed % 10, dtype, MaskKind::random, BiasKind::none, true, false);
+      p.need_weights = seed < 10;  // the second six run fused
       p.causal = true;
       p.masks.attention_mask = Tensor();
       auto [out, attn] = p.run(p.inputs());
@@ -151,7 +158,7 @@ BOOST_AUTO_TEST_CASE(masked_and_future_positions_do_not_matter_bitwise) {
         raised.act.context = p.act.context + tg::from_vector(bump, {p.b, p.k, 1}).to(dtype);
         auto [out2, attn2] = raised.run(raised.inputs());
         BOOST_TEST(values(tg::select(out, 1, i)) == values(tg::select(out2, 1, i)));
-        BOOST_TEST(values(tg::select(attn, 2, i)) == values(tg::select(attn2, 2, i)));
+        if (p.need_weights) BOOST_TEST(values(tg::select(attn, 2, i)) == values(tg::select(attn2, 2, i)));
       }
     }
   }
@@ -171,6 +178,17 @@ BOOST_AUTO_TEST_CASE(masked_weights_and_their_gradients_are_exactly_zero) {
   // Query 0 of batch 0 is masked: its output row is exactly zero.
   for (std::int64_t c = 0; c < p.cout; ++c) BOOST_TEST(values(out)[static_cast<std::size_t>(c)] == 0);
   tg::clear_tape();
+  // The fused path: the same zeros in the bias gradient and the output.
+  p.need_weights = false;
+  for (auto& x : xs) x = x.detach().set_requires_grad();
+  const Tensor fused = p.run(xs).output;
+  tg::backward({fused}, {tg::ones_like(fused)});
+  const auto gf = values(xs[2].grad());
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i] == 0) BOOST_TEST(gf[i] == 0);
+  for (double g : gf) BOOST_TEST(std::isfinite(g));
+  for (std::int64_t c = 0; c < p.cout; ++c) BOOST_TEST(values(fused)[static_cast<std::size_t>(c)] == 0);
+  tg::clear_tape();
 }
 
 BOOST_AUTO_TEST_CASE(float32_agrees_with_float64) {
@@ -182,6 +200,9 @@ BOOST_AUTO_TEST_CASE(float32_agrees_with_float64) {
     BOOST_TEST(o32.dtype() == tg::float32);
     check_close(values(o32), values(o64), 1e-4, 1e-4, "output");
     check_close(values(a32), values(a64), 1e-5, 1e-4, "attention");
+    MhaProblem fused = p32;  // the fused path in float32
+    fused.need_weights = false;
+    check_close(values(fused.run(fused.inputs()).output), values(o64), 1e-4, 1e-4, "fused output");
   }
 }
 
@@ -239,8 +260,10 @@ std::vector<bool> negate(std::vector<bool> v) {
 std::vector<std::vector<double>> run_with_gradients(const MhaProblem& p, std::vector<Tensor> xs, const Tensor& d_out, const Tensor& d_attn) {
   for (auto& x : xs) x = x.detach().set_requires_grad();
   auto [out, attn] = p.run(xs);
-  tg::backward({out, attn}, {d_out, d_attn});
-  std::vector<std::vector<double>> r{values(out), values(attn)};
+  if (attn.defined()) tg::backward({out, attn}, {d_out, d_attn});
+  else tg::backward({out}, {d_out});
+  std::vector<std::vector<double>> r{values(out)};
+  if (attn.defined()) r.push_back(values(attn));
   for (const auto& x : xs) r.push_back(values(x.grad()));
   tg::clear_tape();
   return r;
@@ -249,7 +272,7 @@ std::vector<std::vector<double>> run_with_gradients(const MhaProblem& p, std::ve
 void check_same(const std::vector<std::vector<double>>& poisoned, const std::vector<std::vector<double>>& zeroed, const std::string& what) {
   BOOST_REQUIRE_EQUAL(poisoned.size(), zeroed.size());
   for (std::size_t i = 0; i < poisoned.size(); ++i) {
-    const std::string name = i == 0 ? "output" : i == 1 ? "attention" : fmt::format("gradient of input {}", i - 2);
+    const std::string name = i == 0 ? "output" : fmt::format("result {} (attention if returned, then the inputs' gradients)", i);
     for (double x : poisoned[i]) BOOST_TEST_REQUIRE(std::isfinite(x), what << ": " << name << " is not finite");
     BOOST_TEST((poisoned[i] == zeroed[i]), what << ": " << name << " differs from the zeroed run");
   }
@@ -257,8 +280,9 @@ void check_same(const std::vector<std::vector<double>>& poisoned, const std::vec
 
 BOOST_AUTO_TEST_CASE(inactive_queries_unattended_keys_and_masked_bias_change_nothing) {
   for (auto dtype : {tg::float32, tg::float64}) {
-    for (std::uint64_t seed = 60; seed < 72; ++seed) {
+    for (std::uint64_t seed = 60; seed < 84; ++seed) {  // 72 and on: the fused path
       MhaProblem p = make_problem(seed, dtype, seed % 2 ? MaskKind::empty_query : MaskKind::empty_batch, BiasKind::full, true, seed % 3 == 0);
+      p.need_weights = seed < 72;
       // One more padding key in the last batch entry and, when causal, a future a query may not see.
       std::vector<bool> km = p.masks.key_mask.to_vector<bool>();
       km[static_cast<std::size_t>((p.b - 1) * p.k + static_cast<std::int64_t>(seed) % p.k)] = false;
@@ -301,6 +325,31 @@ BOOST_AUTO_TEST_CASE(inactive_queries_unattended_keys_and_masked_bias_change_not
   }
 }
 
+BOOST_AUTO_TEST_CASE(fused_path_equals_weights_path) {
+  // Output and every input's gradient, need_weights false against true, over every mask and bias
+  // kind (the fused path reads the masks part by part and finds the active queries and used keys
+  // row by row; the weights path combines them into one tensor).
+  const MaskKind masks[] = {MaskKind::none, MaskKind::random, MaskKind::empty_row, MaskKind::empty_query, MaskKind::empty_batch};
+  const BiasKind biases[] = {BiasKind::none, BiasKind::full, BiasKind::heads_keys, BiasKind::queries_keys};
+  for (auto dtype : {tg::float64, tg::float32}) {
+    const double tol = dtype == tg::float64 ? 1e-11 : 2e-4;
+    for (std::uint64_t seed = 0; seed < 60; ++seed) {
+      MhaProblem p = make_problem(200 + seed, dtype, masks[seed % 5], biases[(seed / 5) % 4], seed % 2 == 0, seed % 3 == 0);
+      // Rows with pairs, with a key mask only, and with neither (causal and query mask at most).
+      if (seed % 3 != 0) p.masks.attention_mask = Tensor();
+      if (seed % 3 == 2) p.masks.key_mask = Tensor();
+      tg::Generator gen(seed);
+      const Tensor d_out = tg::randn({p.b, p.q, p.cout}, gen, tg::float64).to(dtype);
+      auto weights = run_with_gradients(p, p.inputs(), d_out, tg::zeros({p.b, p.h, p.q, p.k}, dtype));
+      weights.erase(weights.begin() + 1);  // the attention
+      p.need_weights = false;
+      const auto fused = run_with_gradients(p, p.inputs(), d_out, Tensor());
+      BOOST_TEST_REQUIRE(fused.size() == weights.size());
+      for (std::size_t i = 0; i < fused.size(); ++i) check_close(fused[i], weights[i], tol, tol, fmt::format("{} seed {} result {}", dtype, seed, i));
+    }
+  }
+}
+
 // The layer: inputs, masks and upstream gradients for one forward + backward.
 std::vector<std::vector<double>> run_layer(tg::MultiHeadAttention& layer, const Tensor& query0, const Tensor& context0, const tg::MhaCall& call,
                                            const Tensor& d_out) {
@@ -308,7 +357,8 @@ std::vector<std::vector<double>> run_layer(tg::MultiHeadAttention& layer, const 
   layer.zero_grad();
   auto r = layer.forward(query, context, call);
   tg::backward({r.output}, {d_out});
-  std::vector<std::vector<double>> out{values(r.output), values(r.weights), values(query.grad()), values(context.grad())};
+  std::vector<std::vector<double>> out{values(r.output), values(query.grad()), values(context.grad())};
+  if (r.weights.defined()) out.push_back(values(r.weights));
   for (const Tensor& w : layer.parameters()) out.push_back(values(w.grad()));
   tg::clear_tape();
   return out;
@@ -322,15 +372,17 @@ BOOST_AUTO_TEST_CASE(layer_forward_with_padding_and_inactive_queries) {
     // Batch 0: context position 4 is padding; batch 1: positions 0 and 2. Query 1 of batch 0 is padding.
     const Tensor key_mask = tg::from_bools({true, true, true, true, false, false, true, false, true, true}, {2, 5});
     const Tensor query_mask = tg::from_bools({true, false, true, true, true, true}, {2, 3});
-    const tg::MhaCall call{.masks = {.key_mask = key_mask, .query_mask = query_mask}, .need_weights = true};
-    const Tensor query = tg::randn({2, 3, 4}, 14, tg::float64).to(dtype), context = tg::randn({2, 5, 3}, 15, tg::float64).to(dtype);
-    const Tensor d_out = tg::randn({2, 3, 5}, 16, tg::float64).to(dtype);
-    const std::vector<bool> padding_keys{false, false, false, false, true, true, false, true, false, false};
-    const std::vector<bool> padding_queries{false, true, false, false, false, false};
-    const auto zeroed = run_layer(layer, poison(query, padding_queries, false, 0), poison(context, padding_keys, false, 0), call, d_out);
-    for (double x : kPoisons)
-      check_same(run_layer(layer, poison(query, padding_queries, false, x), poison(context, padding_keys, false, -x), call, d_out), zeroed,
-                 fmt::format("{} poison {}", dtype, x));
+    for (bool need_weights : {true, false}) {
+      const tg::MhaCall call{.masks = {.key_mask = key_mask, .query_mask = query_mask}, .need_weights = need_weights};
+      const Tensor query = tg::randn({2, 3, 4}, 14, tg::float64).to(dtype), context = tg::randn({2, 5, 3}, 15, tg::float64).to(dtype);
+      const Tensor d_out = tg::randn({2, 3, 5}, 16, tg::float64).to(dtype);
+      const std::vector<bool> padding_keys{false, false, false, false, true, true, false, true, false, false};
+      const std::vector<bool> padding_queries{false, true, false, false, false, false};
+      const auto zeroed = run_layer(layer, poison(query, padding_queries, false, 0), poison(context, padding_keys, false, 0), call, d_out);
+      for (double x : kPoisons)
+        check_same(run_layer(layer, poison(query, padding_queries, false, x), poison(context, padding_keys, false, -x), call, d_out), zeroed,
+                   fmt::format("{} need_weights {} poison {}", dtype, need_weights, x));
+    }
   }
 }
 
@@ -343,23 +395,26 @@ BOOST_AUTO_TEST_CASE(decode_with_a_poisoned_padding_position) {
     const Tensor x = tg::randn({2, 6, 4}, 19, tg::float64).to(dtype);
     std::vector<bool> padding(12, false);
     padding[6 + 2] = true;
-    auto decode_all = [&](const Tensor& seq) {
-      tg::KVCache cache;
-      std::vector<double> outs;
-      for (std::int64_t t = 0; t < 6; ++t) {
-        std::vector<bool> km, qm{true, t != 2};
-        for (std::int64_t b = 0; b < 2; ++b)
-          for (std::int64_t j = 0; j <= t; ++j) km.push_back(!padding[static_cast<std::size_t>(b * 6 + j)]);
-        const tg::MhaCall call{.masks = {.key_mask = tg::from_bools(km, {2, t + 1}), .query_mask = tg::from_bools(qm, {2, 1})}};
-        for (double v : values(layer.decode(tg::slice(seq, 1, t, t + 1), cache, call).output)) outs.push_back(v);
+    for (bool need_weights : {true, false}) {
+      auto decode_all = [&](const Tensor& seq) {
+        tg::KVCache cache;
+        std::vector<double> outs;
+        for (std::int64_t t = 0; t < 6; ++t) {
+          std::vector<bool> km, qm{true, t != 2};
+          for (std::int64_t b = 0; b < 2; ++b)
+            for (std::int64_t j = 0; j <= t; ++j) km.push_back(!padding[static_cast<std::size_t>(b * 6 + j)]);
+          const tg::MhaCall call{.masks = {.key_mask = tg::from_bools(km, {2, t + 1}), .query_mask = tg::from_bools(qm, {2, 1})},
+                                 .need_weights = need_weights};
+          for (double v : values(layer.decode(tg::slice(seq, 1, t, t + 1), cache, call).output)) outs.push_back(v);
+        }
+        return outs;
+      };
+      const auto zeroed = decode_all(poison(x, padding, false, 0));
+      for (double p : kPoisons) {
+        const auto poisoned = decode_all(poison(x, padding, false, p));
+        for (double v : poisoned) BOOST_TEST_REQUIRE(std::isfinite(v));
+        BOOST_TEST((poisoned == zeroed), fmt::format("{} need_weights {} poison {}", dtype, need_weights, p));
       }
-      return outs;
-    };
-    const auto zeroed = decode_all(poison(x, padding, false, 0));
-    for (double p : kPoisons) {
-      const auto poisoned = decode_all(poison(x, padding, false, p));
-      for (double v : poisoned) BOOST_TEST_REQUIRE(std::isfinite(v));
-      BOOST_TEST((poisoned == zeroed), fmt::format("{} poison {}", dtype, p));
     }
   }
 }
@@ -449,6 +504,11 @@ BOOST_AUTO_TEST_CASE(kv_cache_decoding_equals_the_full_causal_forward) {
       }
       BOOST_TEST(cache.length() == 8);
       check_close(values(tg::concat(outs, 1)), values(full), tol, tol, fmt::format("chunks of {} ({})", chunk, dtype));
+      // Fused decoding (need_weights off, the default) gives the same outputs.
+      tg::KVCache fused_cache;
+      std::vector<Tensor> fused;
+      for (std::int64_t t = 0; t < 8; t += chunk) fused.push_back(layer.decode(tg::slice(x, 1, t, std::min<std::int64_t>(t + chunk, 8)), fused_cache).output);
+      check_close(values(tg::concat(fused, 1)), values(full), tol, tol, fmt::format("fused, chunks of {} ({})", chunk, dtype));
     }
   }
   tg::clear_tape();

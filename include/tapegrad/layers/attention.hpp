@@ -26,7 +26,9 @@ struct AttentionResult {
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const Tensor& mask = Tensor());
 
-// The output alone: attention(Q, K, V, mask) of docs/semantics.md §9.
+// The output alone: attention(Q, K, V, mask) of docs/semantics.md §9. Computed fused, tile by
+// tile over the keys, without ever forming the [..., Q, K] weights (beyond its inputs and output
+// it keeps one number per query); same semantics, same output and gradients up to rounding.
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask = Tensor());
 
 // Bool [Q, K], True exactly where j <= i + offset (upper-left aligned for offset 0). Any integer

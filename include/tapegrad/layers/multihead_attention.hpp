@@ -37,7 +37,10 @@ struct MhaMasks {  // all optional, bool, True = allowed
   Tensor attention_mask{};  // broadcastable to [B, H, Q, K]
 };
 
-// Returns output [B, Q, Cout] and attention [B, H, Q, K].
+// Returns output [B, Q, Cout] and attention [B, H, Q, K]. With need_weights = false the
+// attention is left undefined and is never formed: the heads run fused, block by block over the
+// keys (memory O(B H Q) on top of the activations instead of O(B H Q K)); the output and every
+// gradient are the same up to float rounding.
 //  1. q = query w_q (+ b_q), k = context w_k (+ b_k), v = context w_v (+ b_v)
 //  2. head h owns channels [h*D, (h+1)*D) of q and k, [h*Dv, (h+1)*Dv) of v
 //  3. scores = q k^T / sqrt(D) + bias
@@ -52,6 +55,6 @@ struct MhaMasks {  // all optional, bool, True = allowed
 // B, Q, K >= 1 and heads >= 1; D != Dv and Cq, Cctx, Cout all different are fine.
 AttentionResult multihead_attention(const MhaActivations& activations, const MhaParameters& parameters,
                                     const MhaMasks& masks = {}, std::int64_t heads = 1, bool causal = false,
-                                    std::int64_t causal_offset = 0);
+                                    std::int64_t causal_offset = 0, bool need_weights = true);
 
 }  // namespace tapegrad

@@ -1,0 +1,449 @@
+// The fused attention path (attention_core with need_weights = false): an online softmax over
+// tiles of keys, so the [..., Q, K] scores and weights are never held, only one [kTileQ, kTileK]
+// tile of them per thread. The node saves q, k, v, the bias, O and the per-row log-sum-exp L.
+// Derivation and equivalence with the weights path: docs/gradients.md §8.1.
+//
+//   forward, per query tile, over key tiles          backward, per key tile, over query tiles
+//   S = s q kᵀ (+ bias), -inf where masked            S again;  P = exp(S - L), 0 where masked
+//   m' = max(m, rowmax S),  c = exp(m - m')            dv += Pᵀ ⊛ dO
+//   P = exp(S - m'),  l = c l + rowsum P               dP = dO vᵀ
+//   acc = c acc + P ⊛ v                                dS = P (dP - Δ),  Δ_i = rowsum(dO_i O_i)
+//   last tile: O = acc / l,  L = m + log l             dbias += dS,  dq += s dS ⊛ k,  dk += s dSᵀ ⊛ q
+//
+// ⊛ is the product in which a zero weight contributes nothing, as ops/weighted_matmul.cpp
+// (tiles::weighted_gemm, layers/attention_tiles.hpp): the tile of v, dO, k or q is copied with
+// its non-finite elements set to 0, multiplied, and each non-finite element is added back only
+// where its weight is nonzero. A NaN in a masked key's k or v, or in an empty row's q or dO, so
+// reaches no output or gradient. A row with no allowed key, or whose allowed scores are all -inf,
+// is empty: O = 0, L = -inf, P = 0, no gradient. A NaN among a row's allowed scores makes its
+// output and L NaN (docs/semantics.md §11).
+//
+// Work is split over (batch entry, query tile) in the forward; the backward owns key tiles
+// (dk, dv are written by one thread each) and, when there are fewer batch entries than threads,
+// splits a batch entry's key tiles into G interleaved groups whose dq go to separate buffers.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "autodiff/parallel.hpp"
+#include "layers/attention_core.hpp"
+#include "layers/attention_tiles.hpp"
+#include "ops/kernel.hpp"
+#include "tapegrad/ops/view.hpp"
+
+namespace tapegrad::detail {
+namespace {
+
+using namespace tiles;
+
+// A [128, 128] tile of float32 scores is 64 KiB; with dP, the packed operands and the
+// accumulators a thread's working set stays well inside a 1-2 MiB L2.
+constexpr std::int64_t kTileQ = 128, kTileK = 128;
+
+// t itself when its matrices have unit column stride and a row stride a gemm accepts, else a
+// contiguous copy. Leading dims keep any strides (stride 0 from broadcasting included).
+Tensor matrix_ready(const Tensor& t) {
+  const std::size_t r = t.shape().size();
+  const std::int64_t rows = t.shape()[r - 2], cols = t.shape()[r - 1];
+  const bool unit = cols <= 1 || t.strides()[r - 1] == 1;
+  const bool rows_ok = rows <= 1 || t.strides()[r - 2] >= std::max<std::int64_t>(cols, 1);
+  return unit && rows_ok ? t : copy_of(t);
+}
+
+std::int64_t row_stride(const Tensor& t) {
+  const std::size_t r = t.shape().size();
+  return t.shape()[r - 2] <= 1 ? std::max<std::int64_t>(t.shape()[r - 1], 1) : t.strides()[r - 2];
+}
+
+// Element offsets of each batch entry (row-major over `batch`) for strides already broadcast.
+std::vector<std::int64_t> batch_offsets(const std::int64_t* strides, const Shape& batch) {
+  std::vector<std::int64_t> out(static_cast<std::size_t>(shape_numel(batch)));
+  for (std::size_t f = 0; f < out.size(); ++f) {
+    std::int64_t rest = static_cast<std::int64_t>(f), off = 0;
+    for (std::size_t d = batch.size(); d-- > 0;) {
+      off += (rest % batch[d]) * strides[d];
+      rest /= batch[d];
+    }
+    out[f] = off;
+  }
+  return out;
+}
+
+// A [..., R, C] operand read as one matrix per batch entry of the scores.
+template <class T> struct Matrices {
+  const T* base = nullptr;
+  std::vector<std::int64_t> offsets;
+  std::int64_t ld = 0;
+  Matrices() = default;
+  Matrices(const Tensor& t, const Shape& batch) : base(static_cast<const T*>(t.raw_data())), ld(row_stride(t)) {
+    // The leading dims' strides broadcast to `batch` (right-aligned, 0 where t has size 1 or no dim).
+    std::vector<std::int64_t> strides(batch.size(), 0);
+    const std::size_t lead = t.shape().size() - 2;
+    for (std::size_t d = 0; d < lead; ++d)
+      if (t.shape()[d] != 1) strides[batch.size() - lead + d] = t.strides()[d];
+    offsets = batch_offsets(strides.data(), batch);
+  }
+  const T* operator[](std::int64_t bh) const { return base + offsets[static_cast<std::size_t>(bh)]; }
+};
+
+// A [..., Q, K]-broadcastable tensor (the bias, or its gradient) by batch entry, row and key.
+template <class T> struct PerPair {
+  const T* base = nullptr;
+  std::vector<std::int64_t> offsets;
+  std::int64_t si = 0, sj = 0;
+  PerPair() = default;
+  PerPair(const Tensor& t, const Shape& scores) : base(static_cast<const T*>(t.raw_data())) {
+    const Dims8 s = broadcast_strides(t, scores);
+    const std::size_t r = scores.size();
+    offsets = batch_offsets(s.data(), Shape(scores.begin(), scores.end() - 2));
+    si = s[r - 2];
+    sj = s[r - 1];
+  }
+  std::int64_t at(std::int64_t bh, std::int64_t i) const { return offsets[static_cast<std::size_t>(bh)] + i * si; }
+};
+
+// Everything the two passes read, for one call.
+template <class T> struct Problem {
+  std::int64_t bh = 0, q = 0, k = 0, d = 0, dv = 0;
+  T scale = 1;
+  Matrices<T> qs, ks, vs;
+  const RowMasks* masks = nullptr;
+  bool has_bias = false;
+  PerPair<T> bias;
+
+  Problem(const Tensor& q_, const Tensor& k_, const Tensor& v_, const Tensor& bias_, const RowMasks& m, const Shape& scores)
+      : masks(&m), has_bias(bias_.defined()) {
+    const Shape batch(scores.begin(), scores.end() - 2);
+    bh = shape_numel(batch);
+    q = scores[scores.size() - 2];
+    k = scores[scores.size() - 1];
+    d = q_.shape().back();
+    dv = v_.shape().back();
+    scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(d)));
+    qs = Matrices<T>(q_, batch);
+    ks = Matrices<T>(k_, batch);
+    vs = Matrices<T>(v_, batch);
+    if (has_bias) bias = PerPair<T>(bias_, scores);
+  }
+  std::int64_t query_tiles() const { return (q + kTileQ - 1) / kTileQ; }
+  std::int64_t key_tiles() const { return (k + kTileK - 1) / kTileK; }
+};
+
+// Whether key tile [j0, j0 + n) holds a key that the key mask allows (always, without one).
+bool tile_has_keys(const RowMask& rm, std::int64_t j0, std::int64_t n) {
+  return rm.keys == nullptr || std::any_of(rm.keys + j0, rm.keys + j0 + n, [](bool b) { return b; });
+}
+
+// Scores of one tile row with the mask and bias applied: s[j] for key j0 + j, -inf where masked.
+template <class T>
+void mask_row(const Problem<T>& p, const RowMask& rm, std::int64_t bh, std::int64_t i, std::int64_t j0, std::int64_t n, T* s) {
+  const std::int64_t live = std::clamp<std::int64_t>(rm.end - j0, 0, n);  // keys below the causal end
+  if (p.has_bias) {
+    const T* b = p.bias.base + p.bias.at(bh, i) + j0 * p.bias.sj;
+    for (std::int64_t j = 0; j < live; ++j) s[j] += b[j * p.bias.sj];  // a masked entry is overwritten below
+  }
+  // Selected, not added: a masked score may be NaN (a poisoned key), and is dropped.
+  if (rm.keys != nullptr) {
+    const bool* keys = rm.keys + j0;
+    for (std::int64_t j = 0; j < live; ++j) s[j] = keys[j] ? s[j] : -kInf<T>;
+  }
+  if (rm.pairs != nullptr) {
+    const bool* pairs = rm.pairs + j0 * rm.pairs_stride;
+    for (std::int64_t j = 0; j < live; ++j) s[j] = pairs[j * rm.pairs_stride] ? s[j] : -kInf<T>;
+  }
+  std::fill(s + live, s + n, -kInf<T>);
+}
+
+template <class T> struct ForwardScratch {
+  std::vector<T> s, acc, m, l, pack;
+  std::vector<char> nan;
+  std::vector<RowMask> rows;
+};
+
+// Query tile [i0, i0 + nq) of batch entry bh: O rows (contiguous [Q, Dv] at out) and L.
+template <class T>
+void forward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t i0, std::int64_t nq, T* out, T* lse, ForwardScratch<T>& w) {
+  const std::int64_t dv = p.dv;
+  w.s.resize(static_cast<std::size_t>(kTileQ * kTileK));
+  w.acc.assign(static_cast<std::size_t>(nq * dv), T(0));
+  w.m.assign(static_cast<std::size_t>(nq), -kInf<T>);
+  w.l.assign(static_cast<std::size_t>(nq), T(0));
+  w.nan.assign(static_cast<std::size_t>(nq), 0);
+  w.rows.resize(static_cast<std::size_t>(nq));
+  std::int64_t end = 0;  // no row of the tile may attend at or past this key
+  for (std::int64_t r = 0; r < nq; ++r) {
+    w.rows[static_cast<std::size_t>(r)] = p.masks->row(bh * p.q + i0 + r);
+    end = std::max(end, w.rows[static_cast<std::size_t>(r)].end);
+  }
+  const T* q = p.qs[bh] + i0 * p.qs.ld;
+  for (std::int64_t j0 = 0; j0 < end; j0 += kTileK) {
+    const std::int64_t nk = std::min(kTileK, end - j0);
+    if (!tile_has_keys(w.rows[0], j0, nk)) continue;
+    gemm(false, true, nq, nk, p.d, p.scale, q, p.qs.ld, p.ks[bh] + j0 * p.ks.ld, p.ks.ld, T(0), w.s.data(), kTileK);
+    for (std::int64_t r = 0; r < nq; ++r) {
+      T* s = w.s.data() + r * kTileK;
+      mask_row(p, w.rows[static_cast<std::size_t>(r)], bh, i0 + r, j0, nk, s);
+      const T mx = row_max(s, nk);
+      T& m = w.m[static_cast<std::size_t>(r)];
+      const T m_new = std::max(m, mx);
+      if (m_new == -kInf<T>) {  // nothing with a finite score yet: this tile adds nothing, unless NaN
+        std::uint32_t nan = 0;
+        for (std::int64_t j = 0; j < nk; ++j) nan |= s[j] != s[j];
+        if (nan) w.nan[static_cast<std::size_t>(r)] = 1;
+        std::fill_n(s, nk, T(0));
+        continue;
+      }
+      // A NaN score (or +inf, through +inf - +inf) makes sum and l NaN, hence O and L NaN.
+      const T c = exp_tile(m - m_new);  // 0 on the first live tile (m = -inf)
+      for (std::int64_t j = 0; j < nk; ++j) s[j] = exp_tile(s[j] - m_new);  // exp(-inf) = 0 at masked keys
+      const T sum = row_sum(s, nk);
+      T& l = w.l[static_cast<std::size_t>(r)];
+      l = l * c + sum;
+      if (c != T(1))
+        for (std::int64_t n = 0; n < dv; ++n) w.acc[static_cast<std::size_t>(r * dv + n)] *= c;
+      m = m_new;
+    }
+    weighted_gemm<T>(false, nq, dv, nk, T(1), w.s.data(), kTileK, p.vs[bh] + j0 * p.vs.ld, p.vs.ld, w.acc.data(), dv, w.pack);
+  }
+  for (std::int64_t r = 0; r < nq; ++r) {
+    T* o = out + (i0 + r) * dv;
+    const std::size_t ri = static_cast<std::size_t>(r);
+    if (w.nan[ri]) {
+      std::fill_n(o, dv, std::numeric_limits<T>::quiet_NaN());
+      lse[i0 + r] = std::numeric_limits<T>::quiet_NaN();
+    } else if (w.m[ri] == -kInf<T>) {  // empty row
+      std::fill_n(o, dv, T(0));
+      lse[i0 + r] = -kInf<T>;
+    } else {
+      for (std::int64_t n = 0; n < dv; ++n) o[n] = w.acc[ri * static_cast<std::size_t>(dv) + static_cast<std::size_t>(n)] / w.l[ri];
+      lse[i0 + r] = w.m[ri] + std::log(w.l[ri]);
+    }
+  }
+}
+
+// Query tile t of a batch entry, in an order that pairs light and heavy tiles (under a causal
+// mask tile i has i + 1 key tiles of work): contiguous chunks of items get even work.
+std::int64_t zigzag(std::int64_t t, std::int64_t tiles) { return t % 2 == 0 ? t / 2 : tiles - 1 - t / 2; }
+
+// What the backward writes: gradients as contiguous [batch..., rows, width] buffers (dq one per
+// key-tile group), dbias in the bias's shape (one per chunk when chunks could collide).
+template <class T> struct Gradients {
+  bool dq = false, dk = false, dv = false, dbias = false;
+  std::vector<T*> dq_groups;
+  T *dk_p = nullptr, *dv_p = nullptr;
+  std::vector<T*> dbias_chunks;
+  PerPair<T> dbias_at;  // offsets into a dbias buffer
+};
+
+template <class T> struct BackwardScratch {
+  std::vector<T> s, dp, dk, dv, pack;
+  std::vector<RowMask> rows;
+};
+
+// Key tile [j0, j0 + nk) of batch entry bh, against every query tile that may attend to it.
+template <class T>
+void backward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t j0, std::int64_t nk, const T* lse, const T* delta,
+                   const Matrices<T>& d_out, const Gradients<T>& g, T* dq, T* dbias, BackwardScratch<T>& w) {
+  const std::int64_t d = p.d, dv = p.dv;
+  const std::vector<RowMask>& rows = w.rows;
+  if (!tile_has_keys(rows[0], j0, nk)) return;
+  w.s.resize(static_cast<std::size_t>(kTileQ * kTileK));
+  w.dp.resize(static_cast<std::size_t>(kTileQ * kTileK));
+  w.dk.assign(static_cast<std::size_t>(nk * d), T(0));
+  w.dv.assign(static_cast<std::size_t>(nk * dv), T(0));
+  const T* k = p.ks[bh] + j0 * p.ks.ld;
+  const T* v = p.vs[bh] + j0 * p.vs.ld;
+  const bool need_ds = g.dq || g.dk || g.dbias;
+  for (std::int64_t i0 = 0; i0 < p.q; i0 += kTileQ) {
+    const std::int64_t nq = std::min(kTileQ, p.q - i0);
+    bool live = false;  // some row of the tile is not empty and may reach this key tile
+    for (std::int64_t r = 0; r < nq && !live; ++r)
+      live = rows[static_cast<std::size_t>(i0 + r)].end > j0 && lse[i0 + r] != -kInf<T>;
+    if (!live) continue;
+    const T* q = p.qs[bh] + i0 * p.qs.ld;
+    const T* go = d_out[bh] + i0 * d_out.ld;
+    gemm(false, true, nq, nk, d, p.scale, q, p.qs.ld, k, p.ks.ld, T(0), w.s.data(), kTileK);
+    for (std::int64_t r = 0; r < nq; ++r) {
+      T* s = w.s.data() + r * kTileK;
+      const T l = lse[i0 + r];
+      if (l == -kInf<T>) {  // empty row: P = 0
+        std::fill_n(s, nk, T(0));
+        continue;
+      }
+      mask_row(p, rows[static_cast<std::size_t>(i0 + r)], bh, i0 + r, j0, nk, s);
+      for (std::int64_t j = 0; j < nk; ++j) s[j] = exp_tile(s[j] - l);  // masked: exp(-inf) = 0
+    }
+    // dv += Pᵀ ⊛ dO
+    if (g.dv) weighted_gemm<T>(true, nk, dv, nq, T(1), w.s.data(), kTileK, go, d_out.ld, w.dv.data(), dv, w.pack);
+    if (!need_ds) continue;
+    // dP = dO vᵀ, then dS = P (dP - Δ) in place; dP is not finite at a masked key whose v is not,
+    // which is why dS is selected where P = 0 rather than multiplied.
+    gemm(false, true, nq, nk, dv, T(1), go, d_out.ld, v, p.vs.ld, T(0), w.dp.data(), kTileK);
+    for (std::int64_t r = 0; r < nq; ++r) {
+      const T* pr = w.s.data() + r * kTileK;
+      T* ds = w.dp.data() + r * kTileK;
+      const T dl = delta[i0 + r];
+      for (std::int64_t j = 0; j < nk; ++j) ds[j] = pr[j] == T(0) ? T(0) : pr[j] * (ds[j] - dl);
+      if (g.dbias) {
+        T* b = dbias + g.dbias_at.at(bh, i0 + r) + j0 * g.dbias_at.sj;
+        for (std::int64_t j = 0; j < nk; ++j) b[j * g.dbias_at.sj] += ds[j];
+      }
+    }
+    // dq += s dS ⊛ k,  dk += s dSᵀ ⊛ q
+    if (g.dq) weighted_gemm<T>(false, nq, d, nk, p.scale, w.dp.data(), kTileK, k, p.ks.ld, dq + (bh * p.q + i0) * d, d, w.pack);
+    if (g.dk) weighted_gemm<T>(true, nk, d, nq, p.scale, w.dp.data(), kTileK, q, p.qs.ld, w.dk.data(), d, w.pack);
+  }
+  if (g.dk) std::copy(w.dk.begin(), w.dk.end(), g.dk_p + (bh * p.k + j0) * d);
+  if (g.dv) std::copy(w.dv.begin(), w.dv.end(), g.dv_p + (bh * p.k + j0) * dv);
+}
+
+// The node: the forward has run; this recomputes what it needs from q, k, v, O and L.
+struct Saved {
+  Tensor q, k, v, bias, out, lse;
+  RowMasks masks;
+  Shape scores, q_shape, k_shape, v_shape;
+};
+
+Shape with_matrix(const Shape& batch, std::int64_t rows, std::int64_t cols) {
+  Shape s = batch;
+  s.push_back(rows);
+  s.push_back(cols);
+  return s;
+}
+
+template <class T> std::vector<Tensor> backward(const Saved& sv, const Tensor& grad_out, const std::vector<bool>& needs) {
+  const Problem<T> p(sv.q, sv.k, sv.v, sv.bias, sv.masks, sv.scores);
+  const Shape batch(sv.scores.begin(), sv.scores.end() - 2);
+  const Tensor go = matrix_ready(grad_out);
+  const Matrices<T> d_out(go, batch);
+  const T* out = static_cast<const T*>(sv.out.raw_data());
+  const T* lse = static_cast<const T*>(sv.lse.raw_data());
+
+  // Δ_i = rowsum(dO_i O_i), in double as the weights path's rowsum(A dA). Only read where P != 0.
+  std::vector<T> delta(static_cast<std::size_t>(p.bh * p.q));
+  parallel_for(p.bh * p.q, std::max<std::int64_t>(p.dv, 1), [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const T* o = out + r * p.dv;
+      const T* gr = d_out[r / std::max<std::int64_t>(p.q, 1)] + (r % p.q) * d_out.ld;
+      double sum = 0;
+      for (std::int64_t n = 0; n < p.dv; ++n) sum += static_cast<double>(o[n]) * static_cast<double>(gr[n]);
+      delta[static_cast<std::size_t>(r)] = static_cast<T>(sum);
+    }
+  });
+
+  Gradients<T> g;
+  g.dq = needs[0];
+  g.dk = needs[1];
+  g.dv = needs[2];
+  g.dbias = needs.size() > 3 && needs[3] && p.has_bias;
+  const DType dtype = sv.q.dtype();
+  const std::int64_t key_tiles = p.key_tiles();
+  const std::int64_t tile_cost = kTileK * p.q * (2 * p.d + 2 * p.dv);
+  // Key-tile groups per batch entry: enough for every thread to have work when the batch
+  // entries alone do not divide evenly among them.
+  const int threads = parallel_chunks(p.bh * key_tiles, tile_cost);
+  std::int64_t groups = threads / std::gcd<std::int64_t>(std::max<std::int64_t>(p.bh, 1), threads);
+  groups = std::clamp<std::int64_t>(groups, 1, std::max<std::int64_t>(key_tiles, 1));
+  const std::int64_t items = p.bh * groups;
+  const int chunks = parallel_chunks(items, tile_cost * key_tiles / groups);
+
+  std::vector<Tensor> dq_buffers;
+  if (g.dq)
+    for (std::int64_t i = 0; i < groups; ++i) {
+      dq_buffers.push_back(zeros(with_matrix(batch, p.q, p.d), dtype));
+      g.dq_groups.push_back(static_cast<T*>(mutable_data(dq_buffers.back())));
+    }
+  Tensor dk, dv;
+  if (g.dk) g.dk_p = static_cast<T*>(mutable_data(dk = zeros(with_matrix(batch, p.k, p.d), dtype)));
+  if (g.dv) g.dv_p = static_cast<T*>(mutable_data(dv = zeros(with_matrix(batch, p.k, p.dv), dtype)));
+  std::vector<Tensor> dbias_buffers;
+  if (g.dbias) {
+    // Items (batch entry, group) never write the same dbias element when the bias is not broadcast
+    // over a batch dim and groups own disjoint keys; otherwise each chunk sums into its own buffer.
+    Tensor first = zeros(sv.bias.shape(), dtype);
+    g.dbias_at = PerPair<T>(first, sv.scores);
+    std::vector<std::int64_t> sorted = g.dbias_at.offsets;
+    std::sort(sorted.begin(), sorted.end());
+    const bool shared = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end() && (groups == 1 || g.dbias_at.sj != 0);
+    dbias_buffers.push_back(first);
+    for (int c = 1; !shared && c < chunks; ++c) dbias_buffers.push_back(zeros(sv.bias.shape(), dtype));
+    for (int c = 0; c < chunks; ++c) g.dbias_chunks.push_back(static_cast<T*>(mutable_data(dbias_buffers[shared ? 0 : static_cast<std::size_t>(c)])));
+  }
+
+  // With Q = 0 or K = 0 there is no pair: every gradient stays 0.
+  if (p.q > 0 && p.k > 0) parallel_for(chunks, kParallelGrain, [&](std::int64_t c0, std::int64_t c1) {
+    BackwardScratch<T> w;
+    for (std::int64_t c = c0; c < c1; ++c)
+      for (std::int64_t item = items * c / chunks; item < items * (c + 1) / chunks; ++item) {
+        const std::int64_t bh = item / groups, group = item % groups;
+        w.rows.resize(static_cast<std::size_t>(p.q));
+        for (std::int64_t i = 0; i < p.q; ++i) w.rows[static_cast<std::size_t>(i)] = p.masks->row(bh * p.q + i);
+        T* dq = g.dq ? g.dq_groups[static_cast<std::size_t>(group)] : nullptr;
+        T* db = g.dbias ? g.dbias_chunks[static_cast<std::size_t>(c)] : nullptr;
+        for (std::int64_t t = group; t < key_tiles; t += groups)
+          backward_tile(p, bh, t * kTileK, std::min(kTileK, p.k - t * kTileK), lse + bh * p.q, delta.data() + bh * p.q, d_out, g, dq,
+                        db, w);
+      }
+  });
+
+  std::vector<Tensor> grads(4);
+  if (g.dq) {
+    Tensor dq = dq_buffers[0];
+    for (std::size_t i = 1; i < dq_buffers.size(); ++i) dq = add_same_shape(dq, dq_buffers[i]);
+    grads[0] = sum_to(dq, sv.q_shape);
+  }
+  if (g.dk) grads[1] = sum_to(dk, sv.k_shape);
+  if (g.dv) grads[2] = sum_to(dv, sv.v_shape);
+  if (g.dbias) {
+    Tensor db = dbias_buffers[0];
+    for (std::size_t i = 1; i < dbias_buffers.size(); ++i) db = add_same_shape(db, dbias_buffers[i]);
+    grads[3] = db;
+  }
+  return grads;
+}
+
+}  // namespace
+
+Tensor flash_attention(const AttentionArgs& a, const Shape& scores_shape) {
+  Saved sv{matrix_ready(a.q), matrix_ready(a.k), matrix_ready(a.v), a.bias, Tensor(), Tensor(),
+           RowMasks(a.op, a.mask, scores_shape), scores_shape, a.q.shape(), a.k.shape(), a.v.shape()};
+  const Shape batch(scores_shape.begin(), scores_shape.end() - 2);
+  const std::int64_t q_len = scores_shape[scores_shape.size() - 2];
+  const DType dtype = a.q.dtype();
+  sv.out = new_tensor(with_matrix(batch, q_len, a.v.shape().back()), dtype, a.op);
+  Shape lse_shape = batch;
+  lse_shape.push_back(q_len);
+  sv.lse = new_tensor(lse_shape, dtype, a.op);
+  visit_float(dtype, a.op, [&]<class T>(Tag<T>) {
+    const Problem<T> p(sv.q, sv.k, sv.v, sv.bias, sv.masks, scores_shape);
+    T* out = static_cast<T*>(mutable_data(sv.out));
+    T* lse = static_cast<T*>(mutable_data(sv.lse));
+    const std::int64_t tiles = p.query_tiles();
+    parallel_for(p.bh * tiles, kTileQ * p.k * (p.d + p.dv), [&](std::int64_t t0, std::int64_t t1) {
+      ForwardScratch<T> w;
+      for (std::int64_t t = t0; t < t1; ++t) {
+        const std::int64_t bh = t / tiles, i0 = zigzag(t % tiles, tiles) * kTileQ;
+        forward_tile(p, bh, i0, std::min(kTileQ, p.q - i0), out + bh * p.q * p.dv, lse + bh * p.q, w);
+      }
+    });
+  });
+  Tensor output = sv.out;
+  const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias};
+  if (!should_record(inputs)) return output;
+  std::vector<Tensor> outputs{output};
+  std::vector<Tensor> saved{a.q, a.k, a.v, output};
+  if (a.bias.defined()) saved.push_back(a.bias);
+  sv.out = output.detach();
+  record_op(a.op, inputs, outputs,
+            [sv = std::move(sv)](std::span<const Tensor> g, const std::vector<bool>& needs) {
+              if (!g[0].defined()) return std::vector<Tensor>(4);
+              return visit_float(sv.q.dtype(), "attention", [&]<class T>(Tag<T>) { return backward<T>(sv, g[0], needs); });
+            },
+            saved);
+  return outputs[0];
+}
+
+}  // namespace tapegrad::detail

@@ -1,0 +1,237 @@
+// The fused attention path (attention_core with need_weights = false, layers/attention_flash.cpp)
+// against the weights path: outputs and every gradient, across masks given by parts, causal
+// offsets, Q != K, bias shapes, non-finite masked keys and sequences spanning several tiles;
+// and float64 gradchecks of the fused path alone.
+#define BOOST_TEST_MODULE attention_flash
+#include <boost/test/data/test_case.hpp>
+#include <limits>
+
+#include "layers/attention_core.hpp"
+#include "support.hpp"
+
+namespace tg = tapegrad;
+namespace bdata = boost::unit_test::data;
+using namespace tg_test;
+using tg::Shape;
+using tg::Tensor;
+
+namespace {
+
+std::vector<double> values(const Tensor& t) { return t.to_vector<double>(); }
+
+struct Case {
+  std::int64_t b, h, q, k, d, dv;
+  bool keys, queries, pairs, causal;
+  std::int64_t offset;
+  int bias;     // 0 none, 1 [B, H, Q, K], 2 [1, H, 1, K], 3 [Q, K], 4 [B, 1, Q, 1]
+  bool poison;  // NaN in the k and v rows of the keys the key mask removes
+  std::uint64_t seed;
+};
+std::ostream& operator<<(std::ostream& os, const Case& c) {
+  return os << "B" << c.b << " H" << c.h << " Q" << c.q << " K" << c.k << " D" << c.d << " Dv" << c.dv << " keys " << c.keys
+            << " queries " << c.queries << " pairs " << c.pairs << " causal " << c.causal << " offset " << c.offset << " bias "
+            << c.bias << " poison " << c.poison << " seed " << c.seed;
+}
+
+// A problem: inputs, the mask in parts (for the fused path) and combined into one bool tensor
+// computed here with plain loops (for the weights path), and an upstream gradient.
+struct Problem {
+  Tensor q, k, v, bias, d_out;
+  tg::detail::AttentionMask parts;
+  Tensor combined;  // [B, 1, Q, K]
+};
+
+std::vector<bool> coin(tg::Generator& gen, std::int64_t n, double p) {
+  std::vector<bool> v;
+  for (std::int64_t i = 0; i < n; ++i) v.push_back(gen.uniform() < p);
+  return v;
+}
+
+Problem make(const Case& c, tg::DType dtype) {
+  tg::Generator gen(c.seed);
+  Problem p;
+  auto randn = [&](const Shape& s) { return tg::randn(s, gen, tg::float64).to(dtype); };
+  p.q = randn({c.b, c.h, c.q, c.d});
+  p.k = randn({c.b, c.h, c.k, c.d});
+  p.v = randn({c.b, c.h, c.k, c.dv});
+  p.d_out = randn({c.b, c.h, c.q, c.dv});
+  const std::vector<Shape> bias_shapes{{}, {c.b, c.h, c.q, c.k}, {1, c.h, 1, c.k}, {c.q, c.k}, {c.b, 1, c.q, 1}};
+  if (c.bias > 0) p.bias = randn(bias_shapes[static_cast<std::size_t>(c.bias)]);
+  const auto km = coin(gen, c.b * c.k, 0.8), qm = coin(gen, c.b * c.q, 0.85), am = coin(gen, c.b * c.q * c.k, 0.8);
+  if (c.keys) p.parts.key_mask = tg::from_bools(km, {c.b, c.k});
+  if (c.queries) p.parts.query_mask = tg::from_bools(qm, {c.b, c.q});
+  if (c.pairs) p.parts.allowed = tg::from_bools(am, {c.b, 1, c.q, c.k});
+  p.parts.causal = c.causal;
+  p.parts.causal_offset = c.offset;
+  std::vector<bool> all(static_cast<std::size_t>(c.b * c.q * c.k));
+  for (std::int64_t b = 0; b < c.b; ++b)
+    for (std::int64_t i = 0; i < c.q; ++i)
+      for (std::int64_t j = 0; j < c.k; ++j) {
+        const auto n = static_cast<std::size_t>((b * c.q + i) * c.k + j);
+        all[n] = (!c.keys || km[static_cast<std::size_t>(b * c.k + j)]) && (!c.queries || qm[static_cast<std::size_t>(b * c.q + i)]) &&
+                 (!c.pairs || am[n]) && (!c.causal || j <= i + c.offset);
+      }
+  p.combined = tg::from_bools(all, {c.b, 1, c.q, c.k});
+  if (c.poison && c.keys) {
+    std::vector<bool> rows;  // [B, H, K]
+    for (std::int64_t b = 0; b < c.b; ++b)
+      for (std::int64_t h = 0; h < c.h; ++h)
+        for (std::int64_t j = 0; j < c.k; ++j) rows.push_back(!km[static_cast<std::size_t>(b * c.k + j)]);
+    auto poisoned = [&](const Tensor& x) {
+      std::vector<double> v = values(x);
+      const auto w = static_cast<std::size_t>(x.shape().back());
+      for (std::size_t n = 0; n < v.size(); ++n)
+        if (rows[n / w]) v[n] = std::numeric_limits<double>::quiet_NaN();
+      return tg::from_vector(v, x.shape()).to(dtype);
+    };
+    p.k = poisoned(p.k);
+    p.v = poisoned(p.v);
+  }
+  return p;
+}
+
+// Output and the gradients of q, k, v (and bias) through one path.
+std::vector<std::vector<double>> run(const Problem& p, bool fused) {
+  Tensor q = p.q.detach().set_requires_grad(), k = p.k.detach().set_requires_grad(), v = p.v.detach().set_requires_grad();
+  Tensor bias = p.bias.defined() ? p.bias.detach().set_requires_grad() : Tensor();
+  tg::detail::AttentionMask mask;
+  if (fused) mask = p.parts;
+  else mask.allowed = p.combined;
+  const auto r = tg::detail::attention_core({"attention", q, k, v, bias, mask, /*need_weights=*/!fused});
+  BOOST_TEST(r.weights.defined() == !fused);
+  tg::backward({r.output}, {p.d_out});
+  std::vector<std::vector<double>> out{values(r.output), values(q.grad()), values(k.grad()), values(v.grad())};
+  if (bias.defined()) out.push_back(values(bias.grad()));
+  tg::clear_tape();
+  return out;
+}
+
+// Largest |fused - weights| per result, with NaN counted as a mismatch unless both are NaN.
+void compare(const Problem& p, double atol, double rtol, const std::string& what) {
+  const auto fused = run(p, true), weights = run(p, false);
+  const char* names[] = {"output", "dq", "dk", "dv", "dbias"};
+  for (std::size_t r = 0; r < fused.size(); ++r) {
+    BOOST_TEST_REQUIRE(fused[r].size() == weights[r].size());
+    double worst = 0;
+    for (std::size_t n = 0; n < fused[r].size(); ++n) {
+      const double a = fused[r][n], b = weights[r][n];
+      BOOST_TEST_REQUIRE(std::isfinite(a), what << ": " << names[r] << "[" << n << "] of the fused path is " << a);
+      BOOST_TEST_REQUIRE(std::isfinite(b), what << ": " << names[r] << "[" << n << "] of the weights path is " << b);
+      worst = std::max(worst, std::abs(a - b) / (atol + rtol * std::abs(b)));
+    }
+    BOOST_TEST(worst <= 1.0, what << ": " << names[r] << " differs by " << worst << " tolerances");
+  }
+}
+
+std::vector<Case> grid() {
+  std::vector<Case> cases;
+  std::uint64_t seed = 1;
+  // Offsets: far negative (every row empty), negative, zero, positive, past the last key.
+  for (std::int64_t offset : {-9, -2, 0, 3, 40})
+    for (int masks = 0; masks < 4; ++masks)
+      for (int bias = 0; bias < 5; ++bias) {
+        const std::int64_t q = 3 + (seed % 5), k = 2 + ((seed * 7) % 9);  // Q != K mostly
+        cases.push_back({1 + static_cast<std::int64_t>(seed % 2), 1 + static_cast<std::int64_t>(seed % 3), q, k, 1 + static_cast<std::int64_t>(seed % 4),
+                         1 + static_cast<std::int64_t>((seed / 2) % 3), masks & 1 ? true : false, masks == 2, masks >= 2, masks != 1,
+                         offset, bias, masks == 1 || masks == 3, seed});
+        ++seed;
+      }
+  return cases;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(fused_equals_weights_path)
+
+BOOST_DATA_TEST_CASE(small_shapes, bdata::make(grid()), c) {
+  compare(make(c, tg::float64), 1e-12, 1e-10, "float64");
+  compare(make(c, tg::float32), 2e-5, 2e-4, "float32");
+}
+
+BOOST_AUTO_TEST_CASE(several_tiles_in_both_directions) {
+  // Q and K span several 128-wide tiles and end mid-tile; every mask kind and a bias at once.
+  for (const Case& c : {Case{1, 2, 300, 421, 16, 8, true, true, false, true, 37, 2, true, 7},
+                        Case{2, 1, 260, 140, 8, 12, true, false, true, true, -100, 3, false, 8},
+                        Case{1, 3, 129, 257, 5, 3, false, true, false, false, 0, 1, false, 9}}) {
+    // Two threads as well: the backward then splits key tiles into groups (B H = 3) and sums a
+    // broadcast bias's gradient per chunk (B H = 2, bias [Q, K]).
+    for (int threads : {1, 2}) {
+      const int before = tg::num_threads();
+      tg::set_num_threads(threads);
+      BOOST_TEST_CONTEXT(c << " threads " << threads) {
+        compare(make(c, tg::float64), 1e-12, 1e-10, "float64");
+        compare(make(c, tg::float32), 5e-5, 5e-4, "float32");
+      }
+      tg::set_num_threads(before);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(empty_rows_are_exactly_zero_with_zero_gradient) {
+  // Query 1 attends to nothing (query mask); query 2's only allowed scores are -inf (bias).
+  const double inf = std::numeric_limits<double>::infinity();
+  for (auto dtype : {tg::float32, tg::float64}) {
+    Tensor q = tg::randn({1, 1, 3, 2}, 3, tg::float64).to(dtype).set_requires_grad();
+    Tensor k = tg::randn({1, 1, 4, 2}, 4, tg::float64).to(dtype).set_requires_grad();
+    Tensor v = tg::randn({1, 1, 4, 3}, 5, tg::float64).to(dtype).set_requires_grad();
+    Tensor bias = tg::tensor({{0, 0, 0, 0}, {0, 0, 0, 0}, {-inf, -inf, 0, 0}}, dtype).set_requires_grad();
+    tg::detail::AttentionMask mask;
+    mask.query_mask = tg::from_bools({true, false, true}, {1, 3});
+    mask.key_mask = tg::from_bools({true, true, false, true}, {1, 4});
+    mask.causal = true;
+    mask.causal_offset = 0;  // query 2 may see keys 0 and 1 (key 2 is masked), both -inf
+    const Tensor out = tg::detail::attention_core({"attention", q, k, v, bias, mask, false}).output;
+    tg::backward({out}, {tg::ones_like(out)});
+    const auto o = values(out), gq = values(q.grad());
+    for (std::size_t n = 0; n < 9; ++n) BOOST_TEST(o[n] == (n < 3 ? o[n] : 0.0));
+    BOOST_TEST(o[0] != 0.0);  // query 0 sees key 0
+    for (std::size_t n = 2; n < 6; ++n) BOOST_TEST(gq[n] == 0.0);
+    for (double x : values(bias.grad())) BOOST_TEST(std::isfinite(x));
+    tg::clear_tape();
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(gradcheck_fused)
+
+// A quarter of the grid, without the NaN-poisoned cases (finite differences need finite inputs).
+std::vector<Case> gradcheck_grid() {
+  std::vector<Case> cases;
+  for (const Case& c : grid())
+    if (c.seed % 4 == 0 && !c.poison) cases.push_back(c);
+  return cases;
+}
+
+BOOST_DATA_TEST_CASE(float64_finite_differences, bdata::make(gradcheck_grid()), c) {
+  const Problem p = make(c, tg::float64);
+  std::vector<Tensor> xs{p.q, p.k, p.v};
+  if (p.bias.defined()) xs.push_back(p.bias);
+  for (auto& x : xs) x = x.detach().set_requires_grad();
+  BOOST_TEST_CONTEXT(c) {
+    const auto r = tg::gradcheck([&](const std::vector<Tensor>& in) {
+      const Tensor bias = in.size() > 3 ? in[3] : Tensor();
+      return std::vector<Tensor>{tg::detail::attention_core({"attention", in[0], in[1], in[2], bias, p.parts, false}).output};
+    }, xs);
+    BOOST_TEST(r.ok, r.report());
+  }
+  tg::clear_tape();
+}
+
+BOOST_AUTO_TEST_CASE(broadcast_leading_dims_and_strided_inputs) {
+  // q [2, 3, Q, D] against k [3, K, D] (shared by the batch) and v transposed in memory.
+  Tensor q = tg::randn({2, 3, 5, 4}, 60, tg::float64).set_requires_grad();
+  Tensor k = tg::randn({3, 6, 4}, 61, tg::float64).set_requires_grad();
+  Tensor v = tg::transpose(tg::randn({2, 1, 3, 6}, 62, tg::float64), -1, -2).set_requires_grad();
+  tg::detail::AttentionMask mask;
+  mask.causal = true;
+  mask.causal_offset = 1;
+  mask.key_mask = tg::from_bools({true, true, false, true, true, true, true, false, true, true, true, true}, {2, 6});
+  const auto r = tg::gradcheck([&](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{tg::detail::attention_core({"attention", in[0], in[1], in[2], Tensor(), mask, false}).output};
+  }, {q, k, v});
+  BOOST_TEST(r.ok, r.report());
+  tg::clear_tape();
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -4,6 +4,7 @@
 #include "autodiff/parallel.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <exception>
 #include <mutex>
 
@@ -17,6 +18,8 @@ int omp_in_parallel(void);
 
 namespace tapegrad::detail {
 namespace {
+
+std::atomic<int> g_threads{0};  // 0: not set
 
 struct Job {
   std::int64_t n;
@@ -45,9 +48,20 @@ void run_chunk(void* data) {
 
 }  // namespace
 
+int max_threads() noexcept {
+  const int n = g_threads.load(std::memory_order_relaxed);
+  if (n > 0) return n;
+  // libgomp's default for a thread that never changed it, read once: later omp_set_num_threads
+  // calls by anyone do not move tapegrad's setting.
+  static const int omp_default = std::max(1, omp_get_max_threads());
+  return omp_default;
+}
+
+void set_max_threads(int n) noexcept { g_threads.store(std::max(1, n), std::memory_order_relaxed); }
+
 int parallel_chunks(std::int64_t n, std::int64_t cost) noexcept {
   if (n <= 1 || omp_in_parallel()) return 1;
-  const int threads = omp_get_max_threads();
+  const int threads = max_threads();
   if (threads <= 1) return 1;
   const std::int64_t work = n * std::max<std::int64_t>(cost, 1);
   if (work < kParallelGrain) return 1;

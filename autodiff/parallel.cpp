@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <exception>
 #include <mutex>
 
@@ -51,10 +52,13 @@ void run_chunk(void* data) {
 int max_threads() noexcept {
   const int n = g_threads.load(std::memory_order_relaxed);
   if (n > 0) return n;
-  // libgomp's default for a thread that never changed it, read once: later omp_set_num_threads
-  // calls by anyone do not move tapegrad's setting.
-  static const int omp_default = std::max(1, omp_get_max_threads());
-  return omp_default;
+  // One thread unless OMP_NUM_THREADS asks for more. libgomp's workers spin for milliseconds
+  // while they wait (OMP_WAIT_POLICY and GOMP_SPINCOUNT are read once, when libgomp loads, and
+  // nothing can change them later): on a machine where another process holds a core, a spinning
+  // thread takes the time the thread with work needs, and a 512^3 product took 5-7x longer on
+  // two threads than on one (README, "Threads"). More threads are an explicit choice.
+  static const int fallback = std::getenv("OMP_NUM_THREADS") ? std::max(1, omp_get_max_threads()) : 1;
+  return fallback;
 }
 
 void set_max_threads(int n) noexcept { g_threads.store(std::max(1, n), std::memory_order_relaxed); }

@@ -8,7 +8,7 @@ namespace tapegrad::detail {
 
 // The process-wide thread count behind set_num_threads()/num_threads(): every parallel piece of
 // tapegrad (these loops, oneDNN's products) reads it when it starts, whichever thread calls.
-// Until set, it is OpenMP's default (OMP_NUM_THREADS, else the cores the process may use).
+// Until set: OMP_NUM_THREADS when that is set, else 1.
 int max_threads() noexcept;
 void set_max_threads(int n) noexcept;
 

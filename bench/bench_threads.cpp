@@ -55,6 +55,23 @@ int main(int argc, char** argv) {
     const Tensor rows = tg::full({n / 64, 64}, 0.5);
     cases.push_back({fmt::format("softmax, {} rows of 64", n / 64), 0, [rows] { tg::masked_softmax(rows); }});
   }
+  // A whole training step of bench_train's model (train_sort's: 64 sequences of 16 tokens).
+  tg::Decoder model({.vocab = 11, .max_len = 17, .dim = 64, .heads = 4, .layers = 2, .seed = 1});
+  tg::AdamW opt(model.named_parameters(), {.lr = 1e-4});
+  tg::Generator gen(2);
+  std::vector<std::int64_t> ids(64 * 16), targets(64 * 16);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = static_cast<std::int64_t>(gen.uniform() * 11);
+    targets[i] = static_cast<std::int64_t>(gen.uniform() * 10);
+  }
+  const Tensor x = tg::from_vector(std::span<const std::int64_t>(ids), {64, 16});
+  const Tensor y = tg::from_vector(std::span<const std::int64_t>(targets), {64, 16});
+  cases.push_back({"train_sort step (fwd+bwd+AdamW)", 0, [&] {
+                     tg::EnableGradGuard grad;
+                     tg::backward(tg::cross_entropy(model.forward(x), y));
+                     opt.step();
+                     opt.zero_grad();
+                   }});
   fmt::print("1 thread against {} threads, best of 7 alternating blocks\n", threads);
   fmt::print("{:<36} {:>12} {:>12} {:>8} {:>10}\n", "operation", "1 thread us", fmt::format("{} threads us", threads), "ratio",
              "GFLOP/s 1");

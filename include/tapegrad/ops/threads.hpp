@@ -8,8 +8,9 @@ namespace tapegrad {
 // as its size repays: products below a few hundred microseconds of work and small loops run on
 // the calling thread (README, "Threads").
 void set_num_threads(int n);
-// The current setting; until set_num_threads is called, OpenMP's default: OMP_NUM_THREADS when
-// set, else the number of cores the process may run on.
+// The current setting. Until set_num_threads is called: OMP_NUM_THREADS when that is set, else
+// 1. More threads pay off for large products on an idle machine; where other processes share
+// the cores, also set OMP_WAIT_POLICY=passive in the environment (README, "Threads").
 int num_threads() noexcept;
 
 }  // namespace tapegrad

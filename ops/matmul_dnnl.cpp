@@ -42,10 +42,12 @@ dnnl::stream& cpu_stream() {
   return stream;
 }
 
-// A second thread pays off from about this many multiply-adds (measured with
-// bench/bench_threads, README "Threads"): below it, waking the team and joining it cost more than
-// the split saves, and on a machine where another process holds a core the join waits for a
-// descheduled thread (whole milliseconds).
+// Each thread a product uses must have this many multiply-adds (about 130 us of work at the
+// 250 GFLOP/s one core reaches here), so a second thread starts from 2^25. Below that, waking
+// and joining the team costs a fair part of what the split saves on an idle machine, and on a
+// machine where other processes hold the cores each join waits for a descheduled or spinning
+// thread: bench/bench_threads measured tiny products 100-5,000 times slower on 2 threads
+// (README, "Threads"). Every product of train_sort's model stays on one thread.
 constexpr double kMacsPerThread = 1 << 24;
 
 // Products of one row per matrix up to this many multiply-adds run as plain loops (matmul_rows):

@@ -4,6 +4,8 @@
 #include "autodiff/parallel.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <exception>
 #include <mutex>
 
@@ -17,6 +19,8 @@ int omp_in_parallel(void);
 
 namespace tapegrad::detail {
 namespace {
+
+std::atomic<int> g_threads{0};  // 0: not set
 
 struct Job {
   std::int64_t n;
@@ -45,9 +49,23 @@ void run_chunk(void* data) {
 
 }  // namespace
 
+int max_threads() noexcept {
+  const int n = g_threads.load(std::memory_order_relaxed);
+  if (n > 0) return n;
+  // One thread unless OMP_NUM_THREADS asks for more. libgomp's workers spin for milliseconds
+  // while they wait (OMP_WAIT_POLICY and GOMP_SPINCOUNT are read once, when libgomp loads, and
+  // nothing can change them later): on a machine where another process holds a core, a spinning
+  // thread takes the time the thread with work needs, and a 512^3 product took 5-7x longer on
+  // two threads than on one (README, "Threads"). More threads are an explicit choice.
+  static const int fallback = std::getenv("OMP_NUM_THREADS") ? std::max(1, omp_get_max_threads()) : 1;
+  return fallback;
+}
+
+void set_max_threads(int n) noexcept { g_threads.store(std::max(1, n), std::memory_order_relaxed); }
+
 int parallel_chunks(std::int64_t n, std::int64_t cost) noexcept {
   if (n <= 1 || omp_in_parallel()) return 1;
-  const int threads = omp_get_max_threads();
+  const int threads = max_threads();
   if (threads <= 1) return 1;
   const std::int64_t work = n * std::max<std::int64_t>(cost, 1);
   if (work < kParallelGrain) return 1;

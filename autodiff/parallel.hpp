@@ -6,13 +6,19 @@
 
 namespace tapegrad::detail {
 
+// The process-wide thread count behind set_num_threads()/num_threads(): every parallel piece of
+// tapegrad (these loops, oneDNN's products) reads it when it starts, whichever thread calls.
+// Until set: OMP_NUM_THREADS when that is set, else 1.
+int max_threads() noexcept;
+void set_max_threads(int n) noexcept;
+
 // Below this many elements (times the per-element cost) a loop stays on the calling thread:
 // waking the team costs a few microseconds, which is what ~32k float copies take.
 inline constexpr std::int64_t kParallelGrain = 1 << 15;
 
 // Calls body(begin, end) on disjoint chunks covering [0, n), in parallel when n * cost is at
-// least kParallelGrain and num_threads() > 1, else once on the calling thread. Chunks are
-// contiguous and at most num_threads() of them run at once; a nested call (from inside a
+// least kParallelGrain and max_threads() > 1, else once on the calling thread. Chunks are
+// contiguous and at most max_threads() of them run at once; a nested call (from inside a
 // body) runs inline. An exception thrown by a body is rethrown on the calling thread after
 // every chunk has finished.
 void parallel_for(std::int64_t n, std::int64_t cost, const std::function<void(std::int64_t, std::int64_t)>& body);

@@ -3,11 +3,11 @@
 // goes (forward to the loss, backward, clipping + AdamW step). Median of 30 steps after 10 of
 // warm-up, in one run.
 //
-//   ./build/bench/bench_train [threads]
+//   ./build/bench/bench_train [--threads N]   (or the count alone, as before)
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 
+#include <CLI/CLI.hpp>
 #include <tapegrad/tapegrad.hpp>
 
 namespace tg = tapegrad;
@@ -59,7 +59,11 @@ void run(tg::DType dtype) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1) tg::set_num_threads(std::atoi(argv[1]));
+  int threads = 0;
+  CLI::App app{"bench_train: training throughput of train_sort's model"};
+  app.add_option("--threads,threads", threads, "threads (0: the default)")->check(CLI::NonNegativeNumber);
+  CLI11_PARSE(app, argc, argv);
+  if (threads > 0) tg::set_num_threads(threads);
   fmt::print("train_sort's model, {} thread(s); milliseconds per step (median of 30)\n", tg::num_threads());
   fmt::print("{:<8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>13}\n", "dtype", "tokens/s", "step", "forward", "backward", "update", "step min-max");
   run(tg::float32);

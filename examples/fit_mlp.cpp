@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include <CLI/CLI.hpp>
 #include <tapegrad/tapegrad.hpp>
 
 namespace tg = tapegrad;
@@ -20,7 +21,12 @@ Tensor mse(const Tensor& prediction, const Tensor& target) { return tg::mean(tg:
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  int threads = 0;
+  CLI::App app{"fit_mlp: a two-layer network fitted to sin(3x) + 0.5, then gradchecked"};
+  app.add_option("--threads", threads, "threads (0: the default)")->check(CLI::NonNegativeNumber);
+  CLI11_PARSE(app, argc, argv);
+  if (threads > 0) tg::set_num_threads(threads);
   constexpr int kPoints = 64, kHidden = 16, kSteps = 3000;
   constexpr double kLearningRate = 0.1;
 

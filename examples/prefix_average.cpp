@@ -8,9 +8,9 @@
 // Exits non-zero unless the leakage is exactly 0 and every mean matches.
 #include <cmath>
 #include <cstdio>
-#include <string_view>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <tapegrad/tapegrad.hpp>
 
 namespace tg = tapegrad;
@@ -39,7 +39,14 @@ std::string cell(double w, bool colour) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool colour = isatty(fileno(stdout)) != 0 || (argc > 1 && std::string_view(argv[1]) == "--color");
+  int threads = 0;
+  bool force_colour = false;
+  CLI::App app{"prefix_average: causal attention computes prefix means, and nothing leaks from the future"};
+  app.add_flag("--color", force_colour, "colour the weights even when not writing to a terminal");
+  app.add_option("--threads", threads, "threads (0: the default)")->check(CLI::NonNegativeNumber);
+  CLI11_PARSE(app, argc, argv);
+  if (threads > 0) tg::set_num_threads(threads);
+  const bool colour = isatty(fileno(stdout)) != 0 || force_colour;
   const std::vector<double> v{3, -1, 4, 1, -5, 9};
   auto [out, weights] = run(v);
   const auto w = weights.to_vector<double>();

@@ -2,6 +2,7 @@
 // a query whose output is suppressed (b_o included) because it may attend to nothing.
 #include <cmath>
 
+#include <CLI/CLI.hpp>
 #include <tapegrad/tapegrad.hpp>
 
 namespace tg = tapegrad;
@@ -13,7 +14,12 @@ void show(const char* what, const Tensor& t) { fmt::print("{}:\n{}\n\n", what, t
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  int threads = 0;
+  CLI::App app{"two_heads: the worked example of docs/semantics.md 6.4, step by step"};
+  app.add_option("--threads", threads, "threads (0: the default)")->check(CLI::NonNegativeNumber);
+  CLI11_PARSE(app, argc, argv);
+  if (threads > 0) tg::set_num_threads(threads);
   // B = 1, Q = 2, K = 3, heads = 2, D = Dv = 1.
   const tg::MhaActivations act{.query = tg::tensor({{{1, 1}, {1, 1}}}, tg::float64),
                                .context = tg::tensor({{{0, 1, 2, 1}, {1, 0, 4, 4}, {100, 100, 99, 99}}}, tg::float64)};

@@ -2,10 +2,13 @@
 // primitive_desc, then primitive).
 //
 // Recipe: 1. describe a, b and c by dims and strides (a transposed view is just other strides,
-// no copy); 2. build the primitive once per layout and keep it in a per-thread cache; 3. wrap
-// the three buffers in dnnl::memory and execute.
+// no copy); 2. build the primitive once per layout and thread count and keep it in a per-thread
+// LRU cache; 3. wrap the three buffers in dnnl::memory and execute, with OpenMP's thread count
+// set to what the product's size repays.
 #include <algorithm>
 #include <bit>
+#include <cmath>
+#include <list>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -17,6 +20,13 @@
 #include "ops/kernel.hpp"
 #include "ops/matmul_kernels.hpp"
 #include "tapegrad/ops/view.hpp"
+
+// OpenMP's per-thread setting, which oneDNN reads (declared here rather than through <omp.h>,
+// as in autodiff/parallel.cpp).
+extern "C" {
+void omp_set_num_threads(int n);
+int omp_get_max_threads(void);
+}
 
 namespace tapegrad::detail {
 namespace {
@@ -33,7 +43,38 @@ dnnl::stream& cpu_stream() {
   return stream;
 }
 
-constexpr std::size_t kMaxCached = 512;  // primitives kept per thread
+// Each thread a product uses must have this many multiply-adds (about 130 us of work at the
+// 250 GFLOP/s one core reaches here), so a second thread starts from 2^25. Below that, waking
+// and joining the team costs a fair part of what the split saves on an idle machine, and on a
+// machine where other processes hold the cores each join waits for a descheduled or spinning
+// thread: bench/bench_threads measured tiny products 100-5,000 times slower on 2 threads
+// (README, "Threads"). Every product of train_sort's model stays on one thread.
+constexpr double kMacsPerThread = 1 << 24;
+
+// Products of one row per matrix up to this many multiply-adds run as plain loops (matmul_rows):
+// the loops' arithmetic is cheaper than creating a primitive for a new layout, which decoding
+// meets at every step.
+constexpr double kRowMacs = 1 << 20;
+
+thread_local std::int64_t t_created = 0;
+
+// Sets the calling thread's OpenMP thread count for one product and puts it back after: oneDNN
+// reads it when it creates a primitive (to partition the work and size its scratchpad) and
+// when it executes one.
+class OmpThreads {
+ public:
+  explicit OmpThreads(int n) : saved_(omp_get_max_threads()) {
+    if (n != saved_) omp_set_num_threads(n);
+  }
+  ~OmpThreads() {
+    if (omp_get_max_threads() != saved_) omp_set_num_threads(saved_);
+  }
+  OmpThreads(const OmpThreads&) = delete;
+  OmpThreads& operator=(const OmpThreads&) = delete;
+
+ private:
+  int saved_;
+};
 
 // An operand as oneDNN will see it.
 struct Layout {
@@ -90,6 +131,36 @@ struct KeyHash {
     for (auto v : key) h = (h ^ static_cast<std::uint64_t>(v)) * 1099511628211ull;
     return static_cast<std::size_t>(h);
   }
+};
+
+using Key = std::vector<std::int64_t>;
+
+// Keeps the `capacity` most recently used entries: decoding's one-off layouts push out each
+// other, not the hot layouts of a training step (the previous cache dropped everything at once).
+template <class Value> class LruCache {
+ public:
+  explicit LruCache(std::size_t capacity) : capacity_(capacity) {}
+  // The entry for key, now the most recently used; nullptr when absent.
+  Value* find(const Key& key) {
+    const auto it = index_.find(key);
+    if (it == index_.end()) return nullptr;
+    items_.splice(items_.begin(), items_, it->second);
+    return &it->second->second;
+  }
+  Value& insert(Key key, Value value) {
+    if (index_.size() >= capacity_) {
+      index_.erase(items_.back().first);
+      items_.pop_back();
+    }
+    items_.emplace_front(std::move(key), std::move(value));
+    index_.emplace(items_.front().first, items_.begin());
+    return items_.front().second;
+  }
+
+ private:
+  std::size_t capacity_;
+  std::list<std::pair<Key, Value>> items_;  // most recently used first
+  std::unordered_map<Key, typename std::list<std::pair<Key, Value>>::iterator, KeyHash> index_;
 };
 
 void append(std::vector<std::int64_t>& key, const Layout& l) {
@@ -164,17 +235,15 @@ template <class Out> Out* bf16_copy(const Tensor& x, Layout& l, int which) {
 
 // The cached primitive for this layout, or nullptr when oneDNN has no kernel for it (bfloat16
 // on a CPU without AVX512-BF16/AMX).
-Entry* primitive_for(const Layout& a, const Layout& b, const Layout& c, bool bf16) {
-  thread_local std::unordered_map<std::vector<std::int64_t>, Entry, KeyHash> cache;
-  std::vector<std::int64_t> key{bf16 ? 1 : 0};
+// The primitive is made for, and must run with, `threads` OpenMP threads.
+Entry* primitive_for(const Layout& a, const Layout& b, const Layout& c, bool bf16, int threads) {
+  thread_local LruCache<Entry> cache(kDnnlCacheCapacity);
+  Key key{bf16 ? 1 : 0, threads};
   append(key, a);
   append(key, b);
   append(key, c);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second.primitive ? &it->second : nullptr;
-  // Bounded: incremental decoding meets a new key length every step. Dropping everything at the
-  // limit is crude but keeps memory flat; oneDNN's own primitive cache still softens re-creation.
-  if (cache.size() >= kMaxCached) cache.clear();
+  if (Entry* hit = cache.find(key)) return hit->primitive ? hit : nullptr;
+  ++t_created;
   const auto in_type = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
   Entry e;
   const memory::desc da(a.dims, in_type, a.strides), db(b.dims, in_type, b.strides),
@@ -186,7 +255,7 @@ Entry* primitive_for(const Layout& a, const Layout& b, const Layout& c, bool bf1
     e.b = memory(db, cpu_engine(), DNNL_MEMORY_NONE);
     e.c = memory(dc, cpu_engine(), DNNL_MEMORY_NONE);
   }
-  Entry& stored = cache.emplace(std::move(key), std::move(e)).first->second;
+  Entry& stored = cache.insert(std::move(key), std::move(e));
   return stored.primitive ? &stored : nullptr;
 }
 
@@ -201,6 +270,9 @@ bool has_fast_kernel(const Layout& a, const Layout& b, const Layout& c) {
 }
 
 void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
+  const std::size_t r = c.shape().size();
+  const int threads = dnnl_threads_for(static_cast<double>(c.numel()) * static_cast<double>(a.shape()[r - 1]));
+  const OmpThreads omp(threads);
   Layout la, lb, lc;
   if (!describe(a, la)) return run(copy_of(a), b, c, bf16);
   if (!describe(b, lb)) return run(a, copy_of(b), c, bf16);
@@ -210,7 +282,7 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   if (bf16) {
     pa = bf16_copy<std::uint16_t>(a, la, 0);
     pb = bf16_copy<std::uint16_t>(b, lb, 1);
-    if (!primitive_for(la, lb, lc, true)) {
+    if (!primitive_for(la, lb, lc, true, threads)) {
       // No bfloat16 kernel on this CPU: products of bfloat16 values are exact in float32, so
       // float32 kernels on the rounded operands compute the same thing.
       const Shape sa(la.dims.begin(), la.dims.end()), sb(lb.dims.begin(), lb.dims.end());
@@ -223,20 +295,19 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   } else {
     // Decided once per layout: strided layouts oneDNN only runs on its reference loop are
     // cheaper to copy first.
-    thread_local std::unordered_map<std::vector<std::int64_t>, bool, KeyHash> fast;
-    std::vector<std::int64_t> key;
+    thread_local LruCache<bool> fast(kDnnlCacheCapacity);
+    Key key;
     append(key, la);
     append(key, lb);
-    if (fast.size() >= kMaxCached) fast.clear();
-    auto [it, inserted] = fast.try_emplace(key, true);
     // Contiguous operands run as they are, whatever was decided for the layout: an expanded
     // operand (stride-0 batch) is described like a contiguous one of batch size 1, and copying
     // contiguous operands would change nothing (it recursed until the stack overflowed).
     const bool contiguous = a.is_contiguous() && b.is_contiguous();
-    if (inserted) it->second = contiguous || has_fast_kernel(la, lb, lc);
-    if (!it->second && !contiguous) return run(a.is_contiguous() ? a : copy_of(a), b.is_contiguous() ? b : copy_of(b), c, false);
+    bool* decided = fast.find(key);
+    if (!decided) decided = &fast.insert(std::move(key), contiguous || has_fast_kernel(la, lb, lc));
+    if (!*decided && !contiguous) return run(a.is_contiguous() ? a : copy_of(a), b.is_contiguous() ? b : copy_of(b), c, false);
   }
-  Entry& e = *primitive_for(la, lb, lc, bf16);
+  Entry& e = *primitive_for(la, lb, lc, bf16, threads);
   e.a.set_data_handle(pa);
   e.b.set_data_handle(pb);
   e.c.set_data_handle(mutable_data(c));
@@ -246,8 +317,17 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
 
 }  // namespace
 
+std::int64_t dnnl_primitives_created() noexcept { return t_created; }
+
+int dnnl_threads_for(double macs) noexcept {
+  const double wanted = std::max(1.0, std::floor(macs / kMacsPerThread));
+  return static_cast<int>(std::min<double>(max_threads(), wanted));
+}
+
 void matmul_dnnl(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   const std::size_t rank = c.shape().size();
+  const double macs = static_cast<double>(c.numel()) * static_cast<double>(a.shape()[rank - 1]);
+  if (!bf16 && c.shape()[rank - 2] == 1 && macs <= kRowMacs) return matmul_rows(a, b, c);
   if (rank <= DNNL_MAX_NDIMS) return run(a, b, c, bf16);
   // Past oneDNN's rank limit: fold the batch dims into one.
   NoGradGuard no_grad;

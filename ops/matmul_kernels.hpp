@@ -4,6 +4,7 @@
 // are all nonzero.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "tapegrad/autodiff/tensor.hpp"
@@ -11,7 +12,7 @@
 namespace tapegrad::detail {
 
 // float32 on oneDNN; with `bf16` the operands are rounded to bfloat16 first and accumulated in
-// float32. The only file that sees oneDNN.
+// float32. The only file that sees oneDNN. Small single-row products go to matmul_rows instead.
 void matmul_dnnl(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16);
 bool dnnl_bf16_native() noexcept;
 
@@ -21,6 +22,18 @@ bool dnnl_bf16_native() noexcept;
 // called from inside a parallel region.
 void gemm_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
               std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc);
+
+// oneDNN primitives kept per thread, least recently used dropped first.
+inline constexpr std::size_t kDnnlCacheCapacity = 512;
+// How many oneDNN primitives the calling thread has created (cache misses), for tests.
+std::int64_t dnnl_primitives_created() noexcept;
+// The threads oneDNN gets for a product of `macs` multiply-adds: 1 below a few hundred
+// microseconds of work, then up to num_threads().
+int dnnl_threads_for(double macs) noexcept;
+
+// float32 with one row per matrix (a is [..., 1, K]), as plain loops: no primitive to create
+// for each new N or K (KV-cache decoding meets a new K at every step).
+void matmul_rows(const Tensor& a, const Tensor& b, const Tensor& c);
 
 // float64: tapegrad's own cache-blocked kernel.
 void matmul_f64(const Tensor& a, const Tensor& b, const Tensor& c);

@@ -1,23 +1,18 @@
-// Thread count: oneDNN runs on the OpenMP runtime, so OpenMP's per-thread setting is the one
-// that governs it.
+// Thread count: one process-wide setting that each parallel operation reads when it starts.
+// oneDNN reads OpenMP's per-thread setting instead, so ops/matmul_dnnl.cpp sets that around
+// each product (to this setting, or fewer threads for a small product).
 #include "tapegrad/ops/threads.hpp"
 
 #include "autodiff/check.hpp"
-
-// The two OpenMP runtime calls, declared here rather than through <omp.h>: that header comes with
-// each compiler's own runtime, and tapegrad must use libgomp, the one Debian's oneDNN runs on.
-extern "C" {
-void omp_set_num_threads(int n);
-int omp_get_max_threads(void);
-}
+#include "autodiff/parallel.hpp"
 
 namespace tapegrad {
 
 void set_num_threads(int n) {
   if (n < 1) detail::fail<ValueError>("set_num_threads: argument 'n' must be >= 1, got {}", n);
-  omp_set_num_threads(n);
+  detail::set_max_threads(n);
 }
 
-int num_threads() noexcept { return omp_get_max_threads(); }
+int num_threads() noexcept { return detail::max_threads(); }
 
 }  // namespace tapegrad

@@ -4,6 +4,7 @@
 #include <boost/test/data/monomorphic.hpp>
 #include <boost/test/data/test_case.hpp>
 
+#include "ops/matmul_kernels.hpp"
 #include "reference.hpp"
 #include "support.hpp"
 
@@ -38,6 +39,9 @@ std::vector<Case> cases() {
       {"attention-like", {2, 4, 16, 8}, {2, 4, 8, 16}, false, true},
       {"rank 13 (past oneDNN's limit)", {2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 4}, {2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 5, 4, 2}, false, true},
       {"256 square", {256, 256}, {256, 256}},
+      // One row per matrix: the plain loops of ops/matmul_rows.cpp, both of their forms.
+      {"one row, batched, b transposed", {3, 1, 20}, {3, 20, 7}, false, true},
+      {"one row, broadcast batch", {2, 1, 1, 9}, {4, 9, 33}},
   };
 }
 
@@ -109,6 +113,44 @@ BOOST_AUTO_TEST_CASE(interleaved_batches) {
   check_close(tg::matmul(tg::transpose(b, 0, 1).to(tg::float32), tg::transpose(tg::slice(base.to(tg::float32), 2, 0, 4, 3), -1, -2))
                   .to_vector<double>(),
               ref_matmul(Ref::of(tg::transpose(b, 0, 1)), Ref::of(tg::transpose(a, -1, -2))).v, 1e-5, 1e-5, "as b, transposed");
+}
+
+BOOST_AUTO_TEST_CASE(one_row_with_any_strides) {
+  // A row read with a stride (a column of a taller matrix), and a b with neither unit stride.
+  const Tensor base_a = tg::randn({13, 3}, 10, tg::float64), base_b = tg::randn({2, 13, 6, 2}, 11, tg::float64);
+  auto a_of = [](const Tensor& base) { return tg::expand(tg::slice(tg::transpose(base, 0, 1), 0, 1, 2), {2, 1, 13}); };
+  auto b_of = [](const Tensor& base) { return tg::select(base, 3, 1); };  // strides [156, 12, 2]
+  const Ref expected = ref_matmul(Ref::of(a_of(base_a)), Ref::of(b_of(base_b)));
+  const Tensor got = tg::matmul(a_of(base_a.to(tg::float32)), b_of(base_b.to(tg::float32)));
+  BOOST_TEST(got.shape() == (Shape{2, 1, 6}));
+  check_close(got.to_vector<double>(), expected.v, 1e-5, 1e-5, "strided row and matrix");
+  // With b's columns contiguous and a's row strided, the row is gathered first.
+  const Tensor bt = tg::transpose(tg::randn({2, 6, 13}, 12, tg::float64), -1, -2);
+  check_close(tg::matmul(a_of(base_a.to(tg::float32)), bt.to(tg::float32)).to_vector<double>(),
+              ref_matmul(Ref::of(a_of(base_a)), Ref::of(bt)).v, 1e-5, 1e-5, "strided row, transposed b");
+}
+
+BOOST_AUTO_TEST_CASE(a_hot_primitive_survives_churn) {
+  // The primitive cache keeps what is used: a layout used every 16 calls stays while more than
+  // the cache's capacity of one-off layouts (a new N each, as decoding makes) passes through.
+  // The cache this replaced dropped everything when full and re-created the hot layout.
+  using tg::detail::dnnl_primitives_created;
+  using tg::detail::kDnnlCacheCapacity;
+  const Tensor hot_a = tg::randn({8, 16}, 13), hot_b = tg::randn({16, 8}, 14);
+  const Tensor hot = tg::matmul(hot_a, hot_b);
+  const std::int64_t before = dnnl_primitives_created();
+  const auto churn = static_cast<std::int64_t>(kDnnlCacheCapacity) + 100;
+  const Tensor a = tg::randn({2, 3}, 15);
+  for (std::int64_t i = 0; i < churn; ++i) {
+    tg::matmul(a, tg::zeros({3, 2 + i}));  // two rows: oneDNN, not the one-row loops
+    if (i % 16 == 0) BOOST_TEST(tg::matmul(hot_a, hot_b).to_vector<float>() == hot.to_vector<float>());
+  }
+  BOOST_TEST(dnnl_primitives_created() - before == churn);  // each one-off once, the hot one never
+  // Bounded all the same: the first one-offs were dropped, and come back as new primitives.
+  tg::matmul(a, tg::zeros({3, 2}));
+  BOOST_TEST(dnnl_primitives_created() - before == churn + 1);
+  tg::matmul(hot_a, hot_b);
+  BOOST_TEST(dnnl_primitives_created() - before == churn + 1);
 }
 
 BOOST_AUTO_TEST_CASE(empty_dims) {

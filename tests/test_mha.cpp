@@ -485,6 +485,21 @@ BOOST_AUTO_TEST_CASE(every_config_field_is_validated_before_use) {
   BOOST_TEST(ok.weights().w_o.shape() == (Shape{21, 11}));
 }
 
+BOOST_AUTO_TEST_CASE(long_one_token_decoding_equals_the_full_causal_forward) {
+  // One token per step runs the single-row products as plain loops (ops/matmul_rows.cpp), on
+  // cache views whose strides change as the cache grows (16, 32, 64 positions): every step's
+  // output is the full forward's row within float32 rounding.
+  tg::MultiHeadAttention layer({.query_dim = 32, .heads = 4, .seed = 5});
+  const Tensor x = tg::randn({2, 40, 32}, 12);
+  const Tensor full = layer.forward(x, {.causal = true}).output;
+  tg::KVCache cache;
+  for (std::int64_t t = 0; t < 40; ++t) {
+    const Tensor out = layer.decode(tg::slice(x, 1, t, t + 1), cache).output;
+    check_close(values(out), values(tg::slice(full, 1, t, t + 1)), 1e-5, 1e-5, fmt::format("step {}", t));
+  }
+  BOOST_TEST(cache.capacity() == 64);
+}
+
 BOOST_AUTO_TEST_CASE(kv_cache_decoding_equals_the_full_causal_forward) {
   for (auto dtype : {tg::float64, tg::float32}) {
     const double tol = dtype == tg::float64 ? 1e-12 : 1e-5;

@@ -5,11 +5,13 @@
 
 #include <atomic>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include <tapegrad/tapegrad.hpp>
 
 #include "autodiff/parallel.hpp"
+#include "ops/matmul_kernels.hpp"
 
 namespace tg = tapegrad;
 using tg::detail::parallel_chunks;
@@ -17,7 +19,7 @@ using tg::detail::parallel_for;
 
 namespace {
 
-// Restores the calling thread's setting (ctest runs this suite with OMP_NUM_THREADS=1).
+// Restores the setting (ctest runs this suite with OMP_NUM_THREADS=1).
 struct Threads {
   int saved = tg::num_threads();
   explicit Threads(int n) { tg::set_num_threads(n); }
@@ -70,4 +72,36 @@ BOOST_AUTO_TEST_CASE(nested_loops_run_inline) {
     parallel_for(1 << 16, 1, [&](std::int64_t b, std::int64_t e) { inner += e - b; });
   });
   BOOST_TEST(inner.load() == 2 * (1 << 16));
+}
+
+BOOST_AUTO_TEST_CASE(the_setting_is_process_wide) {
+  Threads t(3);
+  int seen = 0, chunks = 0;
+  std::thread other([&] {
+    seen = tg::num_threads();
+    chunks = parallel_chunks(tg::detail::kParallelGrain * 8, 1);
+  });
+  other.join();
+  BOOST_TEST(seen == 3);
+  BOOST_TEST(chunks == 3);
+  BOOST_CHECK_THROW(tg::set_num_threads(0), tg::ValueError);
+  BOOST_TEST(tg::num_threads() == 3);
+}
+
+BOOST_AUTO_TEST_CASE(products_get_threads_by_size) {
+  using tg::detail::dnnl_threads_for;
+  Threads t(2);
+  BOOST_TEST(dnnl_threads_for(64.0 * 64 * 64) == 1);      // microseconds of work: the caller alone
+  BOOST_TEST(dnnl_threads_for(1024.0 * 1024 * 1024) == 2);  // milliseconds: every thread
+  tg::set_num_threads(1);
+  BOOST_TEST(dnnl_threads_for(1024.0 * 1024 * 1024) == 1);
+  // The same large product with one and with two threads (primitives are made per thread count).
+  const tg::Tensor a = tg::randn({256, 1024}, 1), b = tg::randn({1024, 256}, 2);
+  BOOST_REQUIRE(dnnl_threads_for(256.0 * 1024 * 256) == 1);
+  tg::set_num_threads(2);
+  BOOST_REQUIRE(dnnl_threads_for(256.0 * 1024 * 256) == 2);
+  const auto two = tg::matmul(a, b).to_vector<float>();
+  tg::set_num_threads(1);
+  const auto one = tg::matmul(a, b).to_vector<float>();
+  for (std::size_t i = 0; i < one.size(); ++i) BOOST_REQUIRE_SMALL(static_cast<double>(one[i] - two[i]), 1e-3);
 }

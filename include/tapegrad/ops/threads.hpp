@@ -1,13 +1,16 @@
-// How many threads tapegrad's parallel work (oneDNN's kernels) may use.
+// How many threads tapegrad's parallel work (oneDNN's products, tapegrad's own loops) may use.
 #pragma once
 
 namespace tapegrad {
 
-// Sets the number of threads for work started from the calling thread (OpenMP's rule: each
-// thread that calls tapegrad keeps its own setting). n >= 1.
+// Sets the thread count for the whole process: it applies to work started from any thread,
+// from the next operation on. n >= 1. Each operation uses at most n threads, and only as many
+// as its size repays: products below a few hundred microseconds of work and small loops run on
+// the calling thread (README, "Threads").
 void set_num_threads(int n);
-// The current setting for the calling thread; by default the number of cores (or
-// OMP_NUM_THREADS).
+// The current setting. Until set_num_threads is called: OMP_NUM_THREADS when that is set, else
+// 1. More threads pay off for large products on an idle machine; where other processes share
+// the cores, also set OMP_WAIT_POLICY=passive in the environment (README, "Threads").
 int num_threads() noexcept;
 
 }  // namespace tapegrad

@@ -1,0 +1,78 @@
+// float32 products with one row per matrix, [..., 1, K] @ [..., K, N], as plain loops.
+//
+// Decoding with a KV cache multiplies one query row by a key matrix that is one position longer
+// at every step: each step is a layout oneDNN has not seen, and creating its primitive cost
+// about 100 us, against well under a microsecond for the arithmetic of a short cache. These
+// loops need no preparation, so the per-token cost is the arithmetic.
+#include <array>
+
+#include "ops/kernel.hpp"
+#include "ops/matmul_kernels.hpp"
+
+namespace tapegrad::detail {
+namespace {
+
+// sum_k a[k] b[k] over contiguous a and b. Eight independent partial sums let the compiler
+// keep them in vector registers (a single accumulator is a serial chain it may not reorder).
+float dot(const float* __restrict a, const float* __restrict b, std::int64_t k) {
+  std::array<float, 8> acc{};
+  std::int64_t i = 0;
+  for (; i + 8 <= k; i += 8)
+    for (std::size_t l = 0; l < 8; ++l) acc[l] += a[i + static_cast<std::int64_t>(l)] * b[i + static_cast<std::int64_t>(l)];
+  float tail = 0;
+  for (; i < k; ++i) tail += a[i] * b[i];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
+}
+
+// c = a @ b for one batch entry: a [K] (stride ak), b [K, N] (strides bk, bn), c [N] contiguous.
+void row_times_matrix(const float* a, std::int64_t ak, const float* b, std::int64_t bk, std::int64_t bn, float* __restrict c,
+                      std::int64_t k, std::int64_t n, std::vector<float>& scratch) {
+  if (bk == 1) {
+    // b's columns are contiguous (keys read as k^T): one dot product per output.
+    const float* row = a;
+    if (ak != 1) {
+      scratch.resize(static_cast<std::size_t>(k));
+      for (std::int64_t i = 0; i < k; ++i) scratch[static_cast<std::size_t>(i)] = a[i * ak];
+      row = scratch.data();
+    }
+    for (std::int64_t j = 0; j < n; ++j) c[j] = dot(row, b + j * bn, k);
+    return;
+  }
+  // b's rows are contiguous (values, weights): c accumulates a[i] times row i.
+  std::fill(c, c + n, 0.0f);
+  for (std::int64_t i = 0; i < k; ++i) {
+    const float w = a[i * ak];
+    const float* __restrict brow = b + i * bk;
+    if (bn == 1)
+      for (std::int64_t j = 0; j < n; ++j) c[j] += w * brow[j];
+    else
+      for (std::int64_t j = 0; j < n; ++j) c[j] += w * brow[j * bn];
+  }
+}
+
+}  // namespace
+
+void matmul_rows(const Tensor& a, const Tensor& b, const Tensor& c) {
+  const std::size_t r = c.shape().size();
+  const std::int64_t n = c.shape()[r - 1], k = a.shape()[r - 1];
+  const Shape batch(c.shape().begin(), c.shape().end() - 2);
+  auto batch_of = [](const Tensor& x) {
+    return make_view(x, Shape(x.shape().begin(), x.shape().end() - 2), Shape(x.strides().begin(), x.strides().end() - 2),
+                     x.offset(), "matmul");
+  };
+  const Dims8 sa = broadcast_strides(batch_of(a), batch), sb = broadcast_strides(batch_of(b), batch);
+  const Shape sc(c.strides().begin(), c.strides().end() - 2);
+  const std::int64_t ak = a.strides()[r - 1], bk = b.strides()[r - 2], bn = b.strides()[r - 1];
+  const float* base_a = static_cast<const float*>(a.raw_data());
+  const float* base_b = static_cast<const float*>(b.raw_data());
+  float* base_c = static_cast<float*>(mutable_data(c));
+  std::vector<float> scratch;
+  StridedLoop<3> loop(batch.data(), batch.size(), {sa.data(), sb.data(), sc.data()});
+  loop.for_each_run([&](const auto& off, std::int64_t count, const auto& inner) {
+    for (std::int64_t t = 0; t < count; ++t)
+      row_times_matrix(base_a + off[0] + t * inner[0], ak, base_b + off[1] + t * inner[1], bk, bn, base_c + off[2] + t * inner[2], k,
+                       n, scratch);
+  });
+}
+
+}  // namespace tapegrad::detail

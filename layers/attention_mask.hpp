@@ -13,9 +13,9 @@ namespace tapegrad::detail {
 // query_mask refer to the first leading dim of the scores as the batch B (the scores of
 // multihead_attention are [B, H, Q, K]).
 struct AttentionMask {
-  Tensor allowed;                  // optional bool, broadcasts to [..., Q, K]
-  Tensor key_mask;                 // optional bool [B, K]
-  Tensor query_mask;               // optional bool [B, Q]
+  Tensor allowed{};                // optional bool, broadcasts to [..., Q, K]
+  Tensor key_mask{};               // optional bool [B, K]
+  Tensor query_mask{};             // optional bool [B, Q]
   bool causal = false;             // key j is allowed for query i only if j <= i + causal_offset
   std::int64_t causal_offset = 0;
 

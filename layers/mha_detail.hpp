@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "layers/attention_mask.hpp"
 #include "tapegrad/layers/multihead_attention.hpp"
 
 namespace tapegrad::detail {
@@ -30,9 +31,9 @@ Tensor rows_where(const Tensor& rows, const Tensor& x);
 
 // Step 4: which (query, key) pairs may attend, and which queries and keys take part at all.
 struct AllowedPairs {
-  Tensor pairs;   // bool, broadcastable to [B, H, Q, K]; undefined when every pair is allowed
-  Tensor active;  // bool [B, Q]: the query has an allowed key in some head; undefined when all do
-  Tensor used;    // bool [B, K]: some query may attend to the key in some head; undefined when all are
+  AttentionMask mask;  // the masks and the causal rule, described (never a [B, H, Q, K] tensor)
+  Tensor active;       // bool [B, Q]: the query has an allowed key in some head; undefined when all do
+  Tensor used;         // bool [B, K]: some query may attend to the key in some head; undefined when all are
 };
 AllowedPairs allowed_pairs(const MhaMasks& m, const MhaShapes& s, bool causal, std::int64_t causal_offset);
 

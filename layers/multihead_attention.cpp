@@ -106,30 +106,41 @@ MhaShapes check_mha(const char* op, const MhaActivations& a, const MhaParameters
 
 AllowedPairs allowed_pairs(const MhaMasks& m, const MhaShapes& s, bool causal, std::int64_t causal_offset) {
   AllowedPairs out;
-  auto restrict_to = [&](const Tensor& more) { out.pairs = out.pairs.defined() ? logical_and(out.pairs, more) : more; };
-  if (m.key_mask.defined()) restrict_to(reshape(m.key_mask, {s.b, 1, 1, s.k}));
-  if (m.query_mask.defined()) restrict_to(reshape(m.query_mask, {s.b, 1, s.q, 1}));
-  if (m.attention_mask.defined()) restrict_to(m.attention_mask);
-  if (causal) restrict_to(causal_mask(s.q, s.k, causal_offset));
-  if (!out.pairs.defined()) return out;
-  // active[b, i] = any over (h, j) and used[b, j] = any over (h, i) of pairs[b, h, i, j]: one
-  // pass over the broadcast mask, which is never materialised at [B, H, Q, K].
-  const Shape full{s.b, s.h, s.q, s.k};
+  out.mask = {m.attention_mask, m.key_mask, m.query_mask, causal, causal_offset};
+  if (out.mask.empty()) return out;
+  // active[b, i] = any over (h, j) and used[b, j] = any over (h, i) of the allowed pairs, row by
+  // row. Without an attention_mask the heads share their rows (one per query), and a row's
+  // allowed keys are the key mask's below the causal end: the row is active when its first
+  // allowed key is below the end, and the keys used are the allowed ones below the largest
+  // end of an active row. With an attention_mask, each row's keys are read.
+  const std::int64_t heads = m.attention_mask.defined() ? s.h : 1;
+  const RowMasks rows(s.op, out.mask, {s.b, heads, s.q, s.k});
   out.active = zeros({s.b, s.q}, DType::bool_);
   out.used = zeros({s.b, s.k}, DType::bool_);
-  const Dims8 sp = broadcast_strides(out.pairs, full);
-  const std::int64_t sa[] = {s.q, 0, 1, 0}, su[] = {s.k, 0, 0, 1};
   bool* active = static_cast<bool*>(mutable_data(out.active));
   bool* used = static_cast<bool*>(mutable_data(out.used));
-  const bool* pairs = static_cast<const bool*>(out.pairs.raw_data());
-  StridedLoop<3> loop(full.data(), full.size(), {sa, su, sp.data()});
-  loop.for_each_run([&](const auto& off, std::int64_t n, const auto& inner) {
-    for (std::int64_t t = 0; t < n; ++t) {
-      const bool allowed = pairs[off[2] + t * inner[2]];
-      active[off[0] + t * inner[0]] |= allowed;
-      used[off[1] + t * inner[1]] |= allowed;
+  for (std::int64_t b = 0; b < s.b; ++b) {
+    std::int64_t first_key = 0;  // the first key the key mask allows (s.k: none)
+    if (m.key_mask.defined()) {
+      const RowMask any_row = rows.row(b * heads * s.q);
+      while (first_key < s.k && !any_row.keys[first_key]) ++first_key;
     }
-  });
+    std::int64_t widest = 0;  // the largest causal end of an active row
+    for (std::int64_t r = b * heads * s.q; r < (b + 1) * heads * s.q; ++r) {
+      const RowMask row = rows.row(r);
+      bool* act = active + b * s.q + r % s.q;
+      if (row.pairs == nullptr) {
+        if (first_key < row.end) {
+          *act = true;
+          widest = std::max(widest, row.end);
+        }
+        continue;
+      }
+      for (std::int64_t j = 0; j < row.end; ++j)
+        if (row(j)) *act = used[b * s.k + j] = true;
+    }
+    for (std::int64_t j = 0; j < widest; ++j) used[b * s.k + j] |= !m.key_mask.defined() || rows.row(b * heads * s.q).keys[j];
+  }
   if (all(out.active)) out.active = Tensor();
   if (all(out.used)) out.used = Tensor();
   return out;
@@ -139,7 +150,7 @@ AttentionResult attend_projected(const Tensor& q, const Tensor& k, const Tensor&
                                  const AllowedPairs& allowed, const MhaShapes& s) {
   // Steps 2-5 in the attention core (one tape node), with the bias added to the scores.
   auto [heads_out, attention] =
-      attention_core({s.op, split_heads(q, s.h), split_heads(k, s.h), split_heads(v, s.h), bias, allowed.pairs});
+      attention_core({s.op, split_heads(q, s.h), split_heads(k, s.h), split_heads(v, s.h), bias, allowed.mask});
   // Step 6: concatenate heads in head order, then the output projection.
   const Tensor merged = reshape(permute(heads_out, {0, 2, 1, 3}), {s.b, s.q, s.h * s.dv});
   Tensor output = project(merged, p.w_o, p.b_o);

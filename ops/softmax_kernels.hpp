@@ -3,9 +3,11 @@
 // pieces that log_softmax and cross_entropy build on: the row walk and the masked maximum.
 #pragma once
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "autodiff/kernel.hpp"
 
@@ -67,6 +69,51 @@ double masked_log_sum_exp(const T* s, std::int64_t ss, std::int64_t k, const boo
   for (std::int64_t j = 0; j < k; ++j)
     if (mask == nullptr || mask[j * ms]) z += std::exp(static_cast<double>(s[j * ss] - m));
   return std::log(z);
+}
+
+// exp for the softmax loops, written without calls or branches so that a loop over it
+// vectorises: float takes a range reduction x = n ln2 + r, |r| <= ln2 / 2, and a degree-7
+// polynomial for e^r (within 2 ulp of std::exp on [-87.3, 88]); double is std::exp. Below
+// -87.3 it flushes to 0 (the smallest normal float is e^-87.34), above 88 it is +inf, and NaN
+// stays NaN. n comes from the round-to-nearest of adding 1.5 * 2^23, read as integer bits, so
+// no float-to-int conversion can overflow, even for NaN.
+template <class T> inline T softmax_exp(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    constexpr float kLow = -87.3f, kHigh = 88.0f, kShift = 12582912.0f;
+    const float c = x < kLow ? kLow : x > kHigh ? kHigh : x;
+    const float t = c * 1.44269504088896341f + kShift;
+    const float n = t - kShift;
+    const float r = (c - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const std::uint32_t bits = std::bit_cast<std::uint32_t>(t) - std::bit_cast<std::uint32_t>(kShift);
+    const float y = p * std::bit_cast<float>((bits + 127u) << 23);
+    return x < kLow ? 0.0f : x > kHigh ? std::numeric_limits<float>::infinity() : y;
+  } else {
+    return std::exp(x);
+  }
+}
+
+// Reductions split over kLanes independent partial results, so that the compiler can keep
+// them in vector registers without reassociating a single sum (which it may not do for
+// floating point unless told to).
+inline constexpr std::int64_t kLanes = 16;
+
+// sum over j < n of f(j), accumulated in double.
+template <class F> double lane_sum(std::int64_t n, F&& f) {
+  double acc[kLanes] = {};
+  std::int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (std::int64_t l = 0; l < kLanes; ++l) acc[l] += static_cast<double>(f(j + l));
+  for (; j < n; ++j) acc[0] += static_cast<double>(f(j));
+  double total = 0;
+  for (double v : acc) total += v;
+  return total;
 }
 
 }  // namespace tapegrad::detail

@@ -131,8 +131,10 @@ void run_case(const Case& c, int threads) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Optional argument: run only the shape of that name.
-  const std::string only = argc > 1 ? argv[1] : "";
+  // Optional arguments: run only the shape of that name ("" or "all": every shape), and only
+  // with that many threads.
+  const std::string only = argc > 1 && std::string(argv[1]) != "all" ? argv[1] : "";
+  const int only_threads = argc > 2 ? std::stoi(argv[2]) : 0;
   fmt::print("multi-head attention (weights path), float32, key padding + causal, need_weights; {} blocks per figure\n",
              kBlocks);
   fmt::print("{:<7} {:>17} {:>2} {:>9} {:>8} {:>17} {:>8} {:>10} {:>17} {:>8} {:>8}\n", "", "(B, Q=K, E, H)", "th",
@@ -141,5 +143,6 @@ int main(int argc, char** argv) {
                                    {"large", 4, 512, 512, 8}, {"long", 1, 2048, 256, 4}};
   for (const auto& c : cases)
     if (only.empty() || only == c.name)
-      for (int threads : {1, 2}) run_case(c, threads);
+      for (int threads : {1, 2})
+        if (only_threads == 0 || threads == only_threads) run_case(c, threads);
 }

@@ -1,10 +1,11 @@
 // The attention core's fused softmax pass and its backward (formulas in attention.cpp and
 // docs/gradients.md). Each row is independent: rows are spread over the threads, and the loops
-// inside a row are written so that they vectorise (lane-split reductions, a call-free exp).
+// inside a row are written so that they vectorise (omp simd reductions, a call-free exp).
 #include "layers/attention_softmax.hpp"
 
 #include <algorithm>
 #include <limits>
+#include <type_traits>
 
 #include "autodiff/parallel.hpp"
 #include "ops/kernel.hpp"
@@ -42,49 +43,39 @@ struct Rows {
   }
 };
 
-// Softmax in place over a[0, end) restricted to the keys allowed(j); a[end, k) is set to 0.
+// Softmax in place over the allowed keys of a[0, end); a[end, k) and the other keys get 0.
 // Same rules as masked_max: NaN scores are skipped by the maximum but propagate, and a row with
-// no allowed key or only -inf allowed scores is all zeros.
-template <class T, class Allowed> void softmax_in_place(T* a, std::int64_t end, std::int64_t k, Allowed allowed) {
+// no allowed key or only -inf allowed scores is all zeros. The keys that the mask forbids are
+// first set to -inf, so that the loops after it are plain float loops (they vectorise): -inf
+// changes no maximum, marks no NaN, and exp(-inf - m) is 0 for every m but -inf. m = -inf
+// happens only with a NaN score and no finite one; that row takes the loop that asks the mask.
+template <class T, class Allowed>
+[[gnu::always_inline]] inline void softmax_in_place(T* a, std::int64_t end, std::int64_t k, bool dense, Allowed allowed) {
   constexpr T kMinusInf = -std::numeric_limits<T>::infinity();
-  T lane_max[kLanes];
-  unsigned char lane_any[kLanes] = {}, lane_nan[kLanes] = {};
-  std::fill_n(lane_max, kLanes, kMinusInf);
-  auto take = [&](std::int64_t j, std::int64_t l) {
-    const T v = a[j];
-    const bool ok = allowed(j);
-    lane_any[l] |= ok;
-    lane_nan[l] |= ok & (v != v);
-    lane_max[l] = ok && v > lane_max[l] ? v : lane_max[l];
-  };
-  std::int64_t j = 0;
-  for (; j + kLanes <= end; j += kLanes)
-    for (std::int64_t l = 0; l < kLanes; ++l) take(j + l, l);
-  for (; j < end; ++j) take(j, 0);
+  if (!dense)
+    for (std::int64_t j = 0; j < end; ++j) a[j] = allowed(j) ? a[j] : kMinusInf;
   T m = kMinusInf;
-  bool any = false, nan = false;
-  for (std::int64_t l = 0; l < kLanes; ++l) {
-    m = std::max(m, lane_max[l]);
-    any |= lane_any[l] != 0;
-    nan |= lane_nan[l] != 0;
+  int nan = 0;
+#pragma omp simd reduction(max : m) reduction(| : nan)
+  for (std::int64_t j = 0; j < end; ++j) {
+    const T v = a[j];
+    nan |= v != v ? 1 : 0;
+    m = v > m ? v : m;
   }
-  if (!any || (!nan && m == kMinusInf)) {
+  if (m == kMinusInf && !nan) {  // nothing allowed, or only -inf
     std::fill_n(a, k, T(0));
     return;
   }
   // s - m <= 0: no overflow; +inf - inf = NaN propagates
-  const double z = lane_sum(end, [&](std::int64_t i) {
-    const T e = allowed(i) ? softmax_exp<T>(a[i] - m) : T(0);
-    a[i] = e;
-    return e;
-  });
-  const T inv = static_cast<T>(1.0 / z);
-  for (std::int64_t i = 0; i < end; ++i) a[i] *= inv;
+  const T z = m == kMinusInf ? simd_sum(end, [&](std::int64_t j) { return a[j] = allowed(j) ? softmax_exp<T>(a[j] - m) : T(0); })
+                             : simd_sum(end, [&](std::int64_t j) { return a[j] = softmax_exp<T>(a[j] - m); });
+  const T inv = T(1) / z;
+  for (std::int64_t j = 0; j < end; ++j) a[j] *= inv;
   std::fill(a + end, a + k, T(0));
 }
 
 template <class T>
-void forward_rows(const Rows& scores, const Rows& bias, T scale, const RowMasks& masks, T* weights, std::int64_t begin,
+[[gnu::always_inline]] inline void forward_rows(const Rows& scores, const Rows& bias, T scale, const RowMasks& masks, T* weights, std::int64_t begin,
                   std::int64_t stop) {
   const std::int64_t k = scores.k;
   for (std::int64_t r = begin; r < stop; ++r) {
@@ -102,30 +93,25 @@ void forward_rows(const Rows& scores, const Rows& bias, T scale, const RowMasks&
       for (std::int64_t j = 0; j < end; ++j) a[j] = scale * s[j] + b[j];
     else
       for (std::int64_t j = 0; j < end; ++j) a[j] = scale * s[j * ss] + b[j * bs];
-    if (m.dense())
-      softmax_in_place(a, end, k, [](std::int64_t) { return true; });
-    else if (m.pairs == nullptr)
-      softmax_in_place(a, end, k, [keys = m.keys](std::int64_t j) { return keys[j]; });
+    if (m.pairs == nullptr)
+      softmax_in_place(a, end, k, m.dense(), [keys = m.keys](std::int64_t j) { return keys == nullptr || keys[j]; });
     else
-      softmax_in_place(a, end, k, [&m](std::int64_t j) { return m(j); });
+      softmax_in_place(a, end, k, false, [&m](std::int64_t j) { return m(j); });
   }
 }
 
 // One row of dS (see the header) with dA_j = grad(j).
 template <class T, class Grad>
-void backward_row(const T* a, std::int64_t end, std::int64_t k, T factor, T* out, Grad grad) {
+[[gnu::always_inline]] inline void backward_row(const T* a, std::int64_t end, std::int64_t k, T factor, T* out, Grad grad) {
   // Entries with A_j = 0 (masked, empty rows) contribute nothing and get exactly 0, even when
   // their upstream gradient is not finite (0 * inf would be NaN).
-  const double dot = lane_sum(end, [&](std::int64_t j) {
-    return a[j] != T(0) ? static_cast<double>(a[j]) * static_cast<double>(grad(j)) : 0.0;
-  });
-  const T d = static_cast<T>(dot);
+  const T d = simd_sum(end, [&](std::int64_t j) { return a[j] != T(0) ? a[j] * grad(j) : T(0); });
   for (std::int64_t j = 0; j < end; ++j) out[j] = a[j] == T(0) ? T(0) : factor * (a[j] * (grad(j) - d));
   std::fill(out + end, out + k, T(0));
 }
 
 template <class T>
-void backward_rows(const T* weights, const Rows& ga, const Rows& gb, T factor, const RowMasks& masks, T* out,
+[[gnu::always_inline]] inline void backward_rows(const T* weights, const Rows& ga, const Rows& gb, T factor, const RowMasks& masks, T* out,
                    std::int64_t begin, std::int64_t stop) {
   const std::int64_t k = ga.base ? ga.k : gb.k, sa = ga.stride, sb = gb.stride;
   for (std::int64_t r = begin; r < stop; ++r) {
@@ -147,6 +133,22 @@ void backward_rows(const T* weights, const Rows& ga, const Rows& gb, T factor, c
   }
 }
 
+// float32, the common case, is compiled for each vector width and picked at run time for the
+// CPU at hand (the build machine's CPU is never assumed); the templates above are inlined into
+// each clone.
+[[gnu::target_clones("avx512f", "avx2", "default")]] void forward_rows_f32(const Rows& scores, const Rows& bias, float scale,
+                                                                           const RowMasks& masks, float* weights,
+                                                                           std::int64_t begin, std::int64_t stop) {
+  forward_rows<float>(scores, bias, scale, masks, weights, begin, stop);
+}
+
+[[gnu::target_clones("avx512f", "avx2", "default")]] void backward_rows_f32(const float* weights, const Rows& ga,
+                                                                            const Rows& gb, float factor,
+                                                                            const RowMasks& masks, float* out,
+                                                                            std::int64_t begin, std::int64_t stop) {
+  backward_rows<float>(weights, ga, gb, factor, masks, out, begin, stop);
+}
+
 // Rows of K elements cost about this many units each per element (an exp, a few passes).
 constexpr std::int64_t kRowCost = 8;
 
@@ -160,7 +162,8 @@ void attention_softmax_forward(const Tensor& scores, double scale, const Tensor&
   visit_float(weights.dtype(), "attention", [&]<class T>(Tag<T>) {
     T* out = static_cast<T*>(mutable_data(weights));
     parallel_for(rows, k * kRowCost, [&](std::int64_t begin, std::int64_t stop) {
-      forward_rows<T>(s, b, static_cast<T>(scale), masks, out, begin, stop);
+      if constexpr (std::is_same_v<T, float>) forward_rows_f32(s, b, static_cast<T>(scale), masks, out, begin, stop);
+      else forward_rows<T>(s, b, static_cast<T>(scale), masks, out, begin, stop);
     });
   });
 }
@@ -175,7 +178,8 @@ Tensor attention_softmax_backward(const Tensor& weights, const Tensor& grad_a, c
     const T* a = static_cast<const T*>(weights.raw_data());
     T* out = static_cast<T*>(mutable_data(ds));
     parallel_for(rows, k * kRowCost, [&](std::int64_t begin, std::int64_t stop) {
-      backward_rows<T>(a, ga, gb, static_cast<T>(factor), masks, out, begin, stop);
+      if constexpr (std::is_same_v<T, float>) backward_rows_f32(a, ga, gb, static_cast<T>(factor), masks, out, begin, stop);
+      else backward_rows<T>(a, ga, gb, static_cast<T>(factor), masks, out, begin, stop);
     });
   });
   return ds;

@@ -77,7 +77,7 @@ double masked_log_sum_exp(const T* s, std::int64_t ss, std::int64_t k, const boo
 // -87.3 it flushes to 0 (the smallest normal float is e^-87.34), above 88 it is +inf, and NaN
 // stays NaN. n comes from the round-to-nearest of adding 1.5 * 2^23, read as integer bits, so
 // no float-to-int conversion can overflow, even for NaN.
-template <class T> inline T softmax_exp(T x) {
+template <class T> [[gnu::always_inline]] inline T softmax_exp(T x) {
   if constexpr (std::is_same_v<T, float>) {
     constexpr float kLow = -87.3f, kHigh = 88.0f, kShift = 12582912.0f;
     const float c = x < kLow ? kLow : x > kHigh ? kHigh : x;
@@ -99,20 +99,14 @@ template <class T> inline T softmax_exp(T x) {
   }
 }
 
-// Reductions split over kLanes independent partial results, so that the compiler can keep
-// them in vector registers without reassociating a single sum (which it may not do for
-// floating point unless told to).
-inline constexpr std::int64_t kLanes = 16;
-
-// sum over j < n of f(j), accumulated in double.
-template <class F> double lane_sum(std::int64_t n, F&& f) {
-  double acc[kLanes] = {};
-  std::int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (std::int64_t l = 0; l < kLanes; ++l) acc[l] += static_cast<double>(f(j + l));
-  for (; j < n; ++j) acc[0] += static_cast<double>(f(j));
-  double total = 0;
-  for (double v : acc) total += v;
+// sum over j < n of f(j), in f's type. `omp simd` (the library builds with -fopenmp-simd, no
+// OpenMP runtime involved) lets the compiler split the sum over vector lanes, which it may
+// not do on its own for floating point; the lanes also make a float sum much more accurate
+// than one running total.
+template <class F> [[gnu::always_inline]] inline auto simd_sum(std::int64_t n, F&& f) {
+  decltype(f(0)) total = 0;
+#pragma omp simd reduction(+ : total)
+  for (std::int64_t j = 0; j < n; ++j) total += f(j);
   return total;
 }
 

@@ -3,6 +3,7 @@
 // pieces that log_softmax and cross_entropy build on: the row walk and the masked maximum.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -108,6 +109,87 @@ template <class F> [[gnu::always_inline]] inline auto simd_sum(std::int64_t n, F
 #pragma omp simd reduction(+ : total)
   for (std::int64_t j = 0; j < n; ++j) total += f(j);
   return total;
+}
+
+// A bool mask read as bytes: GCC vectorises a select on a byte load, not on a bool load.
+inline const unsigned char* as_bytes(const bool* p) noexcept { return reinterpret_cast<const unsigned char*>(p); }
+
+// Where each row of a tensor read as `shape` ([..., Q, K], broadcasting) starts, and the stride
+// along K. Rows of a contiguous tensor of that shape start every K elements; other layouts
+// unravel the row number over [..., Q].
+struct RowPointers {
+  const std::byte* base = nullptr;
+  Shape shape;
+  Dims8 strides;
+  std::int64_t k = 0, stride = 0;
+  bool packed = false;
+
+  RowPointers(const Tensor& t, const Shape& shape_) : shape(shape_), k(shape_.back()) {
+    if (!t.defined()) return;
+    base = static_cast<const std::byte*>(t.raw_data());
+    packed = t.shape() == shape && t.is_contiguous();
+    strides = broadcast_strides(t, shape);
+    stride = strides[shape.size() - 1];
+  }
+  template <class T> const T* row(std::int64_t r) const noexcept {
+    if (base == nullptr) return nullptr;
+    if (packed) return reinterpret_cast<const T*>(base) + r * k;
+    std::int64_t offset = 0;
+    for (std::size_t d = shape.size() - 1; d-- > 0;) {
+      offset += (r % shape[d]) * strides[d];
+      r /= shape[d];
+    }
+    return reinterpret_cast<const T*>(base) + offset;
+  }
+};
+
+// Softmax in place over the allowed keys of a[0, end); a[end, k) and the other keys get 0.
+// Same rules as masked_max: NaN scores are skipped by the maximum but propagate, and a row with
+// no allowed key or only -inf allowed scores is all zeros. The keys that the mask forbids are
+// first set to -inf, so that the loops after it are plain float loops (they vectorise): -inf
+// changes no maximum, marks no NaN, and exp(-inf - m) is 0 for every m but -inf. m = -inf
+// happens only with a NaN score and no finite one; that row takes the loop that asks the mask.
+template <class T, class Allowed>
+[[gnu::always_inline]] inline void softmax_in_place(T* a, std::int64_t end, std::int64_t k, bool dense, Allowed allowed) {
+  constexpr T kMinusInf = -std::numeric_limits<T>::infinity();
+  if (!dense)
+#pragma omp simd
+    for (std::int64_t j = 0; j < end; ++j) {
+      const T v = a[j];  // read unconditionally: the select vectorises
+      a[j] = allowed(j) ? v : kMinusInf;
+    }
+  T m = kMinusInf;
+  int nan = 0;
+#pragma omp simd reduction(max : m) reduction(| : nan)
+  for (std::int64_t j = 0; j < end; ++j) {
+    const T v = a[j];
+    nan |= v != v ? 1 : 0;
+    m = v > m ? v : m;
+  }
+  if (m == kMinusInf && !nan) {  // nothing allowed, or only -inf
+    std::fill_n(a, k, T(0));
+    return;
+  }
+  // s - m <= 0: no overflow; +inf - inf = NaN propagates
+  const T z = m == kMinusInf ? simd_sum(end, [&](std::int64_t j) { return a[j] = allowed(j) ? softmax_exp<T>(a[j] - m) : T(0); })
+                             : simd_sum(end, [&](std::int64_t j) { return a[j] = softmax_exp<T>(a[j] - m); });
+  const T inv = T(1) / z;
+  if (z == z)
+    for (std::int64_t j = 0; j < end; ++j) a[j] *= inv;
+  else  // a NaN row: NaN at the allowed keys, and the others stay exact zeros
+    for (std::int64_t j = 0; j < end; ++j) a[j] = allowed(j) ? a[j] * inv : T(0);
+  std::fill(a + end, a + k, T(0));
+}
+
+// One row of the softmax backward, out = factor * A * (dA - sum(A * dA)) over [0, end), with
+// dA_j = grad(j); out[end, k) = 0 (A is 0 there).
+template <class T, class Grad>
+[[gnu::always_inline]] inline void softmax_backward_row(const T* a, std::int64_t end, std::int64_t k, T factor, T* out, Grad grad) {
+  // Entries with A_j = 0 (masked, empty rows) contribute nothing and get exactly 0, even when
+  // their upstream gradient is not finite (0 * inf would be NaN).
+  const T d = simd_sum(end, [&](std::int64_t j) { return a[j] != T(0) ? a[j] * grad(j) : T(0); });
+  for (std::int64_t j = 0; j < end; ++j) out[j] = a[j] == T(0) ? T(0) : factor * (a[j] * (grad(j) - d));
+  std::fill(out + end, out + k, T(0));
 }
 
 }  // namespace tapegrad::detail

@@ -149,6 +149,15 @@ struct RowPointers {
 // first set to -inf, so that the loops after it are plain float loops (they vectorise): -inf
 // changes no maximum, marks no NaN, and exp(-inf - m) is 0 for every m but -inf. m = -inf
 // happens only with a NaN score and no finite one; that row takes the loop that asks the mask.
+//
+// Short rows (causal ends) would spend their time in the scalar tail of each loop: the loops
+// run to `stop`, end rounded up to a multiple of kRowPad (within k), over -inf entries that
+// behave exactly like masked keys.
+inline constexpr std::int64_t kRowPad = 16;
+inline std::int64_t padded_end(std::int64_t end, std::int64_t k) noexcept {
+  return std::min(k, (end + kRowPad - 1) / kRowPad * kRowPad);
+}
+
 template <class T, class Allowed>
 [[gnu::always_inline]] inline void softmax_in_place(T* a, std::int64_t end, std::int64_t k, bool dense, Allowed allowed) {
   constexpr T kMinusInf = -std::numeric_limits<T>::infinity();
@@ -158,10 +167,12 @@ template <class T, class Allowed>
       const T v = a[j];  // read unconditionally: the select vectorises
       a[j] = allowed(j) ? v : kMinusInf;
     }
+  const std::int64_t stop = padded_end(end, k);
+  std::fill(a + end, a + stop, kMinusInf);
   T m = kMinusInf;
   int nan = 0;
 #pragma omp simd reduction(max : m) reduction(| : nan)
-  for (std::int64_t j = 0; j < end; ++j) {
+  for (std::int64_t j = 0; j < stop; ++j) {
     const T v = a[j];
     nan |= v != v ? 1 : 0;
     m = v > m ? v : m;
@@ -170,26 +181,28 @@ template <class T, class Allowed>
     std::fill_n(a, k, T(0));
     return;
   }
+  auto ok = [&](std::int64_t j) { return j < end && allowed(j); };
   // s - m <= 0: no overflow; +inf - inf = NaN propagates
-  const T z = m == kMinusInf ? simd_sum(end, [&](std::int64_t j) { return a[j] = allowed(j) ? softmax_exp<T>(a[j] - m) : T(0); })
-                             : simd_sum(end, [&](std::int64_t j) { return a[j] = softmax_exp<T>(a[j] - m); });
+  const T z = m == kMinusInf ? simd_sum(stop, [&](std::int64_t j) { return a[j] = ok(j) ? softmax_exp<T>(a[j] - m) : T(0); })
+                             : simd_sum(stop, [&](std::int64_t j) { return a[j] = softmax_exp<T>(a[j] - m); });
   const T inv = T(1) / z;
   if (z == z)
-    for (std::int64_t j = 0; j < end; ++j) a[j] *= inv;
+    for (std::int64_t j = 0; j < stop; ++j) a[j] *= inv;
   else  // a NaN row: NaN at the allowed keys, and the others stay exact zeros
-    for (std::int64_t j = 0; j < end; ++j) a[j] = allowed(j) ? a[j] * inv : T(0);
-  std::fill(a + end, a + k, T(0));
+    for (std::int64_t j = 0; j < stop; ++j) a[j] = ok(j) ? a[j] * inv : T(0);
+  std::fill(a + stop, a + k, T(0));
 }
 
 // One row of the softmax backward, out = factor * A * (dA - sum(A * dA)) over [0, end), with
-// dA_j = grad(j); out[end, k) = 0 (A is 0 there).
+// dA_j = grad(j); out[end, k) = 0 (A is 0 there, so the loops may run on to padded_end).
 template <class T, class Grad>
 [[gnu::always_inline]] inline void softmax_backward_row(const T* a, std::int64_t end, std::int64_t k, T factor, T* out, Grad grad) {
   // Entries with A_j = 0 (masked, empty rows) contribute nothing and get exactly 0, even when
   // their upstream gradient is not finite (0 * inf would be NaN).
-  const T d = simd_sum(end, [&](std::int64_t j) { return a[j] != T(0) ? a[j] * grad(j) : T(0); });
-  for (std::int64_t j = 0; j < end; ++j) out[j] = a[j] == T(0) ? T(0) : factor * (a[j] * (grad(j) - d));
-  std::fill(out + end, out + k, T(0));
+  const std::int64_t stop = padded_end(end, k);
+  const T d = simd_sum(stop, [&](std::int64_t j) { return a[j] != T(0) ? a[j] * grad(j) : T(0); });
+  for (std::int64_t j = 0; j < stop; ++j) out[j] = a[j] == T(0) ? T(0) : factor * (a[j] * (grad(j) - d));
+  std::fill(out + stop, out + k, T(0));
 }
 
 }  // namespace tapegrad::detail

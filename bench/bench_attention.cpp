@@ -160,14 +160,15 @@ void softmax_bandwidth(const char* name, Tensor (*op)(const Tensor&, const Tenso
   };
   const auto t = timed({[&] { std::copy(src.begin(), src.end(), dst.begin()); }, forward, both}, 0.3);
   const double copy = t[0].median, fwd = t[1].median, bwd = t[2].median - t[1].median;
-  fmt::print("{:<16} {:>6.1f} MiB {:>2} {:>9.3f} {:>9.3f} {:>7.1f}% {:>9.3f} {:>7.1f}%\n", fmt::format("{}{}", name, masked ? " (mask)" : ""),
-             n * 4.0 / (1 << 20), threads, copy * 1e3, fwd * 1e3, 100 * copy / fwd, bwd * 1e3, 100 * 1.5 * copy / bwd);
+  fmt::print("{:<22} {:>6.1f} MiB {:>2} {:>9.3f} {:>9.3f} {:>7.1f}% {:>9.3f} {:>7.1f}%\n",
+             fmt::format("{}{}", name, masked ? " (mask)" : ""), n * 4.0 / (1 << 20), threads, copy * 1e3, fwd * 1e3,
+             100 * copy / fwd, bwd * 1e3, 100 * 1.5 * copy / bwd);
   std::fflush(stdout);
 }
 
 void softmax_bandwidths(int only_threads) {
   fmt::print("\nsoftmax ops, float32 [rows, 1024], fraction of copy bandwidth\n");
-  fmt::print("{:<16} {:>10} {:>2} {:>9} {:>9} {:>8} {:>9} {:>8}\n", "", "size", "th", "copy ms", "fwd ms", "fwd bw", "bwd ms",
+  fmt::print("{:<22} {:>10} {:>2} {:>9} {:>9} {:>8} {:>9} {:>8}\n", "", "size", "th", "copy ms", "fwd ms", "fwd bw", "bwd ms",
              "bwd bw");
   for (int threads : {1, 2})
     if (only_threads == 0 || threads == only_threads)

@@ -15,8 +15,8 @@ namespace tapegrad::detail {
 namespace {
 
 template <class T>
-[[gnu::always_inline]] inline void forward_rows(const RowPointers& scores, const RowPointers& bias, T scale, const RowMasks& masks, T* weights, std::int64_t begin,
-                  std::int64_t stop) {
+[[gnu::always_inline]] inline void forward_rows(const RowPointers& scores, const RowPointers& bias, T scale,
+                                                const RowMasks& masks, T* weights, std::int64_t begin, std::int64_t stop) {
   const std::int64_t k = scores.k;
   for (std::int64_t r = begin; r < stop; ++r) {
     const RowMask m = masks.row(r);
@@ -34,15 +34,16 @@ template <class T>
     else
       for (std::int64_t j = 0; j < end; ++j) a[j] = scale * s[j * ss] + b[j * bs];
     if (m.pairs == nullptr)
-      softmax_in_place(a, end, k, m.dense(), [keys = as_bytes(m.keys)](std::int64_t j) { return keys == nullptr || keys[j] != 0; });
+      softmax_in_place(a, end, k, m.dense(),
+                       [keys = as_bytes(m.keys)](std::int64_t j) { return keys == nullptr || keys[j] != 0; });
     else
       softmax_in_place(a, end, k, false, [&m](std::int64_t j) { return m(j); });
   }
 }
 
 template <class T>
-[[gnu::always_inline]] inline void backward_rows(const T* weights, const RowPointers& ga, const RowPointers& gb, T factor, const RowMasks& masks, T* out,
-                   std::int64_t begin, std::int64_t stop) {
+[[gnu::always_inline]] inline void backward_rows(const T* weights, const RowPointers& ga, const RowPointers& gb, T factor,
+                                                 const RowMasks& masks, T* out, std::int64_t begin, std::int64_t stop) {
   const std::int64_t k = ga.base ? ga.k : gb.k, sa = ga.stride, sb = gb.stride;
   for (std::int64_t r = begin; r < stop; ++r) {
     const std::int64_t end = masks.row(r).end;
@@ -66,8 +67,8 @@ template <class T>
 // float32, the common case, is compiled for each vector width and picked at run time for the
 // CPU at hand (the build machine's CPU is never assumed); the templates above are inlined into
 // each clone.
-[[gnu::target_clones("avx512f", "avx2", "default")]] void forward_rows_f32(const RowPointers& scores, const RowPointers& bias, float scale,
-                                                                           const RowMasks& masks, float* weights,
+[[gnu::target_clones("avx512f", "avx2", "default")]] void forward_rows_f32(const RowPointers& scores, const RowPointers& bias,
+                                                                           float scale, const RowMasks& masks, float* weights,
                                                                            std::int64_t begin, std::int64_t stop) {
   forward_rows<float>(scores, bias, scale, masks, weights, begin, stop);
 }

@@ -183,8 +183,9 @@ template <class T, class Allowed>
   }
   auto ok = [&](std::int64_t j) { return j < end && allowed(j); };
   // s - m <= 0: no overflow; +inf - inf = NaN propagates
-  const T z = m == kMinusInf ? simd_sum(stop, [&](std::int64_t j) { return a[j] = ok(j) ? softmax_exp<T>(a[j] - m) : T(0); })
-                             : simd_sum(stop, [&](std::int64_t j) { return a[j] = softmax_exp<T>(a[j] - m); });
+  const T z = m == kMinusInf
+                  ? simd_sum(stop, [&](std::int64_t j) { return a[j] = ok(j) ? softmax_exp<T>(a[j] - m) : T(0); })
+                  : simd_sum(stop, [&](std::int64_t j) { return a[j] = softmax_exp<T>(a[j] - m); });
   const T inv = T(1) / z;
   if (z == z)
     for (std::int64_t j = 0; j < stop; ++j) a[j] *= inv;
@@ -196,7 +197,8 @@ template <class T, class Allowed>
 // One row of the softmax backward, out = factor * A * (dA - sum(A * dA)) over [0, end), with
 // dA_j = grad(j); out[end, k) = 0 (A is 0 there, so the loops may run on to padded_end).
 template <class T, class Grad>
-[[gnu::always_inline]] inline void softmax_backward_row(const T* a, std::int64_t end, std::int64_t k, T factor, T* out, Grad grad) {
+[[gnu::always_inline]] inline void softmax_backward_row(const T* a, std::int64_t end, std::int64_t k, T factor, T* out,
+                                                        Grad grad) {
   // Entries with A_j = 0 (masked, empty rows) contribute nothing and get exactly 0, even when
   // their upstream gradient is not finite (0 * inf would be NaN).
   const std::int64_t stop = padded_end(end, k);

@@ -24,20 +24,19 @@ template <class T>
     const T* b = bias.row<T>(r);
     T* a = weights + r * k;
     const std::int64_t ss = scores.stride, bs = bias.stride, end = m.end;
-    // x = scale s + b over the keys below the causal end (the rest is 0 whatever it holds)
-    if (b == nullptr && ss == 1)
-      for (std::int64_t j = 0; j < end; ++j) a[j] = scale * s[j];
-    else if (b == nullptr)
-      for (std::int64_t j = 0; j < end; ++j) a[j] = scale * s[j * ss];
-    else if (ss == 1 && bs == 1)
-      for (std::int64_t j = 0; j < end; ++j) a[j] = scale * s[j] + b[j];
-    else
-      for (std::int64_t j = 0; j < end; ++j) a[j] = scale * s[j * ss] + b[j * bs];
-    if (m.pairs == nullptr)
-      softmax_in_place(a, end, k, m.dense(),
-                       [keys = as_bytes(m.keys)](std::int64_t j) { return keys == nullptr || keys[j] != 0; });
-    else
-      softmax_in_place(a, end, k, false, [&m](std::int64_t j) { return m(j); });
+    // x = scale s + b over the keys below the causal end, -inf at the masked ones, and its
+    // maximum: one pass (the rest of the row becomes 0 whatever it holds)
+    const unsigned char* keys = as_bytes(m.keys);
+    auto masked = [&](std::int64_t j, T x) { return m.pairs ? select(m(j), x) : select(keys[j], x); };
+    RowMax<T> max;
+    if (m.dense() && b == nullptr && ss == 1) max = load_row(a, end, [&](std::int64_t j) { return scale * s[j]; });
+    else if (m.dense() && b == nullptr) max = load_row(a, end, [&](std::int64_t j) { return scale * s[j * ss]; });
+    else if (m.dense()) max = load_row(a, end, [&](std::int64_t j) { return scale * s[j * ss] + b[j * bs]; });
+    else if (m.pairs == nullptr && b == nullptr && ss == 1)
+      max = load_row(a, end, [&](std::int64_t j) { return select(keys[j], scale * s[j]); });
+    else if (b == nullptr) max = load_row(a, end, [&](std::int64_t j) { return masked(j, scale * s[j * ss]); });
+    else max = load_row(a, end, [&](std::int64_t j) { return masked(j, scale * s[j * ss] + b[j * bs]); });
+    softmax_loaded(a, end, k, max, [&m](std::int64_t j) { return m(j); });
   }
 }
 

@@ -26,25 +26,13 @@ template <class T> constexpr T kMinusInf = -std::numeric_limits<T>::infinity();
 // Rows of K elements cost about this many units each per element (an exp, a few passes).
 constexpr std::int64_t kRowCost = 8;
 
-// One row in place: y = (x - m) - log sum over allowed j of exp(x_j - m), -inf where not allowed
-// (rules of masked_max). As in softmax_in_place, the disallowed entries are -inf first, so the
+// The rest of one row after load_row wrote it with -inf at the disallowed entries: y = (x - m)
+// - log sum over allowed j of exp(x_j - m), -inf where not allowed (rules of masked_max). The
 // loops are plain float loops, except in a row whose maximum is -inf with a NaN (all NaN then).
 template <class T, class Allowed>
-[[gnu::always_inline]] inline void log_softmax_in_place(T* y, std::int64_t k, bool dense, Allowed allowed) {
-  if (!dense)
-#pragma omp simd
-    for (std::int64_t j = 0; j < k; ++j) {
-      const T v = y[j];  // read unconditionally: the select vectorises
-      y[j] = allowed(j) ? v : kMinusInf<T>;
-    }
-  T m = kMinusInf<T>;
-  int nan = 0;
-#pragma omp simd reduction(max : m) reduction(| : nan)
-  for (std::int64_t j = 0; j < k; ++j) {
-    nan |= y[j] != y[j] ? 1 : 0;
-    m = y[j] > m ? y[j] : m;
-  }
-  if (m == kMinusInf<T> && !nan) {  // nothing allowed, or only -inf
+[[gnu::always_inline]] inline void log_softmax_loaded(T* y, std::int64_t k, RowMax<T> max, Allowed allowed) {
+  const T m = max.m;
+  if (m == kMinusInf<T> && !max.nan) {  // nothing allowed, or only -inf
     std::fill_n(y, k, kMinusInf<T>);
     return;
   }
@@ -64,13 +52,15 @@ template <class T>
   for (std::int64_t r = begin; r < stop; ++r) {
     const T* s = x.row<T>(r);
     T* y = out + r * k;
-    if (xs == 1) std::copy_n(s, k, y);
-    else
-      for (std::int64_t j = 0; j < k; ++j) y[j] = s[j * xs];
+    // Copy, mask (-inf) and maximum in one pass, then the rest on the copy.
     const bool* m = mask.row<bool>(r);
-    if (m == nullptr) log_softmax_in_place(y, k, true, [](std::int64_t) { return true; });
-    else if (ms == 1) log_softmax_in_place(y, k, false, [b = as_bytes(m)](std::int64_t j) { return b[j] != 0; });
-    else log_softmax_in_place(y, k, false, [m, ms](std::int64_t j) { return m[j * ms]; });
+    const unsigned char* b = as_bytes(m);
+    RowMax<T> max;
+    if (m == nullptr && xs == 1) max = load_row(y, k, [&](std::int64_t j) { return s[j]; });
+    else if (m == nullptr) max = load_row(y, k, [&](std::int64_t j) { return s[j * xs]; });
+    else if (xs == 1 && ms == 1) max = load_row(y, k, [&](std::int64_t j) { return select(b[j], s[j]); });
+    else max = load_row(y, k, [&](std::int64_t j) { return select(b[j * ms], s[j * xs]); });
+    log_softmax_loaded(y, k, max, [&](std::int64_t j) { return m == nullptr || m[j * ms]; });
   }
 }
 

@@ -30,13 +30,15 @@ template <class T>
   for (std::int64_t r = begin; r < stop; ++r) {
     const T* s = scores.row<T>(r);
     T* a = weights + r * k;
-    if (ss == 1) std::copy_n(s, k, a);
-    else
-      for (std::int64_t j = 0; j < k; ++j) a[j] = s[j * ss];
+    // Copy, mask (-inf) and maximum in one pass, then the rest of the softmax on the copy.
     const bool* m = mask.row<bool>(r);
-    if (m == nullptr) softmax_in_place(a, k, k, true, [](std::int64_t) { return true; });
-    else if (ms == 1) softmax_in_place(a, k, k, false, [b = as_bytes(m)](std::int64_t j) { return b[j] != 0; });
-    else softmax_in_place(a, k, k, false, [m, ms](std::int64_t j) { return m[j * ms]; });
+    const unsigned char* b = as_bytes(m);
+    RowMax<T> max;
+    if (m == nullptr && ss == 1) max = load_row(a, k, [&](std::int64_t j) { return s[j]; });
+    else if (m == nullptr) max = load_row(a, k, [&](std::int64_t j) { return s[j * ss]; });
+    else if (ss == 1 && ms == 1) max = load_row(a, k, [&](std::int64_t j) { return select(b[j], s[j]); });
+    else max = load_row(a, k, [&](std::int64_t j) { return select(b[j * ms], s[j * ss]); });
+    softmax_loaded(a, k, k, max, [&](std::int64_t j) { return m == nullptr || m[j * ms]; });
   }
 }
 

@@ -143,7 +143,8 @@ struct RowPointers {
   }
 };
 
-// Softmax in place over the allowed keys of a[0, end); a[end, k) and the other keys get 0.
+// The softmax of one row, in three pieces below: load_row, softmax_loaded, or both at once in
+// softmax_in_place. Over the allowed keys of a[0, end); a[end, k) and the other keys get 0.
 // Same rules as masked_max: NaN scores are skipped by the maximum but propagate, and a row with
 // no allowed key or only -inf allowed scores is all zeros. The keys that the mask forbids are
 // first set to -inf, so that the loops after it are plain float loops (they vectorise): -inf
@@ -158,26 +159,39 @@ inline std::int64_t padded_end(std::int64_t end, std::int64_t k) noexcept {
   return std::min(k, (end + kRowPad - 1) / kRowPad * kRowPad);
 }
 
-template <class T, class Allowed>
-[[gnu::always_inline]] inline void softmax_in_place(T* a, std::int64_t end, std::int64_t k, bool dense, Allowed allowed) {
-  constexpr T kMinusInf = -std::numeric_limits<T>::infinity();
-  if (!dense)
-#pragma omp simd
-    for (std::int64_t j = 0; j < end; ++j) {
-      const T v = a[j];  // read unconditionally: the select vectorises
-      a[j] = allowed(j) ? v : kMinusInf;
-    }
-  const std::int64_t stop = padded_end(end, k);
-  std::fill(a + end, a + stop, kMinusInf);
-  T m = kMinusInf;
+// Writes a[j] = load(j) for j < end (load gives -inf at masked keys) and returns their maximum
+// and whether one is NaN, in one pass: the caller's scaling, bias and mask fuse into it.
+// x where the mask byte (or bool) is set, else -inf; x is computed unconditionally, so that a
+// loop of these vectorises.
+template <class M, class T> [[gnu::always_inline]] inline T select(M allowed, T x) {
+  return allowed ? x : -std::numeric_limits<T>::infinity();
+}
+
+template <class T> struct RowMax {
+  T m;
+  bool nan;
+};
+template <class T, class Load> [[gnu::always_inline]] inline RowMax<T> load_row(T* a, std::int64_t end, Load load) {
+  T m = -std::numeric_limits<T>::infinity();
   int nan = 0;
 #pragma omp simd reduction(max : m) reduction(| : nan)
-  for (std::int64_t j = 0; j < stop; ++j) {
-    const T v = a[j];
+  for (std::int64_t j = 0; j < end; ++j) {
+    const T v = load(j);
+    a[j] = v;
     nan |= v != v ? 1 : 0;
     m = v > m ? v : m;
   }
-  if (m == kMinusInf && !nan) {  // nothing allowed, or only -inf
+  return {m, nan != 0};
+}
+
+// The rest of the softmax of a row that load_row wrote; allowed(j) is asked only in a NaN row.
+template <class T, class Allowed>
+[[gnu::always_inline]] inline void softmax_loaded(T* a, std::int64_t end, std::int64_t k, RowMax<T> max, Allowed allowed) {
+  constexpr T kMinusInf = -std::numeric_limits<T>::infinity();
+  const std::int64_t stop = padded_end(end, k);
+  std::fill(a + end, a + stop, kMinusInf);
+  const T m = max.m;
+  if (m == kMinusInf && !max.nan) {  // nothing allowed, or only -inf
     std::fill_n(a, k, T(0));
     return;
   }
@@ -192,6 +206,14 @@ template <class T, class Allowed>
   else  // a NaN row: NaN at the allowed keys, and the others stay exact zeros
     for (std::int64_t j = 0; j < stop; ++j) a[j] = ok(j) ? a[j] * inv : T(0);
   std::fill(a + stop, a + k, T(0));
+}
+
+// Softmax in place over the allowed keys of a[0, end) (dense: all of them).
+template <class T, class Allowed>
+[[gnu::always_inline]] inline void softmax_in_place(T* a, std::int64_t end, std::int64_t k, bool dense, Allowed allowed) {
+  const RowMax<T> max = dense ? load_row(a, end, [&](std::int64_t j) { return a[j]; })
+                              : load_row(a, end, [&](std::int64_t j) { return select(allowed(j), a[j]); });
+  softmax_loaded(a, end, k, max, allowed);
 }
 
 // One row of the softmax backward, out = factor * A * (dA - sum(A * dA)) over [0, end), with

@@ -1,9 +1,11 @@
 // scaled_dot_product_attention and causal_mask. The attention is one tape node; its backward,
 // derived in docs/gradients.md, walks the forward in reverse:
 //   forward                          backward
-//   S = (q / sqrt(D)) k^T (+ bias)   dq = dS k / sqrt(D),  dk = dS^T q / sqrt(D),  dbias = dS
-//   A = masked_softmax(S, allowed)   dS = A * (dA - rowsum(A * dA))
+//   S = q k^T / sqrt(D) (+ bias)     dq = dS k / sqrt(D),  dk = dS^T q / sqrt(D),  dbias = dS
+//   A = masked_softmax(S, mask)      dS = A * (dA - rowsum(A * dA))
 //   O = A v                          dA = dO v^T + (upstream gradient of A),  dv = A^T dO
+// The scaling, the bias, the mask and the softmax are one pass over the scores
+// (attention_softmax.cpp), and the mask is asked for row by row, never materialised.
 // Masked keys and empty rows have weights exactly 0, and so have their dS. The four products by
 // A or dS (O, dv, dq, dk) are weighted_matmul, where a zero weight contributes nothing: a NaN or
 // inf in a masked key's k or v, or in an empty row's q, cannot reach any output or gradient
@@ -13,7 +15,7 @@
 
 #include "layers/attention_core.hpp"
 #include "ops/kernel.hpp"
-#include "ops/softmax_kernels.hpp"
+#include "layers/attention_softmax.hpp"
 #include "ops/weighted_matmul.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/matmul.hpp"
@@ -25,7 +27,7 @@ namespace {
 
 Shape leading(const Tensor& t) { return Shape(t.shape().begin(), t.shape().end() - 2); }
 
-// Validates q, k, v, bias and mask; returns the scores' shape [..., Q, K].
+// Validates q, k, v and bias; returns the scores' shape [..., Q, K].
 Shape check_attention(const AttentionArgs& a) {
   const DType dtype = check_same_float(a.op, "q", a.q, "k", a.k);
   check_same_float(a.op, "q", a.q, "v", a.v);
@@ -56,14 +58,7 @@ Shape check_attention(const AttentionArgs& a) {
       fail<ShapeError>("{}: argument 'bias' with shape {} must broadcast to the scores' shape {}", a.op,
                        shape_str(a.bias.shape()), shape_str(scores));
   }
-  const Tensor& allowed = a.mask.allowed;
-  if (allowed.defined()) {
-    check_dtype(a.op, "mask", allowed, DType::bool_);
-    if (broadcast_args(a.op, "scores", scores, "mask", allowed.shape()) != scores)
-      fail<ShapeError>("{}: argument 'mask' with shape {} must broadcast to the scores' shape {}", a.op,
-                       shape_str(allowed.shape()), shape_str(scores));
-  }
-  return scores;
+  return scores;  // the mask is checked by RowMasks
 }
 
 }  // namespace
@@ -71,26 +66,24 @@ Shape check_attention(const AttentionArgs& a) {
 AttentionResult attention_core(const AttentionArgs& a) {
   const Shape scores_shape = check_attention(a);
   if (!a.need_weights) return {flash_attention(a, scores_shape), Tensor()};
-  // The weights path takes its mask as one bool tensor; the fused path reads the parts row by row.
-  if (a.mask.key_mask.defined() || a.mask.query_mask.defined() || a.mask.causal)
-    fail<ValueError>("{}: internal: the weights path takes its mask as 'allowed' only", a.op);
+  const RowMasks masks(a.op, a.mask, scores_shape);
   const double scale = 1.0 / std::sqrt(static_cast<double>(a.q.size(-1)));
   Tensor weights, output;
   {
     NoGradGuard no_grad;  // the pieces are not recorded: the node below is the whole attention
-    // Scaling q ([..., Q, D]) costs less than scaling the scores ([..., Q, K]).
-    Tensor scores = matmul(mul(a.q, scale), transpose(a.k, -1, -2));
-    // The weights carry every leading dim of q, k and v (v may have more than q and k): a view.
-    if (scores.shape() != scores_shape) scores = expand(scores, scores_shape);
-    if (a.bias.defined()) scores = add(scores, a.bias);
-    weights = masked_softmax_forward(scores, a.mask.allowed);
+    const Tensor scores = matmul(a.q, transpose(a.k, -1, -2));
+    // The weights carry every leading dim of q, k and v (v may have more than q and k); when
+    // they are the scores' own shape, the softmax overwrites the scores in place.
+    weights = scores.shape() == scores_shape ? scores : new_tensor(scores_shape, scores.dtype(), a.op);
+    attention_softmax_forward(scores.shape() == scores_shape ? scores : expand(scores, scores_shape), scale, a.bias, masks,
+                              weights);
     output = weighted_matmul(weights, a.v);
   }
   const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias};
   if (!should_record(inputs)) return {output, weights};
   std::vector<Tensor> outputs{output, weights};
   record_op(a.op, inputs, outputs,
-            [q = a.q, k = a.k, v = a.v, bias_shape = a.bias.defined() ? a.bias.shape() : Shape{}, A = weights.detach(),
+            [q = a.q, k = a.k, v = a.v, bias_shape = a.bias.defined() ? a.bias.shape() : Shape{}, A = weights.detach(), masks,
              scale](std::span<const Tensor> g, const std::vector<bool>& needs) {
               const Tensor& d_out = g[0];
               const Tensor& d_weights = g[1];
@@ -98,15 +91,17 @@ AttentionResult attention_core(const AttentionArgs& a) {
               // dv = A^T dO
               if (needs[2] && d_out.defined()) grads[2] = sum_to(weighted_matmul(transpose(A, -1, -2), d_out), v.shape());
               if (!(needs[0] || needs[1] || needs[3])) return grads;
-              // dA = dO v^T + upstream dA (read only where A != 0)
-              Tensor dA = d_out.defined() ? matmul(d_out, transpose(v, -1, -2)) : Tensor();
-              if (d_weights.defined()) dA = dA.defined() ? add(dA, d_weights) : d_weights;
-              if (!dA.defined()) return grads;
-              const Tensor dS = masked_softmax_backward(A, dA);  // zero where masked
+              // dA = dO v^T + upstream dA (read only where A != 0), summed inside the softmax pass
+              const Tensor dA = d_out.defined() ? matmul(d_out, transpose(v, -1, -2)) : Tensor();
+              if (!dA.defined() && !d_weights.defined()) return grads;
+              // The 1/sqrt(D) goes on dS when the bias needs no gradient (dS itself), else on the
+              // [..., Q, D] and [..., K, D] results.
+              const double factor = needs[3] ? 1.0 : scale;
+              const Tensor dS = attention_softmax_backward(A, dA, d_weights, masks, factor);  // zero where masked
               if (needs[3]) grads[3] = sum_to(dS, bias_shape);
-              // The 1/sqrt(D) goes on the [..., Q, D] and [..., K, D] results, not on dS.
-              if (needs[0]) grads[0] = mul(sum_to(weighted_matmul(dS, k), q.shape()), scale);
-              if (needs[1]) grads[1] = mul(sum_to(weighted_matmul(transpose(dS, -1, -2), q), k.shape()), scale);
+              auto scaled = [&](Tensor t) { return needs[3] ? mul(t, scale) : t; };
+              if (needs[0]) grads[0] = scaled(sum_to(weighted_matmul(dS, k), q.shape()));
+              if (needs[1]) grads[1] = scaled(sum_to(weighted_matmul(transpose(dS, -1, -2), q), k.shape()));
               return grads;
             },
             /*saved=*/std::vector<Tensor>{a.q, a.k, a.v, weights});

@@ -17,6 +17,7 @@ struct AttentionArgs {
   bool need_weights = true;
 };
 
+// The single entry: validates, computes the weights and the output, records one node.
 AttentionResult attention_core(const AttentionArgs& args);
 
 // The fused path: validated arguments and the scores' shape [..., Q, K]. Returns the output.

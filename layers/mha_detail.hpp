@@ -31,13 +31,11 @@ Tensor rows_where(const Tensor& rows, const Tensor& x);
 
 // Step 4: which (query, key) pairs may attend, and which queries and keys take part at all.
 struct AllowedPairs {
-  Tensor pairs;   // bool, broadcastable to [B, H, Q, K]; undefined when every pair is allowed (or not combined)
-  Tensor active;  // bool [B, Q]: the query has an allowed key in some head; undefined when all do
-  Tensor used;    // bool [B, K]: some query may attend to the key in some head; undefined when all are
-  AttentionMask parts;  // the same pairs, described per row (the fused path reads these)
+  AttentionMask mask;  // the masks and the causal rule, described (never a [B, H, Q, K] tensor)
+  Tensor active;       // bool [B, Q]: the query has an allowed key in some head; undefined when all do
+  Tensor used;         // bool [B, K]: some query may attend to the key in some head; undefined when all are
 };
-// With `combine` false the pairs are left undefined (the fused path reads the parts).
-AllowedPairs allowed_pairs(const MhaMasks& m, const MhaShapes& s, bool causal, std::int64_t causal_offset, bool combine);
+AllowedPairs allowed_pairs(const MhaMasks& m, const MhaShapes& s, bool causal, std::int64_t causal_offset);
 
 // Steps 2-7 of multihead_attention from projected q [B, Q, H*D], k [B, K, H*D], v [B, K, H*Dv].
 // Without need_weights the attention runs fused and the returned weights are undefined.

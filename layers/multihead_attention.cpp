@@ -104,82 +104,43 @@ MhaShapes check_mha(const char* op, const MhaActivations& a, const MhaParameters
   return s;
 }
 
-namespace {
-
-// active and used from the mask's parts, one row of [B, H, Q, K] at a time and nothing of size
-// Q K built: a row without key or pair mask allows every key below its end, a row with only a
-// key mask allows the keys the mask allows below its end; only rows with pairs are walked.
-void participation_by_rows(const AttentionMask& parts, const MhaShapes& s, AllowedPairs& out) {
-  const RowMasks rows(s.op, parts, {s.b, s.h, s.q, s.k});
-  out.active = zeros({s.b, s.q}, DType::bool_);
-  out.used = zeros({s.b, s.k}, DType::bool_);
-  bool* active = static_cast<bool*>(mutable_data(out.active));
-  bool* used = static_cast<bool*>(mutable_data(out.used));
-  // Per batch entry: keys below `reach` are used; keys below `key_reach` are used where allowed;
-  // `first_key` is the first key the key mask allows (K when none).
-  std::vector<std::int64_t> reach(static_cast<std::size_t>(s.b), 0), key_reach(reach), first_key(reach.size(), s.k);
-  const Tensor keys = parts.key_mask.defined() ? contiguous(parts.key_mask) : Tensor();
-  const bool* key_rows = keys.defined() ? static_cast<const bool*>(keys.raw_data()) : nullptr;
-  for (std::int64_t b = 0; key_rows != nullptr && b < s.b; ++b)
-    for (std::int64_t j = s.k; j-- > 0;)
-      if (key_rows[b * s.k + j]) first_key[static_cast<std::size_t>(b)] = j;
-  for (std::int64_t b = 0; b < s.b; ++b)
-    for (std::int64_t h = 0; h < s.h; ++h)
-      for (std::int64_t i = 0; i < s.q; ++i) {
-        const RowMask r = rows.row((b * s.h + h) * s.q + i);
-        const auto bi = static_cast<std::size_t>(b);
-        if (r.pairs != nullptr) {
-          for (std::int64_t j = 0; j < r.end; ++j)
-            if (r(j)) active[b * s.q + i] = used[b * s.k + j] = true;
-        } else if (r.keys != nullptr) {
-          active[b * s.q + i] |= r.end > first_key[bi];
-          key_reach[bi] = std::max(key_reach[bi], r.end);
-        } else {
-          active[b * s.q + i] |= r.end > 0;
-          reach[bi] = std::max(reach[bi], r.end);
-        }
-      }
-  for (std::int64_t b = 0; b < s.b; ++b)
-    for (std::int64_t j = 0; j < s.k; ++j)
-      used[b * s.k + j] |= j < reach[static_cast<std::size_t>(b)] || (j < key_reach[static_cast<std::size_t>(b)] && key_rows[b * s.k + j]);
-}
-
-}  // namespace
-
-AllowedPairs allowed_pairs(const MhaMasks& m, const MhaShapes& s, bool causal, std::int64_t causal_offset, bool combine) {
+AllowedPairs allowed_pairs(const MhaMasks& m, const MhaShapes& s, bool causal, std::int64_t causal_offset) {
   AllowedPairs out;
-  out.parts = {m.attention_mask, m.key_mask, m.query_mask, causal, causal_offset};
-  if (!combine) {
-    if (out.parts.empty()) return out;
-    participation_by_rows(out.parts, s, out);
-    if (all(out.active)) out.active = Tensor();
-    if (all(out.used)) out.used = Tensor();
-    return out;
-  }
-  auto restrict_to = [&](const Tensor& more) { out.pairs = out.pairs.defined() ? logical_and(out.pairs, more) : more; };
-  if (m.key_mask.defined()) restrict_to(reshape(m.key_mask, {s.b, 1, 1, s.k}));
-  if (m.query_mask.defined()) restrict_to(reshape(m.query_mask, {s.b, 1, s.q, 1}));
-  if (m.attention_mask.defined()) restrict_to(m.attention_mask);
-  if (causal) restrict_to(causal_mask(s.q, s.k, causal_offset));
-  if (!out.pairs.defined()) return out;
-  // active[b, i] = any over (h, j) and used[b, j] = any over (h, i) of pairs[b, h, i, j]: one
-  // pass over the broadcast mask, which is never materialised at [B, H, Q, K].
-  const Shape full{s.b, s.h, s.q, s.k};
+  out.mask = {m.attention_mask, m.key_mask, m.query_mask, causal, causal_offset};
+  if (out.mask.empty()) return out;
+  // active[b, i] = any over (h, j) and used[b, j] = any over (h, i) of the allowed pairs, row by
+  // row. Without an attention_mask the heads share their rows (one per query), and a row's
+  // allowed keys are the key mask's below the causal end: the row is active when its first
+  // allowed key is below the end, and the keys used are the allowed ones below the largest
+  // end of an active row. With an attention_mask, each row's keys are read.
+  const std::int64_t heads = m.attention_mask.defined() ? s.h : 1;
+  const RowMasks rows(s.op, out.mask, {s.b, heads, s.q, s.k});
   out.active = zeros({s.b, s.q}, DType::bool_);
   out.used = zeros({s.b, s.k}, DType::bool_);
-  const Dims8 sp = broadcast_strides(out.pairs, full);
-  const std::int64_t sa[] = {s.q, 0, 1, 0}, su[] = {s.k, 0, 0, 1};
   bool* active = static_cast<bool*>(mutable_data(out.active));
   bool* used = static_cast<bool*>(mutable_data(out.used));
-  const bool* pairs = static_cast<const bool*>(out.pairs.raw_data());
-  StridedLoop<3> loop(full.data(), full.size(), {sa, su, sp.data()});
-  loop.for_each_run([&](const auto& off, std::int64_t n, const auto& inner) {
-    for (std::int64_t t = 0; t < n; ++t) {
-      const bool allowed = pairs[off[2] + t * inner[2]];
-      active[off[0] + t * inner[0]] |= allowed;
-      used[off[1] + t * inner[1]] |= allowed;
+  for (std::int64_t b = 0; b < s.b; ++b) {
+    std::int64_t first_key = 0;  // the first key the key mask allows (s.k: none)
+    if (m.key_mask.defined()) {
+      const RowMask any_row = rows.row(b * heads * s.q);
+      while (first_key < s.k && !any_row.keys[first_key]) ++first_key;
     }
-  });
+    std::int64_t widest = 0;  // the largest causal end of an active row
+    for (std::int64_t r = b * heads * s.q; r < (b + 1) * heads * s.q; ++r) {
+      const RowMask row = rows.row(r);
+      bool* act = active + b * s.q + r % s.q;
+      if (row.pairs == nullptr) {
+        if (first_key < row.end) {
+          *act = true;
+          widest = std::max(widest, row.end);
+        }
+        continue;
+      }
+      for (std::int64_t j = 0; j < row.end; ++j)
+        if (row(j)) *act = used[b * s.k + j] = true;
+    }
+    for (std::int64_t j = 0; j < widest; ++j) used[b * s.k + j] |= !m.key_mask.defined() || rows.row(b * heads * s.q).keys[j];
+  }
   if (all(out.active)) out.active = Tensor();
   if (all(out.used)) out.used = Tensor();
   return out;
@@ -187,15 +148,10 @@ AllowedPairs allowed_pairs(const MhaMasks& m, const MhaShapes& s, bool causal, s
 
 AttentionResult attend_projected(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const MhaParameters& p,
                                  const AllowedPairs& allowed, const MhaShapes& s, bool need_weights) {
-  // Steps 2-5 in the attention core (one tape node), with the bias added to the scores. The fused
-  // path reads the masks part by part, the weights path the combined pairs.
-  AttentionMask mask = allowed.parts;
-  if (need_weights) {
-    mask = AttentionMask();
-    mask.allowed = allowed.pairs;
-  }
+  // Steps 2-5 in the attention core (one tape node), with the bias added to the scores; both
+  // paths read the masks row by row.
   auto [heads_out, attention] =
-      attention_core({s.op, split_heads(q, s.h), split_heads(k, s.h), split_heads(v, s.h), bias, mask, need_weights});
+      attention_core({s.op, split_heads(q, s.h), split_heads(k, s.h), split_heads(v, s.h), bias, allowed.mask, need_weights});
   // Step 6: concatenate heads in head order, then the output projection.
   const Tensor merged = reshape(permute(heads_out, {0, 2, 1, 3}), {s.b, s.q, s.h * s.dv});
   Tensor output = project(merged, p.w_o, p.b_o);
@@ -218,7 +174,7 @@ AttentionResult multihead_attention(const char* op, const MhaActivations& a, con
                      shape_str(a.context.shape()));
   if (a.context.dtype() != a.query.dtype())
     fail<DTypeError>("{}: arguments 'query' ({}) and 'context' ({}) must have the same dtype", op, a.query.dtype(), a.context.dtype());
-  const AllowedPairs allowed = allowed_pairs(m, s, causal, causal_offset, /*combine=*/need_weights);
+  const AllowedPairs allowed = allowed_pairs(m, s, causal, causal_offset);
   // Step 1, on zero rows for the queries that attend to nothing and the keys that no query
   // attends to. Their values reach no output, but a NaN or inf there would reach the weight
   // gradients: dw_q = query^T dq multiplies a query's row by its zero row of dq, and 0 * NaN is

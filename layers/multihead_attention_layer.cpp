@@ -185,7 +185,7 @@ AttentionResult MultiHeadAttention::decode(const Tensor& query, KVCache& cache, 
   // Unlike multihead_attention, the rows of inactive queries and unattended keys are kept: the
   // new keys may serve later queries, and nothing here has a gradient.
   return detail::attend_projected(detail::project(query, params_.w_q, params_.b_q), cache.keys(), cache.values(), call.bias, params_,
-                                  detail::allowed_pairs(call.masks, s, /*causal=*/true, before, call.need_weights), s,
+                                  detail::allowed_pairs(call.masks, s, /*causal=*/true, before), s,
                                   call.need_weights);
 }
 

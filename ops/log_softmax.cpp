@@ -11,7 +11,9 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
+#include "autodiff/parallel.hpp"
 #include "ops/kernel.hpp"
 #include "ops/softmax_kernels.hpp"
 
@@ -21,48 +23,102 @@ using namespace detail;
 
 template <class T> constexpr T kMinusInf = -std::numeric_limits<T>::infinity();
 
-// One row of K scores (strided by ss) into contiguous log-probabilities.
-template <class T>
-void log_softmax_row(const T* s, std::int64_t ss, T* y, std::int64_t k, const bool* mask, std::int64_t ms) {
-  const MaskedMax<T> max = masked_max(s, ss, k, mask, ms);
-  if (max.empty) {
-    for (std::int64_t j = 0; j < k; ++j) y[j] = kMinusInf<T>;
+// Rows of K elements cost about this many units each per element (an exp, a few passes).
+constexpr std::int64_t kRowCost = 8;
+
+// The rest of one row after load_row wrote it with -inf at the disallowed entries: y = (x - m)
+// - log sum over allowed j of exp(x_j - m), -inf where not allowed (rules of masked_max). The
+// loops are plain float loops, except in a row whose maximum is -inf with a NaN (all NaN then).
+template <class T, class Allowed>
+[[gnu::always_inline]] inline void log_softmax_loaded(T* y, std::int64_t k, RowMax<T> max, Allowed allowed) {
+  const T m = max.m;
+  if (m == kMinusInf<T> && !max.nan) {  // nothing allowed, or only -inf
+    std::fill_n(y, k, kMinusInf<T>);
     return;
   }
-  const T log_z = convert<T>(masked_log_sum_exp(s, ss, k, mask, ms, max.m));
-  for (std::int64_t j = 0; j < k; ++j)
-    y[j] = mask == nullptr || mask[j * ms] ? (s[j * ss] - max.m) - log_z : kMinusInf<T>;
+  if (m == kMinusInf<T>) {
+    for (std::int64_t j = 0; j < k; ++j) y[j] = allowed(j) ? std::numeric_limits<T>::quiet_NaN() : kMinusInf<T>;
+    return;
+  }
+  // Every exponent is <= 0, so nothing overflows; NaN and +inf scores make it NaN.
+  const T log_z = std::log(simd_sum(k, [&](std::int64_t j) { return softmax_exp<T>(y[j] - m); }));
+  for (std::int64_t j = 0; j < k; ++j) y[j] = (y[j] - m) - log_z;
+}
+
+template <class T>
+[[gnu::always_inline]] inline void forward_rows(const RowPointers& x, const RowPointers& mask, T* out, std::int64_t begin,
+                                                std::int64_t stop) {
+  const std::int64_t k = x.k, xs = x.stride, ms = mask.stride;
+  for (std::int64_t r = begin; r < stop; ++r) {
+    const T* s = x.row<T>(r);
+    T* y = out + r * k;
+    // Copy, mask (-inf) and maximum in one pass, then the rest on the copy.
+    const bool* m = mask.row<bool>(r);
+    const unsigned char* b = as_bytes(m);
+    RowMax<T> max;
+    if (m == nullptr && xs == 1) max = load_row(y, k, [&](std::int64_t j) { return s[j]; });
+    else if (m == nullptr) max = load_row(y, k, [&](std::int64_t j) { return s[j * xs]; });
+    else if (xs == 1 && ms == 1) max = load_row(y, k, [&](std::int64_t j) { return select(b[j], s[j]); });
+    else max = load_row(y, k, [&](std::int64_t j) { return select(b[j * ms], s[j * xs]); });
+    log_softmax_loaded(y, k, max, [&](std::int64_t j) { return m == nullptr || m[j * ms]; });
+  }
+}
+
+// dx = g - exp(y) * rowsum(g over finite y), and 0 where y = -inf.
+template <class T, class Grad>
+[[gnu::always_inline]] inline void backward_row(const T* y, std::int64_t k, T* dx, Grad g) {
+  const T sum = simd_sum(k, [&](std::int64_t j) { return y[j] != kMinusInf<T> ? g(j) : T(0); });
+  for (std::int64_t j = 0; j < k; ++j) dx[j] = y[j] == kMinusInf<T> ? T(0) : g(j) - softmax_exp<T>(y[j]) * sum;
+}
+
+template <class T>
+[[gnu::always_inline]] inline void backward_rows(const T* y, const RowPointers& grad, T* dx, std::int64_t begin,
+                                                 std::int64_t stop) {
+  const std::int64_t k = grad.k, gs = grad.stride;
+  for (std::int64_t r = begin; r < stop; ++r) {
+    const T* g = grad.row<T>(r);
+    if (gs == 1) backward_row(y + r * k, k, dx + r * k, [g](std::int64_t j) { return g[j]; });
+    else backward_row(y + r * k, k, dx + r * k, [g, gs](std::int64_t j) { return g[j * gs]; });
+  }
+}
+
+// float32 compiled for each vector width, picked at run time for the CPU at hand.
+[[gnu::target_clones("avx512f", "avx2", "default")]] void forward_rows_f32(const RowPointers& x, const RowPointers& mask,
+                                                                           float* out, std::int64_t begin, std::int64_t stop) {
+  forward_rows<float>(x, mask, out, begin, stop);
+}
+
+[[gnu::target_clones("avx512f", "avx2", "default")]] void backward_rows_f32(const float* y, const RowPointers& grad, float* dx,
+                                                                            std::int64_t begin, std::int64_t stop) {
+  backward_rows<float>(y, grad, dx, begin, stop);
 }
 
 Tensor log_softmax_forward(const Tensor& x, const Tensor& allowed) {
   Tensor y = new_tensor(x.shape(), x.dtype());
-  const std::int64_t k = x.shape().back();
+  const std::int64_t k = x.shape().back(), rows = k == 0 ? 0 : x.numel() / k;
+  const RowPointers xr(x, x.shape()), mask(allowed, x.shape());
   visit_float(x.dtype(), "log_softmax", [&]<class T>(Tag<T>) {
     T* py = static_cast<T*>(mutable_data(y));
-    for_each_row<T>(x, allowed, [&](std::int64_t r, const T* row, std::int64_t ss, const bool* mask, std::int64_t ms) {
-      log_softmax_row(row, ss, py + r * k, k, mask, ms);
+    parallel_for(rows, k * kRowCost, [&](std::int64_t begin, std::int64_t stop) {
+      if constexpr (std::is_same_v<T, float>) forward_rows_f32(xr, mask, py, begin, stop);
+      else forward_rows<T>(xr, mask, py, begin, stop);
     });
   });
   return y;
 }
 
-// dx = g - exp(y) * rowsum(g over finite y), and 0 where y = -inf; y contiguous, g any layout.
+// y contiguous, grad any layout (read through its strides).
 Tensor log_softmax_backward(const Tensor& y, const Tensor& grad) {
-  const Tensor g = grad.is_contiguous() ? grad : copy_of(grad);
   Tensor dx = new_tensor(y.shape(), y.dtype());
-  const std::int64_t k = y.shape().back();
-  const std::int64_t rows = k == 0 ? 0 : y.numel() / k;
+  const std::int64_t k = y.shape().back(), rows = k == 0 ? 0 : y.numel() / k;
+  const RowPointers g(grad, y.shape());
   visit_float(y.dtype(), "log_softmax", [&]<class T>(Tag<T>) {
     const T* py = static_cast<const T*>(y.raw_data());
-    const T* pg = static_cast<const T*>(g.raw_data());
     T* out = static_cast<T*>(mutable_data(dx));
-    for (std::int64_t r = 0; r < rows; ++r, py += k, pg += k, out += k) {
-      double total = 0;
-      for (std::int64_t j = 0; j < k; ++j)
-        if (py[j] != kMinusInf<T>) total += static_cast<double>(pg[j]);
-      const T sum = convert<T>(total);
-      for (std::int64_t j = 0; j < k; ++j) out[j] = py[j] == kMinusInf<T> ? T(0) : pg[j] - std::exp(py[j]) * sum;
-    }
+    parallel_for(rows, k * kRowCost, [&](std::int64_t begin, std::int64_t stop) {
+      if constexpr (std::is_same_v<T, float>) backward_rows_f32(py, g, out, begin, stop);
+      else backward_rows<T>(py, g, out, begin, stop);
+    });
   });
   return dx;
 }

@@ -8,7 +8,9 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
+#include "autodiff/parallel.hpp"
 #include "ops/kernel.hpp"
 #include "ops/softmax_kernels.hpp"
 
@@ -16,23 +18,52 @@ namespace tapegrad {
 namespace detail {
 namespace {
 
-// One row of K scores (strided by ss) into contiguous weights; mask is null (all allowed) or
-// strided by ms.
+// Rows of K elements cost about this many units each per element (an exp, a few passes).
+constexpr std::int64_t kRowCost = 8;
+
+// Rows [begin, stop) of the weights: each row's scores (any strides) are copied into its
+// contiguous output row, then turned into weights there.
 template <class T>
-void softmax_row(const T* s, std::int64_t ss, T* a, std::int64_t k, const bool* mask, std::int64_t ms) {
-  const MaskedMax<T> max = masked_max(s, ss, k, mask, ms);
-  if (max.empty) {
-    for (std::int64_t j = 0; j < k; ++j) a[j] = T(0);
-    return;
+[[gnu::always_inline]] inline void forward_rows(const RowPointers& scores, const RowPointers& mask, T* weights,
+                                                std::int64_t begin, std::int64_t stop) {
+  const std::int64_t k = scores.k, ss = scores.stride, ms = mask.stride;
+  for (std::int64_t r = begin; r < stop; ++r) {
+    const T* s = scores.row<T>(r);
+    T* a = weights + r * k;
+    // Copy, mask (-inf) and maximum in one pass, then the rest of the softmax on the copy.
+    const bool* m = mask.row<bool>(r);
+    const unsigned char* b = as_bytes(m);
+    RowMax<T> max;
+    if (m == nullptr && ss == 1) max = load_row(a, k, [&](std::int64_t j) { return s[j]; });
+    else if (m == nullptr) max = load_row(a, k, [&](std::int64_t j) { return s[j * ss]; });
+    else if (ss == 1 && ms == 1) max = load_row(a, k, [&](std::int64_t j) { return select(b[j], s[j]); });
+    else max = load_row(a, k, [&](std::int64_t j) { return select(b[j * ms], s[j * ss]); });
+    softmax_loaded(a, k, k, max, [&](std::int64_t j) { return m == nullptr || m[j * ms]; });
   }
-  double z = 0;
-  for (std::int64_t j = 0; j < k; ++j) {
-    // s - m <= 0: no overflow; +inf - inf = NaN propagates
-    a[j] = mask == nullptr || mask[j * ms] ? std::exp(s[j * ss] - max.m) : T(0);
-    z += static_cast<double>(a[j]);
+}
+
+template <class T>
+[[gnu::always_inline]] inline void backward_rows(const T* weights, const RowPointers& grad, T* out, std::int64_t begin,
+                                                 std::int64_t stop) {
+  const std::int64_t k = grad.k, gs = grad.stride;
+  for (std::int64_t r = begin; r < stop; ++r) {
+    const T* g = grad.row<T>(r);
+    if (gs == 1) softmax_backward_row(weights + r * k, k, k, T(1), out + r * k, [g](std::int64_t j) { return g[j]; });
+    else softmax_backward_row(weights + r * k, k, k, T(1), out + r * k, [g, gs](std::int64_t j) { return g[j * gs]; });
   }
-  const T inv = convert<T>(1.0 / z);
-  for (std::int64_t j = 0; j < k; ++j) a[j] *= inv;
+}
+
+// float32 compiled for each vector width, picked at run time for the CPU at hand.
+[[gnu::target_clones("avx512f", "avx2", "default")]] void forward_rows_f32(const RowPointers& scores, const RowPointers& mask,
+                                                                           float* weights, std::int64_t begin,
+                                                                           std::int64_t stop) {
+  forward_rows<float>(scores, mask, weights, begin, stop);
+}
+
+[[gnu::target_clones("avx512f", "avx2", "default")]] void backward_rows_f32(const float* weights, const RowPointers& grad,
+                                                                            float* out, std::int64_t begin,
+                                                                            std::int64_t stop) {
+  backward_rows<float>(weights, grad, out, begin, stop);
 }
 
 }  // namespace
@@ -51,35 +82,34 @@ void check_softmax_args(const char* op, const char* scores_name, const Tensor& s
 }
 
 Tensor masked_softmax_forward(const Tensor& s, const Tensor& allowed) {
-  // Scores are read through their strides; the weights are written contiguously.
+  // Scores are read through their strides; the weights are written contiguously. Rows are
+  // independent: they are spread over the threads.
   Tensor a = new_tensor(s.shape(), s.dtype(), "masked_softmax");
-  const std::int64_t k = s.shape().back();
+  const std::int64_t k = s.shape().back(), rows = k == 0 ? 0 : s.numel() / k;
+  const RowPointers scores(s, s.shape()), mask(allowed, s.shape());
   visit_float(s.dtype(), "masked_softmax", [&]<class T>(Tag<T>) {
     T* pa = static_cast<T*>(mutable_data(a));
-    for_each_row<T>(s, allowed, [&](std::int64_t r, const T* row, std::int64_t ss, const bool* mask, std::int64_t ms) {
-      softmax_row(row, ss, pa + r * k, k, mask, ms);
+    parallel_for(rows, k * kRowCost, [&](std::int64_t begin, std::int64_t stop) {
+      if constexpr (std::is_same_v<T, float>) forward_rows_f32(scores, mask, pa, begin, stop);
+      else forward_rows<T>(scores, mask, pa, begin, stop);
     });
   });
   return a;
 }
 
 Tensor masked_softmax_backward(const Tensor& weights, const Tensor& grad_weights) {
-  const Tensor g = grad_weights.is_contiguous() ? grad_weights : copy_of(grad_weights);
+  // Entries with A_j = 0 (masked, empty rows) contribute nothing and get exactly 0, even when
+  // their upstream gradient is not finite (0 * inf would be NaN).
   Tensor ds = new_tensor(weights.shape(), weights.dtype(), "masked_softmax");
-  const std::int64_t k = weights.shape().back();
-  const std::int64_t rows = k == 0 ? 0 : weights.numel() / k;
+  const std::int64_t k = weights.shape().back(), rows = k == 0 ? 0 : weights.numel() / k;
+  const RowPointers grad(grad_weights, weights.shape());
   visit_float(weights.dtype(), "masked_softmax", [&]<class T>(Tag<T>) {
     const T* a = static_cast<const T*>(weights.raw_data());
-    const T* da = static_cast<const T*>(g.raw_data());
     T* out = static_cast<T*>(mutable_data(ds));
-    for (std::int64_t r = 0; r < rows; ++r, a += k, da += k, out += k) {
-      // Entries with A_j = 0 (masked, empty rows) contribute nothing and get exactly 0, even when
-      // their upstream gradient is not finite (0 * inf would be NaN).
-      double dot = 0;  // sum_j A_j dA_j
-      for (std::int64_t j = 0; j < k; ++j)
-        if (a[j] != T(0)) dot += static_cast<double>(a[j]) * static_cast<double>(da[j]);
-      for (std::int64_t j = 0; j < k; ++j) out[j] = a[j] == T(0) ? T(0) : a[j] * (da[j] - convert<T>(dot));
-    }
+    parallel_for(rows, k * kRowCost, [&](std::int64_t begin, std::int64_t stop) {
+      if constexpr (std::is_same_v<T, float>) backward_rows_f32(a, grad, out, begin, stop);
+      else backward_rows<T>(a, grad, out, begin, stop);
+    });
   });
   return ds;
 }

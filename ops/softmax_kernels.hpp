@@ -3,9 +3,12 @@
 // pieces that log_softmax and cross_entropy build on: the row walk and the masked maximum.
 #pragma once
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "autodiff/kernel.hpp"
 
@@ -67,6 +70,163 @@ double masked_log_sum_exp(const T* s, std::int64_t ss, std::int64_t k, const boo
   for (std::int64_t j = 0; j < k; ++j)
     if (mask == nullptr || mask[j * ms]) z += std::exp(static_cast<double>(s[j * ss] - m));
   return std::log(z);
+}
+
+// exp for the softmax loops, written without calls or branches so that a loop over it
+// vectorises: float takes a range reduction x = n ln2 + r, |r| <= ln2 / 2, and a degree-7
+// polynomial for e^r (within 2 ulp of std::exp on [-87.3, 88]); double is std::exp. Below
+// -87.3 it flushes to 0 (the smallest normal float is e^-87.34), above 88 it is +inf, and NaN
+// stays NaN. n comes from the round-to-nearest of adding 1.5 * 2^23, read as integer bits, so
+// no float-to-int conversion can overflow, even for NaN.
+template <class T> [[gnu::always_inline]] inline T softmax_exp(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    constexpr float kLow = -87.3f, kHigh = 88.0f, kShift = 12582912.0f;
+    const float c = x < kLow ? kLow : x > kHigh ? kHigh : x;
+    const float t = c * 1.44269504088896341f + kShift;
+    const float n = t - kShift;
+    const float r = (c - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const std::uint32_t bits = std::bit_cast<std::uint32_t>(t) - std::bit_cast<std::uint32_t>(kShift);
+    const float y = p * std::bit_cast<float>((bits + 127u) << 23);
+    return x < kLow ? 0.0f : x > kHigh ? std::numeric_limits<float>::infinity() : y;
+  } else {
+    return std::exp(x);
+  }
+}
+
+// sum over j < n of f(j), in f's type. `omp simd` (the library builds with -fopenmp-simd, no
+// OpenMP runtime involved) lets the compiler split the sum over vector lanes, which it may
+// not do on its own for floating point; the lanes also make a float sum much more accurate
+// than one running total.
+template <class F> [[gnu::always_inline]] inline auto simd_sum(std::int64_t n, F&& f) {
+  decltype(f(0)) total = 0;
+#pragma omp simd reduction(+ : total)
+  for (std::int64_t j = 0; j < n; ++j) total += f(j);
+  return total;
+}
+
+// A bool mask read as bytes: GCC vectorises a select on a byte load, not on a bool load.
+inline const unsigned char* as_bytes(const bool* p) noexcept { return reinterpret_cast<const unsigned char*>(p); }
+
+// Where each row of a tensor read as `shape` ([..., Q, K], broadcasting) starts, and the stride
+// along K. Rows of a contiguous tensor of that shape start every K elements; other layouts
+// unravel the row number over [..., Q].
+struct RowPointers {
+  const std::byte* base = nullptr;
+  Shape shape;
+  Dims8 strides;
+  std::int64_t k = 0, stride = 0;
+  bool packed = false;
+
+  RowPointers(const Tensor& t, const Shape& shape_) : shape(shape_), k(shape_.back()) {
+    if (!t.defined()) return;
+    base = static_cast<const std::byte*>(t.raw_data());
+    packed = t.shape() == shape && t.is_contiguous();
+    strides = broadcast_strides(t, shape);
+    stride = strides[shape.size() - 1];
+  }
+  template <class T> const T* row(std::int64_t r) const noexcept {
+    if (base == nullptr) return nullptr;
+    if (packed) return reinterpret_cast<const T*>(base) + r * k;
+    std::int64_t offset = 0;
+    for (std::size_t d = shape.size() - 1; d-- > 0;) {
+      offset += (r % shape[d]) * strides[d];
+      r /= shape[d];
+    }
+    return reinterpret_cast<const T*>(base) + offset;
+  }
+};
+
+// The softmax of one row, in three pieces below: load_row, softmax_loaded, or both at once in
+// softmax_in_place. Over the allowed keys of a[0, end); a[end, k) and the other keys get 0.
+// Same rules as masked_max: NaN scores are skipped by the maximum but propagate, and a row with
+// no allowed key or only -inf allowed scores is all zeros. The keys that the mask forbids are
+// first set to -inf, so that the loops after it are plain float loops (they vectorise): -inf
+// changes no maximum, marks no NaN, and exp(-inf - m) is 0 for every m but -inf. m = -inf
+// happens only with a NaN score and no finite one; that row takes the loop that asks the mask.
+//
+// Short rows (causal ends) would spend their time in the scalar tail of each loop: the loops
+// run to `stop`, end rounded up to a multiple of kRowPad (within k), over -inf entries that
+// behave exactly like masked keys.
+inline constexpr std::int64_t kRowPad = 16;
+inline std::int64_t padded_end(std::int64_t end, std::int64_t k) noexcept {
+  return std::min(k, (end + kRowPad - 1) / kRowPad * kRowPad);
+}
+
+// Writes a[j] = load(j) for j < end (load gives -inf at masked keys) and returns their maximum
+// and whether one is NaN, in one pass: the caller's scaling, bias and mask fuse into it.
+// x where the mask byte (or bool) is set, else -inf; x is computed unconditionally, so that a
+// loop of these vectorises.
+template <class M, class T> [[gnu::always_inline]] inline T select(M allowed, T x) {
+  return allowed ? x : -std::numeric_limits<T>::infinity();
+}
+
+template <class T> struct RowMax {
+  T m;
+  bool nan;
+};
+template <class T, class Load> [[gnu::always_inline]] inline RowMax<T> load_row(T* a, std::int64_t end, Load load) {
+  T m = -std::numeric_limits<T>::infinity();
+  int nan = 0;
+#pragma omp simd reduction(max : m) reduction(| : nan)
+  for (std::int64_t j = 0; j < end; ++j) {
+    const T v = load(j);
+    a[j] = v;
+    nan |= v != v ? 1 : 0;
+    m = v > m ? v : m;
+  }
+  return {m, nan != 0};
+}
+
+// The rest of the softmax of a row that load_row wrote; allowed(j) is asked only in a NaN row.
+template <class T, class Allowed>
+[[gnu::always_inline]] inline void softmax_loaded(T* a, std::int64_t end, std::int64_t k, RowMax<T> max, Allowed allowed) {
+  constexpr T kMinusInf = -std::numeric_limits<T>::infinity();
+  const std::int64_t stop = padded_end(end, k);
+  std::fill(a + end, a + stop, kMinusInf);
+  const T m = max.m;
+  if (m == kMinusInf && !max.nan) {  // nothing allowed, or only -inf
+    std::fill_n(a, k, T(0));
+    return;
+  }
+  auto ok = [&](std::int64_t j) { return j < end && allowed(j); };
+  // s - m <= 0: no overflow; +inf - inf = NaN propagates
+  const T z = m == kMinusInf
+                  ? simd_sum(stop, [&](std::int64_t j) { return a[j] = ok(j) ? softmax_exp<T>(a[j] - m) : T(0); })
+                  : simd_sum(stop, [&](std::int64_t j) { return a[j] = softmax_exp<T>(a[j] - m); });
+  const T inv = T(1) / z;
+  if (z == z)
+    for (std::int64_t j = 0; j < stop; ++j) a[j] *= inv;
+  else  // a NaN row: NaN at the allowed keys, and the others stay exact zeros
+    for (std::int64_t j = 0; j < stop; ++j) a[j] = ok(j) ? a[j] * inv : T(0);
+  std::fill(a + stop, a + k, T(0));
+}
+
+// Softmax in place over the allowed keys of a[0, end) (dense: all of them).
+template <class T, class Allowed>
+[[gnu::always_inline]] inline void softmax_in_place(T* a, std::int64_t end, std::int64_t k, bool dense, Allowed allowed) {
+  const RowMax<T> max = dense ? load_row(a, end, [&](std::int64_t j) { return a[j]; })
+                              : load_row(a, end, [&](std::int64_t j) { return select(allowed(j), a[j]); });
+  softmax_loaded(a, end, k, max, allowed);
+}
+
+// One row of the softmax backward, out = factor * A * (dA - sum(A * dA)) over [0, end), with
+// dA_j = grad(j); out[end, k) = 0 (A is 0 there, so the loops may run on to padded_end).
+template <class T, class Grad>
+[[gnu::always_inline]] inline void softmax_backward_row(const T* a, std::int64_t end, std::int64_t k, T factor, T* out,
+                                                        Grad grad) {
+  // Entries with A_j = 0 (masked, empty rows) contribute nothing and get exactly 0, even when
+  // their upstream gradient is not finite (0 * inf would be NaN).
+  const std::int64_t stop = padded_end(end, k);
+  const T d = simd_sum(stop, [&](std::int64_t j) { return a[j] != T(0) ? a[j] * grad(j) : T(0); });
+  for (std::int64_t j = 0; j < stop; ++j) out[j] = a[j] == T(0) ? T(0) : factor * (a[j] * (grad(j) - d));
+  std::fill(out + stop, out + k, T(0));
 }
 
 }  // namespace tapegrad::detail

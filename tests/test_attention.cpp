@@ -498,3 +498,47 @@ BOOST_AUTO_TEST_CASE(scaled_dot_product_attention_errors) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(row_kernels)
+
+// The softmax rows run in parallel and in vector lanes: a masked key must stay an exact zero
+// even in a row that a NaN score turns NaN (a lane multiplying 0 by the NaN normaliser would not).
+BOOST_AUTO_TEST_CASE(nan_row_keeps_masked_entries_exactly_zero) {
+  for (auto dtype : {tg::float32, tg::float64}) {
+    Tensor s = tg::zeros({1, 40}, dtype);
+    tg::fill_(tg::slice(s, 1, 3, 4), std::nan(""));
+    Tensor allowed = tg::ones({1, 40}, tg::bool_);
+    tg::fill_(tg::slice(allowed, 1, 10, 30), 0.0);
+    const auto w = values(tg::masked_softmax(s, allowed));
+    for (std::size_t j = 0; j < w.size(); ++j) {
+      if (j >= 10 && j < 30) BOOST_TEST(w[j] == 0.0);
+      else BOOST_TEST(std::isnan(w[j]));
+    }
+  }
+}
+
+// Rows split over two threads give bitwise the results of one thread, forward and backward.
+BOOST_AUTO_TEST_CASE(two_threads_match_one_thread) {
+  const int before = tg::num_threads();
+  const Tensor q = tg::randn({4, 96, 32}, 1).set_requires_grad(), k = tg::randn({4, 80, 32}, 2).set_requires_grad(),
+               v = tg::randn({4, 80, 16}, 3).set_requires_grad();
+  const Tensor allowed = tg::gt(tg::randn({4, 96, 80}, 4), tg::scalar(-0.5));
+  const Tensor x = tg::randn({300, 200}, 5).set_requires_grad();
+  const Tensor x_mask = tg::gt(tg::randn({300, 200}, 6), tg::scalar(-1.0));
+  auto run = [&](int threads) {
+    tg::set_num_threads(threads);
+    std::vector<Tensor> out;
+    auto [o, w] = tg::scaled_dot_product_attention(q, k, v, allowed);
+    const Tensor sm = tg::masked_softmax(x, x_mask), ls = tg::log_softmax(x, x_mask);
+    tg::backward({o, w, sm, ls}, {tg::ones_like(o), tg::randn(w.shape(), 7), tg::randn(sm.shape(), 8), tg::randn(ls.shape(), 9)});
+    tg::clear_tape();
+    out = {o, w, sm, ls, q.grad(), k.grad(), v.grad(), x.grad()};
+    for (Tensor t : {q, k, v, x}) t.zero_grad();
+    return out;
+  };
+  const auto one = run(1), two = run(2);
+  tg::set_num_threads(before);
+  for (std::size_t i = 0; i < one.size(); ++i) BOOST_TEST(bitwise_equal(one[i], two[i]), "result " << i);
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -1,0 +1,118 @@
+// The attention core's fused softmax pass and its backward (formulas in attention.cpp and
+// docs/gradients.md). Each row is independent: rows are spread over the threads, and the loops
+// inside a row are written so that they vectorise (omp simd reductions, a call-free exp).
+#include "layers/attention_softmax.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <type_traits>
+
+#include "autodiff/parallel.hpp"
+#include "ops/kernel.hpp"
+#include "ops/softmax_kernels.hpp"
+
+namespace tapegrad::detail {
+namespace {
+
+template <class T>
+[[gnu::always_inline]] inline void forward_rows(const RowPointers& scores, const RowPointers& bias, T scale,
+                                                const RowMasks& masks, T* weights, std::int64_t begin, std::int64_t stop) {
+  const std::int64_t k = scores.k;
+  for (std::int64_t r = begin; r < stop; ++r) {
+    const RowMask m = masks.row(r);
+    const T* s = scores.row<T>(r);
+    const T* b = bias.row<T>(r);
+    T* a = weights + r * k;
+    const std::int64_t ss = scores.stride, bs = bias.stride, end = m.end;
+    // x = scale s + b over the keys below the causal end, -inf at the masked ones, and its
+    // maximum: one pass (the rest of the row becomes 0 whatever it holds)
+    const unsigned char* keys = as_bytes(m.keys);
+    auto masked = [&](std::int64_t j, T x) { return m.pairs ? select(m(j), x) : select(keys[j], x); };
+    RowMax<T> max;
+    if (m.dense() && b == nullptr && ss == 1) max = load_row(a, end, [&](std::int64_t j) { return scale * s[j]; });
+    else if (m.dense() && b == nullptr) max = load_row(a, end, [&](std::int64_t j) { return scale * s[j * ss]; });
+    else if (m.dense()) max = load_row(a, end, [&](std::int64_t j) { return scale * s[j * ss] + b[j * bs]; });
+    else if (m.pairs == nullptr && b == nullptr && ss == 1)
+      max = load_row(a, end, [&](std::int64_t j) { return select(keys[j], scale * s[j]); });
+    else if (b == nullptr) max = load_row(a, end, [&](std::int64_t j) { return masked(j, scale * s[j * ss]); });
+    else max = load_row(a, end, [&](std::int64_t j) { return masked(j, scale * s[j * ss] + b[j * bs]); });
+    softmax_loaded(a, end, k, max, [&m](std::int64_t j) { return m(j); });
+  }
+}
+
+template <class T>
+[[gnu::always_inline]] inline void backward_rows(const T* weights, const RowPointers& ga, const RowPointers& gb, T factor,
+                                                 const RowMasks& masks, T* out, std::int64_t begin, std::int64_t stop) {
+  const std::int64_t k = ga.base ? ga.k : gb.k, sa = ga.stride, sb = gb.stride;
+  for (std::int64_t r = begin; r < stop; ++r) {
+    const std::int64_t end = masks.row(r).end;
+    const T* a = weights + r * k;
+    const T* pa = ga.row<T>(r);
+    const T* pb = gb.row<T>(r);
+    T* o = out + r * k;
+    if (pa && pb && sa == 1 && sb == 1)
+      softmax_backward_row(a, end, k, factor, o, [&](std::int64_t j) { return pa[j] + pb[j]; });
+    else if (pa && pb)
+      softmax_backward_row(a, end, k, factor, o, [&](std::int64_t j) { return pa[j * sa] + pb[j * sb]; });
+    else if (pa && sa == 1)
+      softmax_backward_row(a, end, k, factor, o, [&](std::int64_t j) { return pa[j]; });
+    else if (pa)
+      softmax_backward_row(a, end, k, factor, o, [&](std::int64_t j) { return pa[j * sa]; });
+    else
+      softmax_backward_row(a, end, k, factor, o, [&](std::int64_t j) { return pb[j * sb]; });
+  }
+}
+
+// float32, the common case, is compiled for each vector width and picked at run time for the
+// CPU at hand (the build machine's CPU is never assumed); the templates above are inlined into
+// each clone.
+[[gnu::target_clones("avx512f", "avx2", "default")]] void forward_rows_f32(const RowPointers& scores, const RowPointers& bias,
+                                                                           float scale, const RowMasks& masks, float* weights,
+                                                                           std::int64_t begin, std::int64_t stop) {
+  forward_rows<float>(scores, bias, scale, masks, weights, begin, stop);
+}
+
+[[gnu::target_clones("avx512f", "avx2", "default")]] void backward_rows_f32(const float* weights, const RowPointers& ga,
+                                                                            const RowPointers& gb, float factor,
+                                                                            const RowMasks& masks, float* out,
+                                                                            std::int64_t begin, std::int64_t stop) {
+  backward_rows<float>(weights, ga, gb, factor, masks, out, begin, stop);
+}
+
+// Rows of K elements cost about this many units each per element (an exp, a few passes).
+constexpr std::int64_t kRowCost = 8;
+
+}  // namespace
+
+void attention_softmax_forward(const Tensor& scores, double scale, const Tensor& bias, const RowMasks& masks,
+                               const Tensor& weights) {
+  const Shape& shape = weights.shape();
+  const std::int64_t k = shape.back(), rows = k == 0 ? 0 : weights.numel() / k;
+  const RowPointers s(scores, shape), b(bias, shape);
+  visit_float(weights.dtype(), "attention", [&]<class T>(Tag<T>) {
+    T* out = static_cast<T*>(mutable_data(weights));
+    parallel_for(rows, k * kRowCost, [&](std::int64_t begin, std::int64_t stop) {
+      if constexpr (std::is_same_v<T, float>) forward_rows_f32(s, b, static_cast<T>(scale), masks, out, begin, stop);
+      else forward_rows<T>(s, b, static_cast<T>(scale), masks, out, begin, stop);
+    });
+  });
+}
+
+Tensor attention_softmax_backward(const Tensor& weights, const Tensor& grad_a, const Tensor& grad_b, const RowMasks& masks,
+                                  double factor) {
+  const Shape& shape = weights.shape();
+  Tensor ds = new_tensor(shape, weights.dtype(), "attention");
+  const std::int64_t k = shape.back(), rows = k == 0 ? 0 : weights.numel() / k;
+  const RowPointers ga(grad_a, shape), gb(grad_b, shape);
+  visit_float(weights.dtype(), "attention", [&]<class T>(Tag<T>) {
+    const T* a = static_cast<const T*>(weights.raw_data());
+    T* out = static_cast<T*>(mutable_data(ds));
+    parallel_for(rows, k * kRowCost, [&](std::int64_t begin, std::int64_t stop) {
+      if constexpr (std::is_same_v<T, float>) backward_rows_f32(a, ga, gb, static_cast<T>(factor), masks, out, begin, stop);
+      else backward_rows<T>(a, ga, gb, static_cast<T>(factor), masks, out, begin, stop);
+    });
+  });
+  return ds;
+}
+
+}  // namespace tapegrad::detail

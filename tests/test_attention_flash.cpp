@@ -235,3 +235,35 @@ BOOST_AUTO_TEST_CASE(broadcast_leading_dims_and_strided_inputs) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(large_scores)
+
+// The backward recomputes P = exp(S - L) with L = m + log(l) rounded to float32: once |m| is
+// large enough that log(l) is lost in L's rounding, P sums to l instead of 1. Softmax ignores a
+// shift of every score, so the gradients must not depend on it.
+BOOST_AUTO_TEST_CASE(uniform_shift_of_every_score_leaves_gradients_unchanged) {
+  // Four keys with the same score 1e8 (q = k rows = [1e4, 1e4], D = 2): weights 1/4 each.
+  Tensor q = tg::full({1, 1, 2}, 1e4).set_requires_grad();
+  Tensor k = tg::full({1, 4, 2}, 1e4).set_requires_grad();
+  Tensor v = tg::randn({1, 4, 3}, 7).set_requires_grad();
+  const Tensor out = tg::attention(q, k, v);
+  tg::backward({out}, {tg::ones_like(out)});
+  for (double g : values(v.grad())) BOOST_TEST(std::abs(g - 0.25) <= 1e-6, "dv " << g << ", expected 1/4");
+  tg::clear_tape();
+}
+
+BOOST_AUTO_TEST_CASE(row_masked_by_a_large_negative_bias) {
+  // A padding query masked the additive way (bias -1e9 on every key, as -finfo.max or -1e9
+  // masks are written): its weights are uniform over the K keys, and the fused path's dbias and
+  // dv must equal the weights path's.
+  Problem p;
+  p.q = tg::randn({1, 1, 2, 4}, 11);
+  p.k = tg::randn({1, 1, 5, 4}, 12);
+  p.v = tg::randn({1, 1, 5, 3}, 13);
+  p.d_out = tg::randn({1, 1, 2, 3}, 14);
+  p.bias = tg::tensor({{0, 0, 0, 0, 0}, {-1e9, -1e9, -1e9, -1e9, -1e9}});
+  p.combined = tg::from_bools(std::vector<bool>(10, true), {1, 1, 2, 5});
+  compare(p, 2e-5, 2e-4, "float32, bias -1e9");
+}
+
+BOOST_AUTO_TEST_SUITE_END()

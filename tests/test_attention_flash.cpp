@@ -267,3 +267,29 @@ BOOST_AUTO_TEST_CASE(row_masked_by_a_large_negative_bias) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(non_finite_values_with_zero_weight)
+
+// An allowed key whose weight underflows to 0 contributes nothing (the ⊛ product), even when its
+// value is NaN or inf. The online softmax gives it weight 1 in the first key tile and scales the
+// accumulator by exp(m - m') = 0 when a later tile raises the row's maximum: NaN * 0 must not
+// reach the output.
+BOOST_AUTO_TEST_CASE(rescaled_accumulator_drops_a_non_finite_value) {
+  // D = 1, q = 1: the scores are the keys. Key 0 scores 0 (first tile), key 199 scores 200
+  // (second tile), the rest -50: key 0's weight is exp(-200) / l, 0 in float32.
+  const std::int64_t K = 200;
+  std::vector<double> kv(static_cast<std::size_t>(K), -50.0), vv(static_cast<std::size_t>(K), 1.0);
+  kv.front() = 0;
+  kv.back() = 200;
+  for (double bad : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+    vv.front() = bad;
+    const Tensor q = tg::full({1, 1, 1}, 1.0), k = tg::from_vector(kv, {1, K, 1}).to(tg::float32),
+                 v = tg::from_vector(vv, {1, K, 1}).to(tg::float32);
+    const double weights_path = values(tg::scaled_dot_product_attention(q, k, v).output)[0];
+    const double fused = values(tg::attention(q, k, v))[0];
+    BOOST_TEST(weights_path == 1.0);
+    BOOST_TEST(fused == 1.0, "v[0] = " << bad << ": the fused output is " << fused);
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -203,7 +203,10 @@ void forward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t i0, std::in
       T& l = w.l[static_cast<std::size_t>(r)];
       l = l * c + sum;
       if (c != T(1))
-        for (std::int64_t n = 0; n < dv; ++n) w.acc[static_cast<std::size_t>(r * dv + n)] *= c;
+        for (std::int64_t n = 0; n < dv; ++n) {  // selected at c = 0: a NaN or inf value whose weight underflowed adds nothing
+          T& a = w.acc[static_cast<std::size_t>(r * dv + n)];
+          a = c == T(0) ? T(0) : a * c;
+        }
       m = m_new;
     }
     weighted_gemm<T>(false, nq, dv, nk, T(1), w.s.data(), kTileK, p.vs[bh] + j0 * p.vs.ld, p.vs.ld, w.acc.data(), dv, w.pack);

@@ -348,6 +348,8 @@ void matmul_dnnl(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
 void gemm_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
               std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
   // dnnl_sgemm skips primitive creation and takes a beta, so tiles accumulate in place.
+  // It reads OpenMP's per-thread count (the machine's cores unless OMP_NUM_THREADS says), not num_threads().
+  const OmpThreads omp(dnnl_threads_for(static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k)));
   const dnnl_status_t status =
       dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   if (status != dnnl_success)

@@ -1,22 +1,23 @@
 // The fused attention path (attention_core with need_weights = false): an online softmax over
 // tiles of keys, so the [..., Q, K] scores and weights are never held, only one [kTileQ, kTileK]
-// tile of them per thread. The node saves q, k, v, the bias, O and the per-row log-sum-exp L.
+// tile of them per thread. The node saves q, k, v, the bias, O and, per row, the maximum m and
+// log l (their sum L, the log-sum-exp, would lose log l to rounding when |m| is large).
 // Derivation and equivalence with the weights path: docs/gradients.md §8.1.
 //
 //   forward, per query tile, over key tiles          backward, per key tile, over query tiles
-//   S = s q kᵀ (+ bias), -inf where masked            S again;  P = exp(S - L), 0 where masked
+//   S = s q kᵀ (+ bias), -inf where masked            S again;  P = exp((S - m) - log l), 0 if masked
 //   m' = max(m, rowmax S),  c = exp(m - m')            dv += Pᵀ ⊛ dO
 //   P = exp(S - m'),  l = c l + rowsum P               dP = dO vᵀ
 //   acc = c acc + P ⊛ v                                dS = P (dP - Δ),  Δ_i = rowsum(dO_i O_i)
-//   last tile: O = acc / l,  L = m + log l             dbias += dS,  dq += s dS ⊛ k,  dk += s dSᵀ ⊛ q
+//   last tile: O = acc / l,  keep m and log l         dbias += dS,  dq += s dS ⊛ k,  dk += s dSᵀ ⊛ q
 //
 // ⊛ is the product in which a zero weight contributes nothing, as ops/weighted_matmul.cpp
 // (tiles::weighted_gemm, layers/attention_tiles.hpp): the tile of v, dO, k or q is copied with
 // its non-finite elements set to 0, multiplied, and each non-finite element is added back only
 // where its weight is nonzero. A NaN in a masked key's k or v, or in an empty row's q or dO, so
 // reaches no output or gradient. A row with no allowed key, or whose allowed scores are all -inf,
-// is empty: O = 0, L = -inf, P = 0, no gradient. A NaN among a row's allowed scores makes its
-// output and L NaN (docs/semantics.md §11).
+// is empty: O = 0, m = -inf, P = 0, no gradient. A NaN among a row's allowed scores makes its
+// output and m NaN (docs/semantics.md §11).
 //
 // Work is split over (batch entry, query tile) in the forward; the backward owns key tiles
 // (dk, dv are written by one thread each) and, when there are fewer batch entries than threads,
@@ -216,13 +217,17 @@ void forward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t i0, std::in
     const std::size_t ri = static_cast<std::size_t>(r);
     if (w.nan[ri]) {
       std::fill_n(o, dv, std::numeric_limits<T>::quiet_NaN());
-      lse[i0 + r] = std::numeric_limits<T>::quiet_NaN();
+      lse[2 * (i0 + r)] = lse[2 * (i0 + r) + 1] = std::numeric_limits<T>::quiet_NaN();
     } else if (w.m[ri] == -kInf<T>) {  // empty row
       std::fill_n(o, dv, T(0));
-      lse[i0 + r] = -kInf<T>;
+      lse[2 * (i0 + r)] = -kInf<T>;
+      lse[2 * (i0 + r) + 1] = T(0);
     } else {
       for (std::int64_t n = 0; n < dv; ++n) o[n] = w.acc[ri * static_cast<std::size_t>(dv) + static_cast<std::size_t>(n)] / w.l[ri];
-      lse[i0 + r] = w.m[ri] + std::log(w.l[ri]);
+      // m and log l are kept apart: with |m| large, m + log l rounds to m (float32 at m = 1e4
+      // already drops log l < 5e-4), and the backward's P would no longer sum to 1.
+      lse[2 * (i0 + r)] = w.m[ri];
+      lse[2 * (i0 + r) + 1] = std::log(w.l[ri]);
     }
   }
 }
@@ -264,20 +269,20 @@ void backward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t j0, std::i
     const std::int64_t nq = std::min(kTileQ, p.q - i0);
     bool live = false;  // some row of the tile is not empty and may reach this key tile
     for (std::int64_t r = 0; r < nq && !live; ++r)
-      live = rows[static_cast<std::size_t>(i0 + r)].end > j0 && lse[i0 + r] != -kInf<T>;
+      live = rows[static_cast<std::size_t>(i0 + r)].end > j0 && lse[2 * (i0 + r)] != -kInf<T>;
     if (!live) continue;
     const T* q = p.qs[bh] + i0 * p.qs.ld;
     const T* go = d_out[bh] + i0 * d_out.ld;
     gemm(false, true, nq, nk, d, p.scale, q, p.qs.ld, k, p.ks.ld, T(0), w.s.data(), kTileK);
     for (std::int64_t r = 0; r < nq; ++r) {
       T* s = w.s.data() + r * kTileK;
-      const T l = lse[i0 + r];
-      if (l == -kInf<T>) {  // empty row: P = 0
+      const T m = lse[2 * (i0 + r)], log_l = lse[2 * (i0 + r) + 1];
+      if (m == -kInf<T>) {  // empty row: P = 0
         std::fill_n(s, nk, T(0));
         continue;
       }
       mask_row(p, rows[static_cast<std::size_t>(i0 + r)], bh, i0 + r, j0, nk, s);
-      for (std::int64_t j = 0; j < nk; ++j) s[j] = exp_tile(s[j] - l);  // masked: exp(-inf) = 0
+      for (std::int64_t j = 0; j < nk; ++j) s[j] = exp_tile((s[j] - m) - log_l);  // masked: exp(-inf) = 0
     }
     // dv += Pᵀ ⊛ dO
     if (g.dv) weighted_gemm<T>(true, nk, dv, nq, T(1), w.s.data(), kTileK, go, d_out.ld, w.dv.data(), dv, w.pack);
@@ -387,7 +392,7 @@ template <class T> std::vector<Tensor> backward(const Saved& sv, const Tensor& g
         T* dq = g.dq ? g.dq_groups[static_cast<std::size_t>(group)] : nullptr;
         T* db = g.dbias ? g.dbias_chunks[static_cast<std::size_t>(c)] : nullptr;
         for (std::int64_t t = group; t < key_tiles; t += groups)
-          backward_tile(p, bh, t * kTileK, std::min(kTileK, p.k - t * kTileK), lse + bh * p.q, delta.data() + bh * p.q, d_out, g, dq,
+          backward_tile(p, bh, t * kTileK, std::min(kTileK, p.k - t * kTileK), lse + 2 * bh * p.q, delta.data() + bh * p.q, d_out, g, dq,
                         db, w);
       }
   });
@@ -418,7 +423,7 @@ Tensor flash_attention(const AttentionArgs& a, const Shape& scores_shape) {
   const DType dtype = a.q.dtype();
   sv.out = new_tensor(with_matrix(batch, q_len, a.v.shape().back()), dtype, a.op);
   Shape lse_shape = batch;
-  lse_shape.push_back(q_len);
+  lse_shape.push_back(2 * q_len);  // per row: the maximum m, then log l
   sv.lse = new_tensor(lse_shape, dtype, a.op);
   visit_float(dtype, a.op, [&]<class T>(Tag<T>) {
     const Problem<T> p(sv.q, sv.k, sv.v, sv.bias, sv.masks, scores_shape);
@@ -429,7 +434,7 @@ Tensor flash_attention(const AttentionArgs& a, const Shape& scores_shape) {
       ForwardScratch<T> w;
       for (std::int64_t t = t0; t < t1; ++t) {
         const std::int64_t bh = t / tiles, i0 = zigzag(t % tiles, tiles) * kTileQ;
-        forward_tile(p, bh, i0, std::min(kTileQ, p.q - i0), out + bh * p.q * p.dv, lse + bh * p.q, w);
+        forward_tile(p, bh, i0, std::min(kTileQ, p.q - i0), out + bh * p.q * p.dv, lse + 2 * bh * p.q, w);
       }
     });
   });

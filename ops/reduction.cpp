@@ -1,4 +1,5 @@
 // sum, mean, max over dims. Forward and backward side by side.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -40,20 +41,65 @@ Plan plan_reduction(const char* op, const Tensor& x, const Dims& dims, bool keep
   return p;
 }
 
-// Folds x into a tensor of shape p.kept with acc = combine(acc, v), accumulating in Acc.
+// One reduced row: a folded with v[0..n). Sixteen independent partial results let the loop
+// vectorise (the compiler may not reorder a single chain of float additions itself); they
+// meet at the end, so the order of a row's additions depends on n alone.
+template <class Acc, class T, class Combine>
+TAPEGRAD_SIMD_CLONES Acc fold_row(Acc a, const T* v, std::int64_t n, const Combine& combine) {
+  constexpr std::int64_t kLanes = 16;
+  std::int64_t i = 0;
+  if (n >= kLanes) {
+    Acc lane[kLanes];
+    for (std::int64_t j = 0; j < kLanes; ++j) lane[j] = static_cast<Acc>(v[j]);
+    for (i = kLanes; i + kLanes <= n; i += kLanes)
+      for (std::int64_t j = 0; j < kLanes; ++j) lane[j] = combine(lane[j], static_cast<Acc>(v[i + j]));
+    for (std::int64_t j = 0; j < kLanes; ++j) a = combine(a, lane[j]);
+  }
+  for (; i < n; ++i) a = combine(a, static_cast<Acc>(v[i]));
+  return a;
+}
+
+// A run along a kept dim: each accumulator takes one element (reducing a leading dim).
+template <class Acc, class T, class Combine>
+TAPEGRAD_SIMD_CLONES void fold_columns(Acc* __restrict a, const T* v, std::int64_t n, const Combine& combine) {
+  for (std::int64_t i = 0; i < n; ++i) a[i] = combine(a[i], static_cast<Acc>(v[i]));
+}
+
+// Folds x into a tensor of shape p.kept with acc = combine(acc, v), accumulating in Acc. Large
+// inputs are split over threads along the outermost kept dim (size > 1), so each thread owns
+// its accumulators and the result does not depend on the thread count.
 template <class T, class Acc, class Combine>
 Tensor fold(const Tensor& x, const Plan& p, Acc init, Combine combine) {
   std::vector<Acc> acc(static_cast<std::size_t>(shape_numel(p.kept)), init);
   Shape acc_strides = contiguous_strides(p.kept);
   for (std::size_t k = 0; k < acc_strides.size(); ++k)
     if (p.reduced[k]) acc_strides[k] = 0;
-  StridedLoop<2> loop(x.shape().data(), x.shape().size(), {acc_strides.data(), x.strides().data()});
   const T* px = static_cast<const T*>(x.raw_data());
-  loop.for_each_run([&](const auto& off, std::int64_t n, const auto& inner) {
-    Acc* a = acc.data() + off[0];
-    const T* v = px + off[1];
-    for (std::int64_t i = 0; i < n; ++i) a[i * inner[0]] = combine(a[i * inner[0]], static_cast<Acc>(v[i * inner[1]]));
-  });
+  const std::size_t rank = x.shape().size();
+  std::size_t split = 0;
+  while (split < rank && (p.reduced[split] || x.shape()[split] == 1)) ++split;
+  const auto fold_part = [&](std::int64_t begin, std::int64_t end) {
+    Shape shape = x.shape();
+    std::int64_t acc_base = 0, x_base = 0;
+    if (split < rank) {
+      shape[split] = end - begin;
+      acc_base = begin * acc_strides[split];
+      x_base = begin * x.strides()[split];
+    }
+    const StridedLoop<2> loop(shape.data(), shape.size(), {acc_strides.data(), x.strides().data()});
+    loop.for_each_run([&](const auto& off, std::int64_t n, const auto& inner) {
+      Acc* a = acc.data() + acc_base + off[0];
+      const T* v = px + x_base + off[1];
+      if (inner[0] == 0 && inner[1] == 1) *a = fold_row(*a, v, n, combine);
+      else if (inner[0] == 1 && inner[1] == 1) fold_columns(a, v, n, combine);
+      else
+        for (std::int64_t i = 0; i < n; ++i) a[i * inner[0]] = combine(a[i * inner[0]], static_cast<Acc>(v[i * inner[1]]));
+    });
+  };
+  const std::int64_t parts = split < rank ? x.shape()[split] : 1;
+  const std::int64_t per_part = std::max<std::int64_t>(1, x.numel() / parts);
+  if (parallel_chunks(parts, per_part) == 1) fold_part(0, parts);
+  else parallel_for(parts, per_part, fold_part);
   Tensor out = new_tensor(p.kept, x.dtype());
   T* po = static_cast<T*>(mutable_data(out));
   for (std::size_t i = 0; i < acc.size(); ++i) po[i] = convert<T>(acc[i]);
@@ -89,7 +135,7 @@ Tensor max(const Tensor& x, const Dims& dims, bool keepdim) {
   Tensor kept = visit_float(x.dtype(), "max", [&]<class T>(Tag<T>) {
     // NaN wins: once the accumulator is NaN it stays NaN.
     return fold<T, T>(x, p, -std::numeric_limits<T>::infinity(),
-                      [](T a, T v) { return (std::isnan(a) || a >= v) ? a : v; });
+                      [](T a, T v) { return (a != a || a >= v) ? a : v; });
   });
   Tensor out = make_view(kept, p.result, contiguous_strides(p.result), 0, "max");
   // dx = [x == max] g / (number of tied maxima), the gradient shared among ties

@@ -97,8 +97,10 @@ Tensor fold(const Tensor& x, const Plan& p, Acc init, Combine combine) {
     });
   };
   const std::int64_t parts = split < rank ? x.shape()[split] : 1;
-  const std::int64_t per_part = std::max<std::int64_t>(1, x.numel() / parts);
-  if (parallel_chunks(parts, per_part) == 1) fold_part(0, parts);
+  const std::int64_t per_part = parts == 0 ? 1 : std::max<std::int64_t>(1, x.numel() / parts);
+  if (x.numel() == 0) {
+    // nothing to fold: every result keeps init
+  } else if (parallel_chunks(parts, per_part) == 1) fold_part(0, parts);
   else parallel_for(parts, per_part, fold_part);
   Tensor out = new_tensor(p.kept, x.dtype());
   T* po = static_cast<T*>(mutable_data(out));

@@ -194,9 +194,11 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  // [1024, 1024]: 4 MiB per tensor, past the L2 caches; [544, 256] ([32 * 17, 256], 544 KiB) is
-  // the size of a small model's activations, for information.
-  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes{{1024, 1024}, {32 * 17, 256}};
+  // [4096, 4096]: 64 MiB per tensor, past the last-level cache, so the copy loop measures main
+  // memory; [1024, 1024]: 4 MiB, past the L2 caches but inside a large L3, so the copy runs at
+  // cache speed (a much higher bar for compute-heavy kernels); [544, 256] ([32 * 17, 256],
+  // 544 KiB) is the size of a small model's activations, for information.
+  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes{{4096, 4096}, {1024, 1024}, {32 * 17, 256}};
   std::vector<Row> rows;
   std::vector<double> copy_bytes;
   for (int t : thread_counts) {

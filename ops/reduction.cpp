@@ -1,6 +1,7 @@
 // sum, mean, max over dims. Forward and backward side by side.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "ops/kernel.hpp"
@@ -59,6 +60,36 @@ TAPEGRAD_SIMD_CLONES Acc fold_row(Acc a, const T* v, std::int64_t n, const Combi
   return a;
 }
 
+// The maximum of a row, NaN winning. The compiler does not vectorise the select with a NaN
+// test in fold_row's lanes, so here the lanes are explicit vectors (GCC/Clang vector
+// extensions: two registers of 32 bytes; the baseline build splits each into two SSE halves).
+template <class T> struct Vec32;
+template <> struct Vec32<float> { typedef float type __attribute__((vector_size(32))); };
+template <> struct Vec32<double> { typedef double type __attribute__((vector_size(32))); };
+
+template <class T> T max_combine(T a, T v) { return (a != a || a >= v) ? a : v; }
+
+template <class T>
+TAPEGRAD_SIMD_CLONES T max_row(T a, const T* v, std::int64_t n) {
+  using V = typename Vec32<T>::type;
+  constexpr std::int64_t kWidth = sizeof(V) / sizeof(T);
+  std::int64_t i = 0;
+  if (n >= 2 * kWidth) {
+    V m0, m1, x0, x1;
+    std::memcpy(&m0, v, sizeof m0);
+    std::memcpy(&m1, v + kWidth, sizeof m1);
+    for (i = 2 * kWidth; i + 2 * kWidth <= n; i += 2 * kWidth) {
+      std::memcpy(&x0, v + i, sizeof x0);
+      std::memcpy(&x1, v + i + kWidth, sizeof x1);
+      m0 = ((m0 >= x0) | (m0 != m0)) ? m0 : x0;
+      m1 = ((m1 >= x1) | (m1 != m1)) ? m1 : x1;
+    }
+    for (std::int64_t j = 0; j < kWidth; ++j) a = max_combine(max_combine(a, m0[j]), m1[j]);
+  }
+  for (; i < n; ++i) a = max_combine(a, v[i]);
+  return a;
+}
+
 // A run along a kept dim: each accumulator takes one element (reducing a leading dim).
 template <class Acc, class T, class Combine>
 TAPEGRAD_SIMD_CLONES void fold_columns(Acc* __restrict a, const T* v, std::int64_t n, const Combine& combine) {
@@ -68,8 +99,9 @@ TAPEGRAD_SIMD_CLONES void fold_columns(Acc* __restrict a, const T* v, std::int64
 // Folds x into a tensor of shape p.kept with acc = combine(acc, v), accumulating in Acc. Large
 // inputs are split over threads along the outermost kept dim (size > 1), so each thread owns
 // its accumulators and the result does not depend on the thread count.
-template <class T, class Acc, class Combine>
-Tensor fold(const Tensor& x, const Plan& p, Acc init, Combine combine) {
+// `row(acc, v, n)` folds one contiguous reduced row.
+template <class T, class Acc, class Combine, class Row>
+Tensor fold(const Tensor& x, const Plan& p, Acc init, Combine combine, Row row) {
   std::vector<Acc> acc(static_cast<std::size_t>(shape_numel(p.kept)), init);
   Shape acc_strides = contiguous_strides(p.kept);
   for (std::size_t k = 0; k < acc_strides.size(); ++k)
@@ -90,7 +122,7 @@ Tensor fold(const Tensor& x, const Plan& p, Acc init, Combine combine) {
     loop.for_each_run([&](const auto& off, std::int64_t n, const auto& inner) {
       Acc* a = acc.data() + acc_base + off[0];
       const T* v = px + x_base + off[1];
-      if (inner[0] == 0 && inner[1] == 1) *a = fold_row(*a, v, n, combine);
+      if (inner[0] == 0 && inner[1] == 1) *a = row(*a, v, n);
       else if (inner[0] == 1 && inner[1] == 1) fold_columns(a, v, n, combine);
       else
         for (std::int64_t i = 0; i < n; ++i) a[i * inner[0]] = combine(a[i * inner[0]], static_cast<Acc>(v[i * inner[1]]));
@@ -114,7 +146,8 @@ Tensor sum(const Tensor& x, const Dims& dims, bool keepdim) {
   const Plan p = plan_reduction("sum", x, dims, keepdim);
   // Accumulate in double so float32 sums of many elements keep their precision.
   Tensor kept = visit_float(x.dtype(), "sum", [&]<class T>(Tag<T>) {
-    return fold<T, double>(x, p, 0.0, [](double a, double v) { return a + v; });
+    const auto add = [](double a, double v) { return a + v; };
+    return fold<T, double>(x, p, 0.0, add, [&](double a, const T* v, std::int64_t n) { return fold_row(a, v, n, add); });
   });
   Tensor out = make_view(kept, p.result, contiguous_strides(p.result), 0, "sum");
   // dx = g broadcast back over the reduced dims
@@ -136,8 +169,8 @@ Tensor max(const Tensor& x, const Dims& dims, bool keepdim) {
                      shape_str(x.shape()));
   Tensor kept = visit_float(x.dtype(), "max", [&]<class T>(Tag<T>) {
     // NaN wins: once the accumulator is NaN it stays NaN.
-    return fold<T, T>(x, p, -std::numeric_limits<T>::infinity(),
-                      [](T a, T v) { return (a != a || a >= v) ? a : v; });
+    return fold<T, T>(x, p, -std::numeric_limits<T>::infinity(), max_combine<T>,
+                      [](T a, const T* v, std::int64_t n) { return max_row(a, v, n); });
   });
   Tensor out = make_view(kept, p.result, contiguous_strides(p.result), 0, "max");
   // dx = [x == max] g / (number of tied maxima), the gradient shared among ties

@@ -169,7 +169,8 @@ Tensor max(const Tensor& x, const Dims& dims, bool keepdim) {
                      shape_str(x.shape()));
   Tensor kept = visit_float(x.dtype(), "max", [&]<class T>(Tag<T>) {
     // NaN wins: once the accumulator is NaN it stays NaN.
-    return fold<T, T>(x, p, -std::numeric_limits<T>::infinity(), max_combine<T>,
+    // (a lambda rather than &max_combine<T>: the loops inline what they are given by type)
+    return fold<T, T>(x, p, -std::numeric_limits<T>::infinity(), [](T a, T v) { return max_combine(a, v); },
                       [](T a, const T* v, std::int64_t n) { return max_row(a, v, n); });
   });
   Tensor out = make_view(kept, p.result, contiguous_strides(p.result), 0, "max");

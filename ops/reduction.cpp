@@ -5,12 +5,9 @@
 #include <limits>
 
 #include "ops/kernel.hpp"
-#include "tapegrad/ops/cast.hpp"
-#include "tapegrad/ops/compare.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/reduction.hpp"
 #include "tapegrad/ops/view.hpp"
-#include "tapegrad/ops/where.hpp"
 
 namespace tapegrad {
 namespace {
@@ -96,13 +93,12 @@ TAPEGRAD_SIMD_CLONES void fold_columns(Acc* __restrict a, const T* v, std::int64
   for (std::int64_t i = 0; i < n; ++i) a[i] = combine(a[i], static_cast<Acc>(v[i]));
 }
 
-// Folds x into a tensor of shape p.kept with acc = combine(acc, v), accumulating in Acc. Large
+// Walks x in runs, calling run(k, v, n, acc_step, x_step) for the n elements v[i * x_step] that
+// fold into accumulators k + i * acc_step (accumulators laid out as p.kept, contiguous). Large
 // inputs are split over threads along the outermost kept dim (size > 1), so each thread owns
-// its accumulators and the result does not depend on the thread count.
-// `row(acc, v, n)` folds one contiguous reduced row.
-template <class T, class Acc, class Combine, class Row>
-Tensor fold(const Tensor& x, const Plan& p, Acc init, Combine combine, Row row) {
-  std::vector<Acc> acc(static_cast<std::size_t>(shape_numel(p.kept)), init);
+// its accumulators and results do not depend on the thread count.
+template <class T, class Run>
+void walk(const Tensor& x, const Plan& p, const Run& run) {
   Shape acc_strides = contiguous_strides(p.kept);
   for (std::size_t k = 0; k < acc_strides.size(); ++k)
     if (p.reduced[k]) acc_strides[k] = 0;
@@ -110,7 +106,7 @@ Tensor fold(const Tensor& x, const Plan& p, Acc init, Combine combine, Row row) 
   const std::size_t rank = x.shape().size();
   std::size_t split = 0;
   while (split < rank && (p.reduced[split] || x.shape()[split] == 1)) ++split;
-  const auto fold_part = [&](std::int64_t begin, std::int64_t end) {
+  const auto part = [&](std::int64_t begin, std::int64_t end) {
     Shape shape = x.shape();
     std::int64_t acc_base = 0, x_base = 0;
     if (split < rank) {
@@ -120,24 +116,60 @@ Tensor fold(const Tensor& x, const Plan& p, Acc init, Combine combine, Row row) 
     }
     const StridedLoop<2> loop(shape.data(), shape.size(), {acc_strides.data(), x.strides().data()});
     loop.for_each_run([&](const auto& off, std::int64_t n, const auto& inner) {
-      Acc* a = acc.data() + acc_base + off[0];
-      const T* v = px + x_base + off[1];
-      if (inner[0] == 0 && inner[1] == 1) *a = row(*a, v, n);
-      else if (inner[0] == 1 && inner[1] == 1) fold_columns(a, v, n, combine);
-      else
-        for (std::int64_t i = 0; i < n; ++i) a[i * inner[0]] = combine(a[i * inner[0]], static_cast<Acc>(v[i * inner[1]]));
+      run(acc_base + off[0], px + x_base + off[1], n, inner[0], inner[1]);
     });
   };
+  if (x.numel() == 0) return;
   const std::int64_t parts = split < rank ? x.shape()[split] : 1;
-  const std::int64_t per_part = parts == 0 ? 1 : std::max<std::int64_t>(1, x.numel() / parts);
-  if (x.numel() == 0) {
-    // nothing to fold: every result keeps init
-  } else if (parallel_chunks(parts, per_part) == 1) fold_part(0, parts);
-  else parallel_for(parts, per_part, fold_part);
+  const std::int64_t per_part = std::max<std::int64_t>(1, x.numel() / parts);
+  if (parallel_chunks(parts, per_part) == 1) part(0, parts);
+  else parallel_for(parts, per_part, part);
+}
+
+// Folds x into a tensor of shape p.kept with acc = combine(acc, v), accumulating in Acc;
+// `row(acc, v, n)` folds one contiguous reduced row.
+template <class T, class Acc, class Combine, class Row>
+Tensor fold(const Tensor& x, const Plan& p, Acc init, Combine combine, Row row) {
+  std::vector<Acc> acc(static_cast<std::size_t>(shape_numel(p.kept)), init);
+  walk<T>(x, p, [&](std::int64_t k, const T* v, std::int64_t n, std::int64_t acc_step, std::int64_t x_step) {
+    Acc* a = acc.data() + k;
+    if (acc_step == 0 && x_step == 1) *a = row(*a, v, n);
+    else if (acc_step == 1 && x_step == 1) fold_columns(a, v, n, combine);
+    else
+      for (std::int64_t i = 0; i < n; ++i) a[i * acc_step] = combine(a[i * acc_step], static_cast<Acc>(v[i * x_step]));
+  });
   Tensor out = new_tensor(p.kept, x.dtype());
   T* po = static_cast<T*>(mutable_data(out));
   for (std::size_t i = 0; i < acc.size(); ++i) po[i] = convert<T>(acc[i]);
   return out;
+}
+
+template <class T>
+TAPEGRAD_SIMD_CLONES std::int64_t count_equal(const T* v, std::int64_t n, T m) {
+  std::int64_t count = 0;
+  for (std::int64_t i = 0; i < n; ++i) count += v[i] == m;
+  return count;
+}
+
+// The backward of max: dx = [x == M] g / ties in two passes over x (count each slice's ties,
+// then place the shares), without bool or float intermediates of x's size.
+template <class T>
+Tensor max_backward_direct(const Tensor& x, const Tensor& kept, const Tensor& g, const Plan& p) {
+  const T* pm = static_cast<const T*>(kept.raw_data());  // contiguous, laid out as p.kept
+  std::vector<std::int64_t> ties(static_cast<std::size_t>(shape_numel(p.kept)), 0);
+  walk<T>(x, p, [&](std::int64_t k, const T* v, std::int64_t n, std::int64_t acc_step, std::int64_t x_step) {
+    if (acc_step == 0 && x_step == 1) ties[static_cast<std::size_t>(k)] += count_equal(v, n, pm[k]);
+    else
+      for (std::int64_t i = 0; i < n; ++i) ties[static_cast<std::size_t>(k + i * acc_step)] += v[i * x_step] == pm[k + i * acc_step];
+  });
+  Tensor ties_t = new_tensor(p.kept, x.dtype());
+  T* pt = static_cast<T*>(mutable_data(ties_t));
+  for (std::size_t i = 0; i < ties.size(); ++i) pt[i] = static_cast<T>(ties[i]);
+  Tensor share = new_tensor(p.kept, x.dtype());
+  map_into<T, T, T>(share, [](T gv, T c) { return gv / c; }, reshape(g, p.kept), ties_t);
+  Tensor dx = new_tensor(x.shape(), x.dtype());
+  map_into<T, T, T, T>(dx, [](T v, T m, T s) { return v == m ? s : T(0); }, x, kept, share);
+  return dx;
 }
 
 }  // namespace
@@ -175,11 +207,10 @@ Tensor max(const Tensor& x, const Dims& dims, bool keepdim) {
   });
   Tensor out = make_view(kept, p.result, contiguous_strides(p.result), 0, "max");
   // dx = [x == max] g / (number of tied maxima), the gradient shared among ties
-  record("max", {x}, out, {x, out}, [x, kept = kept, kept_shape = p.kept, d = dims](std::span<const Tensor> g, const std::vector<bool>&) {
-    const Tensor is_max = eq(x, kept);
-    const Tensor ties = sum(to(is_max, x.dtype()), d, /*keepdim=*/true);
-    const Tensor share = div(reshape(g[0], kept_shape), ties);
-    return std::vector<Tensor>{where(is_max, share, scalar(0.0, x.dtype()))};
+  // dx = [x == max] g / (number of tied maxima), the gradient shared among ties. Backward passes
+  // run with grad mode off, so this is computed directly rather than composed of recorded ops.
+  record("max", {x}, out, {x, out}, [x, kept = kept, p](std::span<const Tensor> g, const std::vector<bool>&) {
+    return std::vector<Tensor>{visit_float(x.dtype(), "max", [&]<class T>(Tag<T>) { return max_backward_direct<T>(x, kept, g[0], p); })};
   });
   return out;
 }

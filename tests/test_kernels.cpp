@@ -184,3 +184,33 @@ BOOST_AUTO_TEST_CASE(float32_gelu_and_its_derivative_match_float64) {
   BOOST_TEST(s.data<float>()[3] == 30.0f);
   tg::clear_tape();
 }
+
+// Tied maxima share the gradient (docs/gradients.md §4), over the last dim and over a leading
+// dim, on the serial and on the parallel path (a NaN slice gets zeros).
+BOOST_AUTO_TEST_CASE(max_shares_the_gradient_among_ties) {
+  for (int threads : {1, 2}) {
+    Threads t(threads);
+    for (std::int64_t rows : {2, 20000}) {  // 20000 rows of 3: above the parallel grain
+      std::vector<float> v;
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const float a = static_cast<float>(r % 5);
+        v.insert(v.end(), {a, a + 2, a + 2});  // two tied maxima per row
+      }
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      v[3] = nan;  // row 1 is a NaN slice
+      Tensor x = tg::from_vector(std::span<const float>(v), {rows, 3}).set_requires_grad();
+      tg::backward({tg::max(x, {-1})}, {tg::full({rows}, 4.0)});
+      const float* gx = x.grad().data<float>();
+      BOOST_TEST(gx[0] == 0.0f);
+      BOOST_TEST(gx[1] == 2.0f);
+      BOOST_TEST(gx[2] == 2.0f);
+      BOOST_TEST((gx[3] == 0.0f && gx[4] == 0.0f && gx[5] == 0.0f));
+      // Over dim 0 of its transpose-shaped copy: columns of (a, a + 2, a + 2).
+      Tensor y = tg::from_vector(std::span<const float>(v), {rows, 3}).set_requires_grad();
+      tg::backward({tg::max(tg::transpose(y, 0, 1), {0})}, {tg::full({rows}, 4.0)});
+      BOOST_TEST(y.grad().data<float>()[rows > 2 ? 7 : 1] == 2.0f);
+      BOOST_TEST(y.grad().data<float>()[rows > 2 ? 6 : 0] == 0.0f);
+      tg::clear_tape();
+    }
+  }
+}

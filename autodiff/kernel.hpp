@@ -189,7 +189,7 @@ void dispatch_unit_run(unsigned mask, Out* o, std::int64_t n, const F& f, const 
 // vectoriser handles where it gives up on `bool` itself; f still sees bool through conversion.
 template <class T> using Stored = std::conditional_t<std::is_same_v<T, bool>, std::uint8_t, T>;
 
-// out[i] = f(in_0[i], in_1[i], ...) over out's shape; each input broadcasts to it. `cost` is
+// out[i] = f(in_0[i], in_1[i], ...) over out's shape; each input broadcasts to it. `cost` (>= 1) is
 // f's price per element relative to a copy (1): it decides when the loop is worth splitting
 // over threads (parallel_for), so tiny tensors stay serial. Each element is computed by the
 // same code whatever the split, so results do not depend on the thread count.
@@ -219,7 +219,8 @@ void map_into_cost(std::int64_t cost, const Tensor& out, F&& f, const Ts&... in)
     }(std::index_sequence_for<In...>{});
   };
   const std::int64_t total = loop.numel();
-  if (parallel_chunks(total, cost) == 1) loop.for_each_run_in(0, total, run);
+  // (the first test keeps small tensors clear of the OpenMP runtime's queries)
+  if (total < kParallelGrain / cost || parallel_chunks(total, cost) == 1) loop.for_each_run_in(0, total, run);
   else parallel_for(total, cost, [&](std::int64_t b, std::int64_t e) { loop.for_each_run_in(b, e, run); });
 }
 

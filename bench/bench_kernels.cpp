@@ -6,9 +6,10 @@
 // block is as many calls as take about 2 ms. "best" compares the minima instead of the medians. Kernel blocks and copy blocks alternate, so a
 // kernel's fraction of copy bandwidth compares two things that saw the same machine.
 //
-// Bytes moved (B = bytes of one float32 tensor of the benchmarked shape, S = bytes of a reduced
-// result or a broadcast operand): forward = inputs read + output written; backward = upstream
-// gradient read + tensors the backward keeps read + input gradients written. Work a kernel
+// Bytes moved (B = bytes of one float32 [N, C] tensor, R = 4 N bytes (a result reduced over
+// dim -1), C = 4 C bytes (the bias row, or a result reduced over dim 0), M = N C bytes (a bool
+// mask)): forward = inputs read + output written; backward = upstream gradient read + tensors
+// the backward keeps read + input gradients written (kernels() lists each op's sums). Work a kernel
 // repeats (reading the upstream gradient twice, say) is not counted: the figure is what an
 // ideal kernel would have to move, so a lower GB/s means avoidable traffic or compute.
 //

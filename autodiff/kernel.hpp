@@ -7,6 +7,7 @@
 // so a contiguous op becomes one flat run and a transposed one two nested runs.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
@@ -17,10 +18,21 @@
 #include <vector>
 
 #include "autodiff/check.hpp"
+#include "autodiff/parallel.hpp"
 #include "autodiff/small_vec.hpp"
 #include "autodiff/tensor_impl.hpp"
 
 namespace tapegrad::detail {
+
+// Hot loops are compiled once per x86-64 level and picked at run time by the CPU that runs them
+// (GCC's function multiversioning): the build targets baseline x86-64 (SSE2) and must never
+// assume the build machine's CPU, yet AVX2+FMA and AVX-512 machines each get their own code.
+// Clang cannot multiversion templates, so there (and off x86-64) a loop is compiled once.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define TAPEGRAD_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define TAPEGRAD_SIMD_CLONES
+#endif
 
 template <class T> struct Tag { using type = T; };
 
@@ -100,9 +112,13 @@ class StridedLoop {
 
   // Calls run(offsets, n, inner) for each innermost run of n elements; operand k's elements are
   // at offsets[k] + i * inner[k].
-  template <class F> void for_each_run(F&& run) const {
+  template <class F> void for_each_run(F&& run) const { for_each_run_in(0, numel(), run); }
+
+  // The same for the elements at row-major positions [begin, end) of the shape (in runs that
+  // may start or end part-way through an innermost run): how parallel loops split the work.
+  template <class F> void for_each_run_in(std::int64_t begin, std::int64_t end, F&& run) const {
     std::array<std::int64_t, N> offsets{};
-    if (empty_) return;
+    if (empty_ || begin >= end) return;
     if (sizes_.empty()) {
       run(offsets, std::int64_t{1}, std::array<std::int64_t, N>{});
       return;
@@ -111,8 +127,22 @@ class StridedLoop {
     for (std::size_t k = 0; k < N; ++k) inner[k] = strides_[k][0];
     const std::size_t outer = sizes_.size() - 1;
     Dims8 counter(outer, 0);
-    for (;;) {
-      run(offsets, sizes_[0], inner);
+    std::int64_t i = begin % sizes_[0];
+    std::size_t dim = 1;
+    for (std::int64_t r = begin / sizes_[0]; r > 0; ++dim) {
+      const std::int64_t c = r % sizes_[dim];
+      r /= sizes_[dim];
+      counter[dim - 1] = c;
+      for (std::size_t k = 0; k < N; ++k) offsets[k] += c * strides_[k][dim];
+    }
+    for (std::int64_t pos = begin;;) {
+      const std::int64_t n = std::min(sizes_[0] - i, end - pos);
+      std::array<std::int64_t, N> start = offsets;
+      for (std::size_t k = 0; k < N; ++k) start[k] += i * inner[k];
+      run(start, n, inner);
+      pos += n;
+      if (pos >= end) return;
+      i = 0;
       std::size_t d = 1;
       for (; d <= outer; ++d) {
         for (std::size_t k = 0; k < N; ++k) offsets[k] += strides_[k][d];
@@ -124,38 +154,79 @@ class StridedLoop {
     }
   }
 
+  // Elements visited (the product of the merged sizes: it fits, as the shape's product does).
+  std::int64_t numel() const {
+    if (empty_) return 0;
+    std::int64_t n = 1;
+    for (auto s : sizes_) n *= s;
+    return n;
+  }
+
  private:
   bool empty_ = false;
   Dims8 sizes_;  // innermost first
   std::array<Dims8, N> strides_;
 };
 
-// out[i] = f(in_0[i], in_1[i], ...) over out's shape; each input broadcasts to it.
+// One innermost run with unit output stride: out[i] = f(in_0[i or 0], ...), where bit k of
+// Mask says input k advances with i (stride 1) rather than staying put (stride 0, a broadcast
+// operand: a bias row, a scalar per row). Both index forms are compile-time, so the loop is a
+// plain contiguous loop the compiler vectorises, once per instruction set (TAPEGRAD_SIMD_CLONES).
+template <unsigned Mask, std::size_t... K, class Out, class F, class... In>
+TAPEGRAD_SIMD_CLONES void unit_run(std::index_sequence<K...>, Out* __restrict o, std::int64_t n, const F& f,
+                                   const In*... p) {
+  for (std::int64_t i = 0; i < n; ++i) o[i] = f(p[(Mask >> K & 1u) ? i : 0]...);
+}
+
+template <class Out, class F, class... In>
+void dispatch_unit_run(unsigned mask, Out* o, std::int64_t n, const F& f, const In*... p) {
+  [&]<unsigned... M>(std::integer_sequence<unsigned, M...>) {
+    (void)((mask == M && (unit_run<M>(std::index_sequence_for<In...>{}, o, n, f, p...), true)) || ...);
+  }(std::make_integer_sequence<unsigned, 1u << sizeof...(In)>{});
+}
+
+// How the loops address a tensor's elements: bools as their bytes (0 or 1), which the
+// vectoriser handles where it gives up on `bool` itself; f still sees bool through conversion.
+template <class T> using Stored = std::conditional_t<std::is_same_v<T, bool>, std::uint8_t, T>;
+
+// out[i] = f(in_0[i], in_1[i], ...) over out's shape; each input broadcasts to it. `cost` (>= 1) is
+// f's price per element relative to a copy (1): it decides when the loop is worth splitting
+// over threads (parallel_for), so tiny tensors stay serial. Each element is computed by the
+// same code whatever the split, so results do not depend on the thread count.
 template <class Out, class... In, class F, class... Ts>
-void map_into(const Tensor& out, F&& f, const Ts&... in) {
+void map_into_cost(std::int64_t cost, const Tensor& out, F&& f, const Ts&... in) {
   static_assert(sizeof...(Ts) == sizeof...(In) && (std::is_same_v<Ts, Tensor> && ...));
   constexpr std::size_t N = 1 + sizeof...(In);
   const std::array<Dims8, sizeof...(In)> in_strides{broadcast_strides(in, out.shape())...};
   std::array<const std::int64_t*, N> all{};
   all[0] = out.strides().data();
   for (std::size_t k = 1; k < N; ++k) all[k] = in_strides[k - 1].data();
-  StridedLoop<N> loop(out.shape().data(), out.shape().size(), all);
-  Out* po = static_cast<Out*>(mutable_data(out));
-  std::tuple<const In*...> pi{static_cast<const In*>(in.raw_data())...};
-  loop.for_each_run([&](const std::array<std::int64_t, N>& off, std::int64_t n,
-                        const std::array<std::int64_t, N>& inner) {
+  const StridedLoop<N> loop(out.shape().data(), out.shape().size(), all);
+  Stored<Out>* po = static_cast<Stored<Out>*>(mutable_data(out));
+  const std::tuple<const Stored<In>*...> pi{static_cast<const Stored<In>*>(in.raw_data())...};
+  const auto g = [&f](const Stored<In>... v) { return static_cast<Stored<Out>>(f(static_cast<In>(v)...)); };
+  const auto run = [&](const std::array<std::int64_t, N>& off, std::int64_t n, const std::array<std::int64_t, N>& inner) {
     [&]<std::size_t... K>(std::index_sequence<K...>) {
-      Out* o = po + off[0];
-      std::tuple<const In*...> p{(std::get<K>(pi) + off[K + 1])...};
-      const bool unit = inner[0] == 1 && ((inner[K + 1] == 1) && ...);
+      Stored<Out>* o = po + off[0];
+      const std::tuple<const Stored<In>*...> p{(std::get<K>(pi) + off[K + 1])...};
+      const bool unit = inner[0] == 1 && (((inner[K + 1] == 1) || (inner[K + 1] == 0)) && ...);
       if (unit) {
-        for (std::int64_t i = 0; i < n; ++i) o[i] = f(std::get<K>(p)[i]...);
+        const unsigned mask = ((inner[K + 1] == 1 ? 1u << K : 0u) | ... | 0u);
+        dispatch_unit_run(mask, o, n, g, std::get<K>(p)...);
       } else {
-        for (std::int64_t i = 0; i < n; ++i)
-          o[i * inner[0]] = f(std::get<K>(p)[i * inner[K + 1]]...);
+        for (std::int64_t i = 0; i < n; ++i) o[i * inner[0]] = g(std::get<K>(p)[i * inner[K + 1]]...);
       }
     }(std::index_sequence_for<In...>{});
-  });
+  };
+  const std::int64_t total = loop.numel();
+  // (the first test keeps small tensors clear of the OpenMP runtime's queries)
+  if (total < kParallelGrain / cost || parallel_chunks(total, cost) == 1) loop.for_each_run_in(0, total, run);
+  else parallel_for(total, cost, [&](std::int64_t b, std::int64_t e) { loop.for_each_run_in(b, e, run); });
+}
+
+template <class Out, class... In, class F, class... Ts>
+void map_into(const Tensor& out, F&& f, const Ts&... in) {
+  map_into_cost<Out, In...>(1, out, std::forward<F>(f), in...);
 }
 
 // A fresh contiguous tensor. A shape that breaks the invariant of tensor_impl.hpp is a

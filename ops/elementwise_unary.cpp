@@ -1,9 +1,13 @@
 // Unary elementwise ops. Each is a small struct: the forward f(x) and the local derivative
 // df(x, y) = dy/dx, side by side; the shared backward is dx = g * df(x, y). `uses_x`/`uses_y`
-// say which of input and output the derivative reads, so only those are kept on the tape.
+// say which of input and output the derivative reads, so only those are kept on the tape (and
+// read by the backward loop). `cost` is the price per element relative to a copy, which decides
+// when a loop is split over threads. float32 exp, tanh and GELU use the vectorisable functions
+// of fast_math.hpp; float64 keeps the std:: functions.
 #include <cmath>
 #include <numbers>
 
+#include "ops/fast_math.hpp"
 #include "ops/kernel.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 
@@ -14,30 +18,38 @@ using namespace detail;
 struct Neg {
   static constexpr const char* name = "neg";
   static constexpr bool uses_x = false, uses_y = false;
+  static constexpr std::int64_t cost = 1;
   template <class T> T f(T x) const { return -x; }
   template <class T> T df(T, T) const { return T(-1); }
 };
 struct Exp {
   static constexpr const char* name = "exp";
   static constexpr bool uses_x = false, uses_y = true;
-  template <class T> T f(T x) const { return std::exp(x); }
+  static constexpr std::int64_t cost = 4;
+  template <class T> T f(T x) const {
+    if constexpr (std::is_same_v<T, float>) return exp_f32(x);
+    else return std::exp(x);
+  }
   template <class T> T df(T, T y) const { return y; }  // (e^x)' = e^x
 };
 struct Log {
   static constexpr const char* name = "log";
   static constexpr bool uses_x = true, uses_y = false;
+  static constexpr std::int64_t cost = 8;
   template <class T> T f(T x) const { return std::log(x); }
   template <class T> T df(T x, T) const { return T(1) / x; }
 };
 struct Sqrt {
   static constexpr const char* name = "sqrt";
   static constexpr bool uses_x = false, uses_y = true;
+  static constexpr std::int64_t cost = 2;
   template <class T> T f(T x) const { return std::sqrt(x); }
   template <class T> T df(T, T y) const { return T(0.5) / y; }  // 1 / (2 sqrt x)
 };
 struct Pow {
   static constexpr const char* name = "pow";
   static constexpr bool uses_x = true, uses_y = false;
+  static constexpr std::int64_t cost = 16;
   double p;
   template <class T> T f(T x) const { return std::pow(x, convert<T>(p)); }
   // p x^(p-1); exactly 0 for p = 0, where x^(-1) at x = 0 would turn 0 * inf into NaN.
@@ -48,24 +60,40 @@ struct Pow {
 struct Tanh {
   static constexpr const char* name = "tanh";
   static constexpr bool uses_x = false, uses_y = true;
-  template <class T> T f(T x) const { return std::tanh(x); }
+  static constexpr std::int64_t cost = 6;
+  template <class T> T f(T x) const {
+    if constexpr (std::is_same_v<T, float>) return tanh_f32(x);
+    else return std::tanh(x);
+  }
   template <class T> T df(T, T y) const { return T(1) - y * y; }
 };
 struct Relu {
   static constexpr const char* name = "relu";
   static constexpr bool uses_x = true, uses_y = false;
+  static constexpr std::int64_t cost = 1;
   template <class T> T f(T x) const { return x < T(0) ? T(0) : x; }  // NaN stays NaN, as in PyTorch
   template <class T> T df(T x, T) const { return x > T(0) ? T(1) : T(0); }  // 0 at the kink, as PyTorch
 };
+// GELU in its exact (erf) form, x Phi(x). float32 computes Phi and the density together from
+// one exponential (normal_f32), so the backward is one pass over x.
 struct Gelu {
   static constexpr const char* name = "gelu";
   static constexpr bool uses_x = true, uses_y = false;
+  static constexpr std::int64_t cost = 10;
   template <class T> static T cdf(T x) { return T(0.5) * (T(1) + std::erf(x * static_cast<T>(std::numbers::sqrt2 / 2))); }
-  template <class T> T f(T x) const { return x * cdf(x); }
+  template <class T> T f(T x) const {
+    if constexpr (std::is_same_v<T, float>) return x * normal_f32(x).cdf;
+    else return x * cdf(x);
+  }
   // (x Phi(x))' = Phi(x) + x phi(x), phi the normal density
   template <class T> T df(T x, T) const {
-    const T pdf = std::exp(T(-0.5) * x * x) * static_cast<T>(0.5 * std::numbers::inv_sqrtpi * std::numbers::sqrt2);
-    return cdf(x) + x * pdf;
+    if constexpr (std::is_same_v<T, float>) {
+      const NormalF32 n = normal_f32(x);
+      return n.cdf + x * n.pdf;
+    } else {
+      const T pdf = std::exp(T(-0.5) * x * x) * static_cast<T>(0.5 * std::numbers::inv_sqrtpi * std::numbers::sqrt2);
+      return cdf(x) + x * pdf;
+    }
   }
 };
 
@@ -73,18 +101,23 @@ template <class Op> Tensor unary(const Tensor& x, Op op = {}) {
   check_floating(Op::name, "x", x);
   Tensor y = new_tensor(x.shape(), x.dtype(), Op::name);
   visit_float(x.dtype(), Op::name, [&]<class T>(Tag<T>) {
-    map_into<T, T>(y, [&](T v) { return op.template f<T>(v); }, x);
+    map_into_cost<T, T>(Op::cost, y, [&](T v) { return op.template f<T>(v); }, x);
   });
   // dx = g * df(x, y)
   record(Op::name, {x}, y, {Op::uses_x ? x : Tensor(), Op::uses_y ? y : Tensor()},
          [op, xs = Op::uses_x ? x : Tensor(), ys = Op::uses_y ? y.detach() : Tensor()](
              std::span<const Tensor> g, const std::vector<bool>&) {
            Tensor dx = new_tensor(g[0].shape(), g[0].dtype(), Op::name);
-           // An operand the derivative ignores is replaced by g, which is always at hand.
-           const Tensor& xa = xs.defined() ? xs : g[0];
-           const Tensor& ya = ys.defined() ? ys : g[0];
+           // Only the operands the derivative reads are streamed through the loop.
            visit_float(dx.dtype(), Op::name, [&]<class T>(Tag<T>) {
-             map_into<T, T, T, T>(dx, [&](T gv, T xv, T yv) { return gv * op.template df<T>(xv, yv); }, g[0], xa, ya);
+             if constexpr (Op::uses_x && Op::uses_y)
+               map_into_cost<T, T, T, T>(Op::cost, dx, [&](T gv, T xv, T yv) { return gv * op.template df<T>(xv, yv); }, g[0], xs, ys);
+             else if constexpr (Op::uses_x)
+               map_into_cost<T, T, T>(Op::cost, dx, [&](T gv, T xv) { return gv * op.template df<T>(xv, T(0)); }, g[0], xs);
+             else if constexpr (Op::uses_y)
+               map_into_cost<T, T, T>(1, dx, [&](T gv, T yv) { return gv * op.template df<T>(T(0), yv); }, g[0], ys);
+             else
+               map_into<T, T>(dx, [&](T gv) { return gv * op.template df<T>(T(0), T(0)); }, g[0]);
            });
            return std::vector<Tensor>{dx};
          });

@@ -1,14 +1,13 @@
 // sum, mean, max over dims. Forward and backward side by side.
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "ops/kernel.hpp"
-#include "tapegrad/ops/cast.hpp"
-#include "tapegrad/ops/compare.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/reduction.hpp"
 #include "tapegrad/ops/view.hpp"
-#include "tapegrad/ops/where.hpp"
 
 namespace tapegrad {
 namespace {
@@ -40,24 +39,137 @@ Plan plan_reduction(const char* op, const Tensor& x, const Dims& dims, bool keep
   return p;
 }
 
-// Folds x into a tensor of shape p.kept with acc = combine(acc, v), accumulating in Acc.
-template <class T, class Acc, class Combine>
-Tensor fold(const Tensor& x, const Plan& p, Acc init, Combine combine) {
-  std::vector<Acc> acc(static_cast<std::size_t>(shape_numel(p.kept)), init);
+// One reduced row: a folded with v[0..n). Sixteen independent partial results let the loop
+// vectorise (the compiler may not reorder a single chain of float additions itself); they
+// meet at the end, so the order of a row's additions depends on n alone.
+template <class Acc, class T, class Combine>
+TAPEGRAD_SIMD_CLONES Acc fold_row(Acc a, const T* v, std::int64_t n, const Combine& combine) {
+  constexpr std::int64_t kLanes = 16;
+  std::int64_t i = 0;
+  if (n >= kLanes) {
+    Acc lane[kLanes];
+    for (std::int64_t j = 0; j < kLanes; ++j) lane[j] = static_cast<Acc>(v[j]);
+    for (i = kLanes; i + kLanes <= n; i += kLanes)
+      for (std::int64_t j = 0; j < kLanes; ++j) lane[j] = combine(lane[j], static_cast<Acc>(v[i + j]));
+    for (std::int64_t j = 0; j < kLanes; ++j) a = combine(a, lane[j]);
+  }
+  for (; i < n; ++i) a = combine(a, static_cast<Acc>(v[i]));
+  return a;
+}
+
+// The maximum of a row, NaN winning. The compiler does not vectorise the select with a NaN
+// test in fold_row's lanes, so here the lanes are explicit vectors (GCC/Clang vector
+// extensions: two registers of 32 bytes; the baseline build splits each into two SSE halves).
+template <class T> struct Vec32;
+template <> struct Vec32<float> { typedef float type __attribute__((vector_size(32))); };
+template <> struct Vec32<double> { typedef double type __attribute__((vector_size(32))); };
+
+template <class T> T max_combine(T a, T v) { return (a != a || a >= v) ? a : v; }
+
+template <class T>
+TAPEGRAD_SIMD_CLONES T max_row(T a, const T* v, std::int64_t n) {
+  using V = typename Vec32<T>::type;
+  constexpr std::int64_t kWidth = sizeof(V) / sizeof(T);
+  std::int64_t i = 0;
+  if (n >= 2 * kWidth) {
+    V m0, m1, x0, x1;
+    std::memcpy(&m0, v, sizeof m0);
+    std::memcpy(&m1, v + kWidth, sizeof m1);
+    for (i = 2 * kWidth; i + 2 * kWidth <= n; i += 2 * kWidth) {
+      std::memcpy(&x0, v + i, sizeof x0);
+      std::memcpy(&x1, v + i + kWidth, sizeof x1);
+      m0 = ((m0 >= x0) | (m0 != m0)) ? m0 : x0;
+      m1 = ((m1 >= x1) | (m1 != m1)) ? m1 : x1;
+    }
+    for (std::int64_t j = 0; j < kWidth; ++j) a = max_combine(max_combine(a, m0[j]), m1[j]);
+  }
+  for (; i < n; ++i) a = max_combine(a, v[i]);
+  return a;
+}
+
+// A run along a kept dim: each accumulator takes one element (reducing a leading dim).
+template <class Acc, class T, class Combine>
+TAPEGRAD_SIMD_CLONES void fold_columns(Acc* __restrict a, const T* v, std::int64_t n, const Combine& combine) {
+  for (std::int64_t i = 0; i < n; ++i) a[i] = combine(a[i], static_cast<Acc>(v[i]));
+}
+
+// Walks x in runs, calling run(k, v, n, acc_step, x_step) for the n elements v[i * x_step] that
+// fold into accumulators k + i * acc_step (accumulators laid out as p.kept, contiguous). Large
+// inputs are split over threads along the outermost kept dim (size > 1), so each thread owns
+// its accumulators and results do not depend on the thread count.
+template <class T, class Run>
+void walk(const Tensor& x, const Plan& p, const Run& run) {
   Shape acc_strides = contiguous_strides(p.kept);
   for (std::size_t k = 0; k < acc_strides.size(); ++k)
     if (p.reduced[k]) acc_strides[k] = 0;
-  StridedLoop<2> loop(x.shape().data(), x.shape().size(), {acc_strides.data(), x.strides().data()});
   const T* px = static_cast<const T*>(x.raw_data());
-  loop.for_each_run([&](const auto& off, std::int64_t n, const auto& inner) {
-    Acc* a = acc.data() + off[0];
-    const T* v = px + off[1];
-    for (std::int64_t i = 0; i < n; ++i) a[i * inner[0]] = combine(a[i * inner[0]], static_cast<Acc>(v[i * inner[1]]));
+  const std::size_t rank = x.shape().size();
+  std::size_t split = 0;
+  while (split < rank && (p.reduced[split] || x.shape()[split] == 1)) ++split;
+  const auto part = [&](std::int64_t begin, std::int64_t end) {
+    Shape shape = x.shape();
+    std::int64_t acc_base = 0, x_base = 0;
+    if (split < rank) {
+      shape[split] = end - begin;
+      acc_base = begin * acc_strides[split];
+      x_base = begin * x.strides()[split];
+    }
+    const StridedLoop<2> loop(shape.data(), shape.size(), {acc_strides.data(), x.strides().data()});
+    loop.for_each_run([&](const auto& off, std::int64_t n, const auto& inner) {
+      run(acc_base + off[0], px + x_base + off[1], n, inner[0], inner[1]);
+    });
+  };
+  if (x.numel() == 0) return;
+  const std::int64_t parts = split < rank ? x.shape()[split] : 1;
+  const std::int64_t per_part = std::max<std::int64_t>(1, x.numel() / parts);
+  if (parallel_chunks(parts, per_part) == 1) part(0, parts);
+  else parallel_for(parts, per_part, part);
+}
+
+// Folds x into a tensor of shape p.kept with acc = combine(acc, v), accumulating in Acc;
+// `row(acc, v, n)` folds one contiguous reduced row.
+template <class T, class Acc, class Combine, class Row>
+Tensor fold(const Tensor& x, const Plan& p, Acc init, Combine combine, Row row) {
+  std::vector<Acc> acc(static_cast<std::size_t>(shape_numel(p.kept)), init);
+  walk<T>(x, p, [&](std::int64_t k, const T* v, std::int64_t n, std::int64_t acc_step, std::int64_t x_step) {
+    Acc* a = acc.data() + k;
+    if (acc_step == 0 && x_step == 1) *a = row(*a, v, n);
+    else if (acc_step == 1 && x_step == 1) fold_columns(a, v, n, combine);
+    else
+      for (std::int64_t i = 0; i < n; ++i) a[i * acc_step] = combine(a[i * acc_step], static_cast<Acc>(v[i * x_step]));
   });
   Tensor out = new_tensor(p.kept, x.dtype());
   T* po = static_cast<T*>(mutable_data(out));
   for (std::size_t i = 0; i < acc.size(); ++i) po[i] = convert<T>(acc[i]);
   return out;
+}
+
+template <class T>
+TAPEGRAD_SIMD_CLONES std::int64_t count_equal(const T* v, std::int64_t n, T m) {
+  std::int64_t count = 0;
+  for (std::int64_t i = 0; i < n; ++i) count += v[i] == m;
+  return count;
+}
+
+// The backward of max: dx = [x == M] g / ties in two passes over x (count each slice's ties,
+// then place the shares), without bool or float intermediates of x's size.
+template <class T>
+Tensor max_backward_direct(const Tensor& x, const Tensor& kept, const Tensor& g, const Plan& p) {
+  const T* pm = static_cast<const T*>(kept.raw_data());  // contiguous, laid out as p.kept
+  std::vector<std::int64_t> ties(static_cast<std::size_t>(shape_numel(p.kept)), 0);
+  walk<T>(x, p, [&](std::int64_t k, const T* v, std::int64_t n, std::int64_t acc_step, std::int64_t x_step) {
+    if (acc_step == 0 && x_step == 1) ties[static_cast<std::size_t>(k)] += count_equal(v, n, pm[k]);
+    else
+      for (std::int64_t i = 0; i < n; ++i) ties[static_cast<std::size_t>(k + i * acc_step)] += v[i * x_step] == pm[k + i * acc_step];
+  });
+  Tensor ties_t = new_tensor(p.kept, x.dtype());
+  T* pt = static_cast<T*>(mutable_data(ties_t));
+  for (std::size_t i = 0; i < ties.size(); ++i) pt[i] = static_cast<T>(ties[i]);
+  Tensor share = new_tensor(p.kept, x.dtype());
+  map_into<T, T, T>(share, [](T gv, T c) { return gv / c; }, reshape(g, p.kept), ties_t);
+  Tensor dx = new_tensor(x.shape(), x.dtype());
+  map_into<T, T, T, T>(dx, [](T v, T m, T s) { return v == m ? s : T(0); }, x, kept, share);
+  return dx;
 }
 
 }  // namespace
@@ -66,7 +178,8 @@ Tensor sum(const Tensor& x, const Dims& dims, bool keepdim) {
   const Plan p = plan_reduction("sum", x, dims, keepdim);
   // Accumulate in double so float32 sums of many elements keep their precision.
   Tensor kept = visit_float(x.dtype(), "sum", [&]<class T>(Tag<T>) {
-    return fold<T, double>(x, p, 0.0, [](double a, double v) { return a + v; });
+    const auto add = [](double a, double v) { return a + v; };
+    return fold<T, double>(x, p, 0.0, add, [&](double a, const T* v, std::int64_t n) { return fold_row(a, v, n, add); });
   });
   Tensor out = make_view(kept, p.result, contiguous_strides(p.result), 0, "sum");
   // dx = g broadcast back over the reduced dims
@@ -88,16 +201,16 @@ Tensor max(const Tensor& x, const Dims& dims, bool keepdim) {
                      shape_str(x.shape()));
   Tensor kept = visit_float(x.dtype(), "max", [&]<class T>(Tag<T>) {
     // NaN wins: once the accumulator is NaN it stays NaN.
-    return fold<T, T>(x, p, -std::numeric_limits<T>::infinity(),
-                      [](T a, T v) { return (std::isnan(a) || a >= v) ? a : v; });
+    // (a lambda rather than &max_combine<T>: the loops inline what they are given by type)
+    return fold<T, T>(x, p, -std::numeric_limits<T>::infinity(), [](T a, T v) { return max_combine(a, v); },
+                      [](T a, const T* v, std::int64_t n) { return max_row(a, v, n); });
   });
   Tensor out = make_view(kept, p.result, contiguous_strides(p.result), 0, "max");
   // dx = [x == max] g / (number of tied maxima), the gradient shared among ties
-  record("max", {x}, out, {x, out}, [x, kept = kept, kept_shape = p.kept, d = dims](std::span<const Tensor> g, const std::vector<bool>&) {
-    const Tensor is_max = eq(x, kept);
-    const Tensor ties = sum(to(is_max, x.dtype()), d, /*keepdim=*/true);
-    const Tensor share = div(reshape(g[0], kept_shape), ties);
-    return std::vector<Tensor>{where(is_max, share, scalar(0.0, x.dtype()))};
+  // dx = [x == max] g / (number of tied maxima), the gradient shared among ties. Backward passes
+  // run with grad mode off, so this is computed directly rather than composed of recorded ops.
+  record("max", {x}, out, {x, out}, [x, kept = kept, p](std::span<const Tensor> g, const std::vector<bool>&) {
+    return std::vector<Tensor>{visit_float(x.dtype(), "max", [&]<class T>(Tag<T>) { return max_backward_direct<T>(x, kept, g[0], p); })};
   });
   return out;
 }

@@ -1,0 +1,216 @@
+// The elementwise and reduction kernels' fast paths: results on two threads equal the serial
+// results bit for bit (large tensors take the parallel split, which the op table's small
+// tensors never reach; ctest runs with OMP_NUM_THREADS=1, so the suite sets the threads
+// itself), and float32 exp, tanh and GELU stay within their documented error of a float64
+// reference.
+#define BOOST_TEST_MODULE kernels
+#include <boost/test/unit_test.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <numbers>
+#include <vector>
+
+#include <tapegrad/tapegrad.hpp>
+
+namespace tg = tapegrad;
+using tg::Tensor;
+
+namespace {
+
+struct Threads {
+  int saved = tg::num_threads();
+  explicit Threads(int n) { tg::set_num_threads(n); }
+  ~Threads() { tg::set_num_threads(saved); }
+};
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  const Tensor ca = tg::clone(a), cb = tg::clone(b);
+  if (ca.shape() != cb.shape() || ca.dtype() != cb.dtype()) return false;
+  const std::size_t bytes = static_cast<std::size_t>(ca.numel()) * (ca.dtype() == tg::float64 ? 8 : ca.dtype() == tg::float32 ? 4 : 1);
+  return std::memcmp(ca.raw_data(), cb.raw_data(), bytes) == 0;
+}
+
+// The op's output and its inputs' gradients (upstream gradient: a fixed pattern of its shape).
+std::vector<Tensor> run(const std::function<Tensor(const std::vector<Tensor>&)>& op, std::vector<Tensor> inputs) {
+  for (auto& t : inputs) t = tg::clone(t).detach().set_requires_grad();
+  const Tensor y = op(inputs);
+  tg::Generator gen(3);
+  const Tensor g = tg::randn(y.shape(), gen, y.dtype());
+  tg::backward({y}, {g});
+  std::vector<Tensor> out{y.detach()};
+  for (auto& t : inputs) out.push_back(t.grad());
+  tg::clear_tape();
+  return out;
+}
+
+void check_parallel_equals_serial(const char* what, const std::function<Tensor(const std::vector<Tensor>&)>& op,
+                                  const std::vector<Tensor>& inputs) {
+  std::vector<Tensor> serial, parallel;
+  {
+    Threads t(1);
+    serial = run(op, inputs);
+  }
+  {
+    Threads t(2);
+    parallel = run(op, inputs);
+  }
+  BOOST_TEST_CONTEXT(what) {
+    BOOST_REQUIRE_EQUAL(serial.size(), parallel.size());
+    for (std::size_t i = 0; i < serial.size(); ++i) BOOST_TEST(same_bits(serial[i], parallel[i]), "result " << i);
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(parallel_results_equal_serial_results) {
+  for (tg::DType dtype : {tg::float32, tg::float64}) {
+    tg::Generator gen(11);
+    // 301 x 517 (155,617 elements): above the parallel grain, odd sizes so that chunks end
+    // part-way through rows and vector loops have remainders.
+    const Tensor a = tg::randn({301, 517}, gen, dtype), b = tg::randn({301, 517}, gen, dtype);
+    const Tensor row = tg::randn({517}, gen, dtype), col = tg::randn({301, 1}, gen, dtype);
+    const Tensor at = tg::transpose(tg::randn({517, 301}, gen, dtype), 0, 1);  // strided
+    const Tensor cond = tg::gt(tg::randn({301, 517}, gen), tg::zeros({}));
+    using V = std::vector<Tensor>;
+    check_parallel_equals_serial("add", [](const V& v) { return tg::add(v[0], v[1]); }, {a, b});
+    check_parallel_equals_serial("add row", [](const V& v) { return tg::add(v[0], v[1]); }, {a, row});
+    check_parallel_equals_serial("sub column", [](const V& v) { return tg::sub(v[0], v[1]); }, {a, col});
+    check_parallel_equals_serial("mul strided", [](const V& v) { return tg::mul(v[0], v[1]); }, {at, b});
+    check_parallel_equals_serial("div", [](const V& v) { return tg::div(v[0], v[1]); }, {a, tg::exp(b)});
+    for (const auto& [name, f] : std::vector<std::pair<const char*, Tensor (*)(const Tensor&)>>{
+             {"relu", tg::relu}, {"gelu", tg::gelu}, {"exp", tg::exp}, {"tanh", tg::tanh}, {"neg", tg::neg}}) {
+      check_parallel_equals_serial(name, [f = f](const V& v) { return f(v[0]); }, {a});
+      check_parallel_equals_serial(name, [f = f](const V& v) { return f(v[0]); }, {at});
+    }
+    check_parallel_equals_serial("where", [cond](const V& v) { return tg::where(cond, v[0], v[1]); }, {a, row});
+    for (const tg::Dims& dims : std::vector<tg::Dims>{{-1}, {0}, {}}) {
+      check_parallel_equals_serial("sum", [dims](const V& v) { return tg::sum(v[0], dims); }, {a});
+      check_parallel_equals_serial("sum strided", [dims](const V& v) { return tg::sum(v[0], dims); }, {at});
+      check_parallel_equals_serial("mean", [dims](const V& v) { return tg::mean(v[0], dims); }, {a});
+      check_parallel_equals_serial("max", [dims](const V& v) { return tg::max(v[0], dims); }, {a});
+    }
+    // Unrecorded kernels: comparisons and conversions.
+    std::vector<Tensor> serial, parallel;
+    for (int threads : {1, 2}) {
+      Threads t(threads);
+      auto& out = threads == 1 ? serial : parallel;
+      out = {tg::lt(a, row), tg::eq(at, at), tg::to(a, dtype == tg::float32 ? tg::float64 : tg::float32), tg::to(cond, dtype)};
+    }
+    for (std::size_t i = 0; i < serial.size(); ++i) BOOST_TEST(same_bits(serial[i], parallel[i]), "unrecorded kernel " << i);
+  }
+}
+
+namespace {
+
+// Every 97th float32 in [-limit, limit] plus the ends and zero: about 4 million points, which
+// covers every binade the functions treat differently.
+std::vector<float> sample(float limit) {
+  std::vector<float> xs{0.0f, -0.0f, limit, -limit};
+  for (std::uint32_t bits = 0; bits < 0x7f800000u; bits += 97) {
+    float x;
+    std::memcpy(&x, &bits, sizeof x);
+    if (x > limit) break;
+    xs.push_back(x);
+    xs.push_back(-x);
+  }
+  return xs;
+}
+
+Tensor tensor_of(const std::vector<float>& xs) { return tg::from_vector(std::span<const float>(xs), {static_cast<std::int64_t>(xs.size())}); }
+
+double ulps(float got, double want) {
+  const double unit = std::ldexp(1.0, std::ilogb(std::max(std::fabs(want), static_cast<double>(std::numeric_limits<float>::min()))) - 23);
+  return std::fabs(static_cast<double>(got) - want) / unit;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(float32_exp_and_tanh_within_a_few_ulp) {
+  const std::vector<float> xs = sample(88.0f);
+  const Tensor x = tensor_of(xs);
+  const Tensor e = tg::exp(x), t = tg::tanh(x);
+  double worst_exp = 0, worst_tanh = 0;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    worst_exp = std::max(worst_exp, ulps(e.data<float>()[i], std::exp(static_cast<double>(xs[i]))));
+    worst_tanh = std::max(worst_tanh, ulps(t.data<float>()[i], std::tanh(static_cast<double>(xs[i]))));
+  }
+  BOOST_TEST(worst_exp <= 2.0);
+  BOOST_TEST(worst_tanh <= 3.0);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const Tensor s = tensor_of({inf, -inf, nan, 89.0f, -104.0f, 1e-30f});
+  const Tensor es = tg::exp(s), ts = tg::tanh(s);
+  BOOST_TEST(es.data<float>()[0] == inf);
+  BOOST_TEST(es.data<float>()[1] == 0.0f);
+  BOOST_TEST(std::isnan(es.data<float>()[2]));
+  BOOST_TEST(es.data<float>()[3] == inf);
+  BOOST_TEST(es.data<float>()[4] == 0.0f);
+  BOOST_TEST(ts.data<float>()[0] == 1.0f);
+  BOOST_TEST(ts.data<float>()[1] == -1.0f);
+  BOOST_TEST(std::isnan(ts.data<float>()[2]));
+  BOOST_TEST(ts.data<float>()[5] == 1e-30f);
+}
+
+// GELU = x Phi(x), Phi(x) = 0.5 (1 + erf(x / sqrt 2)); the reference is float64 with std::erfc
+// (which keeps the left tail's precision). Bounds: Phi within 1.5e-7 absolute, so GELU within
+// 1.5e-7 |x| plus its own rounding; the derivative Phi + x phi within 1.5e-7 (1 + |x|) plus
+// rounding.
+BOOST_AUTO_TEST_CASE(float32_gelu_and_its_derivative_match_float64) {
+  const std::vector<float> xs = sample(20.0f);
+  const Tensor x = tensor_of(xs).set_requires_grad();
+  const Tensor y = tg::gelu(x);
+  tg::backward({y}, {tg::ones_like(y)});
+  const Tensor d = x.grad();
+  double worst_value = 0, worst_slope = 0;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const double v = xs[i];
+    const double cdf = 0.5 * std::erfc(-v / std::numbers::sqrt2);
+    const double pdf = std::exp(-0.5 * v * v) / std::sqrt(2 * std::numbers::pi);
+    const double want = v * cdf, slope = cdf + v * pdf;
+    const double value_err = std::fabs(y.data<float>()[i] - want) - 0.6e-7 * std::fabs(want);
+    const double slope_err = std::fabs(d.data<float>()[i] - slope) - 0.6e-7 * std::fabs(slope);
+    worst_value = std::max(worst_value, value_err / (1.5e-7 * std::fabs(v) + 1e-45));
+    worst_slope = std::max(worst_slope, slope_err / (1.5e-7 * (1 + std::fabs(v))));
+  }
+  BOOST_TEST(worst_value <= 1.0);
+  BOOST_TEST(worst_slope <= 1.0);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const Tensor s = tg::gelu(tensor_of({nan, inf, -30.0f, 30.0f}));
+  BOOST_TEST(std::isnan(s.data<float>()[0]));
+  BOOST_TEST(s.data<float>()[1] == inf);
+  BOOST_TEST(s.data<float>()[2] == -0.0f);
+  BOOST_TEST(s.data<float>()[3] == 30.0f);
+  tg::clear_tape();
+}
+
+// Tied maxima share the gradient (docs/gradients.md §4), over the last dim and over a leading
+// dim, on the serial and on the parallel path (a NaN slice gets zeros).
+BOOST_AUTO_TEST_CASE(max_shares_the_gradient_among_ties) {
+  for (int threads : {1, 2}) {
+    Threads t(threads);
+    for (std::int64_t rows : {2, 20000}) {  // 20000 rows of 3: above the parallel grain
+      std::vector<float> v;
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const float a = static_cast<float>(r % 5);
+        v.insert(v.end(), {a, a + 2, a + 2});  // two tied maxima per row
+      }
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      v[3] = nan;  // row 1 is a NaN slice
+      Tensor x = tg::from_vector(std::span<const float>(v), {rows, 3}).set_requires_grad();
+      tg::backward({tg::max(x, {-1})}, {tg::full({rows}, 4.0)});
+      const float* gx = x.grad().data<float>();
+      BOOST_TEST(gx[0] == 0.0f);
+      BOOST_TEST(gx[1] == 2.0f);
+      BOOST_TEST(gx[2] == 2.0f);
+      BOOST_TEST((gx[3] == 0.0f && gx[4] == 0.0f && gx[5] == 0.0f));
+      // Over dim 0 of its transpose-shaped copy: columns of (a, a + 2, a + 2).
+      Tensor y = tg::from_vector(std::span<const float>(v), {rows, 3}).set_requires_grad();
+      tg::backward({tg::max(tg::transpose(y, 0, 1), {0})}, {tg::full({rows}, 4.0)});
+      BOOST_TEST(y.grad().data<float>()[rows > 2 ? 7 : 1] == 2.0f);
+      BOOST_TEST(y.grad().data<float>()[rows > 2 ? 6 : 0] == 0.0f);
+      tg::clear_tape();
+    }
+  }
+}

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <oneapi/dnnl/dnnl.hpp>
+#include <tapegrad/tapegrad.hpp>
 
 namespace bench {
 
@@ -41,7 +42,15 @@ inline std::vector<double> seconds_per_call(const std::vector<std::function<void
 }
 inline double seconds_per_call(const std::function<void()>& f, double budget = 0.25) { return seconds_per_call(std::vector<std::function<void()>>{f}, budget)[0]; }
 
-// The oneDNN primitive alone: created once, executed on preallocated buffers.
+}  // namespace bench
+
+extern "C" void omp_set_num_threads(int n);  // libgomp, which oneDNN runs on
+
+namespace bench {
+
+// The oneDNN primitive alone: created once, executed on preallocated buffers, on as many threads
+// as tapegrad is set to use (oneDNN reads OpenMP's count when it creates and when it runs a
+// primitive), so that a reference and tapegrad measured side by side use the same threads.
 struct RawDnnl {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
@@ -50,6 +59,7 @@ struct RawDnnl {
   RawDnnl(std::int64_t batch, std::int64_t m, std::int64_t k, std::int64_t n) {
     using dt = dnnl::memory::data_type;
     using tag = dnnl::memory::format_tag;
+    omp_set_num_threads(tapegrad::num_threads());
     const dnnl::memory::desc da({batch, m, k}, dt::f32, tag::abc), db({batch, k, n}, dt::f32, tag::abc),
         dc({batch, m, n}, dt::f32, tag::abc);
     prim = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(da, db, dc), engine));
@@ -60,6 +70,7 @@ struct RawDnnl {
     std::fill_n(static_cast<float*>(b.get_data_handle()), batch * k * n, 0.25f);
   }
   void run() {
+    omp_set_num_threads(tapegrad::num_threads());
     prim.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
     stream.wait();
   }

@@ -172,16 +172,21 @@ template <class T> struct RowMax {
   bool nan;
 };
 template <class T, class Load> [[gnu::always_inline]] inline RowMax<T> load_row(T* a, std::int64_t end, Load load) {
-  T m = -std::numeric_limits<T>::infinity();
-  int nan = 0;
-#pragma omp simd reduction(max : m) reduction(| : nan)
+  constexpr T kMinusInf = -std::numeric_limits<T>::infinity();
+  T m = kMinusInf;
+  int nan = 0, above = 0;
+#pragma omp simd reduction(max : m) reduction(| : nan, above)
   for (std::int64_t j = 0; j < end; ++j) {
     const T v = load(j);
     a[j] = v;
     nan |= v != v ? 1 : 0;
+    above |= v > kMinusInf ? 1 : 0;
     m = v > m ? v : m;
   }
-  return {m, nan != 0};
+  // OpenMP starts each lane's maximum at the type's lowest value, which Clang takes to be
+  // -FLT_MAX rather than -inf: a row with nothing above -inf then came back with m = -FLT_MAX
+  // and divided 0 by 0. Whether some entry is above -inf decides it, whatever the compiler.
+  return {above != 0 ? m : kMinusInf, nan != 0};
 }
 
 // The rest of the softmax of a row that load_row wrote; allowed(j) is asked only in a NaN row.

@@ -3,8 +3,11 @@
 // for the cores) and no compiler needs OpenMP flags to build tapegrad.
 #include "autodiff/parallel.hpp"
 
+#include "autodiff/thread_choice.hpp"
+
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cstdlib>
 #include <exception>
 #include <mutex>
@@ -79,8 +82,22 @@ void parallel_for(std::int64_t n, std::int64_t cost, const std::function<void(st
     body(0, n);
     return;
   }
+  // One kind of work per call site (the body's type) and size class, so that a compute-bound
+  // loop and a memory-bound one of the same size keep separate times.
+  const auto work = static_cast<std::uint64_t>(n) * static_cast<std::uint64_t>(std::max<std::int64_t>(cost, 1));
+  std::uint64_t key = mix_key(kKeySeed, body.target_type().hash_code());
+  key = mix_key(key, static_cast<std::uint64_t>(std::bit_width(work)));
+  key = mix_key(key, static_cast<std::uint64_t>(chunks));
+  const int threads = choose_threads(key, chunks);
   Job job{n, chunks, &body, nullptr, {}};
-  GOMP_parallel(run_chunk, &job, static_cast<unsigned>(chunks), 0);
+  const double start = now_seconds();
+  // On one thread the same chunks run in order, so the result does not depend on the choice.
+  if (threads == 1) {
+    for (int c = 0; c < chunks; ++c) body(n * c / chunks, n * (c + 1) / chunks);
+  } else {
+    GOMP_parallel(run_chunk, &job, static_cast<unsigned>(chunks), 0);
+  }
+  record_threads(key, threads, now_seconds() - start);
   if (job.error) std::rethrow_exception(job.error);
 }
 

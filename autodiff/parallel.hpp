@@ -19,7 +19,9 @@ inline constexpr std::int64_t kParallelGrain = 1 << 15;
 // Calls body(begin, end) on disjoint chunks covering [0, n), in parallel when n * cost is at
 // least kParallelGrain and max_threads() > 1, else once on the calling thread. Chunks are
 // contiguous and at most max_threads() of them run at once; a nested call (from inside a
-// body) runs inline. An exception thrown by a body is rethrown on the calling thread after
+// body) runs inline. When the team has lately been slower than one thread for this call site
+// and size (thread_choice.hpp), the same chunks run in order on the calling thread, so the
+// result never depends on the choice. An exception thrown by a body is rethrown on the calling thread after
 // every chunk has finished.
 void parallel_for(std::int64_t n, std::int64_t cost, const std::function<void(std::int64_t, std::int64_t)>& body);
 

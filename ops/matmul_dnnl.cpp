@@ -17,6 +17,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "autodiff/parallel.hpp"
+#include "autodiff/thread_choice.hpp"
 #include "ops/kernel.hpp"
 #include "ops/matmul_kernels.hpp"
 #include "tapegrad/ops/view.hpp"
@@ -269,14 +270,26 @@ bool has_fast_kernel(const Layout& a, const Layout& b, const Layout& c) {
   return std::string(pd.impl_info_str()).find("ref") == std::string::npos;
 }
 
+// The kind of work a product is, for ThreadChoice: its layouts and input type.
+std::uint64_t work_key(const Layout& a, const Layout& b, const Layout& c, bool bf16) {
+  std::uint64_t key = mix_key(kKeySeed, bf16 ? 2 : 1);
+  for (const Layout* l : {&a, &b, &c}) {
+    for (const dnnl::memory::dim d : l->dims) key = mix_key(key, static_cast<std::uint64_t>(d));
+    for (const dnnl::memory::dim s : l->strides) key = mix_key(key, static_cast<std::uint64_t>(s));
+  }
+  return key;
+}
+
 void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   const std::size_t r = c.shape().size();
-  const int threads = dnnl_threads_for(static_cast<double>(c.numel()) * static_cast<double>(a.shape()[r - 1]));
-  const OmpThreads omp(threads);
   Layout la, lb, lc;
   if (!describe(a, la)) return run(copy_of(a), b, c, bf16);
   if (!describe(b, lb)) return run(a, copy_of(b), c, bf16);
   describe(c, lc);
+  const std::uint64_t work = work_key(la, lb, lc, bf16);
+  const int threads =
+      choose_threads(work, dnnl_threads_for(static_cast<double>(c.numel()) * static_cast<double>(a.shape()[r - 1])));
+  const OmpThreads omp(threads);
   void* pa = mutable_data(a);  // oneDNN takes non-const handles; it only reads a and b
   void* pb = mutable_data(b);
   if (bf16) {
@@ -311,8 +324,10 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   e.a.set_data_handle(pa);
   e.b.set_data_handle(pb);
   e.c.set_data_handle(mutable_data(c));
+  const double start = now_seconds();
   e.primitive.execute(cpu_stream(), {{DNNL_ARG_SRC, e.a}, {DNNL_ARG_WEIGHTS, e.b}, {DNNL_ARG_DST, e.c}});
   cpu_stream().wait();
+  record_threads(work, threads, now_seconds() - start);
 }
 
 }  // namespace
@@ -349,9 +364,16 @@ void gemm_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::i
               std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
   // dnnl_sgemm skips primitive creation and takes a beta, so tiles accumulate in place.
   // It reads OpenMP's per-thread count (the machine's cores unless OMP_NUM_THREADS says), not num_threads().
-  const OmpThreads omp(dnnl_threads_for(static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k)));
+  std::uint64_t key = mix_key(kKeySeed, 3);
+  for (const std::int64_t v : {std::int64_t{trans_a}, std::int64_t{trans_b}, m, n, k, lda, ldb, ldc})
+    key = mix_key(key, static_cast<std::uint64_t>(v));
+  const int threads =
+      choose_threads(key, dnnl_threads_for(static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k)));
+  const OmpThreads omp(threads);
+  const double start = now_seconds();
   const dnnl_status_t status =
       dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  record_threads(key, threads, now_seconds() - start);
   if (status != dnnl_success)
     fail<ValueError>("gemm_f32: oneDNN refused a [{}, {}] x [{}, {}] tile product (lda {}, ldb {}, ldc {}), status {}", m, k, k, n,
                      lda, ldb, ldc, static_cast<int>(status));

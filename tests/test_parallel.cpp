@@ -3,7 +3,9 @@
 #define BOOST_TEST_MODULE parallel
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -11,6 +13,7 @@
 #include <tapegrad/tapegrad.hpp>
 
 #include "autodiff/parallel.hpp"
+#include "autodiff/thread_choice.hpp"
 #include "ops/matmul_kernels.hpp"
 
 namespace tg = tapegrad;
@@ -104,4 +107,85 @@ BOOST_AUTO_TEST_CASE(products_get_threads_by_size) {
   tg::set_num_threads(1);
   const auto one = tg::matmul(a, b).to_vector<float>();
   for (std::size_t i = 0; i < one.size(); ++i) BOOST_REQUIRE_SMALL(static_cast<double>(one[i] - two[i]), 1e-3);
+}
+
+// ThreadChoice driven with chosen times: what the team and one thread would take on an idle
+// machine (the team faster) and next to a busy process (the team much slower).
+namespace {
+
+using tg::detail::ThreadChoice;
+
+// Runs `calls` calls of one kind of work whose run takes team_s on the team and one_s on one
+// thread; returns how many ran on the team.
+int run_calls(ThreadChoice& choice, int calls, double team_s, double one_s) {
+  int on_team = 0;
+  for (int i = 0; i < calls; ++i) {
+    const int threads = choice.choose(7, 2);
+    BOOST_REQUIRE(threads == 1 || threads == 2);
+    on_team += threads == 2;
+    choice.record(7, threads, threads == 2 ? team_s : one_s);
+  }
+  return on_team;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(thread_choice_keeps_the_team_while_it_is_faster) {
+  ThreadChoice choice;
+  // Trials of one thread come after 8, 16, 32, ... calls: few over a long run.
+  const int on_team = run_calls(choice, 4000, 1.0, 1.8);
+  BOOST_TEST(on_team >= 4000 - 9);
+  BOOST_TEST(choice.kinds() == 1u);
+  BOOST_TEST(choice.choose(7, 1) == 1);  // a size rule that asks for one thread is never overridden
+}
+
+BOOST_AUTO_TEST_CASE(thread_choice_leaves_a_slow_team_and_rarely_retries_it) {
+  ThreadChoice choice;
+  // The team took 5x one thread's time (a join waiting for a descheduled thread).
+  const int on_team = run_calls(choice, 4000, 5.0, 1.0);
+  // The first 7 calls and the trials at ever doubling intervals.
+  BOOST_TEST(on_team <= 7 + 10);
+  BOOST_TEST(on_team >= 8);  // it keeps trying
+}
+
+BOOST_AUTO_TEST_CASE(thread_choice_follows_the_machine_both_ways) {
+  ThreadChoice choice;
+  run_calls(choice, 2000, 1.0, 1.8);  // idle
+  // Busy: the next slow team run is slower than one thread was, so one thread is tried at once.
+  int team_after_busy = 0;
+  for (int i = 0; i < 4; ++i) {
+    const int threads = choice.choose(7, 2);
+    team_after_busy += threads == 2;
+    choice.record(7, threads, threads == 2 ? 6.0 : 1.8);
+  }
+  BOOST_TEST(team_after_busy <= 2);
+  BOOST_TEST(run_calls(choice, 100, 6.0, 1.8) <= 10);
+  // Idle again: a trial finds the team faster and it takes over (the interval is bounded).
+  const int back = run_calls(choice, 3 * ThreadChoice::kMaxInterval, 1.0, 1.8);
+  BOOST_TEST(back >= ThreadChoice::kMaxInterval);
+}
+
+BOOST_AUTO_TEST_CASE(thread_choice_table_is_bounded) {
+  ThreadChoice choice;
+  for (std::uint64_t key = 0; key < ThreadChoice::kMaxKinds + 10; ++key) choice.record(key, choice.choose(key, 2), 1.0);
+  BOOST_TEST(choice.kinds() <= ThreadChoice::kMaxKinds);
+}
+
+BOOST_AUTO_TEST_CASE(serial_choice_runs_the_same_chunks) {
+  // Whichever way ThreadChoice goes, a parallel_for call sees the same chunk boundaries.
+  Threads t(2);
+  const std::int64_t n = tg::detail::kParallelGrain * 4;
+  std::vector<std::pair<std::int64_t, std::int64_t>> first;
+  for (int call = 0; call < 40; ++call) {
+    std::mutex m;
+    std::vector<std::pair<std::int64_t, std::int64_t>> seen;
+    parallel_for(n, 1, [&](std::int64_t b, std::int64_t e) {
+      std::lock_guard lock(m);
+      seen.emplace_back(b, e);
+    });
+    std::sort(seen.begin(), seen.end());
+    if (call == 0) first = seen;
+    BOOST_REQUIRE(seen == first);
+  }
+  BOOST_TEST(first.size() == 2u);
 }

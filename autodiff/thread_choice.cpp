@@ -42,7 +42,7 @@ void ThreadChoice::record(std::uint64_t key, int threads, double seconds) {
     a.current = arm;
     a.interval = kFirstInterval;
   } else {
-    a.interval = std::min(2 * a.interval, kMaxInterval);
+    a.interval = std::min(kIntervalGrowth * a.interval, kMaxInterval);
   }
   a.countdown = a.interval;
 }

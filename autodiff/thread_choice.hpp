@@ -22,9 +22,12 @@ namespace tapegrad::detail {
 // The policy, apart from clocks and locks so that tests can drive it with chosen times.
 class ThreadChoice {
  public:
-  // Calls between trials of the other arm: the first after kFirstInterval, then doubling while
-  // the current arm keeps winning, up to kMaxInterval.
+  // Calls between trials of the other arm: the first after kFirstInterval, then growing
+  // kIntervalGrowth-fold while the current arm keeps winning, up to kMaxInterval. A trial of
+  // the losing arm costs a whole slow run, and a benchmark of tens of steps must not pay many;
+  // a change of load is caught by the current arm's own slowdown, not by the trials.
   static constexpr int kFirstInterval = 8;
+  static constexpr int kIntervalGrowth = 4;
   static constexpr int kMaxInterval = 1024;
   // The other arm takes over when it is this much faster: measurements on a shared machine
   // wobble by a few percent, and a switch costs a trial to undo.

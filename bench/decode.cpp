@@ -73,14 +73,14 @@ void long_decode(Table& table, std::int64_t dim, std::int64_t heads, int threads
 }  // namespace
 
 void section_decode(Report& report, const Options& options) {
-  auto& table = report.table("decode", "MultiHeadAttention::decode, B = 1: ms per token median (min-max) at a cache length; "
+  auto& table = report.table("decode", "MultiHeadAttention::decode, B = 1: us per token median (min-max) at a cache length; "
                                        "x dots = step time / the bare loops' time",
                              {{"threads", "th", 0, 2},
                               {"model", "width, heads", 0, 13},
                               {"cached", "cached", 0, 6},
-                              {"step_ms", "step ms", 4, 26},
+                              {"step_ms", "step us", 1, 22, true},
                               {"tokens_per_second", "tokens/s", 0, 8},
-                              {"dots_ms", "dots ms", 4, 26},
+                              {"dots_ms", "dots us", 2, 22, true},
                               {"step_over_dots", "x dots", 1, 6},
                               {"peak_mib", "peak MiB", 2, 8}});
   for (int threads : options.threads) {

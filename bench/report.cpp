@@ -33,9 +33,10 @@ std::string render(const Cell& c, const Column& col) {
   if (std::holds_alternative<std::monostate>(c)) return "-";
   if (const auto* s = std::get_if<std::string>(&c)) return *s;
   if (const auto* i = std::get_if<std::int64_t>(&c)) return fmt::format("{}", *i);
-  if (const auto* s = std::get_if<Stats>(&c))
-    return fmt::format("{:.{}f} ({:.{}f}-{:.{}f})", s->median * 1e3, col.precision, s->min * 1e3, col.precision, s->max * 1e3,
-                       col.precision);
+  if (const auto* s = std::get_if<Stats>(&c)) {
+    const double k = col.microseconds ? 1e6 : 1e3;
+    return fmt::format("{:.{}f} ({:.{}f}-{:.{}f})", s->median * k, col.precision, s->min * k, col.precision, s->max * k, col.precision);
+  }
   if (col.precision < 0) return fmt::format("{:.{}e}", std::get<double>(c), -col.precision);
   return fmt::format("{:.{}f}", std::get<double>(c), col.precision);
 }

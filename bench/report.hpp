@@ -37,6 +37,7 @@ struct Column {
   std::string header;  // printed
   int precision = 2;   // digits after the point for doubles and times; -n: n digits in scientific notation
   int width = 10;
+  bool microseconds = false;  // print times in us (the JSON keeps ms)
 };
 
 // One table of a report: printed header first, then each row as soon as it is added.

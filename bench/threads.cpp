@@ -115,11 +115,11 @@ void section_threads(Report& report, const Options& options) {
   const auto all = cases(options, model, opt, x, y);
   for (bool busy : {false, true}) {
     auto& table = report.table(busy ? "threads_busy" : "threads",
-                               fmt::format("1 thread against {} threads{}: ms median (min-max); ratio = 1-thread time / {}-thread time", n,
+                               fmt::format("1 thread against {} threads{}: us median (min-max); ratio = 1-thread time / {}-thread time", n,
                                            busy ? ", one core kept busy by a spinning thread" : "", n),
                                {{"operation", "operation", 0, 34},
-                                {"one_thread_ms", "1 thread ms", 4, 26},
-                                {"n_threads_ms", fmt::format("{} threads ms", n), 4, 26},
+                                {"one_thread_ms", "1 thread us", 1, 28, true},
+                                {"n_threads_ms", fmt::format("{} threads us", n), 1, 28, true},
                                 {"ratio", "ratio", 2, 6},
                                 {"one_thread_gflops", "GFLOP/s 1", 1, 9},
                                 {"n_threads_gflops", fmt::format("GFLOP/s {}", n), 1, 9}});

@@ -100,6 +100,7 @@ void section_kernels(Report& report, const Options& options) {
       }
     }
   }
+  table.note("bytes as an ideal kernel moves them (bench/kernels.cpp); frac = GB/s / the copy's GB/s (medians), best = the same from the minima");
 }
 
 }  // namespace bench

@@ -20,8 +20,7 @@
 // matmul, overhead, kernels, softmax, attention, fused, bf16, bf16_error, decode, generate,
 // threads, threads_busy, train.
 #include <algorithm>
-#include <functional>
-#include <sstream>
+#include <fstream>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -54,7 +53,9 @@ int main(int argc, char** argv) {
   app.add_option("--threads", options.threads, "thread counts, comma-separated; each section runs at each (default: tapegrad's default)")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
-  app.add_option("--only", only, "comma-separated sections to run (default: all)")->delimiter(',');
+  std::string names;
+  for (const auto& s : kSections) names += std::string(names.empty() ? "" : ",") + s.name;
+  app.add_option("--only", only, "comma-separated sections to run (default: all): " + names)->delimiter(',');
   app.add_option("--json", json, "also write every number to this file");
   app.add_flag("--quick", options.quick, "small sizes and few runs: checks that the benchmark runs");
   // The fused section's child process (resident memory of one call in a fresh process).
@@ -69,11 +70,14 @@ int main(int argc, char** argv) {
   }
   for (const auto& w : only)
     if (std::none_of(std::begin(kSections), std::end(kSections), [&](const Section& s) { return w == s.name; })) {
-      std::string names;
-      for (const auto& s : kSections) names += std::string(names.empty() ? "" : ", ") + s.name;
       fmt::print(stderr, "--only: unknown section '{}'; sections are {}\n", w, names);
       return 2;
     }
+  // A full run takes minutes: learn that the file cannot be written before, not after.
+  if (!json.empty() && !std::ofstream(json)) {
+    fmt::print(stderr, "--json: cannot write {}\n", json);
+    return 2;
+  }
   bench::Report report;
   std::vector<std::string> ran;
   for (const auto& s : kSections)

@@ -43,7 +43,7 @@ void section_train(Report& report, const Options& options);
 int fused_rss_child(long long len, bool need_weights, bool backward, int threads);
 
 // A copy of `count` floats split over tapegrad's threads like its own loops: the bandwidth that
-// memory-bound kernels are held to. copy_loop(n)() runs one copy.
+// memory-bound kernels are held to. CopyLoop copy(n); copy() runs one copy.
 class CopyLoop {
  public:
   explicit CopyLoop(std::int64_t count);

@@ -59,6 +59,7 @@ void section_softmax(Report& report, const Options& options) {
                    peak});
       }
   }
+  table.note("forward moves 2N floats, backward 3N, the copy 2N; bwd = (f+b) - fwd; % = the copy's time for the same bytes / the op's");
 }
 
 }  // namespace bench

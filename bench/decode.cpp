@@ -109,7 +109,7 @@ void section_decode(Report& report, const Options& options) {
     const double peak = peak_mib_of(run);
     const double first = static_cast<double>(tokens) / since(t0);
     // The first call above also warms up; measure() adds its own warm-up calls before timing.
-    const Stats t = measure(run, options.quick ? 2 : 7, 0);
+    const Stats t = measure(run, options.runs, 0);
     generate.add({static_cast<std::int64_t>(threads), tokens, t, static_cast<double>(tokens) / t.median, first, peak});
   }
 }

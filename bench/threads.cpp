@@ -118,6 +118,7 @@ void section_threads(Report& report, const Options& options) {
                                fmt::format("1 thread against {} threads{}: us median (min-max); ratio = 1-thread time / {}-thread time", n,
                                            busy ? ", one core kept busy by a spinning thread" : "", n),
                                {{"operation", "operation", 0, 34},
+                                {"n_threads", "N", 0, 2},
                                 {"one_thread_ms", "1 thread us", 1, 28, true},
                                 {"n_threads_ms", fmt::format("{} threads us", n), 1, 28, true},
                                 {"ratio", "ratio", 2, 6},
@@ -134,7 +135,7 @@ void section_threads(Report& report, const Options& options) {
                                 c.run();
                               }},
                              options.runs, options.seconds / 2);
-      table.add({c.name, t[0], t[1], t[0].median / t[1].median, c.flop > 0 ? Cell(per_second(c.flop, t[0])) : Cell(),
+      table.add({c.name, static_cast<std::int64_t>(n), t[0], t[1], t[0].median / t[1].median, c.flop > 0 ? Cell(per_second(c.flop, t[0])) : Cell(),
                  c.flop > 0 ? Cell(per_second(c.flop, t[1])) : Cell()});
     }
   }

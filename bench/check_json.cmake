@@ -4,6 +4,7 @@
 #   cmake -DBENCH=path/to/tapegrad_bench -DOUT=file.json -P check_json.cmake
 set(sections system overhead softmax fused decode)
 list(JOIN sections "," only)
+file(REMOVE ${OUT})  # a document left by an earlier run must not pass for this one's
 execute_process(COMMAND ${BENCH} --quick --threads 1 --only ${only} --json ${OUT} RESULT_VARIABLE rc OUTPUT_QUIET)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "tapegrad_bench exited with ${rc}")

@@ -1,12 +1,29 @@
 // tapegrad_bench: every benchmark in one run, so that each ratio compares figures measured on the
 // same machine at the same time.
 //
-//   ./build/bench/tapegrad_bench [--threads N] [--only system,matmul,...] [--json FILE] [--quick]
+//   ./build/bench/tapegrad_bench [--threads 1,2] [--only kernels,attention,...] [--json FILE] [--quick]
+//
+// Each section runs at every --threads count in turn (default: tapegrad's default count); the
+// "threads" section compares 1 thread with the largest count (at least 2).
+//
+// --json FILE writes one document (stable keys; a new key may be added, none renamed):
+//   {"format": "tapegrad_bench 1",
+//    "run": {"threads": [1, 2], "quick": false, "sections": ["system", ...]},
+//    "facts": {"cpu": ..., "cpu_features": ..., "onednn": ..., "threads": ..., "bfloat16_native": ...},
+//    "tables": {"<table id>": {"section": "<section>", "title": "...", "notes": ["..."],
+//                              "columns": [{"key": "forward_ms", "header": "fwd ms"}, ...],
+//                              "rows": [{"<column key>": value, ...}, ...]}}}
+// A value is a string, a number, null (no figure: printed "-") or, for a timed figure,
+// {"median_ms", "min_ms", "max_ms", "runs"} (a time derived from medians, such as softmax's
+// backward_ms, is a number). Keys name their unit: _ms, _gbs (GB/s),
+// _gflops (GFLOP/s), _mib, _percent; _fraction and _ratio are plain ratios. Table ids: references,
+// matmul, overhead, kernels, softmax, attention, fused, bf16, bf16_error, decode, generate,
+// threads, threads_busy, train.
 #include <algorithm>
-#include <functional>
-#include <sstream>
+#include <fstream>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <tapegrad/tapegrad.hpp>
 
 #include "sections.hpp"
@@ -15,43 +32,60 @@ namespace {
 
 struct Section {
   const char* name;
-  std::function<void(bench::Report&, const bench::Options&)> run;
+  void (*run)(bench::Report&, const bench::Options&);
 };
 
-const std::vector<Section>& sections() {
-  static const std::vector<Section> all = {
-      {"system", bench::section_system},
-      {"matmul", bench::section_matmul},
-      {"overhead", bench::section_overhead},
-  };
-  return all;
-}
+constexpr Section kSections[] = {
+    {"system", bench::section_system},   {"matmul", bench::section_matmul},     {"overhead", bench::section_overhead},
+    {"kernels", bench::section_kernels}, {"softmax", bench::section_softmax},   {"attention", bench::section_attention},
+    {"fused", bench::section_fused},     {"bf16", bench::section_bf16},         {"decode", bench::section_decode},
+    {"threads", bench::section_threads}, {"train", bench::section_train},
+};
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"tapegrad's benchmarks, one run: times, throughputs and ratios against oneDNN and a copy loop"};
-  int threads = 0;
-  std::string only, json;
+  CLI::App app{"tapegrad's benchmarks, one run: times, throughputs, peak memory and ratios against oneDNN and a copy loop"};
+  std::vector<std::string> only;
+  std::string json;
   bench::Options options;
-  app.add_option("--threads", threads, "threads for oneDNN and tapegrad's loops (default: tapegrad's default)")->check(CLI::PositiveNumber);
-  app.add_option("--only", only, "comma-separated sections to run (default: all)");
+  std::vector<long long> rss_peak;
+  app.add_option("--threads", options.threads, "thread counts, comma-separated; each section runs at each (default: tapegrad's default)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  std::string names;
+  for (const auto& s : kSections) names += std::string(names.empty() ? "" : ",") + s.name;
+  app.add_option("--only", only, "comma-separated sections to run (default: all): " + names)->delimiter(',');
   app.add_option("--json", json, "also write every number to this file");
-  app.add_flag("--quick", options.quick, "fewer shapes and runs: checks that the benchmark runs");
+  app.add_flag("--quick", options.quick, "small sizes and few runs: checks that the benchmark runs");
+  // The fused section's child process (resident memory of one call in a fresh process).
+  app.add_option("--rss-peak", rss_peak)->expected(4)->group("");
   CLI11_PARSE(app, argc, argv);
-  if (threads > 0) tapegrad::set_num_threads(threads);
-  std::vector<std::string> wanted;
-  std::stringstream list(only);
-  for (std::string s; std::getline(list, s, ',');) wanted.push_back(s);
-  for (const auto& w : wanted)
-    if (std::none_of(sections().begin(), sections().end(), [&](const Section& s) { return w == s.name; })) {
-      std::string names;
-      for (const auto& s : sections()) names += std::string(names.empty() ? "" : ", ") + s.name;
+  if (!rss_peak.empty())
+    return bench::fused_rss_child(rss_peak[0], rss_peak[1] != 0, rss_peak[2] != 0, static_cast<int>(rss_peak[3]));
+  if (options.threads.empty()) options.threads = {tapegrad::num_threads()};
+  if (options.quick) {
+    options.runs = 3;
+    options.seconds = 0.01;
+  }
+  for (const auto& w : only)
+    if (std::none_of(std::begin(kSections), std::end(kSections), [&](const Section& s) { return w == s.name; })) {
       fmt::print(stderr, "--only: unknown section '{}'; sections are {}\n", w, names);
       return 2;
     }
+  // A full run takes minutes: learn that the file cannot be written before, not after.
+  if (!json.empty() && !std::ofstream(json)) {
+    fmt::print(stderr, "--json: cannot write {}\n", json);
+    return 2;
+  }
   bench::Report report;
-  for (const auto& s : sections())
-    if (wanted.empty() || std::find(wanted.begin(), wanted.end(), s.name) != wanted.end()) s.run(report, options);
-  if (!json.empty()) report.write_json(json);
+  std::vector<std::string> ran;
+  for (const auto& s : kSections)
+    if (only.empty() || std::find(only.begin(), only.end(), s.name) != only.end()) {
+      report.begin(s.name);
+      s.run(report, options);
+      ran.emplace_back(s.name);
+    }
+  if (!json.empty())
+    report.write_json(json, nlohmann::json{{"threads", options.threads}, {"quick", options.quick}, {"sections", ran}}.dump());
 }

@@ -20,24 +20,35 @@ double seconds(const std::function<void()>& f, int batch) {
   return std::chrono::duration<double>(clock_type::now() - t0).count() / batch;
 }
 
-Stats summarise(std::vector<double> samples) {
+nlohmann::json to_json(const Cell& c) {
+  if (std::holds_alternative<std::monostate>(c)) return nullptr;
+  if (const auto* s = std::get_if<Stats>(&c))
+    return {{"median_ms", s->median * 1e3}, {"min_ms", s->min * 1e3}, {"max_ms", s->max * 1e3}, {"runs", s->runs}};
+  if (const auto* s = std::get_if<std::string>(&c)) return *s;
+  if (const auto* i = std::get_if<std::int64_t>(&c)) return *i;
+  return std::get<double>(c);
+}
+
+std::string render(const Cell& c, const Column& col) {
+  if (std::holds_alternative<std::monostate>(c)) return "-";
+  if (const auto* s = std::get_if<std::string>(&c)) return *s;
+  if (const auto* i = std::get_if<std::int64_t>(&c)) return fmt::format("{}", *i);
+  if (const auto* s = std::get_if<Stats>(&c)) {
+    const double k = col.microseconds ? 1e6 : 1e3;
+    return fmt::format("{:.{}f} ({:.{}f}-{:.{}f})", s->median * k, col.precision, s->min * k, col.precision, s->max * k, col.precision);
+  }
+  if (col.precision < 0) return fmt::format("{:.{}e}", std::get<double>(c), -col.precision);
+  return fmt::format("{:.{}f}", std::get<double>(c), col.precision);
+}
+
+}  // namespace
+
+Stats stats_of(std::vector<double> samples) {
   std::sort(samples.begin(), samples.end());
   const std::size_t n = samples.size();
   const double median = n % 2 ? samples[n / 2] : (samples[n / 2 - 1] + samples[n / 2]) / 2;
   return {median, samples.front(), samples.back(), static_cast<int>(n)};
 }
-
-nlohmann::json to_json(const Cell& c) {
-  return std::visit([](const auto& v) { return nlohmann::json(v); }, c);
-}
-
-std::string render(const Cell& c, const Column& col) {
-  if (const auto* s = std::get_if<std::string>(&c)) return *s;
-  if (const auto* i = std::get_if<std::int64_t>(&c)) return fmt::format("{}", *i);
-  return fmt::format("{:.{}f}", std::get<double>(c), col.precision);
-}
-
-}  // namespace
 
 std::vector<Stats> measure(const std::vector<std::function<void()>>& fs, int min_runs, double min_seconds) {
   std::vector<int> batch(fs.size(), 1);
@@ -56,7 +67,7 @@ std::vector<Stats> measure(const std::vector<std::function<void()>>& fs, int min
     for (std::size_t i = 0; i < fs.size(); ++i) samples[i].push_back(seconds(fs[i], batch[i]));
   }
   std::vector<Stats> out;
-  for (auto& s : samples) out.push_back(summarise(std::move(s)));
+  for (auto& s : samples) out.push_back(stats_of(std::move(s)));
   return out;
 }
 
@@ -64,17 +75,10 @@ Stats measure(const std::function<void()>& f, int min_runs, double min_seconds) 
   return measure(std::vector<std::function<void()>>{f}, min_runs, min_seconds)[0];
 }
 
-std::string format_time(const Stats& s) {
-  const bool us = s.median < 1e-3;
-  const double k = us ? 1e6 : 1e3;
-  return fmt::format("{:.{}f} {} ({:.{}f}-{:.{}f})", s.median * k, us ? 1 : 2, us ? "us" : "ms", s.min * k, us ? 1 : 2,
-                     s.max * k, us ? 1 : 2);
-}
-
-Table::Table(std::string id, std::string title, std::vector<Column> columns)
-    : id_(std::move(id)), title_(std::move(title)), columns_(std::move(columns)) {
+Table::Table(std::string section, std::string id, std::string title, std::vector<Column> columns)
+    : section_(std::move(section)), id_(std::move(id)), title_(std::move(title)), columns_(std::move(columns)) {
   std::string header;
-  for (const auto& c : columns_) header += fmt::format("{:>{}} ", c.name, c.width);
+  for (const auto& c : columns_) header += fmt::format("{:>{}} ", c.header, c.width);
   fmt::print("\n{}\n{}\n", title_, header);
   std::fflush(stdout);
 }
@@ -95,43 +99,48 @@ void Table::note(std::string text) {
 }
 
 std::string Table::json() const {
-  nlohmann::json t{{"title", title_}, {"notes", notes_}};
+  nlohmann::json t{{"section", section_}, {"title", title_}, {"notes", notes_}};
   t["columns"] = nlohmann::json::array();
-  for (const auto& c : columns_) t["columns"].push_back(c.name);
+  for (const auto& c : columns_) t["columns"].push_back({{"key", c.key}, {"header", c.header}});
   t["rows"] = nlohmann::json::array();
   for (const auto& r : rows_) {
-    nlohmann::json row;
-    for (std::size_t i = 0; i < r.size(); ++i) row[columns_[i].name] = to_json(r[i]);
+    nlohmann::json row = nlohmann::json::object();
+    for (std::size_t i = 0; i < r.size(); ++i) row[columns_[i].key] = to_json(r[i]);
     t["rows"].push_back(row);
   }
   return t.dump();
 }
 
-void Report::fact(const std::string& key, const Cell& value, const std::string& unit) {
-  const Column plain{key, 2, 0};
-  fmt::print("{}: {}{}{}\n", key, render(value, plain), unit.empty() ? "" : " ", unit);
-  facts_.emplace_back(unit.empty() ? key : fmt::format("{} ({})", key, unit), value);
+void Report::fact(const std::string& key, const std::string& label, const Cell& value, const std::string& unit) {
+  const Column plain{key, label, 2, 0};
+  fmt::print("{}: {}{}{}\n", label, render(value, plain), unit.empty() ? "" : " ", unit);
+  std::fflush(stdout);
+  facts_.emplace_back(key, value);
 }
 
 Table& Report::table(std::string id, std::string title, std::vector<Column> columns) {
-  tables_.push_back(std::make_unique<Table>(std::move(id), std::move(title), std::move(columns)));
+  for (const auto& t : tables_)
+    if (t->id() == id) throw std::logic_error(fmt::format("table id {} used twice", id));
+  tables_.push_back(std::make_unique<Table>(section_, std::move(id), std::move(title), std::move(columns)));
   return *tables_.back();
 }
 
-void Report::write_json(const std::string& path) const {
-  nlohmann::json out;
+void Report::write_json(const std::string& path, const std::string& run) const {
+  nlohmann::json out{{"format", "tapegrad_bench 1"}, {"run", nlohmann::json::parse(run)}};
+  out["facts"] = nlohmann::json::object();
   for (const auto& [k, v] : facts_) out["facts"][k] = to_json(v);
+  out["tables"] = nlohmann::json::object();
   for (const auto& t : tables_) out["tables"][t->id()] = nlohmann::json::parse(t->json());
   std::ofstream f(path);
   if (!f) throw std::runtime_error(fmt::format("cannot write {}", path));
   f << out.dump(2) << "\n";
 }
 
-std::int64_t peak_bytes_of(const std::function<void()>& f) {
+double peak_mib_of(const std::function<void()>& f) {
   tapegrad::reset_peak_memory();
   const std::int64_t before = tapegrad::memory_stats().current_bytes;
   f();
-  return tapegrad::memory_stats().peak_bytes - before;
+  return static_cast<double>(tapegrad::memory_stats().peak_bytes - before) / (1 << 20);
 }
 
 }  // namespace bench

@@ -1,5 +1,5 @@
 // The benchmark's measuring and reporting: timing statistics, tables printed as they fill, and
-// the same numbers as JSON.
+// the same numbers as one JSON document (layout in main.cpp's header).
 #pragma once
 
 #include <cstdint>
@@ -24,22 +24,26 @@ struct Stats {
 std::vector<Stats> measure(const std::vector<std::function<void()>>& fs, int min_runs = 10, double min_seconds = 0.3);
 Stats measure(const std::function<void()>& f, int min_runs = 10, double min_seconds = 0.3);
 
-// "1.23 ms (1.20-1.31)"
-std::string format_time(const Stats& s);
+// Median and spread of samples (seconds).
+Stats stats_of(std::vector<double> samples);
 
-// A cell: text, an integer or a number printed with the column's precision.
-using Cell = std::variant<std::string, std::int64_t, double>;
+// A cell: text, an integer, a number printed with the column's precision, or a time printed in
+// milliseconds as "median (min-max)" and written to JSON as {"median_ms", "min_ms", "max_ms", "runs"}.
+// A std::monostate cell is "-" in the table and null in the JSON.
+using Cell = std::variant<std::monostate, std::string, std::int64_t, double, Stats>;
 
 struct Column {
-  std::string name;   // header, and the JSON key
-  int precision = 2;  // digits after the point for doubles
+  std::string key;     // the JSON key: lower case, units in the name ("forward_ms", "peak_mib")
+  std::string header;  // printed
+  int precision = 2;   // digits after the point for doubles and times; -n: n digits in scientific notation
   int width = 10;
+  bool microseconds = false;  // print times in us (the JSON keeps ms)
 };
 
 // One table of a report: printed header first, then each row as soon as it is added.
 class Table {
  public:
-  Table(std::string id, std::string title, std::vector<Column> columns);
+  Table(std::string section, std::string id, std::string title, std::vector<Column> columns);
   void add(std::vector<Cell> row);
   // A line printed under the table (and kept in the JSON as a note).
   void note(std::string text);
@@ -47,7 +51,7 @@ class Table {
   std::string json() const;
 
  private:
-  std::string id_, title_;
+  std::string section_, id_, title_;
   std::vector<Column> columns_;
   std::vector<std::vector<Cell>> rows_;
   std::vector<std::string> notes_;
@@ -55,18 +59,25 @@ class Table {
 
 class Report {
  public:
-  // A fact about the run (CPU, threads, reference figures): printed at once, kept for the JSON.
-  void fact(const std::string& key, const Cell& value, const std::string& unit = "");
+  // Sections add their tables under the section last begun.
+  void begin(const std::string& section) { section_ = section; }
+  // A fact about the run (CPU, oneDNN's ISA): printed at once, kept for the JSON under `key`.
+  void fact(const std::string& key, const std::string& label, const Cell& value, const std::string& unit = "");
   Table& table(std::string id, std::string title, std::vector<Column> columns);
-  // Writes {"facts": {...}, "tables": {id: {"title", "columns", "rows", "notes"}}} to path.
-  void write_json(const std::string& path) const;
+  // Writes the document main.cpp describes to path; `run` holds the options of the run.
+  void write_json(const std::string& path, const std::string& run) const;
 
  private:
+  std::string section_;
   std::vector<std::pair<std::string, Cell>> facts_;
   std::vector<std::unique_ptr<Table>> tables_;
 };
 
-// Peak tensor memory of one call of f, in bytes above what was held before it (memory_stats()).
-std::int64_t peak_bytes_of(const std::function<void()>& f);
+// Peak tensor storage of one call of f, in MiB above what was held before it (memory_stats():
+// tensors only, not oneDNN's scratch or the cache of freed blocks).
+double peak_mib_of(const std::function<void()>& f);
+
+// Bytes per second of `bytes` moved in the median call of s, in GB/s; flop likewise in GFLOP/s.
+inline double per_second(double amount, const Stats& s) { return amount / s.median * 1e-9; }
 
 }  // namespace bench

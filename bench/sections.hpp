@@ -1,25 +1,57 @@
-// The sections of tapegrad_bench. Each measures its part, prints its tables and adds them to the
-// report; every ratio it prints is against a reference measured in the same run.
+// The sections of tapegrad_bench, one file each. Each measures its part, prints its tables and
+// adds them to the report; every ratio it prints is against a reference measured in the same
+// run, in alternating rounds (measure()).
 #pragma once
+
+#include <vector>
 
 #include "report.hpp"
 
 namespace bench {
 
 struct Options {
-  bool quick = false;  // fewer shapes and runs: a smoke test of the benchmark itself
+  bool quick = false;         // small sizes and few runs: checks that the benchmark runs
+  std::vector<int> threads;   // thread counts each section runs at, in turn
+  int runs = 10;              // timed calls per figure, at least (after warm-up)
+  double seconds = 0.3;       // and at least this long in all
 };
 
-// Facts about the machine and the two references: a plain copy loop's bandwidth and oneDNN's
-// float32 matmul throughput.
+// Facts about the machine; the two references per thread count (copy loop, oneDNN's float32 matmul).
 void section_system(Report& report, const Options& options);
-
 // tapegrad::matmul against the raw oneDNN primitive, a naive loop and bfloat16.
 void section_matmul(Report& report, const Options& options);
 // The tape's fixed cost per recorded op.
 void section_overhead(Report& report, const Options& options);
+// Elementwise ops and reductions against a copy of the same bytes.
+void section_kernels(Report& report, const Options& options);
+// The public softmax ops against a copy of the same bytes.
+void section_softmax(Report& report, const Options& options);
+// MultiHeadAttention on the weights path, toy to long shapes, against oneDNN's products (roofline).
+void section_attention(Report& report, const Options& options);
+// Fused path (need_weights = false) against the weights path on long sequences: time and peak memory.
+void section_fused(Report& report, const Options& options);
+// bfloat16 compute against float32: speed-ups and error against float64.
+void section_bf16(Report& report, const Options& options);
+// KV-cache decoding: per-token cost as the cache grows; generated tokens per second.
+void section_decode(Report& report, const Options& options);
+// Each operation with 1 thread against N threads, alone and next to a thread that keeps a core busy.
+void section_threads(Report& report, const Options& options);
+// A training step of train_sort's model: tokens per second and where the time goes.
+void section_train(Report& report, const Options& options);
 
-// The copy loop's bandwidth in GB/s (bytes read + bytes written per second) on `bytes` of data.
-double copy_bandwidth(std::int64_t bytes);
+// The fused section's child process: prints the resident MiB one call adds at its peak.
+int fused_rss_child(long long len, bool need_weights, bool backward, int threads);
+
+// A copy of `count` floats split over tapegrad's threads like its own loops: the bandwidth that
+// memory-bound kernels are held to. CopyLoop copy(n); copy() runs one copy.
+class CopyLoop {
+ public:
+  explicit CopyLoop(std::int64_t count);
+  void operator()();
+  double bytes() const { return 8.0 * static_cast<double>(src_.size()); }  // read + written
+
+ private:
+  std::vector<float> src_, dst_;
+};
 
 }  // namespace bench

@@ -7,7 +7,9 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tapegrad/tapegrad.hpp>
 
-#include "bench_support.hpp"
+#include <fmt/ranges.h>
+
+#include "raw_dnnl.hpp"
 #include "sections.hpp"
 
 namespace bench {
@@ -43,32 +45,34 @@ std::string isa_name(dnnl::cpu_isa isa) {
 
 }  // namespace
 
-double copy_bandwidth(std::int64_t bytes) {
-  const auto n = static_cast<std::size_t>(bytes) / sizeof(float);
-  std::vector<float> src(n, 1.0f), dst(n);
-  const Stats s = measure([&] {
-    std::memcpy(dst.data(), src.data(), n * sizeof(float));
-    asm volatile("" : : "r"(dst.data()) : "memory");  // the copy must happen
-  });
-  return 2.0 * static_cast<double>(n * sizeof(float)) / s.median * 1e-9;
-}
-
-void section_system(Report& report, const Options&) {
+void section_system(Report& report, const Options& options) {
   const auto [model, features] = cpu();
-  report.fact("cpu", model);
-  report.fact("cpu features", features);
+  report.fact("cpu", "cpu", model);
+  report.fact("cpu_features", "cpu features", features);
   const dnnl_version_t* v = dnnl_version();
-  report.fact("oneDNN", fmt::format("{}.{}.{}, isa {}", v->major, v->minor, v->patch, isa_name(dnnl::get_effective_cpu_isa())));
-  report.fact("threads", static_cast<std::int64_t>(tapegrad::num_threads()));
-  report.fact("bfloat16 matmul native", tapegrad::bfloat16_native() ? "yes" : "no (emulated)");
-  for (std::int64_t mib : {1, 4, 64})
-    report.fact(fmt::format("copy loop, {} MiB", mib), copy_bandwidth(mib << 20), "GB/s");
-  double peak = 0;
-  for (std::int64_t n : {512, 1024}) {
-    RawDnnl raw(1, n, n, n);
-    peak = std::max(peak, 2.0 * n * n * n / measure([&] { raw.run(); }).median * 1e-9);
+  report.fact("onednn", "oneDNN", fmt::format("{}.{}.{}, isa {}", v->major, v->minor, v->patch, isa_name(dnnl::get_effective_cpu_isa())));
+  report.fact("threads", "thread counts", fmt::format("{}", fmt::join(options.threads, ",")));
+  report.fact("bfloat16_native", "bfloat16 matmul native", tapegrad::bfloat16_native() ? "yes" : "no (emulated)");
+  // The references other sections measure per row, here once per thread count for the reader.
+  auto& table = report.table("references", "references: a copy loop on tapegrad's threads (GB/s = bytes read + written / s) and oneDNN's float32 matmul",
+                             {{"threads", "threads", 0, 7}, {"copy_1mib_gbs", "copy 1 MiB GB/s", 1, 15}, {"copy_4mib_gbs", "copy 4 MiB GB/s", 1, 15},
+                              {"copy_64mib_gbs", "copy 64 MiB GB/s", 1, 16}, {"onednn_gflops", "oneDNN GFLOP/s", 1, 14}});
+  for (int t : options.threads) {
+    tapegrad::set_num_threads(t);
+    std::vector<Cell> row{static_cast<std::int64_t>(t)};
+    for (std::int64_t mib : {1, 4, 64}) {
+      CopyLoop copy(options.quick ? (mib << 20) / 64 : (mib << 20) / 4);
+      row.push_back(per_second(copy.bytes(), measure([&] { copy(); }, options.runs, options.seconds)));
+    }
+    double peak = 0;
+    for (std::int64_t n : options.quick ? std::vector<std::int64_t>{128} : std::vector<std::int64_t>{512, 1024}) {
+      RawDnnl raw(1, n, n, n);
+      peak = std::max(peak, per_second(2.0 * n * n * n, measure([&] { raw.run(); }, options.runs, options.seconds)));
+    }
+    row.push_back(peak);
+    table.add(std::move(row));
   }
-  report.fact("oneDNN float32 matmul, best of 512^3 and 1024^3", peak, "GFLOP/s");
+  table.note("oneDNN: best of 512^3 and 1024^3 (--quick: 128^3; copies 1/16 of the sizes)");
 }
 
 }  // namespace bench

@@ -1,11 +1,13 @@
 #!/usr/bin/python3
-"""The PyTorch twin of bench_train: train_sort's default model, step for step, in PyTorch eager.
+"""The PyTorch twin of tapegrad_bench's train section: train_sort's default model, step for step,
+in PyTorch eager (another process and language, so ./dev bench runs it after tapegrad_bench).
 
 Same architecture as tapegrad's Decoder (token embedding + learned positions, 2 pre-LayerNorm
 blocks of causal multi-head attention with biases and an erf-GELU feed-forward of width 4 * 64,
 final LayerNorm, linear head), same batch (64 sequences of 16 tokens over 11 symbols, targets on
 the second half, -100 elsewhere), same step (cross-entropy, backward, clip to norm 1, AdamW lr
-3e-3). Prints the same columns as bench_train: median of 30 steps after 10 of warm-up.
+3e-3). Prints the step, forward, backward and update times that section prints: median of 30
+steps after 10 of warm-up.
 
     /usr/bin/python3 bench/torch_train.py [--threads N] [--json FILE]
 

@@ -48,7 +48,7 @@ dnnl::stream& cpu_stream() {
 // 250 GFLOP/s one core reaches here), so a second thread starts from 2^25. Below that, waking
 // and joining the team costs a fair part of what the split saves on an idle machine, and on a
 // machine where other processes hold the cores each join waits for a descheduled or spinning
-// thread: bench/bench_threads measured tiny products 100-5,000 times slower on 2 threads
+// thread: tapegrad_bench --only threads measured tiny products 100-5,000 times slower on 2 threads
 // (README, "Threads"). Every product of train_sort's model stays on one thread.
 constexpr double kMacsPerThread = 1 << 24;
 

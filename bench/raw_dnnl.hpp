@@ -1,48 +1,11 @@
-// Timing and the raw oneDNN primitive, shared by the benchmarks.
+// The raw oneDNN primitive: the reference that tapegrad's products are held to.
 #pragma once
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
-#include <functional>
-#include <vector>
 
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tapegrad/tapegrad.hpp>
-
-namespace bench {
-
-// Calls per timed block so that one block takes about budget / 8.
-inline int calibrate(const std::function<void()>& f, double budget) {
-  f();  // warm-up (and primitive creation)
-  int reps = 1;
-  for (;;) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < reps; ++i) f();
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (dt > budget / 8 || reps > (1 << 20)) return reps;
-    reps *= 2;
-  }
-}
-
-inline double block(const std::function<void()>& f, int reps) {
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < reps; ++i) f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
-}
-
-// Seconds per call of each function, best of 7 alternating blocks.
-inline std::vector<double> seconds_per_call(const std::vector<std::function<void()>>& fs, double budget = 0.25) {
-  std::vector<int> reps;
-  for (const auto& f : fs) reps.push_back(calibrate(f, budget));
-  std::vector<double> best(fs.size(), 1e30);
-  for (int s = 0; s < 7; ++s)
-    for (std::size_t i = 0; i < fs.size(); ++i) best[i] = std::min(best[i], block(fs[i], reps[i]));
-  return best;
-}
-inline double seconds_per_call(const std::function<void()>& f, double budget = 0.25) { return seconds_per_call(std::vector<std::function<void()>>{f}, budget)[0]; }
-
-}  // namespace bench
 
 extern "C" void omp_set_num_threads(int n);  // libgomp, which oneDNN runs on
 

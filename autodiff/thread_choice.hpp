@@ -26,7 +26,9 @@ class ThreadChoice {
   // kIntervalGrowth-fold while the current arm keeps winning, up to kMaxInterval. A trial of
   // the losing arm costs a whole slow run, and a benchmark of tens of steps must not pay many;
   // a change of load is caught by the current arm's own slowdown, not by the trials.
-  static constexpr int kFirstInterval = 8;
+  // The first trial comes at the second call: until one thread's time is known, a team that the
+  // machine cannot give is not noticed, and its runs may each take a scheduler slice.
+  static constexpr int kFirstInterval = 2;
   static constexpr int kIntervalGrowth = 4;
   static constexpr int kMaxInterval = 1024;
   // The other arm takes over when it is this much faster: measurements on a shared machine

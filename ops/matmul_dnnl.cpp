@@ -55,6 +55,10 @@ constexpr double kMacsPerThread = 1 << 24;
 // the loops' arithmetic is cheaper than creating a primitive for a new layout, which decoding
 // meets at every step.
 constexpr double kRowMacs = 1 << 20;
+// Any product up to this many multiply-adds runs as plain loops too: a call into oneDNN (argument
+// map, cache lookups, dispatch) costs a microsecond or two, more than the loops take for these
+// (a toy attention layer's 8 x 16 x 16 projections are 2,048).
+constexpr double kLoopMacs = 1 << 12;
 
 thread_local std::int64_t t_created = 0;
 
@@ -327,7 +331,7 @@ int dnnl_threads_for(double macs) noexcept {
 void matmul_dnnl(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   const std::size_t rank = c.shape().size();
   const double macs = static_cast<double>(c.numel()) * static_cast<double>(a.shape()[rank - 1]);
-  if (!bf16 && c.shape()[rank - 2] == 1 && macs <= kRowMacs) return matmul_rows(a, b, c);
+  if (!bf16 && (macs <= kLoopMacs || (c.shape()[rank - 2] == 1 && macs <= kRowMacs))) return matmul_rows(a, b, c);
   if (rank <= DNNL_MAX_NDIMS) return run(a, b, c, bf16);
   // Past oneDNN's rank limit: fold the batch dims into one.
   NoGradGuard no_grad;

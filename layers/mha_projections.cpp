@@ -1,5 +1,5 @@
 // The projections around the attention core, each one tape node with its backward beside it
-// (derived in docs/gradients.md, "Multi-head attention projections"). Recording them as two
+// (derived in docs/gradients.md, section 9). Recording them as two
 // matmuls, a bias add and two views apiece made the toy layer's step 17 nodes, whose bookkeeping
 // cost more than its arithmetic; folding the batch into the rows also makes each weight gradient
 // one product instead of a product per batch entry and a sum.

@@ -12,6 +12,7 @@
 //   out-projection, o [B, H, Q, Dv] -> out [B, Q, Cout]
 //     M = o permuted to [B Q, H Dv]            do = (dout w_o^T) viewed [B, H, Q, Dv]
 //     out = M w_o (+ b_o)                      dw_o = M^T dout,  db_o = colsum(dout)
+#include "autodiff/parallel.hpp"
 #include "layers/mha_detail.hpp"
 #include "ops/kernel.hpp"
 #include "tapegrad/ops/matmul.hpp"
@@ -20,15 +21,19 @@
 namespace tapegrad::detail {
 namespace {
 
-// y [rows, n] (fresh, contiguous) += b [n] on every row.
+// y [rows, n] (fresh, contiguous) += b [n] on every row, split over the threads when large.
 void add_rows(const Tensor& y, const Tensor& b_in) {
   const Tensor b = b_in.is_contiguous() ? b_in : copy_of(b_in);
-  const std::int64_t rows = y.size(0), n = y.size(1);
+  const std::int64_t n = y.size(1);
   visit_float(y.dtype(), "multihead_attention", [&]<class T>(Tag<T>) {
-    T* __restrict p = static_cast<T*>(mutable_data(y));
-    const T* __restrict pb = static_cast<const T*>(b.raw_data());
-    for (std::int64_t r = 0; r < rows; ++r)
-      for (std::int64_t j = 0; j < n; ++j) p[r * n + j] += pb[j];
+    T* p = static_cast<T*>(mutable_data(y));
+    const T* pb = static_cast<const T*>(b.raw_data());
+    parallel_for(y.size(0), n, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t r = begin; r < end; ++r) {
+        T* __restrict row = p + r * n;
+        for (std::int64_t j = 0; j < n; ++j) row[j] += pb[j];
+      }
+    });
   });
 }
 

@@ -166,6 +166,30 @@ BOOST_DATA_TEST_CASE(projection_nodes_gradcheck, bdata::make(projection_cases())
   tg::clear_tape();
 }
 
+BOOST_AUTO_TEST_CASE(projection_nodes_follow_the_matmul_precision) {
+  // Under bfloat16 precision both nodes' products, forward and backward, are the bfloat16
+  // matmul on the [B L, C] rows (bitwise), which differs from the exact one.
+  const tg::MatmulPrecision bf16 = tg::MatmulPrecision::bfloat16;
+  const Tensor x = tg::randn({2, 3, 8}, 11), w = tg::randn({8, 4}, 12).set_requires_grad(), w_o = tg::randn({4, 5}, 13);
+  const Tensor x2 = tg::reshape(x, {6, 8});
+  const Tensor g = tg::randn({2, 2, 3, 2}, 14);
+  Tensor heads, out;
+  {
+    const tg::MatmulPrecisionGuard guard(bf16);
+    heads = tg::detail::project_heads("test", x, w, Tensor(), 2);
+    out = tg::detail::merge_heads_project("test", tg::contiguous(heads.detach()), w_o, Tensor());
+    tg::backward({heads}, {g});
+  }
+  const Tensor split = tg::detail::split_heads(tg::reshape(tg::matmul(x2, w.detach(), bf16), {2, 3, 4}), 2);
+  BOOST_TEST(values(heads) == values(split));
+  BOOST_TEST(values(heads) != values(tg::detail::split_heads(tg::matmul(x, w.detach()), 2)));
+  const Tensor merged = tg::reshape(tg::permute(split, {0, 2, 1, 3}), {6, 4});
+  BOOST_TEST(values(out) == values(tg::matmul(merged, w_o, bf16)));
+  const Tensor dy = tg::reshape(tg::permute(g, {0, 2, 1, 3}), {6, 4});
+  BOOST_TEST(values(w.grad()) == values(tg::matmul(tg::transpose(x2, 0, 1), dy, bf16)));
+  tg::clear_tape();
+}
+
 // A plain list, not bdata::xrange: GCC 12 warns (maybe-uninitialized) inside xrange under ASan.
 std::vector<int> first(int n) {
   std::vector<int> v(static_cast<std::size_t>(n));

@@ -1,8 +1,8 @@
 // The projections around the attention core, each one tape node with its backward beside it
-// (derived in docs/gradients.md, section 9). Recording them as two
-// matmuls, a bias add and two views apiece made the toy layer's step 17 nodes, whose bookkeeping
-// cost more than its arithmetic; folding the batch into the rows also makes each weight gradient
-// one product instead of a product per batch entry and a sum.
+// (derived in docs/gradients.md, section 9). Recorded as separate ops (a matmul, a bias add and
+// two views each) they made a small layer's step 17 nodes, whose bookkeeping cost more than its
+// arithmetic. Folding the batch into the rows also makes each weight gradient one product
+// instead of a product per batch entry and a sum.
 //
 //   in-projection, x [B, L, C] -> y [B, H, L, W]     (N = H W)
 //     forward                                  backward

@@ -25,6 +25,15 @@ AttentionResult multihead_attention(const char* op, const MhaActivations& a, con
 
 // x w (+ b)
 Tensor project(const Tensor& x, const Tensor& w, const Tensor& b);
+// [B, L, H*W] -> [B, H, L, W]: a view.
+Tensor split_heads(const Tensor& x, std::int64_t heads);
+
+// Steps 1-2 as one tape node (layers/mha_projections.cpp): x [B, L, C] w [C, H*W] (+ b [H*W]),
+// returned as [B, H, L, W], a view of the [B, L, H*W] product. Follows the matmul precision.
+Tensor project_heads(const char* op, const Tensor& x, const Tensor& w, const Tensor& b, std::int64_t heads);
+// Step 6 as one tape node: o [B, H, Q, Dv] with its heads concatenated, times w [H*Dv, Cout]
+// (+ b [Cout]): [B, Q, Cout].
+Tensor merge_heads_project(const char* op, const Tensor& o, const Tensor& w, const Tensor& b);
 // x [B, L, C] with the rows where `rows` [B, L] is false set to 0 (selected: NaN is dropped too);
 // x itself when `rows` is undefined.
 Tensor rows_where(const Tensor& rows, const Tensor& x);
@@ -37,7 +46,7 @@ struct AllowedPairs {
 };
 AllowedPairs allowed_pairs(const MhaMasks& m, const MhaShapes& s, bool causal, std::int64_t causal_offset);
 
-// Steps 2-7 of multihead_attention from projected q [B, Q, H*D], k [B, K, H*D], v [B, K, H*Dv].
+// Steps 3-7 of multihead_attention from projected heads q [B, H, Q, D], k [B, H, K, D], v [B, H, K, Dv].
 // Without need_weights the attention runs fused and the returned weights are undefined.
 AttentionResult attend_projected(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const MhaParameters& p,
                                  const AllowedPairs& allowed, const MhaShapes& s, bool need_weights);

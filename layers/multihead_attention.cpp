@@ -44,12 +44,11 @@ void check_mask(const char* op, const char* name, const Tensor& m, const Shape& 
                      shape_str(shape), shape_str(m.shape()));
 }
 
-// [B, L, H*W] -> [B, H, L, W]: a view.
+}  // namespace
+
 Tensor split_heads(const Tensor& x, std::int64_t heads) {
   return permute(reshape(x, {x.size(0), x.size(1), heads, x.size(2) / heads}), {0, 2, 1, 3});
 }
-
-}  // namespace
 
 Tensor rows_where(const Tensor& rows, const Tensor& x) {
   return rows.defined() ? where(unsqueeze(rows, -1), x, scalar(0.0, x.dtype())) : x;
@@ -148,13 +147,11 @@ AllowedPairs allowed_pairs(const MhaMasks& m, const MhaShapes& s, bool causal, s
 
 AttentionResult attend_projected(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const MhaParameters& p,
                                  const AllowedPairs& allowed, const MhaShapes& s, bool need_weights) {
-  // Steps 2-5 in the attention core (one tape node), with the bias added to the scores; both
+  // Steps 3-5 in the attention core (one tape node), with the bias added to the scores; both
   // paths read the masks row by row.
-  auto [heads_out, attention] =
-      attention_core({s.op, split_heads(q, s.h), split_heads(k, s.h), split_heads(v, s.h), bias, allowed.mask, need_weights});
-  // Step 6: concatenate heads in head order, then the output projection.
-  const Tensor merged = reshape(permute(heads_out, {0, 2, 1, 3}), {s.b, s.q, s.h * s.dv});
-  Tensor output = project(merged, p.w_o, p.b_o);
+  auto [heads_out, attention] = attention_core({s.op, q, k, v, bias, allowed.mask, need_weights});
+  // Step 6: concatenate heads in head order, then the output projection (one node).
+  Tensor output = merge_heads_project(s.op, heads_out, p.w_o, p.b_o);
   // Step 7: a query with no allowed key in any head is exactly zero, b_o included (selected, so
   // its gradient there is exactly zero too).
   return {rows_where(allowed.active, output), attention};
@@ -180,9 +177,10 @@ AttentionResult multihead_attention(const char* op, const MhaActivations& a, con
   // gradients: dw_q = query^T dq multiplies a query's row by its zero row of dq, and 0 * NaN is
   // NaN. Selecting (not multiplying) drops the value and gives those rows exactly zero gradients.
   const Tensor query = rows_where(allowed.active, a.query), context = rows_where(allowed.used, a.context);
-  const Tensor q = project(query, p.w_q, p.b_q);
-  const Tensor k = project(context, p.w_k, p.b_k);
-  const Tensor v = project(context, p.w_v, p.b_v);
+  // Steps 1-2: each projection and its head split is one node.
+  const Tensor q = project_heads(op, query, p.w_q, p.b_q, heads);
+  const Tensor k = project_heads(op, context, p.w_k, p.b_k, heads);
+  const Tensor v = project_heads(op, context, p.w_v, p.b_v, heads);
   return attend_projected(q, k, v, a.bias, p, allowed, s, need_weights);
 }
 

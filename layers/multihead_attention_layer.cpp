@@ -184,7 +184,9 @@ AttentionResult MultiHeadAttention::decode(const Tensor& query, KVCache& cache, 
   cache.append(detail::project(query, params_.w_k, params_.b_k), detail::project(query, params_.w_v, params_.b_v));
   // Unlike multihead_attention, the rows of inactive queries and unattended keys are kept: the
   // new keys may serve later queries, and nothing here has a gradient.
-  return detail::attend_projected(detail::project(query, params_.w_q, params_.b_q), cache.keys(), cache.values(), call.bias, params_,
+  const std::int64_t h = config_.heads;
+  return detail::attend_projected(detail::project_heads(kDecode, query, params_.w_q, params_.b_q, h),
+                                  detail::split_heads(cache.keys(), h), detail::split_heads(cache.values(), h), call.bias, params_,
                                   detail::allowed_pairs(call.masks, s, /*causal=*/true, before), s,
                                   call.need_weights);
 }

@@ -6,6 +6,7 @@
 // LRU cache; 3. wrap the three buffers in dnnl::memory and execute, with OpenMP's thread count
 // set to what the product's size repays.
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <list>
@@ -56,6 +57,10 @@ constexpr double kMacsPerThread = 1 << 24;
 // the loops' arithmetic is cheaper than creating a primitive for a new layout, which decoding
 // meets at every step.
 constexpr double kRowMacs = 1 << 20;
+// Any product up to this many multiply-adds runs as plain loops too: a call into oneDNN (argument
+// map, cache lookups, dispatch) costs a microsecond or two, more than the loops take for these
+// (a toy attention layer's 8 x 16 x 16 projections are 2,048).
+constexpr double kLoopMacs = 1 << 12;
 
 thread_local std::int64_t t_created = 0;
 
@@ -77,10 +82,15 @@ class OmpThreads {
   int saved_;
 };
 
-// An operand as oneDNN will see it.
+// An operand as oneDNN will see it. Held inline (no allocation per product): a memory::desc is
+// only made from it when a primitive is created.
 struct Layout {
-  memory::dims dims, strides;
+  Dims8 dims, strides;
 };
+
+memory::desc desc_of(const Layout& l, memory::data_type type) {
+  return {memory::dims(l.dims.begin(), l.dims.end()), type, memory::dims(l.strides.begin(), l.strides.end())};
+}
 
 // Batch dims that were broadcast by stride 0 become size 1 (oneDNN broadcasts size-1 batch dims
 // itself); size-1 dims get the stride a dense layout would give them, so oneDNN recognises
@@ -106,13 +116,14 @@ bool describe(const Tensor& x, Layout& out) {
   // oneDNN also refuses strides that interleave: taken in increasing order, each must reach past
   // the dims below it. A batch sliced from a taller one does not ([4, 4, 2, 1] with strides
   // [16, 4, 3, 1]: each matrix spans 6 elements, batches start every 4); memory::desc threw.
-  std::vector<std::size_t> order(r);
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
+  std::array<std::size_t, DNNL_MAX_NDIMS> order;  // run() folds higher ranks first
+  std::iota(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(r), std::size_t{0});
+  std::sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(r), [&](std::size_t x, std::size_t y) {
     return std::pair{out.strides[x], out.dims[x]} < std::pair{out.strides[y], out.dims[y]};
   });
   std::int64_t reach = 1;
-  for (std::size_t d : order) {
+  for (std::size_t i = 0; i < r; ++i) {
+    const std::size_t d = order[i];
     if (out.dims[d] == 1) continue;
     if (out.strides[d] < reach) return false;
     reach = out.strides[d] * out.dims[d];
@@ -239,7 +250,8 @@ template <class Out> Out* bf16_copy(const Tensor& x, Layout& l, int which) {
 // The primitive is made for, and must run with, `threads` OpenMP threads.
 Entry* primitive_for(const Layout& a, const Layout& b, const Layout& c, bool bf16, int threads) {
   thread_local LruCache<Entry> cache(kDnnlCacheCapacity);
-  Key key{bf16 ? 1 : 0, threads};
+  thread_local Key key;  // reused: a lookup allocates nothing
+  key.assign({bf16 ? 1 : 0, threads});
   append(key, a);
   append(key, b);
   append(key, c);
@@ -247,8 +259,7 @@ Entry* primitive_for(const Layout& a, const Layout& b, const Layout& c, bool bf1
   ++t_created;
   const auto in_type = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
   Entry e;
-  const memory::desc da(a.dims, in_type, a.strides), db(b.dims, in_type, b.strides),
-      dc(c.dims, memory::data_type::f32, c.strides);
+  const memory::desc da = desc_of(a, in_type), db = desc_of(b, in_type), dc = desc_of(c, memory::data_type::f32);
   dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(da, db, dc), cpu_engine(), /*allow_empty=*/bf16);
   if (pd) {
     e.primitive = dnnl::matmul(pd);
@@ -256,16 +267,15 @@ Entry* primitive_for(const Layout& a, const Layout& b, const Layout& c, bool bf1
     e.b = memory(db, cpu_engine(), DNNL_MEMORY_NONE);
     e.c = memory(dc, cpu_engine(), DNNL_MEMORY_NONE);
   }
-  Entry& stored = cache.insert(std::move(key), std::move(e));
+  Entry& stored = cache.insert(key, std::move(e));
   return stored.primitive ? &stored : nullptr;
 }
 
 // Whether oneDNN picks a real gemm kernel for this layout, rather than its slow reference
 // loop (which it uses for layouts its kernels do not take).
 bool has_fast_kernel(const Layout& a, const Layout& b, const Layout& c) {
-  const memory::desc da(a.dims, memory::data_type::f32, a.strides);
-  const memory::desc db(b.dims, memory::data_type::f32, b.strides);
-  const memory::desc dc(c.dims, memory::data_type::f32, c.strides);
+  const auto f32 = memory::data_type::f32;
+  const memory::desc da = desc_of(a, f32), db = desc_of(b, f32), dc = desc_of(c, f32);
   dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(da, db, dc), cpu_engine());
   return std::string(pd.impl_info_str()).find("ref") == std::string::npos;
 }
@@ -309,7 +319,8 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
     // Decided once per layout: strided layouts oneDNN only runs on its reference loop are
     // cheaper to copy first.
     thread_local LruCache<bool> fast(kDnnlCacheCapacity);
-    Key key;
+    thread_local Key key;
+    key.clear();
     append(key, la);
     append(key, lb);
     // Contiguous operands run as they are, whatever was decided for the layout: an expanded
@@ -317,7 +328,7 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
     // contiguous operands would change nothing (it recursed until the stack overflowed).
     const bool contiguous = a.is_contiguous() && b.is_contiguous();
     bool* decided = fast.find(key);
-    if (!decided) decided = &fast.insert(std::move(key), contiguous || has_fast_kernel(la, lb, lc));
+    if (!decided) decided = &fast.insert(key, contiguous || has_fast_kernel(la, lb, lc));
     if (!*decided && !contiguous) return run(a.is_contiguous() ? a : copy_of(a), b.is_contiguous() ? b : copy_of(b), c, false);
   }
   Entry& e = *primitive_for(la, lb, lc, bf16, threads);
@@ -325,7 +336,12 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   e.b.set_data_handle(pb);
   e.c.set_data_handle(mutable_data(c));
   const double start = now_seconds();
-  e.primitive.execute(cpu_stream(), {{DNNL_ARG_SRC, e.a}, {DNNL_ARG_WEIGHTS, e.b}, {DNNL_ARG_DST, e.c}});
+  // Through the C API: the C++ execute() builds an unordered_map of the three arguments per call.
+  const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, e.a.get()}, {DNNL_ARG_WEIGHTS, e.b.get()}, {DNNL_ARG_DST, e.c.get()}};
+  const dnnl_status_t status = dnnl_primitive_execute(e.primitive.get(), cpu_stream().get(), 3, args);
+  if (status != dnnl_success)
+    fail<ValueError>("matmul: oneDNN failed to run a product of shapes {} and {}, status {}", shape_str(a.shape()),
+                     shape_str(b.shape()), static_cast<int>(status));
   cpu_stream().wait();
   record_threads(work, threads, now_seconds() - start);
 }
@@ -342,7 +358,7 @@ int dnnl_threads_for(double macs) noexcept {
 void matmul_dnnl(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   const std::size_t rank = c.shape().size();
   const double macs = static_cast<double>(c.numel()) * static_cast<double>(a.shape()[rank - 1]);
-  if (!bf16 && c.shape()[rank - 2] == 1 && macs <= kRowMacs) return matmul_rows(a, b, c);
+  if (!bf16 && (macs <= kLoopMacs || (c.shape()[rank - 2] == 1 && macs <= kRowMacs))) return matmul_rows(a, b, c);
   if (rank <= DNNL_MAX_NDIMS) return run(a, b, c, bf16);
   // Past oneDNN's rank limit: fold the batch dims into one.
   NoGradGuard no_grad;

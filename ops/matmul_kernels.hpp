@@ -31,8 +31,9 @@ std::int64_t dnnl_primitives_created() noexcept;
 // microseconds of work, then up to num_threads().
 int dnnl_threads_for(double macs) noexcept;
 
-// float32 with one row per matrix (a is [..., 1, K]), as plain loops: no primitive to create
-// for each new N or K (KV-cache decoding meets a new K at every step).
+// float32 as plain loops, one row of c at a time: for one row per matrix (a is [..., 1, K]) no
+// primitive is created for each new N or K (KV-cache decoding meets a new K at every step), and
+// for tiny products the loops cost less than a call into oneDNN.
 void matmul_rows(const Tensor& a, const Tensor& b, const Tensor& c);
 
 // float64: tapegrad's own cache-blocked kernel.

@@ -1,9 +1,11 @@
-// float32 products with one row per matrix, [..., 1, K] @ [..., K, N], as plain loops.
+// float32 products as plain loops, row by row: [..., M, K] @ [..., K, N].
 //
-// Decoding with a KV cache multiplies one query row by a key matrix that is one position longer
-// at every step: each step is a layout oneDNN has not seen, and creating its primitive cost
-// about 100 us, against well under a microsecond for the arithmetic of a short cache. These
-// loops need no preparation, so the per-token cost is the arithmetic.
+// Two kinds of product come here. Decoding with a KV cache multiplies one query row by a key
+// matrix that is one position longer at every step: each step is a layout oneDNN has not seen,
+// and creating its primitive cost about 100 us, against well under a microsecond for the
+// arithmetic of a short cache. And tiny products (a few thousand multiply-adds, as in a small
+// attention layer) cost more in oneDNN's per-call bookkeeping than in arithmetic. These loops
+// need no preparation, so their cost is the arithmetic.
 #include <array>
 
 #include "ops/kernel.hpp"
@@ -62,6 +64,7 @@ void matmul_rows(const Tensor& a, const Tensor& b, const Tensor& c) {
   };
   const Dims8 sa = broadcast_strides(batch_of(a), batch), sb = broadcast_strides(batch_of(b), batch);
   const Shape sc(c.strides().begin(), c.strides().end() - 2);
+  const std::int64_t m = c.shape()[r - 2], am = a.strides()[r - 2], cm = c.strides()[r - 2];
   const std::int64_t ak = a.strides()[r - 1], bk = b.strides()[r - 2], bn = b.strides()[r - 1];
   const float* base_a = static_cast<const float*>(a.raw_data());
   const float* base_b = static_cast<const float*>(b.raw_data());
@@ -70,8 +73,9 @@ void matmul_rows(const Tensor& a, const Tensor& b, const Tensor& c) {
   StridedLoop<3> loop(batch.data(), batch.size(), {sa.data(), sb.data(), sc.data()});
   loop.for_each_run([&](const auto& off, std::int64_t count, const auto& inner) {
     for (std::int64_t t = 0; t < count; ++t)
-      row_times_matrix(base_a + off[0] + t * inner[0], ak, base_b + off[1] + t * inner[1], bk, bn, base_c + off[2] + t * inner[2], k,
-                       n, scratch);
+      for (std::int64_t i = 0; i < m; ++i)
+        row_times_matrix(base_a + off[0] + t * inner[0] + i * am, ak, base_b + off[1] + t * inner[1], bk, bn,
+                         base_c + off[2] + t * inner[2] + i * cm, k, n, scratch);
   });
 }
 

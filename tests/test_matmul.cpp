@@ -136,18 +136,19 @@ BOOST_AUTO_TEST_CASE(a_hot_primitive_survives_churn) {
   // The cache this replaced dropped everything when full and re-created the hot layout.
   using tg::detail::dnnl_primitives_created;
   using tg::detail::kDnnlCacheCapacity;
-  const Tensor hot_a = tg::randn({8, 16}, 13), hot_b = tg::randn({16, 8}, 14);
+  // Every product here is large enough for oneDNN (tiny ones run as plain loops).
+  const Tensor hot_a = tg::randn({16, 32}, 13), hot_b = tg::randn({32, 16}, 14);
   const Tensor hot = tg::matmul(hot_a, hot_b);
   const std::int64_t before = dnnl_primitives_created();
   const auto churn = static_cast<std::int64_t>(kDnnlCacheCapacity) + 100;
-  const Tensor a = tg::randn({2, 3}, 15);
+  const Tensor a = tg::randn({4, 1024}, 15);
   for (std::int64_t i = 0; i < churn; ++i) {
-    tg::matmul(a, tg::zeros({3, 2 + i}));  // two rows: oneDNN, not the one-row loops
+    tg::matmul(a, tg::zeros({1024, 2 + i}));  // four rows: oneDNN, not the loops
     if (i % 16 == 0) BOOST_TEST(tg::matmul(hot_a, hot_b).to_vector<float>() == hot.to_vector<float>());
   }
   BOOST_TEST(dnnl_primitives_created() - before == churn);  // each one-off once, the hot one never
   // Bounded all the same: the first one-offs were dropped, and come back as new primitives.
-  tg::matmul(a, tg::zeros({3, 2}));
+  tg::matmul(a, tg::zeros({1024, 2}));
   BOOST_TEST(dnnl_primitives_created() - before == churn + 1);
   tg::matmul(hot_a, hot_b);
   BOOST_TEST(dnnl_primitives_created() - before == churn + 1);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "layers/mha_detail.hpp"
 #include "mha_support.hpp"
 
 namespace tg = tapegrad;
@@ -98,6 +99,94 @@ BOOST_DATA_TEST_CASE(gradcheck_every_input_and_parameter, bdata::make(grid()), c
     }, xs);
     BOOST_TEST(r.ok, r.report());
   }
+  tg::clear_tape();
+}
+
+// The two projection nodes alone (layers/mha_projections.cpp), against float64 central
+// differences and against the same steps as separate ops, on contiguous and strided inputs
+// (a transposed x, w and w_o, a strided bias, the head outputs in any layout).
+struct ProjectionCase {
+  std::int64_t b, l, c, heads, width, cout;
+  bool biases, strided;
+};
+std::ostream& operator<<(std::ostream& os, const ProjectionCase& c) {
+  return os << "B " << c.b << " L " << c.l << " C " << c.c << " H " << c.heads << " W " << c.width << " Cout " << c.cout
+            << " biases " << c.biases << " strided " << c.strided;
+}
+
+std::vector<ProjectionCase> projection_cases() {
+  std::vector<ProjectionCase> cases;
+  for (bool strided : {false, true})
+    for (bool biases : {false, true}) {
+      cases.push_back({2, 3, 4, 2, 3, 5, biases, strided});
+      cases.push_back({1, 1, 1, 1, 1, 1, biases, strided});
+      cases.push_back({3, 2, 5, 3, 2, 2, biases, strided});
+    }
+  return cases;
+}
+
+// A float64 tensor of `shape` whose last two dims are stored transposed when `strided`
+// (1-D: every other element of a longer tensor).
+Tensor operand(const Shape& shape, std::uint64_t seed, bool strided) {
+  if (!strided) return tg::randn(shape, seed, tg::float64);
+  if (shape.size() == 1) return tg::select(tg::randn({shape[0], 2}, seed, tg::float64), 1, 1);
+  Shape t = shape;
+  std::swap(t[t.size() - 1], t[t.size() - 2]);
+  return tg::transpose(tg::randn(t, seed, tg::float64), -1, -2);
+}
+
+BOOST_DATA_TEST_CASE(projection_nodes_gradcheck, bdata::make(projection_cases()), c) {
+  const std::int64_t n = c.heads * c.width;
+  std::vector<Tensor> xs{operand({c.b, c.l, c.c}, 1, c.strided), operand({c.c, n}, 2, c.strided),
+                         operand({n, c.cout}, 3, c.strided)};
+  if (c.biases) {
+    xs.push_back(operand({n}, 4, c.strided));
+    xs.push_back(operand({c.cout}, 5, c.strided));
+  }
+  if (c.l > 1 && c.c > 1) BOOST_TEST(xs[0].is_contiguous() == !c.strided);
+  for (auto& x : xs) x = x.detach().set_requires_grad();
+  auto run = [&](const std::vector<Tensor>& in) {
+    const Tensor b = c.biases ? in[3] : Tensor(), b_o = c.biases ? in[4] : Tensor();
+    const Tensor heads = tg::detail::project_heads("test", in[0], in[1], b, c.heads);
+    // The output projection also gets the heads as a contiguous [B, H, L, W] tensor (the
+    // attention core's layout), not only the projection's strided view.
+    const Tensor o = c.strided ? tg::contiguous(heads) : heads;
+    return std::vector<Tensor>{heads, tg::detail::merge_heads_project("test", o, in[2], b_o)};
+  };
+  const auto r = tg::gradcheck(run, xs);
+  BOOST_TEST(r.ok, r.report());
+  // The same steps as separate ops.
+  const auto got = run(xs);
+  const Tensor q = tg::detail::project(xs[0], xs[1], c.biases ? xs[3] : Tensor());
+  const Tensor split = tg::permute(tg::reshape(q, {c.b, c.l, c.heads, c.width}), {0, 2, 1, 3});
+  BOOST_TEST(got[0].shape() == (Shape{c.b, c.heads, c.l, c.width}));
+  check_close(values(got[0]), values(split), 1e-12, 1e-12, "heads");
+  const Tensor merged = tg::reshape(tg::permute(split, {0, 2, 1, 3}), {c.b, c.l, n});
+  check_close(values(got[1]), values(tg::detail::project(merged, xs[2], c.biases ? xs[4] : Tensor())), 1e-12, 1e-12, "output");
+  tg::clear_tape();
+}
+
+BOOST_AUTO_TEST_CASE(projection_nodes_follow_the_matmul_precision) {
+  // Under bfloat16 precision both nodes' products, forward and backward, are the bfloat16
+  // matmul on the [B L, C] rows (bitwise), which differs from the exact one.
+  const tg::MatmulPrecision bf16 = tg::MatmulPrecision::bfloat16;
+  const Tensor x = tg::randn({2, 3, 8}, 11), w = tg::randn({8, 4}, 12).set_requires_grad(), w_o = tg::randn({4, 5}, 13);
+  const Tensor x2 = tg::reshape(x, {6, 8});
+  const Tensor g = tg::randn({2, 2, 3, 2}, 14);
+  Tensor heads, out;
+  {
+    const tg::MatmulPrecisionGuard guard(bf16);
+    heads = tg::detail::project_heads("test", x, w, Tensor(), 2);
+    out = tg::detail::merge_heads_project("test", tg::contiguous(heads.detach()), w_o, Tensor());
+    tg::backward({heads}, {g});
+  }
+  const Tensor split = tg::detail::split_heads(tg::reshape(tg::matmul(x2, w.detach(), bf16), {2, 3, 4}), 2);
+  BOOST_TEST(values(heads) == values(split));
+  BOOST_TEST(values(heads) != values(tg::detail::split_heads(tg::matmul(x, w.detach()), 2)));
+  const Tensor merged = tg::reshape(tg::permute(split, {0, 2, 1, 3}), {6, 4});
+  BOOST_TEST(values(out) == values(tg::matmul(merged, w_o, bf16)));
+  const Tensor dy = tg::reshape(tg::permute(g, {0, 2, 1, 3}), {6, 4});
+  BOOST_TEST(values(w.grad()) == values(tg::matmul(tg::transpose(x2, 0, 1), dy, bf16)));
   tg::clear_tape();
 }
 

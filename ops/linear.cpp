@@ -67,6 +67,14 @@ Tensor product_into_new(const Tensor& a, const Tensor& b, const Shape& shape, Ma
   return c;
 }
 
+template <class T> TAPEGRAD_SIMD_CLONES void add_to_rows(T* py, const T* pb, std::int64_t r0, std::int64_t r1, std::int64_t cols) {
+  for (std::int64_t r = r0; r < r1; ++r) {
+    T* __restrict row = py + r * cols;
+#pragma omp simd
+    for (std::int64_t j = 0; j < cols; ++j) row[j] += pb[j];
+  }
+}
+
 // y[r, :] += b for every row of the contiguous [rows, cols] y.
 void add_rows(const Tensor& y, const Tensor& bias) {
   const std::int64_t rows = y.shape()[0], cols = y.shape()[1];
@@ -75,14 +83,16 @@ void add_rows(const Tensor& y, const Tensor& bias) {
   visit_float(y.dtype(), "linear", [&]<class T>(Tag<T>) {
     T* py = static_cast<T*>(mutable_data(y));
     const T* pb = static_cast<const T*>(b.raw_data());
-    parallel_for(rows, cols, [&](std::int64_t r0, std::int64_t r1) {
-      for (std::int64_t r = r0; r < r1; ++r) {
-        T* row = py + r * cols;
-#pragma omp simd
-        for (std::int64_t j = 0; j < cols; ++j) row[j] += pb[j];
-      }
-    });
+    parallel_for(rows, cols, [&](std::int64_t r0, std::int64_t r1) { add_to_rows<T>(py, pb, r0, r1, cols); });
   });
+}
+
+template <class T> TAPEGRAD_SIMD_CLONES void sum_rows(double* __restrict acc, const T* pg, std::int64_t rows, std::int64_t cols) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* __restrict row = pg + r * cols;
+#pragma omp simd
+    for (std::int64_t j = 0; j < cols; ++j) acc[j] += static_cast<double>(row[j]);
+  }
 }
 
 // The column sums of the contiguous [rows, cols] g, accumulated in double.
@@ -91,15 +101,9 @@ Tensor column_sums(const Tensor& g, const Shape& shape) {
   std::vector<double> acc(static_cast<std::size_t>(cols), 0.0);
   Tensor out = new_tensor(shape, g.dtype(), "linear");
   visit_float(g.dtype(), "linear", [&]<class T>(Tag<T>) {
-    const T* pg = static_cast<const T*>(g.raw_data());
-    double* a = acc.data();
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const T* row = pg + r * cols;
-#pragma omp simd
-      for (std::int64_t j = 0; j < cols; ++j) a[j] += static_cast<double>(row[j]);
-    }
+    sum_rows<T>(acc.data(), static_cast<const T*>(g.raw_data()), rows, cols);
     T* po = static_cast<T*>(mutable_data(out));
-    for (std::int64_t j = 0; j < cols; ++j) po[j] = static_cast<T>(a[j]);
+    for (std::int64_t j = 0; j < cols; ++j) po[j] = static_cast<T>(acc[static_cast<std::size_t>(j)]);
   });
   return out;
 }

@@ -10,6 +10,7 @@
 // made once, directly at its input's shape.
 #include "tapegrad/ops/linear.hpp"
 
+#include <algorithm>
 #include <vector>
 
 #include "autodiff/parallel.hpp"
@@ -108,6 +109,20 @@ Tensor column_sums(const Tensor& g, const Shape& shape) {
   return out;
 }
 
+// The multiply-adds of x w (rows [M, K], w [K, N]), capped where they no longer matter.
+std::int64_t product_cost(const Tensor& rows, const Tensor& w) {
+  const double macs = static_cast<double>(rows.shape()[0]) * static_cast<double>(rows.shape()[1]) * static_cast<double>(w.shape()[1]);
+  return static_cast<std::int64_t>(std::min(macs, 1e15));
+}
+
+// Whether the backward runs its two products (dx and dw, equal in size) at once, one per thread:
+// when more than one thread is allowed but each product is too small to be split (matmul gives it
+// one thread), which is every product of a small model.
+bool side_by_side(const Tensor& rows, const Tensor& w) {
+  const std::int64_t macs = product_cost(rows, w);
+  return max_threads() > 1 && macs >= kParallelGrain && (rows.dtype() == DType::float64 || dnnl_threads_for(static_cast<double>(macs)) == 1);
+}
+
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
@@ -128,8 +143,18 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, MatmulP
              std::span<const Tensor> g, const std::vector<bool>& needs) {
            const Tensor g2 = as_matrix(g[0].is_contiguous() ? g[0] : copy_of(g[0]));
            std::vector<Tensor> grads(3);
-           if (needs[0]) grads[0] = product_into_new(g2, transpose(weight, 0, 1), x_shape, precision);
-           if (needs[1]) grads[1] = product_into_new(transpose(rows, 0, 1), g2, weight.shape(), precision);
+           const Tensor wt = transpose(weight, 0, 1), xt = transpose(rows, 0, 1);
+           auto dx = [&] { grads[0] = product_into_new(g2, wt, x_shape, precision); };
+           auto dw = [&] { grads[1] = product_into_new(xt, g2, weight.shape(), precision); };
+           if (needs[0] && needs[1] && side_by_side(rows, weight)) {
+             parallel_for(2, product_cost(rows, weight), [&](std::int64_t i0, std::int64_t i1) {
+               const NoGradGuard no_grad;  // a pool thread's own grad mode is on
+               for (std::int64_t i = i0; i < i1; ++i) i == 0 ? dx() : dw();
+             });
+           } else {
+             if (needs[0]) dx();
+             if (needs[1]) dw();
+           }
            if (needs[2]) grads[2] = column_sums(g2, b_shape);
            return grads;
          });

@@ -183,8 +183,9 @@ void Adam::step() {
                                static_cast<T>(-lr_ / bias1),
                                decoupled_ && options_.weight_decay != 0,
                                !decoupled_ && options_.weight_decay != 0};
-        adam_update<T>(static_cast<T*>(detail::mutable_data(p)), static_cast<const T*>(g.raw_data()), static_cast<T*>(detail::mutable_data(m)),
-                       static_cast<T*>(detail::mutable_data(v)), p.numel(), s);
+        auto* pm = static_cast<T*>(detail::mutable_data(m));
+        auto* pv = static_cast<T*>(detail::mutable_data(v));
+        adam_update<T>(static_cast<T*>(detail::mutable_data(p)), static_cast<const T*>(g.raw_data()), pm, pv, p.numel(), s);
       });
       for (const Tensor* t : {&p, &m, &v}) detail::bump_version(*t);
       continue;
@@ -220,7 +221,9 @@ double clip_grad_norm(const std::vector<Tensor>& parameters, double max_norm) {
       squares += sum(g.to(DType::float64) * g.to(DType::float64)).item();
       continue;
     }
-    detail::visit_float(g.dtype(), "clip_grad_norm", [&]<class T>(detail::Tag<T>) { squares += sum_of_squares<T>(static_cast<const T*>(g.raw_data()), g.numel()); });
+    detail::visit_float(g.dtype(), "clip_grad_norm", [&]<class T>(detail::Tag<T>) {
+      squares += sum_of_squares<T>(static_cast<const T*>(g.raw_data()), g.numel());
+    });
   }
   const double total = std::sqrt(squares);
   if (std::isfinite(total) && total > max_norm)

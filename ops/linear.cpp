@@ -120,7 +120,8 @@ std::int64_t product_cost(const Tensor& rows, const Tensor& w) {
 // one thread), which is every product of a small model.
 bool side_by_side(const Tensor& rows, const Tensor& w) {
   const std::int64_t macs = product_cost(rows, w);
-  return max_threads() > 1 && macs >= kParallelGrain && (rows.dtype() == DType::float64 || dnnl_threads_for(static_cast<double>(macs)) == 1);
+  const bool unsplit = rows.dtype() == DType::float64 || dnnl_threads_for(static_cast<double>(macs)) == 1;
+  return max_threads() > 1 && macs >= kParallelGrain && unsplit;
 }
 
 }  // namespace

@@ -1,11 +1,16 @@
-// Dropout and the feed-forward network; their backward passes are those of the ops they use.
+// Dropout and the feed-forward network: linear, GELU (or ReLU), linear, dropout. Their backward
+// passes are those of the ops they use, except the GELU's (below).
 #include "tapegrad/layers/feed_forward.hpp"
 
 #include <cmath>
+#include <numbers>
 
+#include "autodiff/parallel.hpp"
 #include "layers/layer_support.hpp"
-#include "tapegrad/ops/elementwise.hpp"
+#include "ops/fast_math.hpp"
+#include "ops/kernel.hpp"
 #include "tapegrad/ops/dropout.hpp"
+#include "tapegrad/ops/elementwise.hpp"
 
 namespace tapegrad {
 namespace {
@@ -16,6 +21,44 @@ std::int64_t hidden_of(const FeedForwardConfig& c) {
   detail::check_field("FeedForward", "hidden", c.hidden, 0);
   detail::check_float_dtype("FeedForward", c.dtype);
   return c.hidden == 0 ? detail::checked_product("FeedForward", "dim", c.dim, "4 (the default hidden width)", 4) : c.hidden;
+}
+
+// y = x Phi(x) and its slope y' = Phi(x) + x phi(x) (Phi, phi: the standard normal cdf and
+// density), with the formulas of the gelu op.
+template <class T> TAPEGRAD_SIMD_CLONES void gelu_and_slope(const T* __restrict x, T* __restrict y, T* __restrict slope, std::int64_t n) {
+#pragma omp simd
+  for (std::int64_t i = 0; i < n; ++i) {
+    T cdf, pdf;
+    if constexpr (std::is_same_v<T, float>) {
+      const detail::NormalF32 normal = detail::normal_f32(x[i]);
+      cdf = normal.cdf, pdf = normal.pdf;
+    } else {
+      cdf = 0.5 * (1 + std::erf(x[i] * (std::numbers::sqrt2 / 2)));
+      pdf = std::exp(-0.5 * x[i] * x[i]) * (0.5 * std::numbers::inv_sqrtpi * std::numbers::sqrt2);
+    }
+    y[i] = x[i] * cdf;
+    slope[i] = cdf + x[i] * pdf;
+  }
+}
+
+// gelu(h) for the hidden layer. The forward has Phi and phi at hand (normal_f32 makes both from
+// one exponential), so the node keeps the slope instead of h and its backward is dh = g y', one
+// multiply, where the gelu op's recomputes both. It keeps as much memory (one tensor of h's size).
+Tensor gelu_keeping_slope(const Tensor& h_in) {
+  if (!should_record({&h_in, 1})) return gelu(h_in);
+  const Tensor h = h_in.is_contiguous() ? h_in : detail::copy_of(h_in);
+  Tensor y = detail::new_tensor(h.shape(), h.dtype()), slope = detail::new_tensor(h.shape(), h.dtype());
+  detail::visit_float(h.dtype(), "gelu", [&]<class T>(detail::Tag<T>) {
+    const T* px = static_cast<const T*>(h.raw_data());
+    T* py = static_cast<T*>(detail::mutable_data(y));
+    T* ps = static_cast<T*>(detail::mutable_data(slope));
+    detail::parallel_for(h.numel(), 10, [&](std::int64_t i0, std::int64_t i1) { gelu_and_slope<T>(px + i0, py + i0, ps + i0, i1 - i0); });
+  });
+  // dh = g (Phi(h) + h phi(h))
+  detail::record("gelu", {h_in}, y, {slope}, [slope](std::span<const Tensor> g, const std::vector<bool>&) {
+    return std::vector<Tensor>{g[0] * slope};
+  });
+  return y;
 }
 
 }  // namespace
@@ -34,7 +77,7 @@ FeedForward::FeedForward(const FeedForwardConfig& c)
 
 Tensor FeedForward::forward(const Tensor& x) const {
   const Tensor h = up.forward(x);
-  return drop.forward(down.forward(activation_ == Activation::gelu ? gelu(h) : relu(h)));
+  return drop.forward(down.forward(activation_ == Activation::gelu ? gelu_keeping_slope(h) : relu(h)));
 }
 
 void FeedForward::visit(ModuleVisitor& v) {

@@ -1,13 +1,12 @@
-// Linear: y = x W + b. Its backward is matmul's and add's (dW = x^T dy summed over the leading
-// dims, db = dy summed over them, dx = dy W^T).
+// Linear: y = x W + b, the linear() op (one node: dW = x^T dy summed over the leading dims,
+// db = dy summed over them, dx = dy W^T).
 #include "tapegrad/layers/linear.hpp"
 
 #include <cmath>
 
 #include "layers/layer_support.hpp"
 #include "tapegrad/autodiff/tape.hpp"
-#include "tapegrad/ops/elementwise.hpp"
-#include "tapegrad/ops/matmul.hpp"
+#include "tapegrad/ops/linear.hpp"
 
 namespace tapegrad {
 namespace {
@@ -37,8 +36,7 @@ Tensor Linear::forward(const Tensor& x) const {
   if (x.dtype() != config_.dtype)
     detail::fail<DTypeError>("Linear::forward: argument 'x' ({}) is {} but the layer is {} (config.dtype)",
                              detail::shape_str(x.shape()), x.dtype(), config_.dtype);
-  const Tensor y = matmul(x, weight);
-  return bias.defined() ? y + bias : y;
+  return linear(x, weight, bias);
 }
 
 void Linear::visit(ModuleVisitor& v) {

@@ -6,9 +6,9 @@
 #include <map>
 #include <set>
 
-#include "autodiff/tensor_impl.hpp"
-
 #include "autodiff/check.hpp"
+#include "autodiff/kernel.hpp"
+#include "autodiff/tensor_impl.hpp"
 #include "tapegrad/autodiff/tape.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/inplace.hpp"
@@ -23,6 +23,35 @@ void check_range(const char* kind, const char* name, double value, double low, d
   const bool ok = value >= low && (high_open ? value < high : value <= high);
   if (!ok)
     fail<ValueError>("{}: option '{}' must be in [{}, {}{}, got {}", kind, name, low, high, high_open ? ")" : "]", value);
+}
+
+// The scalars of one Adam update, as the element type computes with them.
+template <class T> struct AdamScalars {
+  T decay, one_minus_beta1, beta2, one_minus_beta2, inv_sqrt_bias2, eps, step;
+  bool decoupled, l2;  // weight decay on p (AdamW) or on the gradient (Adam), each only when nonzero
+};
+
+// One pass over a contiguous parameter: the same per-element arithmetic, in the same order, as
+// the sequence of in-place ops in Adam::step's general path.
+template <class T>
+TAPEGRAD_SIMD_CLONES void adam_update(T* __restrict p, const T* __restrict grad, T* __restrict m, T* __restrict v, std::int64_t n,
+                                      const AdamScalars<T> s) {
+#pragma omp simd
+  for (std::int64_t i = 0; i < n; ++i) {
+    const T g = s.l2 ? grad[i] + p[i] * s.decay : grad[i];
+    const T pi = s.decoupled ? p[i] * s.decay : p[i];
+    m[i] = m[i] + s.one_minus_beta1 * (g - m[i]);
+    v[i] = v[i] * s.beta2;
+    v[i] = v[i] + s.one_minus_beta2 * g * g;
+    p[i] = pi + s.step * m[i] / (std::sqrt(v[i]) * s.inv_sqrt_bias2 + s.eps);
+  }
+}
+
+template <class T> TAPEGRAD_SIMD_CLONES double sum_of_squares(const T* g, std::int64_t n) {
+  double total = 0;
+#pragma omp simd reduction(+ : total)
+  for (std::int64_t i = 0; i < n; ++i) total += static_cast<double>(g[i]) * static_cast<double>(g[i]);
+  return total;
 }
 
 }  // namespace
@@ -138,12 +167,33 @@ void Adam::step() {
     const double t = count.item() + 1;
     fill_(count, t);
     const double bias1 = 1 - std::pow(options_.beta1, t), bias2 = 1 - std::pow(options_.beta2, t);
+    const Tensor& m = slot(exp_avg_)[i];
+    const Tensor& v = slot(exp_avg_sq_)[i];
+    const bool fused = p.is_contiguous() && g.is_contiguous() && m.is_contiguous() && v.is_contiguous() &&
+                       !g.shares_storage_with(p) && g.shape() == p.shape();
+    if (fused) {
+      detail::visit_float(p.dtype(), "Adam::step", [&]<class T>(detail::Tag<T>) {
+        const double decay = decoupled_ ? 1 - lr_ * options_.weight_decay : options_.weight_decay;
+        const AdamScalars<T> s{static_cast<T>(decay),
+                               static_cast<T>(1 - options_.beta1),
+                               static_cast<T>(options_.beta2),
+                               static_cast<T>(1 - options_.beta2),
+                               static_cast<T>(1 / std::sqrt(bias2)),
+                               static_cast<T>(options_.eps),
+                               static_cast<T>(-lr_ / bias1),
+                               decoupled_ && options_.weight_decay != 0,
+                               !decoupled_ && options_.weight_decay != 0};
+        auto* pm = static_cast<T*>(detail::mutable_data(m));
+        auto* pv = static_cast<T*>(detail::mutable_data(v));
+        adam_update<T>(static_cast<T*>(detail::mutable_data(p)), static_cast<const T*>(g.raw_data()), pm, pv, p.numel(), s);
+      });
+      for (const Tensor* t : {&p, &m, &v}) detail::bump_version(*t);
+      continue;
+    }
     if (options_.weight_decay != 0) {
       if (decoupled_) mul_(p, 1 - lr_ * options_.weight_decay);
       else g = g + p * options_.weight_decay;
     }
-    const Tensor& m = slot(exp_avg_)[i];
-    const Tensor& v = slot(exp_avg_sq_)[i];
     lerp_(m, g, 1 - options_.beta1);  // m = b1 m + (1 - b1) g
     mul_(v, options_.beta2);          // v = b2 v + (1 - b2) g^2
     addcmul_(v, g, g, 1 - options_.beta2);
@@ -166,7 +216,14 @@ double clip_grad_norm(const std::vector<Tensor>& parameters, double max_norm) {
     detail::check_defined("clip_grad_norm", fmt::format("parameters[{}]", i).c_str(), parameters[i]);
     if (!seen.insert(parameters[i].impl()).second) continue;  // a tied parameter counts once
     const Tensor g = parameters[i].grad();
-    if (g.defined()) squares += sum(g.to(DType::float64) * g.to(DType::float64)).item();
+    if (!g.defined()) continue;
+    if (!g.is_contiguous()) {
+      squares += sum(g.to(DType::float64) * g.to(DType::float64)).item();
+      continue;
+    }
+    detail::visit_float(g.dtype(), "clip_grad_norm", [&]<class T>(detail::Tag<T>) {
+      squares += sum_of_squares<T>(static_cast<const T*>(g.raw_data()), g.numel());
+    });
   }
   const double total = std::sqrt(squares);
   if (std::isfinite(total) && total > max_norm)

@@ -806,6 +806,46 @@ std::vector<OpInfo> build() {
     t.push_back(info);
   }
 
+  {
+    // Bias and no bias; x of rank 1, 2 and 3; zero-size rows, K and N.
+    OpInfo info;
+    info.name = "linear";
+    info.covers = {"linear"};
+    info.samples = {{{3, 4}, {4, 5}, {5}}, {{2, 3, 4}, {4, 2}, {2}}, {{4}, {4, 3}, {3}}, {{1, 1}, {1, 1}, {1}},
+                    {{0, 3}, {3, 2}, {2}}, {{2, 0}, {0, 3}, {3}}, {{2, 3}, {3, 0}, {0}}};
+    info.op = [](const Ins& in) { return Outs{tg::linear(in[0], in[1], in[2]), tg::linear(in[0], in[1])}; };
+    info.reference = [](const Refs& in) {
+      const std::int64_t k = in[1].shape[0], n = in[1].shape[1];
+      std::int64_t m = 1;  // the rows of x
+      for (std::size_t d = 0; d + 1 < in[0].shape.size(); ++d) m *= in[0].shape[d];
+      Ref rows = in[0];
+      rows.shape = {m, k};
+      Ref product = ref_matmul(rows, in[1]);
+      Shape out_shape = in[0].shape;
+      out_shape.back() = n;
+      product.shape = out_shape;
+      Ref with_bias = product;
+      for (std::size_t i = 0; i < with_bias.v.size(); ++i) with_bias.v[i] += in[2].v[i % static_cast<std::size_t>(n)];
+      return Refs{with_bias, product};
+    };
+    info.errors = {{"weight of rank 1", [] { tg::linear(f32({2, 3}), f32({3})); }, Raises::shape, {"linear", "'weight'", "[K, N]", "[3]"}},
+                   {"x's last dim is not K", [] { tg::linear(f32({2, 3}), f32({4, 5})); }, Raises::shape,
+                    {"linear", "'x'", "[2, 3]", "[..., 4]", "'weight'", "[4, 5]"}},
+                   {"rank-0 x", [] { tg::linear(f32({}), f32({1, 2})); }, Raises::shape, {"linear", "'x'", "[]"}},
+                   {"bias of the wrong width", [] { tg::linear(f32({2, 3}), f32({3, 4}), f32({3})); }, Raises::shape,
+                    {"linear", "'bias'", "[3]", "[4]"}},
+                   {"bias of rank 2", [] { tg::linear(f32({2, 3}), f32({3, 4}), f32({1, 4})); }, Raises::shape, {"linear", "'bias'", "[1, 4]"}},
+                   {"mixed dtypes", [] { tg::linear(f32({2, 3}), f64({3, 4})); }, Raises::dtype, {"linear", "'x'", "'weight'", "float32", "float64"}},
+                   {"float64 bias", [] { tg::linear(f32({2, 3}), f32({3, 4}), f64({4})); }, Raises::dtype, {"linear", "'bias'", "float64"}},
+                   {"integer x", [] { tg::linear(tg::zeros({2, 3}, tg::int64), f32({3, 4})); }, Raises::dtype, {"linear", "'x'", "int64"}},
+                   {"bfloat16 on float64", [] { tg::linear(f64({2, 2}), f64({2, 2}), Tensor(), tg::MatmulPrecision::bfloat16); },
+                    Raises::dtype, {"linear", "bfloat16", "float64"}}};
+    info.undefined_inputs_unreachable = "bias is optional: an undefined one means none";
+    info.errors.push_back(undefined_arg("linear", "x", [] { tg::linear(Tensor(), f32({2, 2})); }));
+    info.errors.push_back(undefined_arg("linear", "weight", [] { tg::linear(f32({2, 2}), Tensor()); }));
+    t.push_back(info);
+  }
+
   // ---- Training ops: clone, indexing, argmax, log_softmax, losses, layer_norm, dropout. ----
   // Ids, targets and masks are made inside each op from the input shapes (deterministic
   // patterns), so the float inputs keep the usual four layouts and the reference sees the same.

@@ -163,6 +163,27 @@ BOOST_AUTO_TEST_CASE(feed_forward_is_up_activation_down) {
   BOOST_TEST(tg::FeedForward({.dim = 3}).up.weight.shape() == (tg::Shape{3, 12}));  // hidden defaults to 4 dim
 }
 
+// The GELU node of FeedForward keeps the slope rather than its input; in float32 (where the float64
+// gradcheck above does not reach) its output and every gradient must still be the gelu op's.
+BOOST_AUTO_TEST_CASE(feed_forward_float32_matches_the_gelu_op) {
+  tg::FeedForward ff({.dim = 8, .hidden = 32, .dtype = tg::float32, .seed = 5});
+  Tensor x = (tg::randn({3, 7, 8}, 9, tg::float32) * 3.0).detach().set_requires_grad();
+  auto grads = [&](const Tensor& y) {
+    for (auto p : ff.parameters()) p.zero_grad();
+    x.zero_grad();
+    tg::backward(tg::sum(y * tg::randn(y.shape(), 10, tg::float32)));
+    std::vector<std::vector<double>> out{x.grad().to_vector<double>()};
+    for (const auto& p : ff.parameters()) out.push_back(p.grad().to_vector<double>());
+    return out;
+  };
+  const Tensor fused = ff.forward(x);
+  const auto fused_grads = grads(fused);
+  const Tensor plain = tg::linear(tg::gelu(tg::linear(x, ff.up.weight, ff.up.bias)), ff.down.weight, ff.down.bias);
+  const auto plain_grads = grads(plain);
+  check_close(fused.to_vector<double>(), plain.to_vector<double>(), 1e-6, 1e-6, "output");
+  for (std::size_t i = 0; i < plain_grads.size(); ++i) check_close(fused_grads[i], plain_grads[i], 1e-5, 1e-5, "gradient");
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(transformer)

@@ -28,6 +28,7 @@
 #include "tapegrad/ops/inplace.hpp"
 #include "tapegrad/ops/join.hpp"
 #include "tapegrad/ops/layer_norm.hpp"
+#include "tapegrad/ops/linear.hpp"
 #include "tapegrad/ops/log_softmax.hpp"
 #include "tapegrad/ops/loss.hpp"
 #include "tapegrad/ops/matmul.hpp"

@@ -1,0 +1,165 @@
+// linear: y = x w + b as one tape node, forward and hand-written backward side by side.
+//
+// x [..., K] is seen as M rows [M, K]; w is [K, N]; b is [N].
+//   forward                          backward (g = dL/dy as [M, N])
+//     y = x w      (one product)       dx = g w^T   (one product)
+//     y[r, :] += b (each row)          dw = x^T g   (one product, summing over all M rows)
+//                                      db = sum over the rows of g
+// Recorded as matmul then add, the backward would also run the add's broadcast reduction
+// (sum_to) and accumulate the product's gradient through an extra node; here each gradient is
+// made once, directly at its input's shape.
+#include "tapegrad/ops/linear.hpp"
+
+#include <algorithm>
+#include <vector>
+
+#include "autodiff/parallel.hpp"
+#include "ops/kernel.hpp"
+#include "ops/matmul_kernels.hpp"
+#include "tapegrad/ops/view.hpp"
+
+namespace tapegrad {
+namespace {
+using namespace detail;
+
+DType check_linear_args(const Tensor& x, const Tensor& weight, const Tensor& bias, MatmulPrecision precision) {
+  const DType dtype = check_same_float("linear", "x", x, "weight", weight);
+  if (weight.dim() != 2)
+    fail<ShapeError>("linear: argument 'weight' must be [K, N] (in, out), got shape {}", shape_str(weight.shape()));
+  if (x.dim() < 1 || x.shape().back() != weight.shape()[0])
+    fail<ShapeError>("linear: argument 'x' with shape {} must be [..., {}], K being the first dim of argument 'weight' "
+                     "(shape {})",
+                     shape_str(x.shape()), weight.shape()[0], shape_str(weight.shape()));
+  if (bias.defined()) {
+    check_same_float("linear", "x", x, "bias", bias);
+    if (bias.shape() != Shape{weight.shape()[1]})
+      fail<ShapeError>("linear: argument 'bias' with shape {} must have shape [{}], the last dim of argument 'weight' "
+                       "(shape {})",
+                       shape_str(bias.shape()), weight.shape()[1], shape_str(weight.shape()));
+  }
+  if (precision == MatmulPrecision::bfloat16 && dtype != DType::float32)
+    fail<DTypeError>("linear: bfloat16 precision takes float32 operands, got {} with shapes {} and {}", dtype,
+                     shape_str(x.shape()), shape_str(weight.shape()));
+  return dtype;
+}
+
+// t [..., cols] as a [rows, cols] matrix: a view of t, or of a contiguous copy when t's
+// layout does not flatten.
+Tensor as_matrix(const Tensor& t) {
+  const std::int64_t cols = t.shape().back();
+  std::int64_t rows = 1;
+  for (std::size_t d = 0; d + 1 < t.shape().size(); ++d) rows *= t.shape()[d];
+  if (t.dim() == 2) return t;
+  const Tensor c = t.is_contiguous() ? t : copy_of(t);
+  return make_view(c, {rows, cols}, {cols, 1}, c.offset(), "linear");
+}
+
+// c = a b for 2-D operands of any strides, c fresh and contiguous, every size nonzero.
+void product(const Tensor& a, const Tensor& b, const Tensor& c, MatmulPrecision precision) {
+  if (a.dtype() == DType::float64) matmul_f64(a, b, c);
+  else matmul_dnnl(a, b, c, precision == MatmulPrecision::bfloat16);
+}
+
+// A fresh contiguous tensor of `shape` (whose last dim is b's) holding a b, zeros when K = 0.
+Tensor product_into_new(const Tensor& a, const Tensor& b, const Shape& shape, MatmulPrecision precision) {
+  if (a.shape()[0] * b.shape()[1] == 0 || a.shape()[1] == 0) return zeros(shape, a.dtype());
+  Tensor c = new_tensor(shape, a.dtype(), "linear");
+  product(a, b, as_matrix(c), precision);
+  return c;
+}
+
+template <class T> TAPEGRAD_SIMD_CLONES void add_to_rows(T* py, const T* pb, std::int64_t r0, std::int64_t r1, std::int64_t cols) {
+  for (std::int64_t r = r0; r < r1; ++r) {
+    T* __restrict row = py + r * cols;
+#pragma omp simd
+    for (std::int64_t j = 0; j < cols; ++j) row[j] += pb[j];
+  }
+}
+
+// y[r, :] += b for every row of the contiguous [rows, cols] y.
+void add_rows(const Tensor& y, const Tensor& bias) {
+  const std::int64_t rows = y.shape()[0], cols = y.shape()[1];
+  if (rows * cols == 0) return;
+  const Tensor b = bias.is_contiguous() ? bias : copy_of(bias);
+  visit_float(y.dtype(), "linear", [&]<class T>(Tag<T>) {
+    T* py = static_cast<T*>(mutable_data(y));
+    const T* pb = static_cast<const T*>(b.raw_data());
+    parallel_for(rows, cols, [&](std::int64_t r0, std::int64_t r1) { add_to_rows<T>(py, pb, r0, r1, cols); });
+  });
+}
+
+template <class T> TAPEGRAD_SIMD_CLONES void sum_rows(double* __restrict acc, const T* pg, std::int64_t rows, std::int64_t cols) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* __restrict row = pg + r * cols;
+#pragma omp simd
+    for (std::int64_t j = 0; j < cols; ++j) acc[j] += static_cast<double>(row[j]);
+  }
+}
+
+// The column sums of the contiguous [rows, cols] g, accumulated in double.
+Tensor column_sums(const Tensor& g, const Shape& shape) {
+  const std::int64_t rows = g.shape()[0], cols = g.shape()[1];
+  std::vector<double> acc(static_cast<std::size_t>(cols), 0.0);
+  Tensor out = new_tensor(shape, g.dtype(), "linear");
+  visit_float(g.dtype(), "linear", [&]<class T>(Tag<T>) {
+    sum_rows<T>(acc.data(), static_cast<const T*>(g.raw_data()), rows, cols);
+    T* po = static_cast<T*>(mutable_data(out));
+    for (std::int64_t j = 0; j < cols; ++j) po[j] = static_cast<T>(acc[static_cast<std::size_t>(j)]);
+  });
+  return out;
+}
+
+// The multiply-adds of x w (rows [M, K], w [K, N]), capped where they no longer matter.
+std::int64_t product_cost(const Tensor& rows, const Tensor& w) {
+  const double macs = static_cast<double>(rows.shape()[0]) * static_cast<double>(rows.shape()[1]) * static_cast<double>(w.shape()[1]);
+  return static_cast<std::int64_t>(std::min(macs, 1e15));
+}
+
+// Whether the backward runs its two products (dx and dw, equal in size) at once, one per thread:
+// when more than one thread is allowed but each product is too small to be split (matmul gives it
+// one thread), which is every product of a small model.
+bool side_by_side(const Tensor& rows, const Tensor& w) {
+  const std::int64_t macs = product_cost(rows, w);
+  const bool unsplit = rows.dtype() == DType::float64 || dnnl_threads_for(static_cast<double>(macs)) == 1;
+  return max_threads() > 1 && macs >= kParallelGrain && unsplit;
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const bool f32 = x.defined() && x.dtype() == DType::float32;
+  return linear(x, weight, bias, f32 ? matmul_precision() : MatmulPrecision::exact);
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, MatmulPrecision precision) {
+  check_linear_args(x, weight, bias, precision);
+  Shape out_shape = x.shape();
+  out_shape.back() = weight.shape()[1];
+  const Tensor rows = as_matrix(x);
+  Tensor y = product_into_new(rows, weight, out_shape, precision);
+  if (bias.defined()) add_rows(as_matrix(y), bias);
+  // dx = g w^T, dw = x^T g (all rows), db = column sums of g
+  record("linear", {x, weight, bias}, y, {x, weight},
+         [rows, weight, precision, x_shape = x.shape(), b_shape = bias.defined() ? bias.shape() : Shape{}](
+             std::span<const Tensor> g, const std::vector<bool>& needs) {
+           const Tensor g2 = as_matrix(g[0].is_contiguous() ? g[0] : copy_of(g[0]));
+           std::vector<Tensor> grads(3);
+           const Tensor wt = transpose(weight, 0, 1), xt = transpose(rows, 0, 1);
+           auto dx = [&] { grads[0] = product_into_new(g2, wt, x_shape, precision); };
+           auto dw = [&] { grads[1] = product_into_new(xt, g2, weight.shape(), precision); };
+           if (needs[0] && needs[1] && side_by_side(rows, weight)) {
+             parallel_for(2, product_cost(rows, weight), [&](std::int64_t i0, std::int64_t i1) {
+               const NoGradGuard no_grad;  // a pool thread's own grad mode is on
+               for (std::int64_t i = i0; i < i1; ++i) i == 0 ? dx() : dw();
+             });
+           } else {
+             if (needs[0]) dx();
+             if (needs[1]) dw();
+           }
+           if (needs[2]) grads[2] = column_sums(g2, b_shape);
+           return grads;
+         });
+  return y;
+}
+
+}  // namespace tapegrad

@@ -23,16 +23,21 @@
 // (dk, dv are written by one thread each) and, when there are fewer batch entries than threads,
 // splits a batch entry's key tiles into G interleaved groups whose dq go to separate buffers.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include "autodiff/parallel.hpp"
+#include "autodiff/tensor_impl.hpp"
 #include "layers/attention_core.hpp"
 #include "layers/attention_tiles.hpp"
 #include "ops/kernel.hpp"
+#include "tapegrad/ops/matmul.hpp"
 #include "tapegrad/ops/view.hpp"
 
 namespace tapegrad::detail {
@@ -79,15 +84,82 @@ template <class T> struct Matrices {
   std::vector<std::int64_t> offsets;
   std::int64_t ld = 0;
   Matrices() = default;
-  Matrices(const Tensor& t, const Shape& batch) : base(static_cast<const T*>(t.raw_data())), ld(row_stride(t)) {
+  Matrices(const Tensor& t, const Shape& batch) : Matrices(static_cast<const T*>(t.raw_data()), t.shape(), t.strides(), row_stride(t), batch) {}
+  // The same for elements at base laid out by shape and strides (of any element type).
+  Matrices(const T* data, const Shape& shape, const Shape& tstrides, std::int64_t row_ld, const Shape& batch) : base(data), ld(row_ld) {
     // The leading dims' strides broadcast to `batch` (right-aligned, 0 where t has size 1 or no dim).
     std::vector<std::int64_t> strides(batch.size(), 0);
-    const std::size_t lead = t.shape().size() - 2;
+    const std::size_t lead = shape.size() - 2;
     for (std::size_t d = 0; d < lead; ++d)
-      if (t.shape()[d] != 1) strides[batch.size() - lead + d] = t.strides()[d];
+      if (shape[d] != 1) strides[batch.size() - lead + d] = tstrides[d];
     offsets = batch_offsets(strides.data(), batch);
   }
   const T* operator[](std::int64_t bh) const { return base + offsets[static_cast<std::size_t>(bh)]; }
+};
+
+// Whether t's elements fill one dense block of memory in some order of its dims (q, k and v
+// split from a projection into heads are such permutations): that block can then be converted
+// in memory order.
+bool dense_permutation(const Tensor& t) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> dims;  // (stride, size) of the dims that matter
+  for (std::size_t d = 0; d < t.shape().size(); ++d)
+    if (t.shape()[d] != 1) dims.emplace_back(t.strides()[d], t.shape()[d]);
+  std::sort(dims.begin(), dims.end());
+  std::int64_t next = 1;
+  for (auto [stride, size] : dims) {
+    if (stride != next) return false;
+    next *= size;
+  }
+  return true;
+}
+
+// Under a bfloat16 matmul precision, a float32 operand (q, k, v or dO) rounded to bfloat16 once
+// per call (each matrix once, however many batch entries share it), with its inf and NaN held
+// as 0 and flagged per row (round_bf16_operand): the tile products read these, and put back in
+// float32 what a flagged row gives. A dense permutation keeps its strides and is converted in
+// memory order (per matrix and row, the runs of a split projection are short and far apart:
+// 8x slower); anything else, or an operand with an inf or NaN, is converted matrix by matrix
+// into a contiguous copy.
+struct Bf16Matrices {
+  std::shared_ptr<Storage> storage;  // the bits, from the cache of freed blocks like a tensor's
+  std::vector<unsigned char> bad;    // per row, matrices in order: holds an inf or NaN
+  Matrices<std::uint16_t> bits;
+  Matrices<unsigned char> flags;
+  Bf16Matrices() = default;
+  Bf16Matrices(const Tensor& t, const Shape& batch) {
+    const Shape& shape = t.shape();
+    const std::size_t r = shape.size();
+    const std::int64_t rows = shape[r - 2], cols = shape[r - 1], numel = t.numel();
+    const std::int64_t count = rows * cols == 0 ? 0 : numel / (rows * cols);  // matrices held
+    storage = std::make_shared<Storage>(static_cast<std::size_t>(numel) * sizeof(std::uint16_t));
+    bad.assign(static_cast<std::size_t>(count * rows), 0);
+    auto* out = reinterpret_cast<std::uint16_t*>(storage->data);
+    const float* base = static_cast<const float*>(t.raw_data());
+    Shape flag_shape(shape.begin(), shape.end() - 1);
+    flag_shape.push_back(1);
+    flags = Matrices<unsigned char>(bad.data(), flag_shape, contiguous_strides(flag_shape), 1, batch);
+    if (dense_permutation(t)) {
+      std::atomic<bool> any{false};
+      parallel_for(numel, 2, [&](std::int64_t i0, std::int64_t i1) {
+        if (round_bf16_operand(base + i0, 0, 1, i1 - i0, out + i0, nullptr)) any = true;
+      });
+      if (!any) {
+        bits = Matrices<std::uint16_t>(out, shape, t.strides(), row_stride(t), batch);
+        return;
+      }
+    }
+    const Shape lead(shape.begin(), shape.end() - 2);
+    const std::vector<std::int64_t> src = batch_offsets(t.strides().data(), lead);
+    const std::int64_t ld = row_stride(t);
+    parallel_for(count, rows * cols, [&](std::int64_t f0, std::int64_t f1) {
+      for (std::int64_t f = f0; f < f1; ++f)
+        round_bf16_operand(base + src[static_cast<std::size_t>(f)], ld, rows, cols, out + f * rows * cols, bad.data() + f * rows);
+    });
+    bits = Matrices<std::uint16_t>(out, shape, contiguous_strides(shape), cols, batch);
+  }
+  const std::uint16_t* operator[](std::int64_t bh) const { return bits[bh]; }
+  std::int64_t ld() const { return bits.ld; }
+  const unsigned char* bad_rows(std::int64_t bh) const { return flags[bh]; }
 };
 
 // A [..., Q, K]-broadcastable tensor (the bias, or its gradient) by batch entry, row and key.
@@ -114,9 +186,12 @@ template <class T> struct Problem {
   const RowMasks* masks = nullptr;
   bool has_bias = false;
   PerPair<T> bias;
+  bool bf16 = false;  // the tile products round to bfloat16 (float32 only), from these copies:
+  Bf16Matrices qb, kb, vb;
 
-  Problem(const Tensor& q_, const Tensor& k_, const Tensor& v_, const Tensor& bias_, const RowMasks& m, const Shape& scores)
-      : masks(&m), has_bias(bias_.defined()) {
+  Problem(const Tensor& q_, const Tensor& k_, const Tensor& v_, const Tensor& bias_, const RowMasks& m, const Shape& scores,
+          bool bfloat16)
+      : masks(&m), has_bias(bias_.defined()), bf16(bfloat16) {
     const Shape batch(scores.begin(), scores.end() - 2);
     bh = shape_numel(batch);
     q = scores[scores.size() - 2];
@@ -128,6 +203,11 @@ template <class T> struct Problem {
     ks = Matrices<T>(k_, batch);
     vs = Matrices<T>(v_, batch);
     if (has_bias) bias = PerPair<T>(bias_, scores);
+    if (bf16) {
+      qb = Bf16Matrices(q_, batch);
+      kb = Bf16Matrices(k_, batch);
+      vb = Bf16Matrices(v_, batch);
+    }
   }
   std::int64_t query_tiles() const { return (q + kTileQ - 1) / kTileQ; }
   std::int64_t key_tiles() const { return (k + kTileK - 1) / kTileK; }
@@ -160,6 +240,7 @@ void mask_row(const Problem<T>& p, const RowMask& rm, std::int64_t bh, std::int6
 
 template <class T> struct ForwardScratch {
   std::vector<T> s, acc, m, l, pack;
+  std::vector<std::uint16_t> sb;  // the tile of P in bfloat16
   std::vector<char> nan;
   std::vector<RowMask> rows;
 };
@@ -183,7 +264,12 @@ void forward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t i0, std::in
   for (std::int64_t j0 = 0; j0 < end; j0 += kTileK) {
     const std::int64_t nk = std::min(kTileK, end - j0);
     if (!tile_has_keys(w.rows[0], j0, nk)) continue;
-    gemm(false, true, nq, nk, p.d, p.scale, q, p.qs.ld, p.ks[bh] + j0 * p.ks.ld, p.ks.ld, T(0), w.s.data(), kTileK);
+    const T* k = p.ks[bh] + j0 * p.ks.ld;
+    if constexpr (std::is_same_v<T, float>)
+      if (p.bf16)
+        scores_bf16(nq, nk, p.d, p.scale, p.qb[bh] + i0 * p.qb.ld(), p.qb.ld(), q, p.qs.ld, p.qb.bad_rows(bh) + i0, p.kb[bh] + j0 * p.kb.ld(), p.kb.ld(), k, p.ks.ld,
+                    p.kb.bad_rows(bh) + j0, w.s.data(), kTileK);
+    if (!p.bf16) gemm(false, true, nq, nk, p.d, p.scale, q, p.qs.ld, k, p.ks.ld, T(0), w.s.data(), kTileK);
     for (std::int64_t r = 0; r < nq; ++r) {
       T* s = w.s.data() + r * kTileK;
       mask_row(p, w.rows[static_cast<std::size_t>(r)], bh, i0 + r, j0, nk, s);
@@ -210,6 +296,14 @@ void forward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t i0, std::in
         }
       m = m_new;
     }
+    if constexpr (std::is_same_v<T, float>)
+      if (p.bf16) {
+        w.sb.resize(static_cast<std::size_t>(kTileQ * kTileK));
+        for (std::int64_t r = 0; r < nq; ++r) round_bf16_weights(w.s.data() + r * kTileK, w.sb.data() + r * kTileK, nk);
+        weighted_gemm_bf16(false, nq, dv, nk, 1.0f, w.s.data(), w.sb.data(), kTileK, p.vb[bh] + j0 * p.vb.ld(), p.vb.ld(), p.vs[bh] + j0 * p.vs.ld, p.vs.ld,
+                           p.vb.bad_rows(bh) + j0, w.acc.data(), dv);
+        continue;
+      }
     weighted_gemm<T>(false, nq, dv, nk, T(1), w.s.data(), kTileK, p.vs[bh] + j0 * p.vs.ld, p.vs.ld, w.acc.data(), dv, w.pack);
   }
   for (std::int64_t r = 0; r < nq; ++r) {
@@ -248,13 +342,58 @@ template <class T> struct Gradients {
 
 template <class T> struct BackwardScratch {
   std::vector<T> s, dp, dk, dv, pack;
+  std::vector<std::uint16_t> sb, dpb;  // the tiles of P and dS in bfloat16
   std::vector<RowMask> rows;
 };
+
+// dS = P (dP - Δ) in place over dP, exactly 0 where P is (see backward_tile), and dbias += dS.
+template <class T>
+void scores_gradient(std::int64_t bh, std::int64_t i0, std::int64_t nq, std::int64_t j0, std::int64_t nk,
+                     const T* delta, const Gradients<T>& g, T* dbias, BackwardScratch<T>& w) {
+  for (std::int64_t r = 0; r < nq; ++r) {
+    const T* pr = w.s.data() + r * kTileK;
+    T* ds = w.dp.data() + r * kTileK;
+    const T dl = delta[i0 + r];
+    for (std::int64_t j = 0; j < nk; ++j) ds[j] = pr[j] == T(0) ? T(0) : pr[j] * (ds[j] - dl);
+    if (g.dbias) {
+      T* b = dbias + g.dbias_at.at(bh, i0 + r) + j0 * g.dbias_at.sj;
+      for (std::int64_t j = 0; j < nk; ++j) b[j * g.dbias_at.sj] += ds[j];
+    }
+  }
+}
+
+// The products of backward_tile after P, on bfloat16 copies (P and dS rounded here, tile by tile;
+// q, k, v and dO once per call), with the same formulas and the same care for zero weights.
+void backward_products_bf16(const Problem<float>& p, std::int64_t bh, std::int64_t i0, std::int64_t nq, std::int64_t j0, std::int64_t nk,
+                            const float* delta, const float* go, const Matrices<float>& d_out, const Bf16Matrices& d_out_b,
+                            const Gradients<float>& g, float* dq, float* dbias, BackwardScratch<float>& w) {
+  const std::int64_t d = p.d, dv = p.dv;
+  const std::uint16_t* gob = d_out_b[bh] + i0 * d_out_b.ld();
+  const unsigned char* go_bad = d_out_b.bad_rows(bh) + i0;
+  w.sb.resize(static_cast<std::size_t>(kTileQ * kTileK));
+  w.dpb.resize(static_cast<std::size_t>(kTileQ * kTileK));
+  for (std::int64_t r = 0; r < nq; ++r) round_bf16_weights(w.s.data() + r * kTileK, w.sb.data() + r * kTileK, nk);
+  // dv += Pᵀ ⊛ dO
+  if (g.dv) weighted_gemm_bf16(true, nk, dv, nq, 1.0f, w.s.data(), w.sb.data(), kTileK, gob, d_out_b.ld(), go, d_out.ld, go_bad, w.dv.data(), dv);
+  if (!(g.dq || g.dk || g.dbias)) return;
+  // dP = dO vᵀ (not finite where a flagged row of dO or v reaches), then dS
+  const float* v = p.vs[bh] + j0 * p.vs.ld;
+  scores_bf16(nq, nk, dv, 1.0f, gob, d_out_b.ld(), go, d_out.ld, go_bad, p.vb[bh] + j0 * p.vb.ld(), p.vb.ld(), v, p.vs.ld, p.vb.bad_rows(bh) + j0, w.dp.data(), kTileK);
+  scores_gradient(bh, i0, nq, j0, nk, delta, g, dbias, w);
+  for (std::int64_t r = 0; r < nq; ++r) round_bf16_weights(w.dp.data() + r * kTileK, w.dpb.data() + r * kTileK, nk);
+  // dq += s dS ⊛ k,  dk += s dSᵀ ⊛ q
+  if (g.dq)
+    weighted_gemm_bf16(false, nq, d, nk, p.scale, w.dp.data(), w.dpb.data(), kTileK, p.kb[bh] + j0 * p.kb.ld(), p.kb.ld(), p.ks[bh] + j0 * p.ks.ld, p.ks.ld,
+                       p.kb.bad_rows(bh) + j0, dq + (bh * p.q + i0) * d, d);
+  if (g.dk)
+    weighted_gemm_bf16(true, nk, d, nq, p.scale, w.dp.data(), w.dpb.data(), kTileK, p.qb[bh] + i0 * p.qb.ld(), p.qb.ld(), p.qs[bh] + i0 * p.qs.ld, p.qs.ld,
+                       p.qb.bad_rows(bh) + i0, w.dk.data(), d);
+}
 
 // Key tile [j0, j0 + nk) of batch entry bh, against every query tile that may attend to it.
 template <class T>
 void backward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t j0, std::int64_t nk, const T* lse, const T* delta,
-                   const Matrices<T>& d_out, const Gradients<T>& g, T* dq, T* dbias, BackwardScratch<T>& w) {
+                   const Matrices<T>& d_out, const Bf16Matrices& d_out_b, const Gradients<T>& g, T* dq, T* dbias, BackwardScratch<T>& w) {
   const std::int64_t d = p.d, dv = p.dv;
   const std::vector<RowMask>& rows = w.rows;
   if (!tile_has_keys(rows[0], j0, nk)) return;
@@ -273,7 +412,11 @@ void backward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t j0, std::i
     if (!live) continue;
     const T* q = p.qs[bh] + i0 * p.qs.ld;
     const T* go = d_out[bh] + i0 * d_out.ld;
-    gemm(false, true, nq, nk, d, p.scale, q, p.qs.ld, k, p.ks.ld, T(0), w.s.data(), kTileK);
+    if constexpr (std::is_same_v<T, float>)
+      if (p.bf16)
+        scores_bf16(nq, nk, d, p.scale, p.qb[bh] + i0 * p.qb.ld(), p.qb.ld(), q, p.qs.ld, p.qb.bad_rows(bh) + i0, p.kb[bh] + j0 * p.kb.ld(), p.kb.ld(), k, p.ks.ld,
+                    p.kb.bad_rows(bh) + j0, w.s.data(), kTileK);
+    if (!p.bf16) gemm(false, true, nq, nk, d, p.scale, q, p.qs.ld, k, p.ks.ld, T(0), w.s.data(), kTileK);
     for (std::int64_t r = 0; r < nq; ++r) {
       T* s = w.s.data() + r * kTileK;
       const T m = lse[2 * (i0 + r)], log_l = lse[2 * (i0 + r) + 1];
@@ -284,22 +427,18 @@ void backward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t j0, std::i
       mask_row(p, rows[static_cast<std::size_t>(i0 + r)], bh, i0 + r, j0, nk, s);
       for (std::int64_t j = 0; j < nk; ++j) s[j] = exp_tile((s[j] - m) - log_l);  // masked: exp(-inf) = 0
     }
+    if constexpr (std::is_same_v<T, float>)
+      if (p.bf16) {
+        backward_products_bf16(p, bh, i0, nq, j0, nk, delta, go, d_out, d_out_b, g, dq, dbias, w);
+        continue;
+      }
     // dv += Pᵀ ⊛ dO
     if (g.dv) weighted_gemm<T>(true, nk, dv, nq, T(1), w.s.data(), kTileK, go, d_out.ld, w.dv.data(), dv, w.pack);
     if (!need_ds) continue;
     // dP = dO vᵀ, then dS = P (dP - Δ) in place; dP is not finite at a masked key whose v is not,
     // which is why dS is selected where P = 0 rather than multiplied.
     gemm(false, true, nq, nk, dv, T(1), go, d_out.ld, v, p.vs.ld, T(0), w.dp.data(), kTileK);
-    for (std::int64_t r = 0; r < nq; ++r) {
-      const T* pr = w.s.data() + r * kTileK;
-      T* ds = w.dp.data() + r * kTileK;
-      const T dl = delta[i0 + r];
-      for (std::int64_t j = 0; j < nk; ++j) ds[j] = pr[j] == T(0) ? T(0) : pr[j] * (ds[j] - dl);
-      if (g.dbias) {
-        T* b = dbias + g.dbias_at.at(bh, i0 + r) + j0 * g.dbias_at.sj;
-        for (std::int64_t j = 0; j < nk; ++j) b[j * g.dbias_at.sj] += ds[j];
-      }
-    }
+    scores_gradient(bh, i0, nq, j0, nk, delta, g, dbias, w);
     // dq += s dS ⊛ k,  dk += s dSᵀ ⊛ q
     if (g.dq) weighted_gemm<T>(false, nq, d, nk, p.scale, w.dp.data(), kTileK, k, p.ks.ld, dq + (bh * p.q + i0) * d, d, w.pack);
     if (g.dk) weighted_gemm<T>(true, nk, d, nq, p.scale, w.dp.data(), kTileK, q, p.qs.ld, w.dk.data(), d, w.pack);
@@ -313,6 +452,7 @@ struct Saved {
   Tensor q, k, v, bias, out, lse;
   RowMasks masks;
   Shape scores, q_shape, k_shape, v_shape;
+  bool bf16 = false;  // the forward's products were bfloat16: so are the backward's
 };
 
 Shape with_matrix(const Shape& batch, std::int64_t rows, std::int64_t cols) {
@@ -323,10 +463,11 @@ Shape with_matrix(const Shape& batch, std::int64_t rows, std::int64_t cols) {
 }
 
 template <class T> std::vector<Tensor> backward(const Saved& sv, const Tensor& grad_out, const std::vector<bool>& needs) {
-  const Problem<T> p(sv.q, sv.k, sv.v, sv.bias, sv.masks, sv.scores);
+  const Problem<T> p(sv.q, sv.k, sv.v, sv.bias, sv.masks, sv.scores, sv.bf16);
   const Shape batch(sv.scores.begin(), sv.scores.end() - 2);
   const Tensor go = matrix_ready(grad_out);
   const Matrices<T> d_out(go, batch);
+  const Bf16Matrices d_out_b = sv.bf16 ? Bf16Matrices(go, batch) : Bf16Matrices();
   const T* out = static_cast<const T*>(sv.out.raw_data());
   const T* lse = static_cast<const T*>(sv.lse.raw_data());
 
@@ -392,7 +533,7 @@ template <class T> std::vector<Tensor> backward(const Saved& sv, const Tensor& g
         T* dq = g.dq ? g.dq_groups[static_cast<std::size_t>(group)] : nullptr;
         T* db = g.dbias ? g.dbias_chunks[static_cast<std::size_t>(c)] : nullptr;
         for (std::int64_t t = group; t < key_tiles; t += groups)
-          backward_tile(p, bh, t * kTileK, std::min(kTileK, p.k - t * kTileK), lse + 2 * bh * p.q, delta.data() + bh * p.q, d_out, g, dq,
+          backward_tile(p, bh, t * kTileK, std::min(kTileK, p.k - t * kTileK), lse + 2 * bh * p.q, delta.data() + bh * p.q, d_out, d_out_b, g, dq,
                         db, w);
       }
   });
@@ -417,7 +558,8 @@ template <class T> std::vector<Tensor> backward(const Saved& sv, const Tensor& g
 
 Tensor flash_attention(const AttentionArgs& a, const Shape& scores_shape) {
   Saved sv{matrix_ready(a.q), matrix_ready(a.k), matrix_ready(a.v), a.bias, Tensor(), Tensor(),
-           RowMasks(a.op, a.mask, scores_shape), scores_shape, a.q.shape(), a.k.shape(), a.v.shape()};
+           RowMasks(a.op, a.mask, scores_shape), scores_shape, a.q.shape(), a.k.shape(), a.v.shape(),
+           a.q.dtype() == DType::float32 && matmul_precision() == MatmulPrecision::bfloat16};
   const Shape batch(scores_shape.begin(), scores_shape.end() - 2);
   const std::int64_t q_len = scores_shape[scores_shape.size() - 2];
   const DType dtype = a.q.dtype();
@@ -426,7 +568,7 @@ Tensor flash_attention(const AttentionArgs& a, const Shape& scores_shape) {
   lse_shape.push_back(2 * q_len);  // per row: the maximum m, then log l
   sv.lse = new_tensor(lse_shape, dtype, a.op);
   visit_float(dtype, a.op, [&]<class T>(Tag<T>) {
-    const Problem<T> p(sv.q, sv.k, sv.v, sv.bias, sv.masks, scores_shape);
+    const Problem<T> p(sv.q, sv.k, sv.v, sv.bias, sv.masks, scores_shape, sv.bf16);
     T* out = static_cast<T*>(mutable_data(sv.out));
     T* lse = static_cast<T*>(mutable_data(sv.lse));
     const std::int64_t tiles = p.query_tiles();

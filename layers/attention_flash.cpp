@@ -214,6 +214,15 @@ void forward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t i0, std::in
   }
 }
 
+// float32 tiles, compiled for each vector width and picked at run time (the build machine's CPU
+// is never assumed): the tiles' own loops (mask, maximum, exp, sums, dS, the roundings) are
+// inlined into each clone; built for baseline x86-64 they ran 4 floats at a time.
+[[gnu::target_clones("avx512f", "avx2", "default"), gnu::flatten]] void forward_tile_f32(const Problem<float>& p, std::int64_t bh,
+                                                                                       std::int64_t i0, std::int64_t nq, float* out,
+                                                                                       float* lse, ForwardScratch<float>& w) {
+  forward_tile<float>(p, bh, i0, nq, out, lse, w);
+}
+
 // Query tile t of a batch entry, in an order that pairs light and heavy tiles (under a causal
 // mask tile i has i + 1 key tiles of work): contiguous chunks of items get even work.
 std::int64_t zigzag(std::int64_t t, std::int64_t tiles) { return t % 2 == 0 ? t / 2 : tiles - 1 - t / 2; }
@@ -335,6 +344,21 @@ void backward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t j0, std::i
   if (g.dv) std::copy(w.dv.begin(), w.dv.end(), g.dv_p + (bh * p.k + j0) * dv);
 }
 
+// float32 clones, as forward_tile_f32.
+[[gnu::target_clones("avx512f", "avx2", "default"), gnu::flatten]] void backward_tile_f32(
+    const Problem<float>& p, std::int64_t bh, std::int64_t j0, std::int64_t nk, const float* lse, const float* delta,
+    const Matrices<float>& d_out, const Bf16Matrices& d_out_b, const Gradients<float>& g, float* dq, float* dbias,
+    BackwardScratch<float>& w) {
+  backward_tile<float>(p, bh, j0, nk, lse, delta, d_out, d_out_b, g, dq, dbias, w);
+}
+template <class T>
+void backward_tile_any(const Problem<T>& p, std::int64_t bh, std::int64_t j0, std::int64_t nk, const T* lse, const T* delta,
+                       const Matrices<T>& d_out, const Bf16Matrices& d_out_b, const Gradients<T>& g, T* dq, T* dbias,
+                       BackwardScratch<T>& w) {
+  if constexpr (std::is_same_v<T, float>) backward_tile_f32(p, bh, j0, nk, lse, delta, d_out, d_out_b, g, dq, dbias, w);
+  else backward_tile<T>(p, bh, j0, nk, lse, delta, d_out, d_out_b, g, dq, dbias, w);
+}
+
 // The node: the forward has run; this recomputes what it needs from q, k, v, O and L.
 struct Saved {
   Tensor q, k, v, bias, out, lse;
@@ -421,7 +445,7 @@ template <class T> std::vector<Tensor> backward(const Saved& sv, const Tensor& g
         T* dq = g.dq ? g.dq_groups[static_cast<std::size_t>(group)] : nullptr;
         T* db = g.dbias ? g.dbias_chunks[static_cast<std::size_t>(c)] : nullptr;
         for (std::int64_t t = group; t < key_tiles; t += groups)
-          backward_tile(p, bh, t * kTileK, std::min(kTileK, p.k - t * kTileK), lse + 2 * bh * p.q, delta.data() + bh * p.q, d_out, d_out_b, g, dq,
+          backward_tile_any(p, bh, t * kTileK, std::min(kTileK, p.k - t * kTileK), lse + 2 * bh * p.q, delta.data() + bh * p.q, d_out, d_out_b, g, dq,
                         db, w);
       }
   });
@@ -464,7 +488,10 @@ Tensor flash_attention(const AttentionArgs& a, const Shape& scores_shape) {
       ForwardScratch<T> w;
       for (std::int64_t t = t0; t < t1; ++t) {
         const std::int64_t bh = t / tiles, i0 = zigzag(t % tiles, tiles) * kTileQ;
-        forward_tile(p, bh, i0, std::min(kTileQ, p.q - i0), out + bh * p.q * p.dv, lse + 2 * bh * p.q, w);
+        if constexpr (std::is_same_v<T, float>)
+          forward_tile_f32(p, bh, i0, std::min(kTileQ, p.q - i0), out + bh * p.q * p.dv, lse + 2 * bh * p.q, w);
+        else
+          forward_tile(p, bh, i0, std::min(kTileQ, p.q - i0), out + bh * p.q * p.dv, lse + 2 * bh * p.q, w);
       }
     });
   });

@@ -75,15 +75,17 @@ Shape with_matrix(const Shape& batch, std::int64_t rows, std::int64_t cols) {
 // streams the wide operand by rows), then the non-finite elements of X added back as
 // weighted_gemm_bf16 does.
 void transposed_weighted_bf16(std::int64_t q, std::int64_t k, std::int64_t n, const float* w, const std::uint16_t* wb,
-                              const std::uint16_t* xb, std::int64_t ldxb, const float* x, std::int64_t ldx, const unsigned char* bad,
-                              float* c) {
+                              const tiles::RoundedRows& x, float* c) {
   if (q == 0 || k == 0 || n == 0) return;
   thread_local std::vector<float> t;
   t.resize(static_cast<std::size_t>(n * k));
-  gemm_bf16(true, false, n, k, q, 1.0f, xb, ldxb, wb, k, 0.0f, t.data(), k);
-  for (std::int64_t j = 0; j < k; ++j)
-    for (std::int64_t i = 0; i < n; ++i) c[j * n + i] += t[static_cast<std::size_t>(i * k + j)];
-  if (std::any_of(bad, bad + q, [](unsigned char b) { return b != 0; })) tiles::add_non_finite(true, k, n, q, 1.0f, w, k, x, ldx, bad, c, n);
+  gemm_bf16(true, false, n, k, q, 1.0f, x.bits, x.ld_bits, wb, k, 0.0f, t.data(), k);
+  constexpr std::int64_t kBlock = 32;  // both sides of the transpose stay in L1
+  for (std::int64_t j0 = 0; j0 < k; j0 += kBlock)
+    for (std::int64_t i0 = 0; i0 < n; i0 += kBlock)
+      for (std::int64_t j = j0; j < std::min(k, j0 + kBlock); ++j)
+        for (std::int64_t i = i0; i < std::min(n, i0 + kBlock); ++i) c[j * n + i] += t[static_cast<std::size_t>(i * k + j)];
+  if (x.any_bad(q)) tiles::add_non_finite(true, k, n, q, 1.0f, w, k, x.x, x.ld, x.bad, c, n);
 }
 
 // The weights path under a bfloat16 matmul precision (float32 only): the same forward and
@@ -109,14 +111,12 @@ AttentionResult attention_bf16(const AttentionArgs& a, const Shape& scores_shape
   // S = q kᵀ (scaled in the softmax pass), A = masked_softmax(S) and its rounded copy, O = A ⊛ v
   parallel_for(bh, nq * nk * d, [&](std::int64_t b0, std::int64_t b1) {
     for (std::int64_t b = b0; b < b1; ++b)
-      tiles::scores_bf16(nq, nk, d, 1.0f, qb[b], qb.ld(), qs[b], qs.ld, qb.bad_rows(b), kb[b], kb.ld(), ks[b], ks.ld, kb.bad_rows(b),
-                         w + b * nq * nk, nk);
+      tiles::scores_bf16(nq, nk, d, 1.0f, qb.rows(qs, b), kb.rows(ks, b), w + b * nq * nk, nk);
   });
   attention_softmax_forward(weights, scale, a.bias, masks, weights, ab);
   parallel_for(bh, nq * nk * dv, [&](std::int64_t b0, std::int64_t b1) {
     for (std::int64_t b = b0; b < b1; ++b)
-      tiles::weighted_gemm_bf16(false, nq, dv, nk, 1.0f, w + b * nq * nk, ab + b * nq * nk, nk, vb[b], vb.ld(), vs[b], vs.ld,
-                                vb.bad_rows(b), o + b * nq * dv, dv);
+      tiles::weighted_gemm_bf16(false, nq, dv, nk, 1.0f, w + b * nq * nk, ab + b * nq * nk, nk, vb.rows(vs, b), o + b * nq * dv, dv);
   });
   const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias};
   if (!should_record(inputs)) return {output, weights};
@@ -141,8 +141,7 @@ AttentionResult attention_bf16(const AttentionArgs& a, const Shape& scores_shape
                 float* out = static_cast<float*>(mutable_data(dv_full));
                 parallel_for(bh, nq * nk * dv, [&](std::int64_t b0, std::int64_t b1) {
                   for (std::int64_t b = b0; b < b1; ++b)
-                    transposed_weighted_bf16(nq, nk, dv, a_f + b * nq * nk, a_b + b * nq * nk, gb[b], gb.ld(), gs[b], gs.ld, gb.bad_rows(b),
-                                             out + b * nk * dv);
+                    transposed_weighted_bf16(nq, nk, dv, a_f + b * nq * nk, a_b + b * nq * nk, gb.rows(gs, b), out + b * nk * dv);
                 });
                 grads[2] = sum_to(dv_full, vs_shape);
               }
@@ -154,16 +153,19 @@ AttentionResult attention_bf16(const AttentionArgs& a, const Shape& scores_shape
                 float* out = static_cast<float*>(mutable_data(dA));
                 parallel_for(bh, nq * nk * dv, [&](std::int64_t b0, std::int64_t b1) {
                   for (std::int64_t b = b0; b < b1; ++b)
-                    tiles::scores_bf16(nq, nk, dv, 1.0f, gb[b], gb.ld(), gs[b], gs.ld, gb.bad_rows(b), vb[b], vb.ld(), vs[b], vs.ld,
-                                       vb.bad_rows(b), out + b * nq * nk, nk);
+                    tiles::scores_bf16(nq, nk, dv, 1.0f, gb.rows(gs, b), vb.rows(vs, b), out + b * nq * nk, nk);
                 });
               }
               if (!dA.defined() && !d_weights.defined()) return grads;
               const double factor = needs[3] ? 1.0 : scale;
               auto rounded_ds = std::make_shared<Storage>(static_cast<std::size_t>(bh * nq * nk) * sizeof(std::uint16_t));
               auto* ds_b = reinterpret_cast<std::uint16_t*>(rounded_ds->data);
-              const Tensor dS = attention_softmax_backward(A, dA, d_weights, masks, factor, ds_b);  // zero where masked
-              const float* ds_f = static_cast<const float*>(dS.raw_data());
+              // dS in float32 too only for dbias, or where an inf or NaN in q or k is added back
+              // by its float32 weight; else only rounded (a [..., Q, K] float32 pass saved).
+              const bool float_ds = needs[3] || (needs[0] && kb.any_bad()) || (needs[1] && qb.any_bad());
+              const Tensor dS = attention_softmax_backward(A, dA, d_weights, masks, factor, ds_b, float_ds);  // zero where masked
+              const float* ds_f = float_ds ? static_cast<const float*>(dS.raw_data()) : nullptr;
+              auto ds_at = [&](std::int64_t b) { return ds_f != nullptr ? ds_f + b * nq * nk : nullptr; };
               if (needs[3]) grads[3] = sum_to(dS, bias_shape);
               auto scaled = [&](Tensor t) { return needs[3] ? mul(t, scale) : t; };
               // dq = dS ⊛ k,  dk = dSᵀ ⊛ q
@@ -172,8 +174,7 @@ AttentionResult attention_bf16(const AttentionArgs& a, const Shape& scores_shape
                 float* out = static_cast<float*>(mutable_data(dq));
                 parallel_for(bh, nq * nk * d, [&](std::int64_t b0, std::int64_t b1) {
                   for (std::int64_t b = b0; b < b1; ++b)
-                    tiles::weighted_gemm_bf16(false, nq, d, nk, 1.0f, ds_f + b * nq * nk, ds_b + b * nq * nk, nk, kb[b], kb.ld(), ks[b], ks.ld,
-                                              kb.bad_rows(b), out + b * nq * d, d);
+                    tiles::weighted_gemm_bf16(false, nq, d, nk, 1.0f, ds_at(b), ds_b + b * nq * nk, nk, kb.rows(ks, b), out + b * nq * d, d);
                 });
                 grads[0] = scaled(sum_to(dq, qs_shape));
               }
@@ -182,8 +183,7 @@ AttentionResult attention_bf16(const AttentionArgs& a, const Shape& scores_shape
                 float* out = static_cast<float*>(mutable_data(dk));
                 parallel_for(bh, nq * nk * d, [&](std::int64_t b0, std::int64_t b1) {
                   for (std::int64_t b = b0; b < b1; ++b)
-                    transposed_weighted_bf16(nq, nk, d, ds_f + b * nq * nk, ds_b + b * nq * nk, qb[b], qb.ld(), qs[b], qs.ld, qb.bad_rows(b),
-                                             out + b * nk * d);
+                    transposed_weighted_bf16(nq, nk, d, ds_at(b), ds_b + b * nq * nk, qb.rows(qs, b), out + b * nk * d);
                 });
                 grads[1] = scaled(sum_to(dk, ks_shape));
               }

@@ -97,6 +97,10 @@ template <class T> struct Problem {
       vb = Bf16Matrices(v_, batch);
     }
   }
+  // Batch entry bh's rows of q, k or v for the bfloat16 products (float32 only).
+  RoundedRows q_rows(std::int64_t bh) const { return qb.rows(qs, bh); }
+  RoundedRows k_rows(std::int64_t bh) const { return kb.rows(ks, bh); }
+  RoundedRows v_rows(std::int64_t bh) const { return vb.rows(vs, bh); }
   std::int64_t query_tiles() const { return (q + kTileQ - 1) / kTileQ; }
   std::int64_t key_tiles() const { return (k + kTileK - 1) / kTileK; }
 };
@@ -154,9 +158,7 @@ void forward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t i0, std::in
     if (!tile_has_keys(w.rows[0], j0, nk)) continue;
     const T* k = p.ks[bh] + j0 * p.ks.ld;
     if constexpr (std::is_same_v<T, float>)
-      if (p.bf16)
-        scores_bf16(nq, nk, p.d, p.scale, p.qb[bh] + i0 * p.qb.ld(), p.qb.ld(), q, p.qs.ld, p.qb.bad_rows(bh) + i0, p.kb[bh] + j0 * p.kb.ld(), p.kb.ld(), k, p.ks.ld,
-                    p.kb.bad_rows(bh) + j0, w.s.data(), kTileK);
+      if (p.bf16) scores_bf16(nq, nk, p.d, p.scale, p.q_rows(bh).from(i0), p.k_rows(bh).from(j0), w.s.data(), kTileK);
     if (!p.bf16) gemm(false, true, nq, nk, p.d, p.scale, q, p.qs.ld, k, p.ks.ld, T(0), w.s.data(), kTileK);
     for (std::int64_t r = 0; r < nq; ++r) {
       T* s = w.s.data() + r * kTileK;
@@ -188,8 +190,7 @@ void forward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t i0, std::in
       if (p.bf16) {
         w.sb.resize(static_cast<std::size_t>(kTileQ * kTileK));
         for (std::int64_t r = 0; r < nq; ++r) round_bf16_weights(w.s.data() + r * kTileK, w.sb.data() + r * kTileK, nk);
-        weighted_gemm_bf16(false, nq, dv, nk, 1.0f, w.s.data(), w.sb.data(), kTileK, p.vb[bh] + j0 * p.vb.ld(), p.vb.ld(), p.vs[bh] + j0 * p.vs.ld, p.vs.ld,
-                           p.vb.bad_rows(bh) + j0, w.acc.data(), dv);
+        weighted_gemm_bf16(false, nq, dv, nk, 1.0f, w.s.data(), w.sb.data(), kTileK, p.v_rows(bh).from(j0), w.acc.data(), dv);
         continue;
       }
     weighted_gemm<T>(false, nq, dv, nk, T(1), w.s.data(), kTileK, p.vs[bh] + j0 * p.vs.ld, p.vs.ld, w.acc.data(), dv, w.pack);
@@ -262,29 +263,25 @@ void scores_gradient(std::int64_t bh, std::int64_t i0, std::int64_t nq, std::int
 // The products of backward_tile after P, on bfloat16 copies (P and dS rounded here, tile by tile;
 // q, k, v and dO once per call), with the same formulas and the same care for zero weights.
 void backward_products_bf16(const Problem<float>& p, std::int64_t bh, std::int64_t i0, std::int64_t nq, std::int64_t j0, std::int64_t nk,
-                            const float* delta, const float* go, const Matrices<float>& d_out, const Bf16Matrices& d_out_b,
-                            const Gradients<float>& g, float* dq, float* dbias, BackwardScratch<float>& w) {
+                            const float* delta, const Matrices<float>& d_out, const Bf16Matrices& d_out_b, const Gradients<float>& g,
+                            float* dq, float* dbias, BackwardScratch<float>& w) {
   const std::int64_t d = p.d, dv = p.dv;
-  const std::uint16_t* gob = d_out_b[bh] + i0 * d_out_b.ld();
-  const unsigned char* go_bad = d_out_b.bad_rows(bh) + i0;
+  const RoundedRows go = d_out_b.rows(d_out, bh).from(i0);
   w.sb.resize(static_cast<std::size_t>(kTileQ * kTileK));
   w.dpb.resize(static_cast<std::size_t>(kTileQ * kTileK));
   for (std::int64_t r = 0; r < nq; ++r) round_bf16_weights(w.s.data() + r * kTileK, w.sb.data() + r * kTileK, nk);
   // dv += Pᵀ ⊛ dO
-  if (g.dv) weighted_gemm_bf16(true, nk, dv, nq, 1.0f, w.s.data(), w.sb.data(), kTileK, gob, d_out_b.ld(), go, d_out.ld, go_bad, w.dv.data(), dv);
+  if (g.dv) weighted_gemm_bf16(true, nk, dv, nq, 1.0f, w.s.data(), w.sb.data(), kTileK, go, w.dv.data(), dv);
   if (!(g.dq || g.dk || g.dbias)) return;
   // dP = dO vᵀ (not finite where a flagged row of dO or v reaches), then dS
-  const float* v = p.vs[bh] + j0 * p.vs.ld;
-  scores_bf16(nq, nk, dv, 1.0f, gob, d_out_b.ld(), go, d_out.ld, go_bad, p.vb[bh] + j0 * p.vb.ld(), p.vb.ld(), v, p.vs.ld, p.vb.bad_rows(bh) + j0, w.dp.data(), kTileK);
+  scores_bf16(nq, nk, dv, 1.0f, go, p.v_rows(bh).from(j0), w.dp.data(), kTileK);
   scores_gradient(bh, i0, nq, j0, nk, delta, g, dbias, w);
   for (std::int64_t r = 0; r < nq; ++r) round_bf16_weights(w.dp.data() + r * kTileK, w.dpb.data() + r * kTileK, nk);
   // dq += s dS ⊛ k,  dk += s dSᵀ ⊛ q
   if (g.dq)
-    weighted_gemm_bf16(false, nq, d, nk, p.scale, w.dp.data(), w.dpb.data(), kTileK, p.kb[bh] + j0 * p.kb.ld(), p.kb.ld(), p.ks[bh] + j0 * p.ks.ld, p.ks.ld,
-                       p.kb.bad_rows(bh) + j0, dq + (bh * p.q + i0) * d, d);
+    weighted_gemm_bf16(false, nq, d, nk, p.scale, w.dp.data(), w.dpb.data(), kTileK, p.k_rows(bh).from(j0), dq + (bh * p.q + i0) * d, d);
   if (g.dk)
-    weighted_gemm_bf16(true, nk, d, nq, p.scale, w.dp.data(), w.dpb.data(), kTileK, p.qb[bh] + i0 * p.qb.ld(), p.qb.ld(), p.qs[bh] + i0 * p.qs.ld, p.qs.ld,
-                       p.qb.bad_rows(bh) + i0, w.dk.data(), d);
+    weighted_gemm_bf16(true, nk, d, nq, p.scale, w.dp.data(), w.dpb.data(), kTileK, p.q_rows(bh).from(i0), w.dk.data(), d);
 }
 
 // Key tile [j0, j0 + nk) of batch entry bh, against every query tile that may attend to it.
@@ -310,9 +307,7 @@ void backward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t j0, std::i
     const T* q = p.qs[bh] + i0 * p.qs.ld;
     const T* go = d_out[bh] + i0 * d_out.ld;
     if constexpr (std::is_same_v<T, float>)
-      if (p.bf16)
-        scores_bf16(nq, nk, d, p.scale, p.qb[bh] + i0 * p.qb.ld(), p.qb.ld(), q, p.qs.ld, p.qb.bad_rows(bh) + i0, p.kb[bh] + j0 * p.kb.ld(), p.kb.ld(), k, p.ks.ld,
-                    p.kb.bad_rows(bh) + j0, w.s.data(), kTileK);
+      if (p.bf16) scores_bf16(nq, nk, d, p.scale, p.q_rows(bh).from(i0), p.k_rows(bh).from(j0), w.s.data(), kTileK);
     if (!p.bf16) gemm(false, true, nq, nk, d, p.scale, q, p.qs.ld, k, p.ks.ld, T(0), w.s.data(), kTileK);
     for (std::int64_t r = 0; r < nq; ++r) {
       T* s = w.s.data() + r * kTileK;
@@ -326,7 +321,7 @@ void backward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t j0, std::i
     }
     if constexpr (std::is_same_v<T, float>)
       if (p.bf16) {
-        backward_products_bf16(p, bh, i0, nq, j0, nk, delta, go, d_out, d_out_b, g, dq, dbias, w);
+        backward_products_bf16(p, bh, i0, nq, j0, nk, delta, d_out, d_out_b, g, dq, dbias, w);
         continue;
       }
     // dv += Pᵀ ⊛ dO

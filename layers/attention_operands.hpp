@@ -12,6 +12,7 @@
 
 #include "autodiff/parallel.hpp"
 #include "autodiff/tensor_impl.hpp"
+#include "layers/attention_tiles.hpp"
 #include "ops/kernel.hpp"
 #include "ops/matmul_kernels.hpp"
 
@@ -127,6 +128,9 @@ struct Bf16Matrices {
   }
   const std::uint16_t* operator[](std::int64_t bh) const { return bits[bh]; }
   std::int64_t ld() const { return bits.ld; }
+  // Batch entry bh's rows, with f its float32 matrices.
+  tiles::RoundedRows rows(const Matrices<float>& f, std::int64_t bh) const { return {bits[bh], bits.ld, f[bh], f.ld, bad_rows(bh)}; }
+  bool any_bad() const { return std::any_of(bad.begin(), bad.end(), [](unsigned char b) { return b != 0; }); }
   const unsigned char* bad_rows(std::int64_t bh) const { return flags[bh]; }
 };
 

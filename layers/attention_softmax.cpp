@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "autodiff/parallel.hpp"
 #include "ops/kernel.hpp"
@@ -46,15 +47,15 @@ template <class T>
 
 template <class T>
 [[gnu::always_inline]] inline void backward_rows(const T* weights, const RowPointers& ga, const RowPointers& gb, T factor,
-                                                 const RowMasks& masks, T* out, std::uint16_t* rounded, std::int64_t begin,
-                                                 std::int64_t stop) {
+                                                 const RowMasks& masks, T* out, bool one_row, std::uint16_t* rounded,
+                                                 std::int64_t begin, std::int64_t stop) {
   const std::int64_t k = ga.base ? ga.k : gb.k, sa = ga.stride, sb = gb.stride;
   for (std::int64_t r = begin; r < stop; ++r) {
     const std::int64_t end = masks.row(r).end;
     const T* a = weights + r * k;
     const T* pa = ga.row<T>(r);
     const T* pb = gb.row<T>(r);
-    T* o = out + r * k;
+    T* o = one_row ? out : out + r * k;  // one row: dS is kept only rounded
     if (pa && pb && sa == 1 && sb == 1)
       softmax_backward_row(a, end, k, factor, o, [&](std::int64_t j) { return pa[j] + pb[j]; });
     else if (pa && pb)
@@ -81,9 +82,10 @@ template <class T>
 
 [[gnu::target_clones("avx512f", "avx2", "default")]] void backward_rows_f32(const float* weights, const RowPointers& ga,
                                                                             const RowPointers& gb, float factor,
-                                                                            const RowMasks& masks, float* out, std::uint16_t* rounded,
-                                                                            std::int64_t begin, std::int64_t stop) {
-  backward_rows<float>(weights, ga, gb, factor, masks, out, rounded, begin, stop);
+                                                                            const RowMasks& masks, float* out, bool one_row,
+                                                                            std::uint16_t* rounded, std::int64_t begin,
+                                                                            std::int64_t stop) {
+  backward_rows<float>(weights, ga, gb, factor, masks, out, one_row, rounded, begin, stop);
 }
 
 // Rows of K elements cost about this many units each per element (an exp, a few passes).
@@ -106,17 +108,20 @@ void attention_softmax_forward(const Tensor& scores, double scale, const Tensor&
 }
 
 Tensor attention_softmax_backward(const Tensor& weights, const Tensor& grad_a, const Tensor& grad_b, const RowMasks& masks,
-                                  double factor, std::uint16_t* rounded) {
+                                  double factor, std::uint16_t* rounded, bool keep_float) {
   const Shape& shape = weights.shape();
-  Tensor ds = new_tensor(shape, weights.dtype(), "attention");
+  keep_float = keep_float || rounded == nullptr || weights.dtype() != DType::float32;
+  Tensor ds = keep_float ? new_tensor(shape, weights.dtype(), "attention") : Tensor();
   const std::int64_t k = shape.back(), rows = k == 0 ? 0 : weights.numel() / k;
   const RowPointers ga(grad_a, shape), gb(grad_b, shape);
   visit_float(weights.dtype(), "attention", [&]<class T>(Tag<T>) {
     const T* a = static_cast<const T*>(weights.raw_data());
-    T* out = static_cast<T*>(mutable_data(ds));
+    T* out = keep_float ? static_cast<T*>(mutable_data(ds)) : nullptr;
     parallel_for(rows, k * kRowCost, [&](std::int64_t begin, std::int64_t stop) {
-      if constexpr (std::is_same_v<T, float>) backward_rows_f32(a, ga, gb, static_cast<T>(factor), masks, out, rounded, begin, stop);
-      else backward_rows<T>(a, ga, gb, static_cast<T>(factor), masks, out, nullptr, begin, stop);
+      std::vector<T> row(keep_float ? 0 : static_cast<std::size_t>(k));  // one row at a time, rounded as it is written
+      T* dst = keep_float ? out : row.data();
+      if constexpr (std::is_same_v<T, float>) backward_rows_f32(a, ga, gb, static_cast<T>(factor), masks, dst, !keep_float, rounded, begin, stop);
+      else backward_rows<T>(a, ga, gb, static_cast<T>(factor), masks, dst, false, nullptr, begin, stop);
     });
   });
   return ds;

@@ -21,8 +21,9 @@ void attention_softmax_forward(const Tensor& scores, double scale, const Tensor&
 // dS = factor * A * (dA - rowsum(A * dA)) with dA = grad_a + grad_b (either may be undefined,
 // both broadcast to A's shape, any strides), and dS exactly 0 wherever A is 0 (masked keys,
 // empty rows), whatever dA holds there. A contiguous; returns a fresh contiguous dS, and with
-// `rounded` (float32 only) writes its rows rounded to bfloat16 there too.
+// `rounded` (float32 only) writes its rows rounded to bfloat16 there too; then with keep_float
+// false only there (a pass of [..., Q, K] float32 writes saved), and returns an undefined tensor.
 Tensor attention_softmax_backward(const Tensor& weights, const Tensor& grad_a, const Tensor& grad_b, const RowMasks& masks,
-                                  double factor, std::uint16_t* rounded = nullptr);
+                                  double factor, std::uint16_t* rounded = nullptr, bool keep_float = true);
 
 }  // namespace tapegrad::detail

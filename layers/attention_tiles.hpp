@@ -144,30 +144,38 @@ void weighted_gemm(bool wt, std::int64_t m, std::int64_t n, std::int64_t k, T al
 // (round_bf16_operand: inf and NaN held as 0, their rows flagged), so each product below runs on
 // finite numbers and then puts back what the non-finite ones give in float32.
 
+// Rows of an operand (q, k, v or dO) for these products: its bfloat16 copy and, for the inf and
+// NaN that the copy holds as 0, its float32 rows and their flags.
+struct RoundedRows {
+  const std::uint16_t* bits;
+  std::int64_t ld_bits;
+  const float* x;
+  std::int64_t ld;
+  const unsigned char* bad;
+  RoundedRows from(std::int64_t r) const { return {bits + r * ld_bits, ld_bits, x + r * ld, ld, bad + r}; }
+  bool any_bad(std::int64_t rows) const { return std::any_of(bad, bad + rows, [](unsigned char b) { return b != 0; }); }
+};
+
 // C[m, n] += alpha W̃ ⊛ X̃ as weighted_gemm, on bfloat16 copies: wb of the weights w (float32,
-// whose zeros decide where a non-finite X element counts) and xb of X, whose flagged rows are
-// read again in float32 from x.
+// whose zeros decide where a non-finite X element counts; read only then) and of X.
 inline void weighted_gemm_bf16(bool wt, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* w,
-                               const std::uint16_t* wb, std::int64_t ldw, const std::uint16_t* xb, std::int64_t ldxb, const float* x,
-                               std::int64_t ldx, const unsigned char* bad, float* c, std::int64_t ldc) {
+                               const std::uint16_t* wb, std::int64_t ldw, const RoundedRows& x, float* c, std::int64_t ldc) {
   if (m == 0 || n == 0 || k == 0) return;
-  gemm_bf16(wt, false, m, n, k, alpha, wb, ldw, xb, ldxb, 1.0f, c, ldc);
-  if (std::any_of(bad, bad + k, [](unsigned char b) { return b != 0; })) add_non_finite(wt, m, n, k, alpha, w, ldw, x, ldx, bad, c, ldc);
+  gemm_bf16(wt, false, m, n, k, alpha, wb, ldw, x.bits, x.ld_bits, 1.0f, c, ldc);
+  if (x.any_bad(k)) add_non_finite(wt, m, n, k, alpha, w, ldw, x.x, x.ld, x.bad, c, ldc);
 }
 
 // C[m, n] = alpha Ã B̃ᵀ on bfloat16 copies (rows of width d), then the entries that a flagged row of
-// A or B reaches recomputed in float32 from a and b: they are inf or NaN, as in the float32 product.
-inline void scores_bf16(std::int64_t m, std::int64_t n, std::int64_t d, float alpha, const std::uint16_t* ab, std::int64_t ldab,
-                        const float* a, std::int64_t lda, const unsigned char* a_bad, const std::uint16_t* bb, std::int64_t ldbb,
-                        const float* b, std::int64_t ldb, const unsigned char* b_bad, float* c, std::int64_t ldc) {
-  gemm_bf16(false, true, m, n, d, alpha, ab, ldab, bb, ldbb, 0.0f, c, ldc);
-  auto flagged = [](const unsigned char* f, std::int64_t len) { return std::any_of(f, f + len, [](unsigned char x) { return x != 0; }); };
-  if (!flagged(a_bad, m) && !flagged(b_bad, n)) return;
+// A or B reaches recomputed in float32: they are inf or NaN, as in the float32 product.
+inline void scores_bf16(std::int64_t m, std::int64_t n, std::int64_t d, float alpha, const RoundedRows& a, const RoundedRows& b,
+                        float* c, std::int64_t ldc) {
+  gemm_bf16(false, true, m, n, d, alpha, a.bits, a.ld_bits, b.bits, b.ld_bits, 0.0f, c, ldc);
+  if (!a.any_bad(m) && !b.any_bad(n)) return;
   for (std::int64_t i = 0; i < m; ++i)
     for (std::int64_t j = 0; j < n; ++j) {
-      if (!a_bad[i] && !b_bad[j]) continue;
+      if (!a.bad[i] && !b.bad[j]) continue;
       float dot = 0;
-      for (std::int64_t t = 0; t < d; ++t) dot += a[i * lda + t] * b[j * ldb + t];
+      for (std::int64_t t = 0; t < d; ++t) dot += a.x[i * a.ld + t] * b.x[j * b.ld + t];
       c[i * ldc + j] = alpha * dot;
     }
 }

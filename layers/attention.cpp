@@ -11,6 +11,8 @@
 // inf in a masked key's k or v, or in an empty row's q, cannot reach any output or gradient
 // (a plain matmul would add 0 * NaN = NaN). dA = dO v^T needs no such care: it is NaN at a masked
 // key whose v is, but masked_softmax_backward never reads dA where A = 0.
+// Under a bfloat16 matmul precision (float32) the same steps run on bfloat16 products with the
+// same rules (attention_bf16 below), and so does the fused path.
 #include <cmath>
 
 #include "layers/attention_core.hpp"
@@ -205,9 +207,7 @@ AttentionResult attention_core(const AttentionArgs& a) {
   Tensor weights, output;
   {
     NoGradGuard no_grad;  // the pieces are not recorded: the node below is the whole attention
-    // The core's products stay float32 under a bfloat16 matmul precision (the projections around
-    // it follow it): rounding the [..., Q, K] weights to bfloat16 costs a pass over them that the
-    // narrow products A v and Aᵀ dO do not repay (measured 2.3x slower on L = 2048).
+    // Exact products: a bfloat16 precision took the branch above (float32), or does not apply (float64).
     const MatmulPrecisionGuard float32_products(MatmulPrecision::exact);
     const Tensor scores = matmul(a.q, transpose(a.k, -1, -2));
     // The weights carry every leading dim of q, k and v (v may have more than q and k); when
@@ -225,7 +225,8 @@ AttentionResult attention_core(const AttentionArgs& a) {
              scale](std::span<const Tensor> g, const std::vector<bool>& needs) {
               const Tensor& d_out = g[0];
               const Tensor& d_weights = g[1];
-              const MatmulPrecisionGuard float32_products(MatmulPrecision::exact);  // as in the forward
+              // As in the forward, whatever the precision where backward() runs.
+              const MatmulPrecisionGuard float32_products(MatmulPrecision::exact);
               std::vector<Tensor> grads(4);
               // dv = A^T dO
               if (needs[2] && d_out.defined()) grads[2] = sum_to(weighted_matmul(transpose(A, -1, -2), d_out), v.shape());

@@ -19,21 +19,23 @@
 // is empty: O = 0, m = -inf, P = 0, no gradient. A NaN among a row's allowed scores makes its
 // output and m NaN (docs/semantics.md §11).
 //
+// Under a bfloat16 matmul precision (float32), q, k, v and dO are rounded once per call and P
+// and dS once per tile, and every tile product is bfloat16 x bfloat16 -> float32, with the rules
+// above kept: the rounded copies hold an inf or NaN as 0 and the products add it back in float32
+// (attention_tiles.hpp). The exp, the sums, m, l and the accumulators stay float32.
+//
 // Work is split over (batch entry, query tile) in the forward; the backward owns key tiles
 // (dk, dv are written by one thread each) and, when there are fewer batch entries than threads,
 // splits a batch entry's key tiles into G interleaved groups whose dq go to separate buffers.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <memory>
 #include <numeric>
 #include <type_traits>
 #include <vector>
 
 #include "autodiff/parallel.hpp"
-#include "autodiff/tensor_impl.hpp"
 #include "layers/attention_core.hpp"
 #include "layers/attention_operands.hpp"
 #include "layers/attention_tiles.hpp"

@@ -1,7 +1,8 @@
 // Internal: the tile kernels of the fused attention (layers/attention_flash.cpp, its only user):
 // a vectorisable exp for softmax tiles, row reductions, gemm on raw tiles and the gemm in which a
-// zero weight contributes nothing. That file is compiled with -fno-trapping-math, which lets the
-// compiler turn the selects below into vector blends.
+// zero weight contributes nothing, in float32 and on bfloat16 copies (the bfloat16 ones serve
+// the weights path too, on whole matrices). That file is compiled with -fno-trapping-math, which
+// lets the compiler turn the selects below into vector blends.
 #pragma once
 
 #include <algorithm>

@@ -19,6 +19,11 @@
 // is empty: O = 0, m = -inf, P = 0, no gradient. A NaN among a row's allowed scores makes its
 // output and m NaN (docs/semantics.md §11).
 //
+// Under a bfloat16 matmul precision (float32), q, k, v and dO are rounded once per call and P
+// and dS once per tile, and every tile product is bfloat16 x bfloat16 -> float32, with the rules
+// above kept: the rounded copies hold an inf or NaN as 0 and the products add it back in float32
+// (attention_tiles.hpp). The exp, the sums, m, l and the accumulators stay float32.
+//
 // Work is split over (batch entry, query tile) in the forward; the backward owns key tiles
 // (dk, dv are written by one thread each) and, when there are fewer batch entries than threads,
 // splits a batch entry's key tiles into G interleaved groups whose dq go to separate buffers.
@@ -27,12 +32,15 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include "autodiff/parallel.hpp"
 #include "layers/attention_core.hpp"
+#include "layers/attention_operands.hpp"
 #include "layers/attention_tiles.hpp"
 #include "ops/kernel.hpp"
+#include "tapegrad/ops/matmul.hpp"
 #include "tapegrad/ops/view.hpp"
 
 namespace tapegrad::detail {
@@ -43,52 +51,6 @@ using namespace tiles;
 // A [128, 128] tile of float32 scores is 64 KiB; with dP, the packed operands and the
 // accumulators a thread's working set stays well inside a 1-2 MiB L2.
 constexpr std::int64_t kTileQ = 128, kTileK = 128;
-
-// t itself when its matrices have unit column stride and a row stride a gemm accepts, else a
-// contiguous copy. Leading dims keep any strides (stride 0 from broadcasting included).
-Tensor matrix_ready(const Tensor& t) {
-  const std::size_t r = t.shape().size();
-  const std::int64_t rows = t.shape()[r - 2], cols = t.shape()[r - 1];
-  const bool unit = cols <= 1 || t.strides()[r - 1] == 1;
-  const bool rows_ok = rows <= 1 || t.strides()[r - 2] >= std::max<std::int64_t>(cols, 1);
-  return unit && rows_ok ? t : copy_of(t);
-}
-
-std::int64_t row_stride(const Tensor& t) {
-  const std::size_t r = t.shape().size();
-  return t.shape()[r - 2] <= 1 ? std::max<std::int64_t>(t.shape()[r - 1], 1) : t.strides()[r - 2];
-}
-
-// Element offsets of each batch entry (row-major over `batch`) for strides already broadcast.
-std::vector<std::int64_t> batch_offsets(const std::int64_t* strides, const Shape& batch) {
-  std::vector<std::int64_t> out(static_cast<std::size_t>(shape_numel(batch)));
-  for (std::size_t f = 0; f < out.size(); ++f) {
-    std::int64_t rest = static_cast<std::int64_t>(f), off = 0;
-    for (std::size_t d = batch.size(); d-- > 0;) {
-      off += (rest % batch[d]) * strides[d];
-      rest /= batch[d];
-    }
-    out[f] = off;
-  }
-  return out;
-}
-
-// A [..., R, C] operand read as one matrix per batch entry of the scores.
-template <class T> struct Matrices {
-  const T* base = nullptr;
-  std::vector<std::int64_t> offsets;
-  std::int64_t ld = 0;
-  Matrices() = default;
-  Matrices(const Tensor& t, const Shape& batch) : base(static_cast<const T*>(t.raw_data())), ld(row_stride(t)) {
-    // The leading dims' strides broadcast to `batch` (right-aligned, 0 where t has size 1 or no dim).
-    std::vector<std::int64_t> strides(batch.size(), 0);
-    const std::size_t lead = t.shape().size() - 2;
-    for (std::size_t d = 0; d < lead; ++d)
-      if (t.shape()[d] != 1) strides[batch.size() - lead + d] = t.strides()[d];
-    offsets = batch_offsets(strides.data(), batch);
-  }
-  const T* operator[](std::int64_t bh) const { return base + offsets[static_cast<std::size_t>(bh)]; }
-};
 
 // A [..., Q, K]-broadcastable tensor (the bias, or its gradient) by batch entry, row and key.
 template <class T> struct PerPair {
@@ -114,9 +76,12 @@ template <class T> struct Problem {
   const RowMasks* masks = nullptr;
   bool has_bias = false;
   PerPair<T> bias;
+  bool bf16 = false;  // the tile products round to bfloat16 (float32 only), from these copies:
+  Bf16Matrices qb, kb, vb;
 
-  Problem(const Tensor& q_, const Tensor& k_, const Tensor& v_, const Tensor& bias_, const RowMasks& m, const Shape& scores)
-      : masks(&m), has_bias(bias_.defined()) {
+  Problem(const Tensor& q_, const Tensor& k_, const Tensor& v_, const Tensor& bias_, const RowMasks& m, const Shape& scores,
+          bool bfloat16)
+      : masks(&m), has_bias(bias_.defined()), bf16(bfloat16) {
     const Shape batch(scores.begin(), scores.end() - 2);
     bh = shape_numel(batch);
     q = scores[scores.size() - 2];
@@ -128,7 +93,16 @@ template <class T> struct Problem {
     ks = Matrices<T>(k_, batch);
     vs = Matrices<T>(v_, batch);
     if (has_bias) bias = PerPair<T>(bias_, scores);
+    if (bf16) {
+      qb = Bf16Matrices(q_, batch);
+      kb = Bf16Matrices(k_, batch);
+      vb = Bf16Matrices(v_, batch);
+    }
   }
+  // Batch entry bh's rows of q, k or v for the bfloat16 products (float32 only).
+  RoundedRows q_rows(std::int64_t bh) const { return qb.rows(qs, bh); }
+  RoundedRows k_rows(std::int64_t bh) const { return kb.rows(ks, bh); }
+  RoundedRows v_rows(std::int64_t bh) const { return vb.rows(vs, bh); }
   std::int64_t query_tiles() const { return (q + kTileQ - 1) / kTileQ; }
   std::int64_t key_tiles() const { return (k + kTileK - 1) / kTileK; }
 };
@@ -160,6 +134,7 @@ void mask_row(const Problem<T>& p, const RowMask& rm, std::int64_t bh, std::int6
 
 template <class T> struct ForwardScratch {
   std::vector<T> s, acc, m, l, pack;
+  std::vector<std::uint16_t> sb;  // the tile of P in bfloat16
   std::vector<char> nan;
   std::vector<RowMask> rows;
 };
@@ -183,7 +158,10 @@ void forward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t i0, std::in
   for (std::int64_t j0 = 0; j0 < end; j0 += kTileK) {
     const std::int64_t nk = std::min(kTileK, end - j0);
     if (!tile_has_keys(w.rows[0], j0, nk)) continue;
-    gemm(false, true, nq, nk, p.d, p.scale, q, p.qs.ld, p.ks[bh] + j0 * p.ks.ld, p.ks.ld, T(0), w.s.data(), kTileK);
+    const T* k = p.ks[bh] + j0 * p.ks.ld;
+    if constexpr (std::is_same_v<T, float>)
+      if (p.bf16) scores_bf16(nq, nk, p.d, p.scale, p.q_rows(bh).from(i0), p.k_rows(bh).from(j0), w.s.data(), kTileK);
+    if (!p.bf16) gemm(false, true, nq, nk, p.d, p.scale, q, p.qs.ld, k, p.ks.ld, T(0), w.s.data(), kTileK);
     for (std::int64_t r = 0; r < nq; ++r) {
       T* s = w.s.data() + r * kTileK;
       mask_row(p, w.rows[static_cast<std::size_t>(r)], bh, i0 + r, j0, nk, s);
@@ -210,6 +188,13 @@ void forward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t i0, std::in
         }
       m = m_new;
     }
+    if constexpr (std::is_same_v<T, float>)
+      if (p.bf16) {
+        w.sb.resize(static_cast<std::size_t>(kTileQ * kTileK));
+        for (std::int64_t r = 0; r < nq; ++r) round_bf16_weights(w.s.data() + r * kTileK, w.sb.data() + r * kTileK, nk);
+        weighted_gemm_bf16(false, nq, dv, nk, 1.0f, w.s.data(), w.sb.data(), kTileK, p.v_rows(bh).from(j0), w.acc.data(), dv);
+        continue;
+      }
     weighted_gemm<T>(false, nq, dv, nk, T(1), w.s.data(), kTileK, p.vs[bh] + j0 * p.vs.ld, p.vs.ld, w.acc.data(), dv, w.pack);
   }
   for (std::int64_t r = 0; r < nq; ++r) {
@@ -232,6 +217,15 @@ void forward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t i0, std::in
   }
 }
 
+// float32 tiles, compiled for each vector width and picked at run time (the build machine's CPU
+// is never assumed): the tiles' own loops (mask, maximum, exp, sums, dS, the roundings) are
+// inlined into each clone; built for baseline x86-64 they ran 4 floats at a time.
+[[gnu::target_clones("avx512f", "avx2", "default"), gnu::flatten]] void forward_tile_f32(const Problem<float>& p, std::int64_t bh,
+                                                                                       std::int64_t i0, std::int64_t nq, float* out,
+                                                                                       float* lse, ForwardScratch<float>& w) {
+  forward_tile<float>(p, bh, i0, nq, out, lse, w);
+}
+
 // Query tile t of a batch entry, in an order that pairs light and heavy tiles (under a causal
 // mask tile i has i + 1 key tiles of work): contiguous chunks of items get even work.
 std::int64_t zigzag(std::int64_t t, std::int64_t tiles) { return t % 2 == 0 ? t / 2 : tiles - 1 - t / 2; }
@@ -248,13 +242,54 @@ template <class T> struct Gradients {
 
 template <class T> struct BackwardScratch {
   std::vector<T> s, dp, dk, dv, pack;
+  std::vector<std::uint16_t> sb, dpb;  // the tiles of P and dS in bfloat16
   std::vector<RowMask> rows;
 };
+
+// dS = P (dP - Δ) in place over dP, exactly 0 where P is (see backward_tile), and dbias += dS.
+template <class T>
+void scores_gradient(std::int64_t bh, std::int64_t i0, std::int64_t nq, std::int64_t j0, std::int64_t nk,
+                     const T* delta, const Gradients<T>& g, T* dbias, BackwardScratch<T>& w) {
+  for (std::int64_t r = 0; r < nq; ++r) {
+    const T* pr = w.s.data() + r * kTileK;
+    T* ds = w.dp.data() + r * kTileK;
+    const T dl = delta[i0 + r];
+    for (std::int64_t j = 0; j < nk; ++j) ds[j] = pr[j] == T(0) ? T(0) : pr[j] * (ds[j] - dl);
+    if (g.dbias) {
+      T* b = dbias + g.dbias_at.at(bh, i0 + r) + j0 * g.dbias_at.sj;
+      for (std::int64_t j = 0; j < nk; ++j) b[j * g.dbias_at.sj] += ds[j];
+    }
+  }
+}
+
+// The products of backward_tile after P, on bfloat16 copies (P and dS rounded here, tile by tile;
+// q, k, v and dO once per call), with the same formulas and the same care for zero weights.
+void backward_products_bf16(const Problem<float>& p, std::int64_t bh, std::int64_t i0, std::int64_t nq, std::int64_t j0, std::int64_t nk,
+                            const float* delta, const Matrices<float>& d_out, const Bf16Matrices& d_out_b, const Gradients<float>& g,
+                            float* dq, float* dbias, BackwardScratch<float>& w) {
+  const std::int64_t d = p.d, dv = p.dv;
+  const RoundedRows go = d_out_b.rows(d_out, bh).from(i0);
+  w.sb.resize(static_cast<std::size_t>(kTileQ * kTileK));
+  w.dpb.resize(static_cast<std::size_t>(kTileQ * kTileK));
+  for (std::int64_t r = 0; r < nq; ++r) round_bf16_weights(w.s.data() + r * kTileK, w.sb.data() + r * kTileK, nk);
+  // dv += Pᵀ ⊛ dO
+  if (g.dv) weighted_gemm_bf16(true, nk, dv, nq, 1.0f, w.s.data(), w.sb.data(), kTileK, go, w.dv.data(), dv);
+  if (!(g.dq || g.dk || g.dbias)) return;
+  // dP = dO vᵀ (not finite where a flagged row of dO or v reaches), then dS
+  scores_bf16(nq, nk, dv, 1.0f, go, p.v_rows(bh).from(j0), w.dp.data(), kTileK);
+  scores_gradient(bh, i0, nq, j0, nk, delta, g, dbias, w);
+  for (std::int64_t r = 0; r < nq; ++r) round_bf16_weights(w.dp.data() + r * kTileK, w.dpb.data() + r * kTileK, nk);
+  // dq += s dS ⊛ k,  dk += s dSᵀ ⊛ q
+  if (g.dq)
+    weighted_gemm_bf16(false, nq, d, nk, p.scale, w.dp.data(), w.dpb.data(), kTileK, p.k_rows(bh).from(j0), dq + (bh * p.q + i0) * d, d);
+  if (g.dk)
+    weighted_gemm_bf16(true, nk, d, nq, p.scale, w.dp.data(), w.dpb.data(), kTileK, p.q_rows(bh).from(i0), w.dk.data(), d);
+}
 
 // Key tile [j0, j0 + nk) of batch entry bh, against every query tile that may attend to it.
 template <class T>
 void backward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t j0, std::int64_t nk, const T* lse, const T* delta,
-                   const Matrices<T>& d_out, const Gradients<T>& g, T* dq, T* dbias, BackwardScratch<T>& w) {
+                   const Matrices<T>& d_out, const Bf16Matrices& d_out_b, const Gradients<T>& g, T* dq, T* dbias, BackwardScratch<T>& w) {
   const std::int64_t d = p.d, dv = p.dv;
   const std::vector<RowMask>& rows = w.rows;
   if (!tile_has_keys(rows[0], j0, nk)) return;
@@ -273,7 +308,9 @@ void backward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t j0, std::i
     if (!live) continue;
     const T* q = p.qs[bh] + i0 * p.qs.ld;
     const T* go = d_out[bh] + i0 * d_out.ld;
-    gemm(false, true, nq, nk, d, p.scale, q, p.qs.ld, k, p.ks.ld, T(0), w.s.data(), kTileK);
+    if constexpr (std::is_same_v<T, float>)
+      if (p.bf16) scores_bf16(nq, nk, d, p.scale, p.q_rows(bh).from(i0), p.k_rows(bh).from(j0), w.s.data(), kTileK);
+    if (!p.bf16) gemm(false, true, nq, nk, d, p.scale, q, p.qs.ld, k, p.ks.ld, T(0), w.s.data(), kTileK);
     for (std::int64_t r = 0; r < nq; ++r) {
       T* s = w.s.data() + r * kTileK;
       const T m = lse[2 * (i0 + r)], log_l = lse[2 * (i0 + r) + 1];
@@ -284,22 +321,18 @@ void backward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t j0, std::i
       mask_row(p, rows[static_cast<std::size_t>(i0 + r)], bh, i0 + r, j0, nk, s);
       for (std::int64_t j = 0; j < nk; ++j) s[j] = exp_tile((s[j] - m) - log_l);  // masked: exp(-inf) = 0
     }
+    if constexpr (std::is_same_v<T, float>)
+      if (p.bf16) {
+        backward_products_bf16(p, bh, i0, nq, j0, nk, delta, d_out, d_out_b, g, dq, dbias, w);
+        continue;
+      }
     // dv += Pᵀ ⊛ dO
     if (g.dv) weighted_gemm<T>(true, nk, dv, nq, T(1), w.s.data(), kTileK, go, d_out.ld, w.dv.data(), dv, w.pack);
     if (!need_ds) continue;
     // dP = dO vᵀ, then dS = P (dP - Δ) in place; dP is not finite at a masked key whose v is not,
     // which is why dS is selected where P = 0 rather than multiplied.
     gemm(false, true, nq, nk, dv, T(1), go, d_out.ld, v, p.vs.ld, T(0), w.dp.data(), kTileK);
-    for (std::int64_t r = 0; r < nq; ++r) {
-      const T* pr = w.s.data() + r * kTileK;
-      T* ds = w.dp.data() + r * kTileK;
-      const T dl = delta[i0 + r];
-      for (std::int64_t j = 0; j < nk; ++j) ds[j] = pr[j] == T(0) ? T(0) : pr[j] * (ds[j] - dl);
-      if (g.dbias) {
-        T* b = dbias + g.dbias_at.at(bh, i0 + r) + j0 * g.dbias_at.sj;
-        for (std::int64_t j = 0; j < nk; ++j) b[j * g.dbias_at.sj] += ds[j];
-      }
-    }
+    scores_gradient(bh, i0, nq, j0, nk, delta, g, dbias, w);
     // dq += s dS ⊛ k,  dk += s dSᵀ ⊛ q
     if (g.dq) weighted_gemm<T>(false, nq, d, nk, p.scale, w.dp.data(), kTileK, k, p.ks.ld, dq + (bh * p.q + i0) * d, d, w.pack);
     if (g.dk) weighted_gemm<T>(true, nk, d, nq, p.scale, w.dp.data(), kTileK, q, p.qs.ld, w.dk.data(), d, w.pack);
@@ -308,11 +341,27 @@ void backward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t j0, std::i
   if (g.dv) std::copy(w.dv.begin(), w.dv.end(), g.dv_p + (bh * p.k + j0) * dv);
 }
 
+// float32 clones, as forward_tile_f32.
+[[gnu::target_clones("avx512f", "avx2", "default"), gnu::flatten]] void backward_tile_f32(
+    const Problem<float>& p, std::int64_t bh, std::int64_t j0, std::int64_t nk, const float* lse, const float* delta,
+    const Matrices<float>& d_out, const Bf16Matrices& d_out_b, const Gradients<float>& g, float* dq, float* dbias,
+    BackwardScratch<float>& w) {
+  backward_tile<float>(p, bh, j0, nk, lse, delta, d_out, d_out_b, g, dq, dbias, w);
+}
+template <class T>
+void backward_tile_any(const Problem<T>& p, std::int64_t bh, std::int64_t j0, std::int64_t nk, const T* lse, const T* delta,
+                       const Matrices<T>& d_out, const Bf16Matrices& d_out_b, const Gradients<T>& g, T* dq, T* dbias,
+                       BackwardScratch<T>& w) {
+  if constexpr (std::is_same_v<T, float>) backward_tile_f32(p, bh, j0, nk, lse, delta, d_out, d_out_b, g, dq, dbias, w);
+  else backward_tile<T>(p, bh, j0, nk, lse, delta, d_out, d_out_b, g, dq, dbias, w);
+}
+
 // The node: the forward has run; this recomputes what it needs from q, k, v, O and L.
 struct Saved {
   Tensor q, k, v, bias, out, lse;
   RowMasks masks;
   Shape scores, q_shape, k_shape, v_shape;
+  bool bf16 = false;  // the forward's products were bfloat16: so are the backward's
 };
 
 Shape with_matrix(const Shape& batch, std::int64_t rows, std::int64_t cols) {
@@ -323,10 +372,11 @@ Shape with_matrix(const Shape& batch, std::int64_t rows, std::int64_t cols) {
 }
 
 template <class T> std::vector<Tensor> backward(const Saved& sv, const Tensor& grad_out, const std::vector<bool>& needs) {
-  const Problem<T> p(sv.q, sv.k, sv.v, sv.bias, sv.masks, sv.scores);
+  const Problem<T> p(sv.q, sv.k, sv.v, sv.bias, sv.masks, sv.scores, sv.bf16);
   const Shape batch(sv.scores.begin(), sv.scores.end() - 2);
   const Tensor go = matrix_ready(grad_out);
   const Matrices<T> d_out(go, batch);
+  const Bf16Matrices d_out_b = sv.bf16 ? Bf16Matrices(go, batch) : Bf16Matrices();
   const T* out = static_cast<const T*>(sv.out.raw_data());
   const T* lse = static_cast<const T*>(sv.lse.raw_data());
 
@@ -392,7 +442,7 @@ template <class T> std::vector<Tensor> backward(const Saved& sv, const Tensor& g
         T* dq = g.dq ? g.dq_groups[static_cast<std::size_t>(group)] : nullptr;
         T* db = g.dbias ? g.dbias_chunks[static_cast<std::size_t>(c)] : nullptr;
         for (std::int64_t t = group; t < key_tiles; t += groups)
-          backward_tile(p, bh, t * kTileK, std::min(kTileK, p.k - t * kTileK), lse + 2 * bh * p.q, delta.data() + bh * p.q, d_out, g, dq,
+          backward_tile_any(p, bh, t * kTileK, std::min(kTileK, p.k - t * kTileK), lse + 2 * bh * p.q, delta.data() + bh * p.q, d_out, d_out_b, g, dq,
                         db, w);
       }
   });
@@ -417,7 +467,8 @@ template <class T> std::vector<Tensor> backward(const Saved& sv, const Tensor& g
 
 Tensor flash_attention(const AttentionArgs& a, const Shape& scores_shape) {
   Saved sv{matrix_ready(a.q), matrix_ready(a.k), matrix_ready(a.v), a.bias, Tensor(), Tensor(),
-           RowMasks(a.op, a.mask, scores_shape), scores_shape, a.q.shape(), a.k.shape(), a.v.shape()};
+           RowMasks(a.op, a.mask, scores_shape), scores_shape, a.q.shape(), a.k.shape(), a.v.shape(),
+           a.q.dtype() == DType::float32 && matmul_precision() == MatmulPrecision::bfloat16};
   const Shape batch(scores_shape.begin(), scores_shape.end() - 2);
   const std::int64_t q_len = scores_shape[scores_shape.size() - 2];
   const DType dtype = a.q.dtype();
@@ -426,7 +477,7 @@ Tensor flash_attention(const AttentionArgs& a, const Shape& scores_shape) {
   lse_shape.push_back(2 * q_len);  // per row: the maximum m, then log l
   sv.lse = new_tensor(lse_shape, dtype, a.op);
   visit_float(dtype, a.op, [&]<class T>(Tag<T>) {
-    const Problem<T> p(sv.q, sv.k, sv.v, sv.bias, sv.masks, scores_shape);
+    const Problem<T> p(sv.q, sv.k, sv.v, sv.bias, sv.masks, scores_shape, sv.bf16);
     T* out = static_cast<T*>(mutable_data(sv.out));
     T* lse = static_cast<T*>(mutable_data(sv.lse));
     const std::int64_t tiles = p.query_tiles();
@@ -434,7 +485,10 @@ Tensor flash_attention(const AttentionArgs& a, const Shape& scores_shape) {
       ForwardScratch<T> w;
       for (std::int64_t t = t0; t < t1; ++t) {
         const std::int64_t bh = t / tiles, i0 = zigzag(t % tiles, tiles) * kTileQ;
-        forward_tile(p, bh, i0, std::min(kTileQ, p.q - i0), out + bh * p.q * p.dv, lse + 2 * bh * p.q, w);
+        if constexpr (std::is_same_v<T, float>)
+          forward_tile_f32(p, bh, i0, std::min(kTileQ, p.q - i0), out + bh * p.q * p.dv, lse + 2 * bh * p.q, w);
+        else
+          forward_tile(p, bh, i0, std::min(kTileQ, p.q - i0), out + bh * p.q * p.dv, lse + 2 * bh * p.q, w);
       }
     });
   });

@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "autodiff/parallel.hpp"
 #include "ops/kernel.hpp"
+#include "ops/matmul_kernels.hpp"
 #include "ops/softmax_kernels.hpp"
 
 namespace tapegrad::detail {
@@ -16,7 +18,8 @@ namespace {
 
 template <class T>
 [[gnu::always_inline]] inline void forward_rows(const RowPointers& scores, const RowPointers& bias, T scale,
-                                                const RowMasks& masks, T* weights, std::int64_t begin, std::int64_t stop) {
+                                                const RowMasks& masks, T* weights, std::uint16_t* rounded, std::int64_t begin,
+                                                std::int64_t stop) {
   const std::int64_t k = scores.k;
   for (std::int64_t r = begin; r < stop; ++r) {
     const RowMask m = masks.row(r);
@@ -37,19 +40,22 @@ template <class T>
     else if (b == nullptr) max = load_row(a, end, [&](std::int64_t j) { return masked(j, scale * s[j * ss]); });
     else max = load_row(a, end, [&](std::int64_t j) { return masked(j, scale * s[j * ss] + b[j * bs]); });
     softmax_loaded(a, end, k, max, [&m](std::int64_t j) { return m(j); });
+    if constexpr (std::is_same_v<T, float>)
+      if (rounded != nullptr) round_bf16_weights(a, rounded + r * k, k);  // the row is still in L1
   }
 }
 
 template <class T>
 [[gnu::always_inline]] inline void backward_rows(const T* weights, const RowPointers& ga, const RowPointers& gb, T factor,
-                                                 const RowMasks& masks, T* out, std::int64_t begin, std::int64_t stop) {
+                                                 const RowMasks& masks, T* out, bool one_row, std::uint16_t* rounded,
+                                                 std::int64_t begin, std::int64_t stop) {
   const std::int64_t k = ga.base ? ga.k : gb.k, sa = ga.stride, sb = gb.stride;
   for (std::int64_t r = begin; r < stop; ++r) {
     const std::int64_t end = masks.row(r).end;
     const T* a = weights + r * k;
     const T* pa = ga.row<T>(r);
     const T* pb = gb.row<T>(r);
-    T* o = out + r * k;
+    T* o = one_row ? out : out + r * k;  // one row: dS is kept only rounded
     if (pa && pb && sa == 1 && sb == 1)
       softmax_backward_row(a, end, k, factor, o, [&](std::int64_t j) { return pa[j] + pb[j]; });
     else if (pa && pb)
@@ -60,6 +66,8 @@ template <class T>
       softmax_backward_row(a, end, k, factor, o, [&](std::int64_t j) { return pa[j * sa]; });
     else
       softmax_backward_row(a, end, k, factor, o, [&](std::int64_t j) { return pb[j * sb]; });
+    if constexpr (std::is_same_v<T, float>)
+      if (rounded != nullptr) round_bf16_weights(o, rounded + r * k, k);
   }
 }
 
@@ -68,15 +76,16 @@ template <class T>
 // each clone.
 [[gnu::target_clones("avx512f", "avx2", "default")]] void forward_rows_f32(const RowPointers& scores, const RowPointers& bias,
                                                                            float scale, const RowMasks& masks, float* weights,
-                                                                           std::int64_t begin, std::int64_t stop) {
-  forward_rows<float>(scores, bias, scale, masks, weights, begin, stop);
+                                                                           std::uint16_t* rounded, std::int64_t begin, std::int64_t stop) {
+  forward_rows<float>(scores, bias, scale, masks, weights, rounded, begin, stop);
 }
 
 [[gnu::target_clones("avx512f", "avx2", "default")]] void backward_rows_f32(const float* weights, const RowPointers& ga,
                                                                             const RowPointers& gb, float factor,
-                                                                            const RowMasks& masks, float* out,
-                                                                            std::int64_t begin, std::int64_t stop) {
-  backward_rows<float>(weights, ga, gb, factor, masks, out, begin, stop);
+                                                                            const RowMasks& masks, float* out, bool one_row,
+                                                                            std::uint16_t* rounded, std::int64_t begin,
+                                                                            std::int64_t stop) {
+  backward_rows<float>(weights, ga, gb, factor, masks, out, one_row, rounded, begin, stop);
 }
 
 // Rows of K elements cost about this many units each per element (an exp, a few passes).
@@ -85,31 +94,34 @@ constexpr std::int64_t kRowCost = 8;
 }  // namespace
 
 void attention_softmax_forward(const Tensor& scores, double scale, const Tensor& bias, const RowMasks& masks,
-                               const Tensor& weights) {
+                               const Tensor& weights, std::uint16_t* rounded) {
   const Shape& shape = weights.shape();
   const std::int64_t k = shape.back(), rows = k == 0 ? 0 : weights.numel() / k;
   const RowPointers s(scores, shape), b(bias, shape);
   visit_float(weights.dtype(), "attention", [&]<class T>(Tag<T>) {
     T* out = static_cast<T*>(mutable_data(weights));
     parallel_for(rows, k * kRowCost, [&](std::int64_t begin, std::int64_t stop) {
-      if constexpr (std::is_same_v<T, float>) forward_rows_f32(s, b, static_cast<T>(scale), masks, out, begin, stop);
-      else forward_rows<T>(s, b, static_cast<T>(scale), masks, out, begin, stop);
+      if constexpr (std::is_same_v<T, float>) forward_rows_f32(s, b, static_cast<T>(scale), masks, out, rounded, begin, stop);
+      else forward_rows<T>(s, b, static_cast<T>(scale), masks, out, nullptr, begin, stop);
     });
   });
 }
 
 Tensor attention_softmax_backward(const Tensor& weights, const Tensor& grad_a, const Tensor& grad_b, const RowMasks& masks,
-                                  double factor) {
+                                  double factor, std::uint16_t* rounded, bool keep_float) {
   const Shape& shape = weights.shape();
-  Tensor ds = new_tensor(shape, weights.dtype(), "attention");
+  keep_float = keep_float || rounded == nullptr || weights.dtype() != DType::float32;
+  Tensor ds = keep_float ? new_tensor(shape, weights.dtype(), "attention") : Tensor();
   const std::int64_t k = shape.back(), rows = k == 0 ? 0 : weights.numel() / k;
   const RowPointers ga(grad_a, shape), gb(grad_b, shape);
   visit_float(weights.dtype(), "attention", [&]<class T>(Tag<T>) {
     const T* a = static_cast<const T*>(weights.raw_data());
-    T* out = static_cast<T*>(mutable_data(ds));
+    T* out = keep_float ? static_cast<T*>(mutable_data(ds)) : nullptr;
     parallel_for(rows, k * kRowCost, [&](std::int64_t begin, std::int64_t stop) {
-      if constexpr (std::is_same_v<T, float>) backward_rows_f32(a, ga, gb, static_cast<T>(factor), masks, out, begin, stop);
-      else backward_rows<T>(a, ga, gb, static_cast<T>(factor), masks, out, begin, stop);
+      std::vector<T> row(keep_float ? 0 : static_cast<std::size_t>(k));  // one row at a time, rounded as it is written
+      T* dst = keep_float ? out : row.data();
+      if constexpr (std::is_same_v<T, float>) backward_rows_f32(a, ga, gb, static_cast<T>(factor), masks, dst, !keep_float, rounded, begin, stop);
+      else backward_rows<T>(a, ga, gb, static_cast<T>(factor), masks, dst, false, nullptr, begin, stop);
     });
   });
   return ds;

@@ -1,7 +1,8 @@
 // Internal: the tile kernels of the fused attention (layers/attention_flash.cpp, its only user):
 // a vectorisable exp for softmax tiles, row reductions, gemm on raw tiles and the gemm in which a
-// zero weight contributes nothing. That file is compiled with -fno-trapping-math, which lets the
-// compiler turn the selects below into vector blends.
+// zero weight contributes nothing, in float32 and on bfloat16 copies (the bfloat16 ones serve
+// the weights path too, on whole matrices). That file is compiled with -fno-trapping-math, which
+// lets the compiler turn the selects below into vector blends.
 #pragma once
 
 #include <algorithm>
@@ -101,6 +102,22 @@ inline void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t 
   }
 }
 
+// C[i, n] += alpha W[i, t] X[t, n] for every non-finite X[t, n] whose weight W[i, t] is nonzero
+// (W [m, k], or stored [k, m] when wt), in the rows t that `bad` flags (every row when null).
+template <class T>
+void add_non_finite(bool wt, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* w, std::int64_t ldw, const T* x,
+                    std::int64_t ldx, const unsigned char* bad, T* c, std::int64_t ldc) {
+  for (std::int64_t t = 0; t < k; ++t) {
+    if (bad != nullptr && !bad[t]) continue;
+    for (std::int64_t j = 0; j < n; ++j) {
+      const T v = x[t * ldx + j];
+      if (!non_finite(v)) continue;
+      for (std::int64_t i = 0; i < m; ++i)
+        if (const T weight = wt ? w[t * ldw + i] : w[i * ldw + t]; weight != T(0)) c[i * ldc + j] += alpha * weight * v;
+    }
+  }
+}
+
 // C[m, n] += alpha W ⊛ X with W [m, k] (or stored [k, m] when wt) and X rows x (row stride ldx):
 // the product in which a zero weight contributes nothing. X is always copied (to `pack`, set to 0
 // where not finite), so that the product runs on the same numbers whether or not a poisoned row
@@ -121,13 +138,46 @@ void weighted_gemm(bool wt, std::int64_t m, std::int64_t n, std::int64_t k, T al
     }
   }
   gemm(wt, false, m, n, k, alpha, w, ldw, pack.data(), n, T(1), c, ldc);
-  if (!any_bad) return;
-  for (std::int64_t t = 0; t < k; ++t)
+  if (any_bad) add_non_finite(wt, m, n, k, alpha, w, ldw, x, ldx, nullptr, c, ldc);
+}
+
+// The bfloat16 products of the fused path. Its operands were rounded once per call
+// (round_bf16_operand: inf and NaN held as 0, their rows flagged), so each product below runs on
+// finite numbers and then puts back what the non-finite ones give in float32.
+
+// Rows of an operand (q, k, v or dO) for these products: its bfloat16 copy and, for the inf and
+// NaN that the copy holds as 0, its float32 rows and their flags.
+struct RoundedRows {
+  const std::uint16_t* bits;
+  std::int64_t ld_bits;
+  const float* x;
+  std::int64_t ld;
+  const unsigned char* bad;
+  RoundedRows from(std::int64_t r) const { return {bits + r * ld_bits, ld_bits, x + r * ld, ld, bad + r}; }
+  bool any_bad(std::int64_t rows) const { return std::any_of(bad, bad + rows, [](unsigned char b) { return b != 0; }); }
+};
+
+// C[m, n] += alpha W̃ ⊛ X̃ as weighted_gemm, on bfloat16 copies: wb of the weights w (float32,
+// whose zeros decide where a non-finite X element counts; read only then) and of X.
+inline void weighted_gemm_bf16(bool wt, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* w,
+                               const std::uint16_t* wb, std::int64_t ldw, const RoundedRows& x, float* c, std::int64_t ldc) {
+  if (m == 0 || n == 0 || k == 0) return;
+  gemm_bf16(wt, false, m, n, k, alpha, wb, ldw, x.bits, x.ld_bits, 1.0f, c, ldc);
+  if (x.any_bad(k)) add_non_finite(wt, m, n, k, alpha, w, ldw, x.x, x.ld, x.bad, c, ldc);
+}
+
+// C[m, n] = alpha Ã B̃ᵀ on bfloat16 copies (rows of width d), then the entries that a flagged row of
+// A or B reaches recomputed in float32: they are inf or NaN, as in the float32 product.
+inline void scores_bf16(std::int64_t m, std::int64_t n, std::int64_t d, float alpha, const RoundedRows& a, const RoundedRows& b,
+                        float* c, std::int64_t ldc) {
+  gemm_bf16(false, true, m, n, d, alpha, a.bits, a.ld_bits, b.bits, b.ld_bits, 0.0f, c, ldc);
+  if (!a.any_bad(m) && !b.any_bad(n)) return;
+  for (std::int64_t i = 0; i < m; ++i)
     for (std::int64_t j = 0; j < n; ++j) {
-      const T v = x[t * ldx + j];
-      if (!non_finite(v)) continue;
-      for (std::int64_t i = 0; i < m; ++i)
-        if (const T weight = wt ? w[t * ldw + i] : w[i * ldw + t]; weight != T(0)) c[i * ldc + j] += alpha * weight * v;
+      if (!a.bad[i] && !b.bad[j]) continue;
+      float dot = 0;
+      for (std::int64_t t = 0; t < d; ++t) dot += a.x[i * a.ld + t] * b.x[j * b.ld + t];
+      c[i * ldc + j] = alpha * dot;
     }
 }
 

@@ -23,6 +23,25 @@ bool dnnl_bf16_native() noexcept;
 void gemm_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
               std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc);
 
+// The bfloat16 pieces of the attention core's products (layers/attention*.cpp), which round each
+// operand once per call rather than once per product. bfloat16 bits are uint16_t.
+//
+// Rounds a [rows, cols] float32 block (row stride ld) to nearest-even bfloat16 into dense dst,
+// with every inf and NaN written as 0 and flagged in bad_rows[r] (when given), so that a
+// product on dst multiplies finite numbers only and the caller adds the non-finite ones back
+// where their weight is not zero. A finite value stays finite (saturating at 3.39e38). Returns
+// whether any value was not finite.
+bool round_bf16_operand(const float* src, std::int64_t ld, std::int64_t rows, std::int64_t cols, std::uint16_t* dst,
+                        unsigned char* bad_rows) noexcept;
+// n contiguous weights rounded as above, but NaN and infinities kept (a NaN weight must reach the
+// output, as it does in float32).
+void round_bf16_weights(const float* src, std::uint16_t* dst, std::int64_t n) noexcept;
+// gemm_f32 on bfloat16 operands, float32 accumulation and C: oneDNN's bfloat16 gemm where the CPU
+// has native bfloat16 dot products, else (emulated, slower) the float32 gemm on the widened
+// operands, which computes the same products exactly.
+void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const std::uint16_t* a,
+               std::int64_t lda, const std::uint16_t* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc);
+
 // oneDNN primitives kept per thread, least recently used dropped first.
 inline constexpr std::size_t kDnnlCacheCapacity = 512;
 // How many oneDNN primitives the calling thread has created (cache misses), for tests.

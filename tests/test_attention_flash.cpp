@@ -293,3 +293,158 @@ BOOST_AUTO_TEST_CASE(rescaled_accumulator_drops_a_non_finite_value) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(bfloat16_core)
+
+// Under MatmulPrecisionGuard(bfloat16) both paths round every product's operands to bfloat16
+// (8 significant bits, 2^-9 relative each) and accumulate in float32. Held here, in the 2-norm
+// relative to float64: on problems of several tiles (measured at most 0.0044) the output and
+// every gradient within 2^-6; on the grid's tiny problems (D <= 4, a handful of keys, where one
+// rounded score moves a weight by |s| 2^-8 and nothing averages out; measured at most 0.038)
+// within 2^-4, except the fused path's gradient of a bias constant along each row, 0 in exact
+// arithmetic: its rows sum dS = P (dP - Δ) with Δ from the forward's output, which cancels only to
+// bfloat16 rounding (measured 0.079), held to 2^-3. The two paths round different intermediates
+// (the weights path A, the fused path its tiles of P), so they agree within the same bounds
+// rather than bitwise. On a CPU without AVX512-BF16 the products are emulated (ctest runs this
+// suite a second time that way).
+
+// ||got - want|| / ||want||, with ||want|| taken as at least an RMS of 1/16 (these problems' values
+// are of order 1): results that are 0 in exact arithmetic (the gradient of a bias constant along
+// each row: softmax ignores it) or nearly so (a few cancelling terms in a tiny problem) are held
+// to an absolute bound instead.
+double relative_error(const std::vector<double>& got, const std::vector<double>& want) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) num += (got[i] - want[i]) * (got[i] - want[i]), den += want[i] * want[i];
+  return std::sqrt(num / std::max(den, static_cast<double>(got.size()) / 256));
+}
+
+// Float32 copies of a float64 problem (same values, so that both see the same inputs).
+Problem as_float32(const Problem& p) {
+  Problem r = p;
+  for (Tensor* t : {&r.q, &r.k, &r.v, &r.d_out, &r.bias})
+    if (t->defined()) *t = t->to(tg::float32);
+  return r;
+}
+
+struct Bounds {
+  double output, gradients, fused_dbias;
+};
+constexpr Bounds kTiny{0.0625, 0.0625, 0.125}, kTiles{0.015625, 0.015625, 0.015625};
+
+void check_against_float64(const Case& c, const Bounds& bounds) {
+  const Problem p64 = make(c, tg::float64), p32 = as_float32(p64);
+  const auto want = run(p64, false);
+  const tg::MatmulPrecisionGuard bf16(tg::MatmulPrecision::bfloat16);
+  const char* names[] = {"output", "dq", "dk", "dv", "dbias"};
+  std::vector<std::vector<double>> paths[2];
+  for (bool fused : {false, true}) {
+    paths[fused] = run(p32, fused);
+    for (std::size_t r = 0; r < want.size(); ++r) {
+      for (double x : paths[fused][r]) BOOST_TEST_REQUIRE(std::isfinite(x), (fused ? "fused " : "weights ") << names[r] << " not finite");
+      const double err = relative_error(paths[fused][r], want[r]);
+      const double bound = r == 0 ? bounds.output : fused && r == 4 ? bounds.fused_dbias : bounds.gradients;
+      BOOST_TEST_MESSAGE((fused ? "fused path " : "weights path ") << names[r] << ": relative error " << err);
+      BOOST_TEST(err <= bound, (fused ? "fused path " : "weights path ") << names[r] << ": relative error " << err);
+    }
+  }
+  for (std::size_t r = 0; r < want.size(); ++r) {
+    const double err = relative_error(paths[1][r], paths[0][r]);
+    const double bound = r == 0 ? bounds.output : r == 4 ? bounds.fused_dbias : bounds.gradients;
+    BOOST_TEST(err <= bound, "fused against weights path, " << names[r] << ": " << err);
+  }
+}
+
+BOOST_DATA_TEST_CASE(both_paths_against_float64, bdata::make(grid()), c) {
+  BOOST_TEST_MESSAGE("bfloat16 native on this CPU: " << tg::bfloat16_native());
+  check_against_float64(c, kTiny);
+}
+
+BOOST_AUTO_TEST_CASE(several_tiles_causal_and_padding_masks) {
+  // Several 128-wide tiles, causal with key padding (and NaN in the padded keys' k and v), a
+  // pair mask, a bias; on one and two threads.
+  for (const Case& c : {Case{1, 2, 300, 421, 16, 8, true, true, false, true, 37, 2, true, 7},
+                        Case{2, 2, 260, 260, 32, 32, true, false, false, true, 0, 0, true, 8},
+                        Case{1, 3, 129, 257, 24, 16, false, true, true, false, 0, 1, false, 9}})
+    for (int threads : {1, 2}) {
+      const int before = tg::num_threads();
+      tg::set_num_threads(threads);
+      BOOST_TEST_CONTEXT(c << " threads " << threads) { check_against_float64(c, kTiles); }
+      tg::set_num_threads(before);
+    }
+}
+
+BOOST_AUTO_TEST_CASE(masked_weights_are_exactly_zero) {
+  const Case c{2, 2, 150, 140, 16, 8, true, true, true, true, 2, 1, false, 21};
+  const Problem p = as_float32(make(c, tg::float64));
+  const tg::MatmulPrecisionGuard bf16(tg::MatmulPrecision::bfloat16);
+  tg::detail::AttentionMask mask;
+  mask.allowed = p.combined;
+  const auto r = tg::detail::attention_core({"attention", p.q, p.k, p.v, p.bias, mask, true});
+  const auto w = values(r.weights);
+  const auto allowed = p.combined.to_vector<bool>();
+  const auto per_head = static_cast<std::size_t>(c.q * c.k);
+  std::size_t zeros = 0;
+  for (std::size_t n = 0; n < w.size(); ++n) {
+    const std::size_t b = n / (per_head * static_cast<std::size_t>(c.h)), pair = n % per_head;
+    if (!allowed[b * per_head + pair]) {
+      BOOST_TEST(w[n] == 0.0);
+      ++zeros;
+    }
+  }
+  BOOST_TEST(zeros > 0u);
+}
+
+// NaN or inf in the k and v rows of keys the key mask removes, in the q rows of queries that
+// attend to nothing, and in their dO rows: every output and gradient is bitwise what zeros there
+// give, on both paths, as in float32.
+BOOST_AUTO_TEST_CASE(poison_in_masked_rows_changes_nothing_bitwise) {
+  const Case c{2, 2, 140, 150, 16, 8, true, true, false, true, 5, 2, false, 31};
+  const Problem clean = as_float32(make(c, tg::float64));
+  const auto keys = clean.parts.key_mask.to_vector<bool>(), queries = clean.parts.query_mask.to_vector<bool>();
+  auto rows_set = [&](const Tensor& x, const std::vector<bool>& keep, std::int64_t per_batch, double value) {
+    std::vector<double> v = values(x);
+    const auto w = static_cast<std::size_t>(x.shape().back());
+    for (std::size_t n = 0; n < v.size(); ++n) {
+      const std::size_t row = n / w, b = row / static_cast<std::size_t>(c.h * per_batch), i = row % static_cast<std::size_t>(per_batch);
+      if (!keep[b * static_cast<std::size_t>(per_batch) + i]) v[n] = value;
+    }
+    return tg::from_vector(v, x.shape()).to(tg::float32);
+  };
+  const tg::MatmulPrecisionGuard bf16(tg::MatmulPrecision::bfloat16);
+  auto with = [&](double x) {
+    Problem p = clean;
+    p.k = rows_set(clean.k, keys, c.k, x);
+    p.v = rows_set(clean.v, keys, c.k, x);
+    p.q = rows_set(clean.q, queries, c.q, x);
+    p.d_out = rows_set(clean.d_out, queries, c.q, x);
+    return p;
+  };
+  for (bool fused : {false, true}) {
+    const auto zeroed = run(with(0.0), fused);
+    for (double x : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()}) {
+      const auto poisoned = run(with(x), fused);
+      for (std::size_t r = 0; r < zeroed.size(); ++r)
+        BOOST_TEST((poisoned[r] == zeroed[r]), (fused ? "fused" : "weights") << " path, poison " << x << ", result " << r);
+    }
+  }
+}
+
+// A NaN in an allowed key's k reaches the rows that attend to it, as in float32: NaN where
+// float32 gives NaN, finite where it is finite.
+BOOST_AUTO_TEST_CASE(poison_in_allowed_rows_reaches_the_same_outputs) {
+  const Case c{1, 1, 130, 140, 8, 8, false, false, false, true, 0, 0, false, 41};
+  Problem p = as_float32(make(c, tg::float64));
+  std::vector<double> k = values(p.k);
+  k[static_cast<std::size_t>(70 * c.d + 3)] = std::numeric_limits<double>::quiet_NaN();  // key 70: queries 70 and on see it
+  p.k = tg::from_vector(k, p.k.shape()).to(tg::float32);
+  for (bool fused : {false, true}) {
+    const auto exact = run(p, fused);
+    const tg::MatmulPrecisionGuard bf16(tg::MatmulPrecision::bfloat16);
+    const auto rounded = run(p, fused);
+    for (std::size_t r = 0; r < exact.size(); ++r)
+      for (std::size_t n = 0; n < exact[r].size(); ++n)
+        BOOST_TEST(std::isnan(rounded[r][n]) == std::isnan(exact[r][n]), (fused ? "fused" : "weights") << " result " << r << "[" << n << "]");
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()

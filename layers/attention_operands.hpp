@@ -70,16 +70,7 @@ template <class T> struct Matrices {
 // split from a projection into heads are such permutations): that block can then be converted
 // in memory order.
 inline bool dense_permutation(const Tensor& t) {
-  std::vector<std::pair<std::int64_t, std::int64_t>> dims;  // (stride, size) of the dims that matter
-  for (std::size_t d = 0; d < t.shape().size(); ++d)
-    if (t.shape()[d] != 1) dims.emplace_back(t.strides()[d], t.shape()[d]);
-  std::sort(dims.begin(), dims.end());
-  std::int64_t next = 1;
-  for (auto [stride, size] : dims) {
-    if (stride != next) return false;
-    next *= size;
-  }
-  return true;
+  return dense_in_some_order({t.shape().data(), t.shape().size()}, {t.strides().data(), t.strides().size()});
 }
 
 // Under a bfloat16 matmul precision, a float32 operand (q, k, v or dO) rounded to bfloat16 once

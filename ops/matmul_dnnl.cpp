@@ -229,16 +229,7 @@ template <class Out> Out* scratch(int which, std::int64_t n) {
 
 // Whether the layout's elements fill one dense block (some order of its dims, size-1 dims aside).
 bool dense_block(const Layout& l) {
-  std::vector<std::pair<std::int64_t, std::int64_t>> dims;  // (stride, size)
-  for (std::size_t d = 0; d < l.dims.size(); ++d)
-    if (l.dims[d] != 1) dims.emplace_back(l.strides[d], l.dims[d]);
-  std::sort(dims.begin(), dims.end());
-  std::int64_t next = 1;
-  for (auto [stride, size] : dims) {
-    if (stride != next) return false;
-    next *= size;
-  }
-  return true;
+  return dense_in_some_order({l.dims.data(), l.dims.size()}, {l.strides.data(), l.strides.size()});
 }
 
 // x (float32, any strides) rounded to bfloat16, as a contiguous buffer of the shape `l`
@@ -374,6 +365,19 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
 }
 
 }  // namespace
+
+bool dense_in_some_order(std::span<const std::int64_t> sizes, std::span<const std::int64_t> strides) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> dims;  // (stride, size) of the dims that matter
+  for (std::size_t d = 0; d < sizes.size(); ++d)
+    if (sizes[d] != 1) dims.emplace_back(strides[d], sizes[d]);
+  std::sort(dims.begin(), dims.end());
+  std::int64_t next = 1;
+  for (auto [stride, size] : dims) {
+    if (stride != next) return false;
+    next *= size;
+  }
+  return true;
+}
 
 std::int64_t dnnl_primitives_created() noexcept { return t_created; }
 

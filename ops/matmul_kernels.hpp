@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "tapegrad/autodiff/tensor.hpp"
 
@@ -14,6 +15,10 @@ namespace tapegrad::detail {
 // float32 on oneDNN; with `bf16` the operands are rounded to bfloat16 first and accumulated in
 // float32. The only file that sees oneDNN. Small single-row products go to matmul_rows instead.
 void matmul_dnnl(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16);
+
+// Whether dims of these sizes and strides fill one dense block in some order of the dims (size-1
+// dims aside), so that the block can be read or converted in memory order.
+bool dense_in_some_order(std::span<const std::int64_t> sizes, std::span<const std::int64_t> strides);
 bool dnnl_bf16_native() noexcept;
 
 // Row-major BLAS-style float32 gemm on raw blocks, for kernels that multiply many small tiles

@@ -88,16 +88,16 @@ void parallel_for(std::int64_t n, std::int64_t cost, const std::function<void(st
   std::uint64_t key = mix_key(kKeySeed, body.target_type().hash_code());
   key = mix_key(key, static_cast<std::uint64_t>(std::bit_width(work)));
   key = mix_key(key, static_cast<std::uint64_t>(chunks));
-  const int threads = choose_threads(key, chunks);
-  Job job{n, chunks, &body, nullptr, {}};
   const double start = now_seconds();
+  const int threads = choose_threads(key, chunks, start);
+  Job job{n, chunks, &body, nullptr, {}};
   // On one thread the same chunks run in order, so the result does not depend on the choice.
   if (threads == 1) {
     for (int c = 0; c < chunks; ++c) body(n * c / chunks, n * (c + 1) / chunks);
   } else {
     GOMP_parallel(run_chunk, &job, static_cast<unsigned>(chunks), 0);
   }
-  record_threads(key, threads, now_seconds() - start);
+  record_threads(key, threads, start);
   if (job.error) std::rethrow_exception(job.error);
 }
 

@@ -9,9 +9,14 @@
 // each kind of work (a product's layout, a loop's size class) keeps a running time for one
 // thread and for the team, runs the faster one, and now and then tries the other, less often
 // each time the choice holds, and at once when the current choice runs slower than the other
-// did. On an idle machine the team keeps winning and the trials are
-// rare; next to a busy process the single thread wins and the split is tried only at
-// ever longer intervals.
+// did. On an idle machine the team keeps winning and the trials are rare.
+//
+// A busy machine is busy for every kind of work at once, and a trial of the team then costs a
+// scheduler slice (milliseconds) whatever the work. So when trials twice in a row find the team
+// much slower than one thread (kBusyRatio), a hold starts: new kinds of work start on one thread, and trials of
+// the team wait until the hold ends, when one trial (of whichever kind comes first) decides
+// for all. The hold doubles from kFirstHold to kMaxHold while the team keeps losing and ends
+// when it wins a trial.
 #pragma once
 
 #include <cstdint>
@@ -35,11 +40,23 @@ class ThreadChoice {
   // wobble by a few percent, and a switch costs a trial to undo.
   static constexpr double kSwitchMargin = 0.95;
 
+  // The team, this many times slower than one thread, says the machine cannot give it; a
+  // team merely too small for its work (waking it costs a few microseconds) stays below.
+  static constexpr double kBusyRatio = 1.5;
+  // Seconds. A trial of the team on a busy machine costs more than its run: libgomp's woken
+  // thread then spins for milliseconds on the core the caller needs (a train_sort step took
+  // 9.3 ms instead of 6.3 with trials every 10-80 ms). Longer holds cost only speed-up when the
+  // machine has become idle again.
+  static constexpr double kFirstHold = 0.05;
+  static constexpr double kMaxHold = 2.0;
+
   // The thread count for the next run of work `key`, which the size rule would give `wanted`
-  // threads (> 1): `wanted` or 1.
-  int choose(std::uint64_t key, int wanted);
-  // What that run took, in seconds, with `threads` threads.
-  void record(std::uint64_t key, int threads, double seconds);
+  // threads (> 1): `wanted` or 1. `now` is a monotonic time in seconds.
+  int choose(std::uint64_t key, int wanted, double now);
+  // What that run took, in seconds, with `threads` threads; `now` when it ended.
+  void record(std::uint64_t key, int threads, double seconds, double now);
+  // Whether trials of the team are held back (the team lost by kBusyRatio lately).
+  bool holding(double now) const noexcept { return hold_ > 0 && now < hold_until_; }
   // Kinds of work seen; the table is cleared when it reaches kMaxKinds.
   std::size_t kinds() const noexcept { return arms_.size(); }
   static constexpr std::size_t kMaxKinds = 4096;
@@ -47,21 +64,28 @@ class ThreadChoice {
  private:
   struct Arms {
     double seconds[2] = {0.0, 0.0};  // running times: [0] one thread, [1] the team
-    bool seen[2] = {false, false};
+    double last[2] = {0.0, 0.0};     // the latest run of each
+    int runs[2] = {0, 0};            // runs recorded, counted up to 2 (all the rules ask)
     int current = 1;  // the size rule's choice first
     int interval = kFirstInterval;
     int countdown = kFirstInterval;
     bool trial = false;  // the next record is a trial of the other arm
   };
+  void judge_team(const Arms& a, double now) noexcept;
+
   std::unordered_map<std::uint64_t, Arms> arms_;
+  double hold_ = 0.0;  // 0: the team is not known to be slow
+  double hold_until_ = 0.0;
+  int busy_verdicts_ = 0;  // trials in a row that found the team kBusyRatio slower
 };
 
 // The process-wide instance behind the helpers below, locked.
-int choose_threads(std::uint64_t key, int wanted);
-void record_threads(std::uint64_t key, int threads, double seconds);
-
-// Seconds on a monotonic clock, for record_threads.
+// Seconds on a monotonic clock.
 double now_seconds() noexcept;
+
+// The process-wide instance, locked; `start` = now_seconds() before the run.
+int choose_threads(std::uint64_t key, int wanted, double start);
+void record_threads(std::uint64_t key, int threads, double start);
 
 // Mixes v into a key (FNV-1a over 64-bit words).
 constexpr std::uint64_t mix_key(std::uint64_t key, std::uint64_t v) noexcept {

@@ -298,6 +298,23 @@ bool has_fast_kernel(const Layout& a, const Layout& b, const Layout& c) {
   return std::string(pd.impl_info_str()).find("ref") == std::string::npos;
 }
 
+// Runs one raw gemm call (`kind` tells sgemm from the bfloat16 one) on the threads ThreadChoice
+// picks for its shape, and reports its time.
+template <class Call>
+dnnl_status_t on_chosen_threads(int kind, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                                std::int64_t lda, std::int64_t ldb, std::int64_t ldc, Call call) {
+  std::uint64_t key = mix_key(kKeySeed, static_cast<std::uint64_t>(kind));
+  for (const std::int64_t v : {std::int64_t{trans_a}, std::int64_t{trans_b}, m, n, k, lda, ldb, ldc})
+    key = mix_key(key, static_cast<std::uint64_t>(v));
+  const double start = now_seconds();
+  const int threads =
+      choose_threads(key, dnnl_threads_for(static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k)), start);
+  const OmpThreads omp(threads);
+  const dnnl_status_t status = call();
+  record_threads(key, threads, start);
+  return status;
+}
+
 // The kind of work a product is, for ThreadChoice: its layouts and input type.
 std::uint64_t work_key(const Layout& a, const Layout& b, const Layout& c, bool bf16) {
   std::uint64_t key = mix_key(kKeySeed, bf16 ? 2 : 1);
@@ -316,7 +333,7 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   describe(c, lc);
   const std::uint64_t work = work_key(la, lb, lc, bf16);
   const int threads =
-      choose_threads(work, dnnl_threads_for(static_cast<double>(c.numel()) * static_cast<double>(a.shape()[r - 1])));
+      choose_threads(work, dnnl_threads_for(static_cast<double>(c.numel()) * static_cast<double>(a.shape()[r - 1])), now_seconds());
   const OmpThreads omp(threads);
   void* pa = mutable_data(a);  // oneDNN takes non-const handles; it only reads a and b
   void* pb = mutable_data(b);
@@ -361,7 +378,7 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
     fail<ValueError>("matmul: oneDNN failed to run a product of shapes {} and {}, status {}", shape_str(a.shape()),
                      shape_str(b.shape()), static_cast<int>(status));
   cpu_stream().wait();
-  record_threads(work, threads, now_seconds() - start);
+  record_threads(work, threads, start);
 }
 
 }  // namespace
@@ -411,16 +428,9 @@ void gemm_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::i
               std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
   // dnnl_sgemm skips primitive creation and takes a beta, so tiles accumulate in place.
   // It reads OpenMP's per-thread count (the machine's cores unless OMP_NUM_THREADS says), not num_threads().
-  std::uint64_t key = mix_key(kKeySeed, 3);
-  for (const std::int64_t v : {std::int64_t{trans_a}, std::int64_t{trans_b}, m, n, k, lda, ldb, ldc})
-    key = mix_key(key, static_cast<std::uint64_t>(v));
-  const int threads =
-      choose_threads(key, dnnl_threads_for(static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k)));
-  const OmpThreads omp(threads);
-  const double start = now_seconds();
-  const dnnl_status_t status =
-      dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  record_threads(key, threads, now_seconds() - start);
+  const dnnl_status_t status = on_chosen_threads(3, trans_a, trans_b, m, n, k, lda, ldb, ldc, [&] {
+    return dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  });
   if (status != dnnl_success)
     fail<ValueError>("gemm_f32: oneDNN refused a [{}, {}] x [{}, {}] tile product (lda {}, ldb {}, ldc {}), status {}", m, k, k, n,
                      lda, ldb, ldc, static_cast<int>(status));
@@ -502,9 +512,9 @@ void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::
     const std::int64_t ar = trans_a ? k : m, ac = trans_a ? m : k, br = trans_b ? n : k, bc = trans_b ? k : n;
     return gemm_f32(trans_a, trans_b, m, n, k, alpha, widened(a, ar, ac, lda, 0), ac, widened(b, br, bc, ldb, 1), bc, beta, c, ldc);
   }
-  const OmpThreads omp(dnnl_threads_for(static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k)));
-  const dnnl_status_t status =
-      dnnl_gemm_bf16bf16f32(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  const dnnl_status_t status = on_chosen_threads(4, trans_a, trans_b, m, n, k, lda, ldb, ldc, [&] {
+    return dnnl_gemm_bf16bf16f32(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  });
   if (status != dnnl_success)
     fail<ValueError>("gemm_bf16: oneDNN refused a [{}, {}] x [{}, {}] tile product (lda {}, ldb {}, ldc {}), status {}", m, k, k, n,
                      lda, ldb, ldc, static_cast<int>(status));

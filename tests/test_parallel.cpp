@@ -110,63 +110,94 @@ BOOST_AUTO_TEST_CASE(products_get_threads_by_size) {
 }
 
 // ThreadChoice driven with chosen times: what the team and one thread would take on an idle
-// machine (the team faster) and next to a busy process (the team much slower).
+// machine (the team faster) and next to a busy process (the team much slower). The clock
+// advances by each run's time.
 namespace {
 
 using tg::detail::ThreadChoice;
 
-// Runs `calls` calls of one kind of work whose run takes team_s on the team and one_s on one
-// thread; returns how many ran on the team.
-int run_calls(ThreadChoice& choice, int calls, double team_s, double one_s) {
-  int on_team = 0;
-  for (int i = 0; i < calls; ++i) {
-    const int threads = choice.choose(7, 2);
+struct Machine {
+  ThreadChoice choice;
+  double now = 0;
+  // One call of kind `key` whose run takes team_s on the team and one_s on one thread; whether
+  // it ran on the team.
+  bool call(std::uint64_t key, double team_s, double one_s) {
+    const int threads = choice.choose(key, 2, now);
     BOOST_REQUIRE(threads == 1 || threads == 2);
-    on_team += threads == 2;
-    choice.record(7, threads, threads == 2 ? team_s : one_s);
+    now += threads == 2 ? team_s : one_s;
+    choice.record(key, threads, threads == 2 ? team_s : one_s, now);
+    return threads == 2;
   }
-  return on_team;
-}
+  // `calls` calls of kind 7; how many ran on the team.
+  int calls(int n, double team_s, double one_s) {
+    int on_team = 0;
+    for (int i = 0; i < n; ++i) on_team += call(7, team_s, one_s);
+    return on_team;
+  }
+};
 
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(thread_choice_keeps_the_team_while_it_is_faster) {
-  ThreadChoice choice;
+  Machine m;
   // Trials of one thread come after 2, 8, 32, 128, 512, then every 1024 calls: 8 in 4000.
-  const int on_team = run_calls(choice, 4000, 1.0, 1.8);
-  BOOST_TEST(on_team == 4000 - 8);
-  BOOST_TEST(choice.kinds() == 1u);
-  BOOST_TEST(choice.choose(7, 1) == 1);  // a size rule that asks for one thread is never overridden
+  BOOST_TEST(m.calls(4000, 1e-3, 1.8e-3) == 4000 - 8);
+  BOOST_TEST(m.choice.kinds() == 1u);
+  BOOST_TEST(m.choice.choose(7, 1, m.now) == 1);  // a size rule that asks for one thread is never overridden
+  BOOST_TEST(!m.choice.holding(m.now));
 }
 
 BOOST_AUTO_TEST_CASE(thread_choice_leaves_a_slow_team_and_rarely_retries_it) {
-  ThreadChoice choice;
-  // The team took 5x one thread's time (a join waiting for a descheduled thread).
-  const int on_team = run_calls(choice, 4000, 5.0, 1.0);
-  // The first call, then the trials at growing intervals (8 in the remaining calls).
-  BOOST_TEST(on_team == 1 + 8);
+  Machine m;
+  // The team took 5x one thread's time (a join waiting for a descheduled thread): the first
+  // call, then trials at growing intervals, each also held back until the hold has passed.
+  const int on_team = m.calls(4000, 5e-3, 1e-3);
+  BOOST_TEST(on_team >= 2);
+  BOOST_TEST(on_team <= 1 + 8);
+  BOOST_TEST(m.choice.holding(m.now));
 }
 
 BOOST_AUTO_TEST_CASE(thread_choice_follows_the_machine_both_ways) {
-  ThreadChoice choice;
-  run_calls(choice, 2000, 1.0, 1.8);  // idle
+  Machine m;
+  m.calls(2000, 1e-3, 1.8e-3);  // idle
   // Busy: the next slow team run is slower than one thread was, so one thread is tried at once.
-  int team_after_busy = 0;
-  for (int i = 0; i < 4; ++i) {
-    const int threads = choice.choose(7, 2);
-    team_after_busy += threads == 2;
-    choice.record(7, threads, threads == 2 ? 6.0 : 1.8);
-  }
-  BOOST_TEST(team_after_busy <= 2);
-  BOOST_TEST(run_calls(choice, 100, 6.0, 1.8) <= 10);
-  // Idle again: a trial finds the team faster and it takes over (the interval is bounded).
-  const int back = run_calls(choice, 3 * ThreadChoice::kMaxInterval, 1.0, 1.8);
+  BOOST_TEST(m.calls(4, 6e-3, 1.8e-3) <= 2);
+  BOOST_TEST(m.choice.holding(m.now));
+  BOOST_TEST(m.calls(100, 6e-3, 1.8e-3) <= 3);
+  // Idle again: once the hold ends a trial finds the team faster and it takes over.
+  const int back = m.calls(3 * ThreadChoice::kMaxInterval, 1e-3, 1.8e-3);
   BOOST_TEST(back >= ThreadChoice::kMaxInterval);
+  BOOST_TEST(!m.choice.holding(m.now));
+}
+
+BOOST_AUTO_TEST_CASE(thread_choice_busy_machine_holds_every_kind) {
+  // 40 kinds of work interleaved on a busy machine: once one kind finds the team slow, new kinds
+  // start on one thread and the team is tried about once per hold, not once per kind.
+  Machine m;
+  int on_team = 0;
+  for (int round = 0; round < 500; ++round)
+    for (std::uint64_t key = 0; key < 40; ++key) on_team += m.call(key, 5e-3, 1e-3);
+  // Each kind's first call, before any trial has shown the team slow, runs on the team (40);
+  // then 20 s of runs: holds of 0.05, 0.1, ..., 1.6 s and one trial per 2 s after that (about
+  // 14), where trials per kind would have cost about 40 x 6.
+  BOOST_TEST(on_team <= 40 + 30);
+  // A kind that has never seen the team starts on one thread while the hold lasts.
+  BOOST_TEST(m.choice.holding(m.now));
+  BOOST_TEST(m.choice.choose(1000, 2, m.now) == 1);
+}
+
+BOOST_AUTO_TEST_CASE(thread_choice_small_work_does_not_hold_the_machine) {
+  // A team a little slower than one thread (waking it costs more than the split saves) is left
+  // for one thread without holding other kinds back.
+  Machine m;
+  m.calls(100, 1.2e-6, 1e-6);
+  BOOST_TEST(!m.choice.holding(m.now));
+  BOOST_TEST(m.call(8, 1e-3, 1.8e-3));
 }
 
 BOOST_AUTO_TEST_CASE(thread_choice_table_is_bounded) {
   ThreadChoice choice;
-  for (std::uint64_t key = 0; key < ThreadChoice::kMaxKinds + 10; ++key) choice.record(key, choice.choose(key, 2), 1.0);
+  for (std::uint64_t key = 0; key < ThreadChoice::kMaxKinds + 10; ++key) choice.record(key, choice.choose(key, 2, 0.0), 1.0, 0.0);
   BOOST_TEST(choice.kinds() <= ThreadChoice::kMaxKinds);
 }
 

@@ -74,7 +74,7 @@ double masked_log_sum_exp(const T* s, std::int64_t ss, std::int64_t k, const boo
 }
 
 // exp for the softmax loops: float's call-free exp_flush_f32 (exactly 0 below -87.3, NaN
-// stays NaN; within 2 ulp above), so that a loop over it vectorises; double is std::exp.
+// stays NaN; within 1.3 ulp above), so that a loop over it vectorises; double is std::exp.
 template <class T> [[gnu::always_inline]] inline T softmax_exp(T x) {
   if constexpr (std::is_same_v<T, float>) return exp_flush_f32(x);
   else return std::exp(x);

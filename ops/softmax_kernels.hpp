@@ -84,7 +84,7 @@ template <class T> [[gnu::always_inline]] inline T softmax_exp(T x) {
 // that meet at the end: the loop vectorises with the lanes in registers, the many partial sums
 // make a float sum much more accurate than one running total, and the order of the additions
 // depends on n alone (not on the vector width). (`omp simd reduction` kept its lanes in memory
-// under GCC 12, a store-to-load chain per vector that made the softmax backward 4x slower.)
+// under GCC 12, a store-to-load chain per vector: the backward row sum ran 4x slower.)
 template <class F> [[gnu::always_inline]] inline auto simd_sum(std::int64_t n, F&& f) {
   using T = decltype(f(0));
   constexpr std::int64_t kLanes = 16;

@@ -12,34 +12,18 @@
 #include <limits>
 #include <vector>
 
+#include "ops/fast_math.hpp"
 #include "ops/matmul_kernels.hpp"
 
 namespace tapegrad::detail::tiles {
 
 template <class T> constexpr T kInf = std::numeric_limits<T>::infinity();
 
-// exp(x) for the x <= 0 (and NaN) that softmax tiles take, written without calls or branches so
-// that the tile loops vectorise (libm's expf is a call per element, most of the tile time).
-// x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two so that n ln2 is exact), exp(r) by a
-// degree-7 polynomial (Cephes' expf coefficients), 2^n put into the exponent bits. Within 1 ulp
-// of exp(x) on every float in [-87, 0.5] (checked exhaustively against double exp); below -87
-// (and at -inf) it is 0, NaN stays NaN.
-inline float exp_tile(float x) {
-  const float xc = x < -87.0f ? -87.0f : x;            // NaN fails the test and stays NaN
-  const float t = xc * 1.44269504088896341f + 12582912.0f;  // 1.5 * 2^23: rounds to an integer n
-  const float n = t - 12582912.0f;
-  const float r = (xc - n * 0.693359375f) + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const std::uint32_t bits = (std::bit_cast<std::uint32_t>(t) - 0x4B400000u + 127u) << 23;  // 2^n, n >= -126
-  const float y = p * std::bit_cast<float>(bits);
-  return x < -87.0f ? 0.0f : y;
-}
+// exp(x) for the x <= 0 (and NaN) that softmax tiles take: fast_math's call-free exp_flush_f32
+// (the one float32 exp of the softmax loops), so that the tile loops vectorise (libm's expf is a
+// call per element, most of the tile time). Below -87.3 (and at -inf) it is exactly 0, which
+// the online softmax's rescale exp(m - m') relies on; NaN stays NaN.
+inline float exp_tile(float x) { return exp_flush_f32(x); }
 inline double exp_tile(double x) { return std::exp(x); }  // float64 is for exact checks
 
 // 1 for an infinity or NaN (exponent bits all ones), as an integer so that scans vectorise.

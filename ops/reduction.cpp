@@ -59,29 +59,31 @@ TAPEGRAD_SIMD_CLONES Acc fold_row(Acc a, const T* v, std::int64_t n, const Combi
 
 // The maximum of a row, NaN winning. The compiler does not vectorise the select with a NaN
 // test in fold_row's lanes, so here the lanes are explicit vectors (GCC/Clang vector
-// extensions: two registers of 32 bytes; the baseline build splits each into two SSE halves).
+// extensions of 32 bytes; the baseline build splits each into two SSE halves). Four of them
+// run side by side: each select waits for the last one on its chain (compare, mask, blend),
+// and with two chains that latency, not the loads, set the pace.
 template <class T> struct Vec32;
 template <> struct Vec32<float> { typedef float type __attribute__((vector_size(32))); };
 template <> struct Vec32<double> { typedef double type __attribute__((vector_size(32))); };
 
-template <class T> T max_combine(T a, T v) { return (a != a || a >= v) ? a : v; }
+// (`|`, not `||`: no branch, so that loops over it if-convert and vectorise)
+template <class T> T max_combine(T a, T v) { return ((a != a) | (a >= v)) ? a : v; }
 
 template <class T>
 TAPEGRAD_SIMD_CLONES T max_row(T a, const T* v, std::int64_t n) {
   using V = typename Vec32<T>::type;
-  constexpr std::int64_t kWidth = sizeof(V) / sizeof(T);
+  constexpr std::int64_t kWidth = sizeof(V) / sizeof(T), kChains = 4, kStep = kChains * kWidth;
   std::int64_t i = 0;
-  if (n >= 2 * kWidth) {
-    V m0, m1, x0, x1;
-    std::memcpy(&m0, v, sizeof m0);
-    std::memcpy(&m1, v + kWidth, sizeof m1);
-    for (i = 2 * kWidth; i + 2 * kWidth <= n; i += 2 * kWidth) {
-      std::memcpy(&x0, v + i, sizeof x0);
-      std::memcpy(&x1, v + i + kWidth, sizeof x1);
-      m0 = ((m0 >= x0) | (m0 != m0)) ? m0 : x0;
-      m1 = ((m1 >= x1) | (m1 != m1)) ? m1 : x1;
-    }
-    for (std::int64_t j = 0; j < kWidth; ++j) a = max_combine(max_combine(a, m0[j]), m1[j]);
+  if (n >= kStep) {
+    V m[kChains], x[kChains];
+    for (std::int64_t c = 0; c < kChains; ++c) std::memcpy(&m[c], v + c * kWidth, sizeof(V));
+    for (i = kStep; i + kStep <= n; i += kStep)
+      for (std::int64_t c = 0; c < kChains; ++c) {
+        std::memcpy(&x[c], v + i + c * kWidth, sizeof(V));
+        m[c] = ((m[c] >= x[c]) | (m[c] != m[c])) ? m[c] : x[c];
+      }
+    for (std::int64_t c = 0; c < kChains; ++c)
+      for (std::int64_t j = 0; j < kWidth; ++j) a = max_combine(a, m[c][j]);
   }
   for (; i < n; ++i) a = max_combine(a, v[i]);
   return a;
@@ -91,6 +93,36 @@ TAPEGRAD_SIMD_CLONES T max_row(T a, const T* v, std::int64_t n) {
 template <class Acc, class T, class Combine>
 TAPEGRAD_SIMD_CLONES void fold_columns(Acc* __restrict a, const T* v, std::int64_t n, const Combine& combine) {
   for (std::int64_t i = 0; i < n; ++i) a[i] = combine(a[i], static_cast<Acc>(v[i]));
+}
+
+// kColumnRows consecutive rows (row r at v + r * stride) folded into the accumulators in row
+// order, as fold_columns would one row at a time (so the same bits), but loading and storing
+// each accumulator once per block instead of once per row: one row at a time, that traffic
+// (8-byte accumulators for a 4-byte float) made a leading-dim sum half as fast as a copy.
+inline constexpr std::int64_t kColumnRows = 8;
+template <class Acc, class T, class Combine>
+TAPEGRAD_SIMD_CLONES void fold_column_block(Acc* __restrict a, const T* v, std::int64_t stride, std::int64_t n,
+                                            const Combine& combine) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    Acc s = a[i];
+    for (std::int64_t r = 0; r < kColumnRows; ++r) s = combine(s, static_cast<Acc>(v[r * stride + i]));
+    a[i] = s;
+  }
+}
+
+// Whether x reads as a contiguous [rows, cols] whose rows are the reduced dims and whose
+// columns are the kept ones (a reduction over leading dims), and those sizes.
+bool leading_reduction(const Tensor& x, const Plan& p, std::int64_t& rows, std::int64_t& cols) {
+  rows = cols = 1;
+  if (!x.is_contiguous()) return false;
+  for (std::size_t k = 0; k < p.reduced.size(); ++k) {
+    const std::int64_t size = x.shape()[k];
+    if (size == 1) continue;
+    if (!p.reduced[k]) cols *= size;
+    else if (cols > 1) return false;  // a reduced dim inside the kept ones
+    else rows *= size;
+  }
+  return rows > 1 && cols > 1;
 }
 
 // Walks x in runs, calling run(k, v, n, acc_step, x_step) for the n elements v[i * x_step] that
@@ -127,17 +159,34 @@ void walk(const Tensor& x, const Plan& p, const Run& run) {
 }
 
 // Folds x into a tensor of shape p.kept with acc = combine(acc, v), accumulating in Acc;
-// `row(acc, v, n)` folds one contiguous reduced row.
-template <class T, class Acc, class Combine, class Row>
+// `row(acc, v, n)` folds one contiguous reduced row. kBlockRows: whether fold_column_block
+// vectorises with this combine (GCC leaves a chain of max selects scalar, so max's leading-dim
+// reduction takes one row at a time).
+template <class T, bool kBlockRows, class Acc, class Combine, class Row>
 Tensor fold(const Tensor& x, const Plan& p, Acc init, Combine combine, Row row) {
   std::vector<Acc> acc(static_cast<std::size_t>(shape_numel(p.kept)), init);
-  walk<T>(x, p, [&](std::int64_t k, const T* v, std::int64_t n, std::int64_t acc_step, std::int64_t x_step) {
-    Acc* a = acc.data() + k;
-    if (acc_step == 0 && x_step == 1) *a = row(*a, v, n);
-    else if (acc_step == 1 && x_step == 1) fold_columns(a, v, n, combine);
-    else
-      for (std::int64_t i = 0; i < n; ++i) a[i * acc_step] = combine(a[i * acc_step], static_cast<Acc>(v[i * x_step]));
-  });
+  std::int64_t rows = 0, cols = 0;
+  if (leading_reduction(x, p, rows, cols)) {
+    // Threads take column ranges; each column folds its rows in order whatever the split.
+    const T* px = static_cast<const T*>(x.raw_data());
+    const auto part = [&](std::int64_t begin, std::int64_t end) {
+      std::int64_t r = 0;
+      if constexpr (kBlockRows)
+        for (; r + kColumnRows <= rows; r += kColumnRows)
+          fold_column_block(acc.data() + begin, px + r * cols + begin, cols, end - begin, combine);
+      for (; r < rows; ++r) fold_columns(acc.data() + begin, px + r * cols + begin, end - begin, combine);
+    };
+    if (parallel_chunks(cols, rows) == 1) part(0, cols);
+    else parallel_for(cols, rows, part);
+  } else {
+    walk<T>(x, p, [&](std::int64_t k, const T* v, std::int64_t n, std::int64_t acc_step, std::int64_t x_step) {
+      Acc* a = acc.data() + k;
+      if (acc_step == 0 && x_step == 1) *a = row(*a, v, n);
+      else if (acc_step == 1 && x_step == 1) fold_columns(a, v, n, combine);
+      else
+        for (std::int64_t i = 0; i < n; ++i) a[i * acc_step] = combine(a[i * acc_step], static_cast<Acc>(v[i * x_step]));
+    });
+  }
   Tensor out = new_tensor(p.kept, x.dtype());
   T* po = static_cast<T*>(mutable_data(out));
   for (std::size_t i = 0; i < acc.size(); ++i) po[i] = convert<T>(acc[i]);
@@ -151,6 +200,12 @@ TAPEGRAD_SIMD_CLONES std::int64_t count_equal(const T* v, std::int64_t n, T m) {
   return count;
 }
 
+// Ties along a kept dim (max over a leading dim): one element per slice.
+template <class T>
+TAPEGRAD_SIMD_CLONES void count_equal_columns(std::int64_t* __restrict ties, const T* v, const T* m, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) ties[i] += v[i] == m[i];
+}
+
 // The backward of max: dx = [x == M] g / ties in two passes over x (count each slice's ties,
 // then place the shares), without bool or float intermediates of x's size.
 template <class T>
@@ -159,6 +214,7 @@ Tensor max_backward_direct(const Tensor& x, const Tensor& kept, const Tensor& g,
   std::vector<std::int64_t> ties(static_cast<std::size_t>(shape_numel(p.kept)), 0);
   walk<T>(x, p, [&](std::int64_t k, const T* v, std::int64_t n, std::int64_t acc_step, std::int64_t x_step) {
     if (acc_step == 0 && x_step == 1) ties[static_cast<std::size_t>(k)] += count_equal(v, n, pm[k]);
+    else if (acc_step == 1 && x_step == 1) count_equal_columns(ties.data() + k, v, pm + k, n);
     else
       for (std::int64_t i = 0; i < n; ++i) ties[static_cast<std::size_t>(k + i * acc_step)] += v[i * x_step] == pm[k + i * acc_step];
   });
@@ -179,7 +235,7 @@ Tensor sum(const Tensor& x, const Dims& dims, bool keepdim) {
   // Accumulate in double so float32 sums of many elements keep their precision.
   Tensor kept = visit_float(x.dtype(), "sum", [&]<class T>(Tag<T>) {
     const auto add = [](double a, double v) { return a + v; };
-    return fold<T, double>(x, p, 0.0, add, [&](double a, const T* v, std::int64_t n) { return fold_row(a, v, n, add); });
+    return fold<T, true>(x, p, 0.0, add, [&](double a, const T* v, std::int64_t n) { return fold_row(a, v, n, add); });
   });
   Tensor out = make_view(kept, p.result, contiguous_strides(p.result), 0, "sum");
   // dx = g broadcast back over the reduced dims
@@ -202,11 +258,10 @@ Tensor max(const Tensor& x, const Dims& dims, bool keepdim) {
   Tensor kept = visit_float(x.dtype(), "max", [&]<class T>(Tag<T>) {
     // NaN wins: once the accumulator is NaN it stays NaN.
     // (a lambda rather than &max_combine<T>: the loops inline what they are given by type)
-    return fold<T, T>(x, p, -std::numeric_limits<T>::infinity(), [](T a, T v) { return max_combine(a, v); },
+    return fold<T, false>(x, p, -std::numeric_limits<T>::infinity(), [](T a, T v) { return max_combine(a, v); },
                       [](T a, const T* v, std::int64_t n) { return max_row(a, v, n); });
   });
   Tensor out = make_view(kept, p.result, contiguous_strides(p.result), 0, "max");
-  // dx = [x == max] g / (number of tied maxima), the gradient shared among ties
   // dx = [x == max] g / (number of tied maxima), the gradient shared among ties. Backward passes
   // run with grad mode off, so this is computed directly rather than composed of recorded ops.
   record("max", {x}, out, {x, out}, [x, kept = kept, p](std::span<const Tensor> g, const std::vector<bool>&) {

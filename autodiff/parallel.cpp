@@ -25,12 +25,29 @@ namespace {
 
 std::atomic<int> g_threads{0};  // 0: not set
 
+// Bodies that parallel_for runs in order on the calling thread (ThreadChoice chose one thread):
+// work nested in them must run inline, as it does inside the team.
+thread_local int t_serial_depth = 0;
+
 struct Job {
   std::int64_t n;
   int chunks;
   const std::function<void(std::int64_t, std::int64_t)>* body;
   std::exception_ptr error;
   std::mutex error_mutex;
+  std::atomic<double> busy{0.0};  // seconds the chunks took, summed: what one thread would need
+
+  void run(std::int64_t c) {
+    const std::int64_t begin = n * c / chunks, end = n * (c + 1) / chunks;
+    const double start = now_seconds();
+    try {
+      (*body)(begin, end);
+    } catch (...) {
+      std::lock_guard lock(error_mutex);
+      if (!error) error = std::current_exception();
+    }
+    busy.fetch_add(now_seconds() - start, std::memory_order_relaxed);
+  }
 };
 
 void run_chunk(void* data) {
@@ -39,15 +56,7 @@ void run_chunk(void* data) {
   // The team may be smaller than asked for (OMP_THREAD_LIMIT, nesting): each member takes
   // every team-size-th chunk so that all chunks run whatever the team's size.
   const std::int64_t team = std::max(1, omp_get_num_threads());
-  for (std::int64_t c = t; c < job.chunks; c += team) {
-    const std::int64_t begin = job.n * c / job.chunks, end = job.n * (c + 1) / job.chunks;
-    try {
-      (*job.body)(begin, end);
-    } catch (...) {
-      std::lock_guard lock(job.error_mutex);
-      if (!job.error) job.error = std::current_exception();
-    }
-  }
+  for (std::int64_t c = t; c < job.chunks; c += team) job.run(c);
 }
 
 }  // namespace
@@ -66,8 +75,10 @@ int max_threads() noexcept {
 
 void set_max_threads(int n) noexcept { g_threads.store(std::max(1, n), std::memory_order_relaxed); }
 
+bool in_parallel_body() noexcept { return t_serial_depth > 0 || omp_in_parallel(); }
+
 int parallel_chunks(std::int64_t n, std::int64_t cost) noexcept {
-  if (n <= 1 || omp_in_parallel()) return 1;
+  if (n <= 1 || in_parallel_body()) return 1;
   const int threads = max_threads();
   if (threads <= 1) return 1;
   const std::int64_t work = n * std::max<std::int64_t>(cost, 1);
@@ -91,13 +102,18 @@ void parallel_for(std::int64_t n, std::int64_t cost, const std::function<void(st
   const double start = now_seconds();
   const int threads = choose_threads(key, chunks, start);
   Job job{n, chunks, &body, nullptr, {}};
-  // On one thread the same chunks run in order, so the result does not depend on the choice.
   if (threads == 1) {
-    for (int c = 0; c < chunks; ++c) body(n * c / chunks, n * (c + 1) / chunks);
+    // The same chunks in order, so the result does not depend on the choice.
+    ++t_serial_depth;
+    for (int c = 0; c < chunks; ++c) job.run(c);
+    --t_serial_depth;
+    record_threads(key, 1, start);
   } else {
     GOMP_parallel(run_chunk, &job, static_cast<unsigned>(chunks), 0);
+    // The chunks' own times, summed, are what one thread would have taken: the team's run
+    // measures both choices, and no trial on one thread is needed to leave a slow team.
+    record_threads(key, threads, start, job.busy.load(std::memory_order_relaxed));
   }
-  record_threads(key, threads, start);
   if (job.error) std::rethrow_exception(job.error);
 }
 

@@ -25,6 +25,10 @@ inline constexpr std::int64_t kParallelGrain = 1 << 15;
 // every chunk has finished.
 void parallel_for(std::int64_t n, std::int64_t cost, const std::function<void(std::int64_t, std::int64_t)>& body);
 
+// Whether the calling thread runs a parallel_for body (on the team, or in order when one thread
+// was chosen): nested parallel work then stays on it.
+bool in_parallel_body() noexcept;
+
 // How many chunks parallel_for would use for n * cost units of work (1 when it stays serial).
 int parallel_chunks(std::int64_t n, std::int64_t cost) noexcept;
 

@@ -44,35 +44,56 @@ void ThreadChoice::judge_team(const Arms& a, double now) noexcept {
   }
 }
 
-void ThreadChoice::record(std::uint64_t key, int threads, double seconds, double now) {
+void ThreadChoice::record(std::uint64_t key, int threads, double seconds, double now, double one_thread_estimate) {
   const auto it = arms_.find(key);
   if (it == arms_.end()) return;
   Arms& a = it->second;
   const int arm = threads > 1 ? 1 : 0;
-  // The current arm keeps a running mean that forgets (one slow run, a page fault or the team's
-  // first start, must not decide alone); a trial comes after a long gap, in which the machine's
-  // load may have changed, so it replaces what was known of its arm.
   const bool trial_run = a.trial && arm != a.current;
-  a.seconds[arm] = a.runs[arm] > 0 && !trial_run ? 0.7 * a.seconds[arm] + 0.3 * seconds : seconds;
-  a.last[arm] = seconds;
-  a.runs[arm] = std::min(a.runs[arm] + 1, 2);
+  note(a, arm, seconds, trial_run);
+  if (arm == 1 && one_thread_estimate > 0) {
+    // The team's chunks timed one by one: both choices measured in one run, no trial needed.
+    note(a, 0, one_thread_estimate, false);
+    if (trial_run) a.trial = false;
+    judge_team(a, now);
+    decide(a, a.seconds[0] < kSwitchMargin * a.seconds[1] ? 0 : 1);
+    return;
+  }
   const int other = 1 - arm;
   if (arm == a.current) {
-    // The current arm just ran slower than the other one's last known time: the machine's
-    // load has changed, so try the other at the next call rather than after the interval.
-    if (!a.trial && a.runs[other] > 0 && seconds > a.seconds[other]) a.countdown = std::min(a.countdown, 1);
+    // The current arm just ran slower than the other one's last known time, or the team much
+    // slower than its best: the machine's load has changed, so try the other at the next call.
+    const bool behind = a.runs[other] > 0 && seconds > a.seconds[other];
+    const bool slowed = arm == 1 && a.runs[1] >= 2 && seconds > kBusyRatio * a.best_team;
+    if (!a.trial && (behind || slowed)) a.countdown = std::min(a.countdown, 1);
     return;
   }
   if (!trial_run) return;
   a.trial = false;
   judge_team(a, now);
-  if (a.runs[a.current] == 0 || a.seconds[arm] < kSwitchMargin * a.seconds[a.current]) {
+  decide(a, a.runs[a.current] == 0 || a.seconds[arm] < kSwitchMargin * a.seconds[a.current] ? arm : a.current);
+}
+
+void ThreadChoice::note(Arms& a, int arm, double seconds, bool trial_run) noexcept {
+  // The current arm keeps a running mean that forgets (one slow run, a page fault or the team's
+  // first start, must not decide alone); a trial comes after a long gap, in which the machine's
+  // load may have changed, so it replaces what was known of its arm.
+  a.seconds[arm] = a.runs[arm] > 0 && !trial_run ? 0.7 * a.seconds[arm] + 0.3 * seconds : seconds;
+  a.last[arm] = seconds;
+  if (arm == 1) a.best_team = a.runs[1] > 0 ? std::min(a.best_team, seconds) : seconds;
+  a.runs[arm] = std::min(a.runs[arm] + 1, 2);
+}
+
+void ThreadChoice::decide(Arms& a, int arm) noexcept {
+  if (arm != a.current) {
     a.current = arm;
     a.interval = kFirstInterval;
   } else {
     a.interval = std::min(kIntervalGrowth * a.interval, kMaxInterval);
   }
-  a.countdown = a.interval;
+  // On the team, one thread is tried only when the team shows it has slowed: a trial on one
+  // thread costs (team size - 1) runs of the team, a lot on a machine of many cores.
+  a.countdown = a.current == 1 ? kNoTrial : a.interval;
 }
 
 namespace {
@@ -92,10 +113,10 @@ int choose_threads(std::uint64_t key, int wanted, double start) {
   return g_choice.choose(key, wanted, start);
 }
 
-void record_threads(std::uint64_t key, int threads, double start) {
+void record_threads(std::uint64_t key, int threads, double start, double one_thread_estimate) {
   const double now = now_seconds();
   std::lock_guard lock(g_mutex);
-  g_choice.record(key, threads, now - start, now);
+  g_choice.record(key, threads, now - start, now, one_thread_estimate);
 }
 
 }  // namespace tapegrad::detail

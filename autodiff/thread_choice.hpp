@@ -6,17 +6,22 @@
 // cost several times the serial run: every join waits for a thread the scheduler has parked,
 // and libgomp's waiting threads spin on the cores the working ones need (README, "Threads").
 // No call can change libgomp's wait policy once it has loaded, so tapegrad measures instead:
-// each kind of work (a product's layout, a loop's size class) keeps a running time for one
-// thread and for the team, runs the faster one, and now and then tries the other, less often
-// each time the choice holds, and at once when the current choice runs slower than the other
-// did. On an idle machine the team keeps winning and the trials are rare.
+// each kind of work (a product's layout, a loop's call site and size class) keeps a running
+// time for one thread and for the team and runs the faster one.
+// - A loop's team run also times its chunks one by one; their sum is what one thread would
+//   have taken, so every team run weighs both choices.
+// - A product on the team is tried on one thread once, at its second call, and afterwards only
+//   when the team shows it has slowed (slower than one thread was, or kBusyRatio times its own
+//   best run): on a machine of many cores a trial on one thread costs many runs of the team.
+// - Work that runs on one thread tries the team after 2, 8, 32, 128, 512, then every 1024 calls,
+//   and at once when one thread runs slower than the team last did.
 //
 // A busy machine is busy for every kind of work at once, and a trial of the team then costs a
-// scheduler slice (milliseconds) whatever the work. So when trials twice in a row find the team
-// much slower than one thread (kBusyRatio), a hold starts: new kinds of work start on one thread, and trials of
-// the team wait until the hold ends, when one trial (of whichever kind comes first) decides
-// for all. The hold doubles from kFirstHold to kMaxHold while the team keeps losing and ends
-// when it wins a trial.
+// scheduler slice (milliseconds) whatever the work. So when two verdicts in a row find the team
+// kBusyRatio times slower than one thread, a hold starts: new kinds of work start on one
+// thread, and trials of the team wait until the hold ends, when one trial (of whichever kind
+// comes first) decides for all. The hold doubles from kFirstHold to kMaxHold while the team
+// keeps losing and ends when it wins.
 #pragma once
 
 #include <cstdint>
@@ -27,12 +32,11 @@ namespace tapegrad::detail {
 // The policy, apart from clocks and locks so that tests can drive it with chosen times.
 class ThreadChoice {
  public:
-  // Calls between trials of the other arm: the first after kFirstInterval, then growing
-  // kIntervalGrowth-fold while the current arm keeps winning, up to kMaxInterval. A trial of
-  // the losing arm costs a whole slow run, and a benchmark of tens of steps must not pay many;
-  // a change of load is caught by the current arm's own slowdown, not by the trials.
-  // The first trial comes at the second call: until one thread's time is known, a team that the
-  // machine cannot give is not noticed, and its runs may each take a scheduler slice.
+  // Calls between trials of the team for work that runs on one thread: the first after
+  // kFirstInterval, then growing kIntervalGrowth-fold while one thread keeps winning, up to
+  // kMaxInterval (each trial costs a slow run when the machine is busy). The first trial of one
+  // thread, for work that starts on the team, also comes at the second call: until one
+  // thread's time is known, a team that the machine cannot give is not noticed.
   static constexpr int kFirstInterval = 2;
   static constexpr int kIntervalGrowth = 4;
   static constexpr int kMaxInterval = 1024;
@@ -53,8 +57,9 @@ class ThreadChoice {
   // The thread count for the next run of work `key`, which the size rule would give `wanted`
   // threads (> 1): `wanted` or 1. `now` is a monotonic time in seconds.
   int choose(std::uint64_t key, int wanted, double now);
-  // What that run took, in seconds, with `threads` threads; `now` when it ended.
-  void record(std::uint64_t key, int threads, double seconds, double now);
+  // What that run took, in seconds, with `threads` threads; `now` when it ended. A team's run
+  // may also say what one thread would have taken (its chunks' times summed).
+  void record(std::uint64_t key, int threads, double seconds, double now, double one_thread_estimate = 0);
   // Whether trials of the team are held back (the team lost by kBusyRatio lately).
   bool holding(double now) const noexcept { return hold_ > 0 && now < hold_until_; }
   // Kinds of work seen; the table is cleared when it reaches kMaxKinds.
@@ -66,12 +71,16 @@ class ThreadChoice {
     double seconds[2] = {0.0, 0.0};  // running times: [0] one thread, [1] the team
     double last[2] = {0.0, 0.0};     // the latest run of each
     int runs[2] = {0, 0};            // runs recorded, counted up to 2 (all the rules ask)
+    double best_team = 0.0;          // the team's fastest run
     int current = 1;  // the size rule's choice first
     int interval = kFirstInterval;
     int countdown = kFirstInterval;
     bool trial = false;  // the next record is a trial of the other arm
   };
   void judge_team(const Arms& a, double now) noexcept;
+  static void note(Arms& a, int arm, double seconds, bool trial_run) noexcept;
+  static void decide(Arms& a, int arm) noexcept;
+  static constexpr int kNoTrial = 1 << 30;
 
   std::unordered_map<std::uint64_t, Arms> arms_;
   double hold_ = 0.0;  // 0: the team is not known to be slow
@@ -85,7 +94,7 @@ double now_seconds() noexcept;
 
 // The process-wide instance, locked; `start` = now_seconds() before the run.
 int choose_threads(std::uint64_t key, int wanted, double start);
-void record_threads(std::uint64_t key, int threads, double start);
+void record_threads(std::uint64_t key, int threads, double start, double one_thread_estimate = 0);
 
 // Mixes v into a key (FNV-1a over 64-bit words).
 constexpr std::uint64_t mix_key(std::uint64_t key, std::uint64_t v) noexcept {

@@ -219,8 +219,14 @@ void forward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t i0, std::in
 
 // float32 tiles, compiled for each vector width and picked at run time (the build machine's CPU
 // is never assumed): the tiles' own loops (mask, maximum, exp, sums, dS, the roundings) are
-// inlined into each clone; built for baseline x86-64 they ran 4 floats at a time.
-[[gnu::target_clones("avx512f", "avx2", "default"), gnu::flatten]] void forward_tile_f32(const Problem<float>& p, std::int64_t bh,
+// inlined into each clone (flatten); built for baseline x86-64 they ran 4 floats at a time.
+// Clang refuses flatten on a multiversioned function, so there they build once.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define TAPEGRAD_TILE_CLONES [[gnu::target_clones("avx512f", "avx2", "default"), gnu::flatten]]
+#else
+#define TAPEGRAD_TILE_CLONES
+#endif
+TAPEGRAD_TILE_CLONES void forward_tile_f32(const Problem<float>& p, std::int64_t bh,
                                                                                        std::int64_t i0, std::int64_t nq, float* out,
                                                                                        float* lse, ForwardScratch<float>& w) {
   forward_tile<float>(p, bh, i0, nq, out, lse, w);
@@ -342,7 +348,7 @@ void backward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t j0, std::i
 }
 
 // float32 clones, as forward_tile_f32.
-[[gnu::target_clones("avx512f", "avx2", "default"), gnu::flatten]] void backward_tile_f32(
+TAPEGRAD_TILE_CLONES void backward_tile_f32(
     const Problem<float>& p, std::int64_t bh, std::int64_t j0, std::int64_t nk, const float* lse, const float* delta,
     const Matrices<float>& d_out, const Bf16Matrices& d_out_b, const Gradients<float>& g, float* dq, float* dbias,
     BackwardScratch<float>& w) {

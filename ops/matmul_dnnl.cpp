@@ -213,7 +213,6 @@ TAPEGRAD_CLONES void round_run(const float* src, std::uint16_t* dst, std::int64_
 TAPEGRAD_CLONES void round_run(const float* src, float* dst, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) dst[i] = rounded_as<float>(src[i]);
 }
-#undef TAPEGRAD_CLONES
 
 // Scratch for the rounded operands, kept per thread and grown as needed: allocating (and
 // page-faulting) fresh buffers on every call cost as much as the conversion itself.
@@ -303,12 +302,16 @@ bool has_fast_kernel(const Layout& a, const Layout& b, const Layout& c) {
 template <class Call>
 dnnl_status_t on_chosen_threads(int kind, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                                 std::int64_t lda, std::int64_t ldb, std::int64_t ldc, Call call) {
+  const int wanted = dnnl_threads_for(static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
+  if (wanted == 1) {  // no choice to make: no clock, no lock (tiles are called thousands of times)
+    const OmpThreads omp(1);
+    return call();
+  }
   std::uint64_t key = mix_key(kKeySeed, static_cast<std::uint64_t>(kind));
   for (const std::int64_t v : {std::int64_t{trans_a}, std::int64_t{trans_b}, m, n, k, lda, ldb, ldc})
     key = mix_key(key, static_cast<std::uint64_t>(v));
   const double start = now_seconds();
-  const int threads =
-      choose_threads(key, dnnl_threads_for(static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k)), start);
+  const int threads = choose_threads(key, wanted, start);
   const OmpThreads omp(threads);
   const dnnl_status_t status = call();
   record_threads(key, threads, start);
@@ -331,9 +334,9 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   if (!describe(a, la)) return run(copy_of(a), b, c, bf16);
   if (!describe(b, lb)) return run(a, copy_of(b), c, bf16);
   describe(c, lc);
-  const std::uint64_t work = work_key(la, lb, lc, bf16);
-  const int threads =
-      choose_threads(work, dnnl_threads_for(static_cast<double>(c.numel()) * static_cast<double>(a.shape()[r - 1])), now_seconds());
+  const int wanted = dnnl_threads_for(static_cast<double>(c.numel()) * static_cast<double>(a.shape()[r - 1]));
+  const std::uint64_t work = wanted > 1 ? work_key(la, lb, lc, bf16) : 0;
+  const int threads = wanted > 1 ? choose_threads(work, wanted, now_seconds()) : 1;
   const OmpThreads omp(threads);
   void* pa = mutable_data(a);  // oneDNN takes non-const handles; it only reads a and b
   void* pb = mutable_data(b);
@@ -370,7 +373,7 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   e.a.set_data_handle(pa);
   e.b.set_data_handle(pb);
   e.c.set_data_handle(mutable_data(c));
-  const double start = now_seconds();
+  const double start = wanted > 1 ? now_seconds() : 0.0;
   // Through the C API: the C++ execute() builds an unordered_map of the three arguments per call.
   const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, e.a.get()}, {DNNL_ARG_WEIGHTS, e.b.get()}, {DNNL_ARG_DST, e.c.get()}};
   const dnnl_status_t status = dnnl_primitive_execute(e.primitive.get(), cpu_stream().get(), 3, args);
@@ -378,7 +381,7 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
     fail<ValueError>("matmul: oneDNN failed to run a product of shapes {} and {}, status {}", shape_str(a.shape()),
                      shape_str(b.shape()), static_cast<int>(status));
   cpu_stream().wait();
-  record_threads(work, threads, start);
+  if (wanted > 1) record_threads(work, threads, start);
 }
 
 }  // namespace
@@ -399,6 +402,7 @@ bool dense_in_some_order(std::span<const std::int64_t> sizes, std::span<const st
 std::int64_t dnnl_primitives_created() noexcept { return t_created; }
 
 int dnnl_threads_for(double macs) noexcept {
+  if (in_parallel_body()) return 1;  // a product inside a parallel_for body stays on its thread
   const double wanted = std::max(1.0, std::floor(macs / kMacsPerThread));
   return static_cast<int>(std::min<double>(max_threads(), wanted));
 }
@@ -452,11 +456,6 @@ inline std::uint16_t to_bf16_finite(float f) {
   return static_cast<std::uint16_t>(mag >= 0x7f800000u ? special : finite);
 }
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define TAPEGRAD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define TAPEGRAD_CLONES
-#endif
 TAPEGRAD_CLONES std::uint32_t round_operand_row(const float* src, std::uint16_t* dst, std::int64_t n) {
   std::uint32_t bad = 0;
   for (std::int64_t i = 0; i < n; ++i) {

@@ -6,7 +6,6 @@
 // 2. Decoder::generate with train_chars's default model (width 64, 4 heads, 2 blocks, a window
 //    of 64 positions), 300 greedy tokens after a 12-character prompt: tokens per second.
 #include <algorithm>
-#include <chrono>
 
 #include <tapegrad/tapegrad.hpp>
 
@@ -17,9 +16,6 @@ using tg::Tensor;
 
 namespace bench {
 namespace {
-
-using clock_type = std::chrono::steady_clock;
-double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
 
 // The arithmetic a step must do over `length` cached positions (width `dim`), in plain loops.
 Stats dots(std::int64_t length, std::int64_t dim, const Options& options) {

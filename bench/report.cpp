@@ -12,12 +12,10 @@
 namespace bench {
 namespace {
 
-using clock_type = std::chrono::steady_clock;
-
 double seconds(const std::function<void()>& f, int batch) {
   const auto t0 = clock_type::now();
   for (int i = 0; i < batch; ++i) f();
-  return std::chrono::duration<double>(clock_type::now() - t0).count() / batch;
+  return since(t0) / batch;
 }
 
 nlohmann::json to_json(const Cell& c) {
@@ -61,7 +59,7 @@ std::vector<Stats> measure(const std::vector<std::function<void()>>& fs, int min
   std::vector<std::vector<double>> samples(fs.size());
   const auto start = clock_type::now();
   for (int round = 0;; ++round) {
-    const double elapsed = std::chrono::duration<double>(clock_type::now() - start).count();
+    const double elapsed = since(start);
     if (round >= min_runs && elapsed >= min_seconds) break;
     if (round >= 10 * min_runs && elapsed >= min_seconds / 10) break;  // many fast rounds are enough
     for (std::size_t i = 0; i < fs.size(); ++i) samples[i].push_back(seconds(fs[i], batch[i]));

@@ -2,6 +2,7 @@
 // the same numbers as one JSON document (layout in main.cpp's header).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -10,6 +11,11 @@
 #include <vector>
 
 namespace bench {
+
+using clock_type = std::chrono::steady_clock;
+
+// Seconds from t0 to now.
+inline double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
 
 // Wall time of one call: median and spread over `runs` timed calls after warm-up.
 struct Stats {

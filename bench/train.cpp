@@ -5,7 +5,6 @@
 // keeps its own loop rather than measure(). Its PyTorch twin is bench/torch_train.py (another
 // process and language: it cannot be a section).
 #include <algorithm>
-#include <chrono>
 
 #include <tapegrad/tapegrad.hpp>
 
@@ -15,12 +14,6 @@ namespace tg = tapegrad;
 using tg::Tensor;
 
 namespace bench {
-namespace {
-
-using clock_type = std::chrono::steady_clock;
-double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
-
-}  // namespace
 
 void section_train(Report& report, const Options& options) {
   auto& table = report.table("train", "train_sort's model, one training step: ms median (min-max)",

@@ -146,8 +146,6 @@ inline std::int64_t padded_end(std::int64_t end, std::int64_t k) noexcept {
   return std::min(k, (end + kRowPad - 1) / kRowPad * kRowPad);
 }
 
-// Writes a[j] = load(j) for j < end (load gives -inf at masked keys) and returns their maximum
-// and whether one is NaN, in one pass: the caller's scaling, bias and mask fuse into it.
 // x where the mask byte (or bool) is set, else -inf; x is computed unconditionally, so that a
 // loop of these vectorises.
 template <class M, class T> [[gnu::always_inline]] inline T select(M allowed, T x) {
@@ -158,22 +156,38 @@ template <class T> struct RowMax {
   T m;
   bool nan;
 };
+// {m, false} for the maximum m of a row a[0, end) just written; a row with no entry above
+// -FLT_MAX is read again, for its exact maximum and whether it holds a NaN.
+template <class T> RowMax<T> row_max_checked(const T* a, std::int64_t end, T m) {
+  if (m > std::numeric_limits<T>::lowest()) return {m, false};
+  m = -std::numeric_limits<T>::infinity();
+  bool nan = false;
+  for (std::int64_t j = 0; j < end; ++j) {
+    nan |= a[j] != a[j];
+    m = a[j] > m ? a[j] : m;
+  }
+  return {m, nan};
+}
+
+// Writes a[j] = load(j) for j < end (load gives -inf at masked keys) and returns their maximum
+// and whether one is NaN, in one pass: the caller's scaling, bias and mask fuse into it.
+// The loop carries the maximum alone: a NaN flag and an "above -inf" flag per element made
+// it twice the work, and with a mask byte read GCC then vectorised it at a quarter of the
+// vector width with its lanes in memory. Whether the row holds a NaN matters only when no
+// entry is above -inf (an empty row or a NaN row), and only then, or when the maximum is at
+// or below -FLT_MAX (OpenMP starts each lane's maximum at the type's lowest value, which Clang
+// takes to be -FLT_MAX rather than -inf), is the written row read again. The maximum never
+// picks a NaN, and its value does not depend on the order of the comparisons.
 template <class T, class Load> [[gnu::always_inline]] inline RowMax<T> load_row(T* a, std::int64_t end, Load load) {
   constexpr T kMinusInf = -std::numeric_limits<T>::infinity();
   T m = kMinusInf;
-  int nan = 0, above = 0;
-#pragma omp simd reduction(max : m) reduction(| : nan, above)
+#pragma omp simd reduction(max : m)
   for (std::int64_t j = 0; j < end; ++j) {
     const T v = load(j);
     a[j] = v;
-    nan |= v != v ? 1 : 0;
-    above |= v > kMinusInf ? 1 : 0;
     m = v > m ? v : m;
   }
-  // OpenMP starts each lane's maximum at the type's lowest value, which Clang takes to be
-  // -FLT_MAX rather than -inf: a row with nothing above -inf then came back with m = -FLT_MAX
-  // and divided 0 by 0. Whether some entry is above -inf decides it, whatever the compiler.
-  return {above != 0 ? m : kMinusInf, nan != 0};
+  return row_max_checked(a, end, m);
 }
 
 // The rest of the softmax of a row that load_row wrote; allowed(j) is asked only in a NaN row.

@@ -16,7 +16,8 @@
 // A value is a string, a number, null (no figure: printed "-") or, for a timed figure,
 // {"median_ms", "min_ms", "max_ms", "runs"} (a time derived from medians, such as softmax's
 // backward_ms, is a number). Keys name their unit: _ms, _gbs (GB/s),
-// _gflops (GFLOP/s), _mib, _percent; _fraction and _ratio are plain ratios. Table ids: references,
+// _gflops (GFLOP/s), _mib, _percent; _fraction and _ratio are plain ratios (a _memory ending: of
+// the memory copy's bandwidth, bench::memory_copy). Table ids: references,
 // matmul, overhead, kernels, softmax, attention, fused, bf16, bf16_error, decode, generate,
 // threads, threads_busy, train.
 #include <algorithm>

@@ -54,4 +54,12 @@ class CopyLoop {
   std::vector<float> src_, dst_;
 };
 
+// The copy loop over buffers well past the last-level cache: the machine's memory bandwidth,
+// which the performance targets of memory-bound kernels (elementwise ops, reductions, softmax)
+// are fractions of. Per side, 4x the L3 size sysconf reports, within 64-256 MiB (64 MiB when
+// it reports none; a virtual machine may report the L3 of every core complex summed, more than
+// one core reaches; --quick: 1 MiB, only to check that it runs). One per process, built at its
+// first call.
+CopyLoop& memory_copy(const Options& options);
+
 }  // namespace bench

@@ -39,7 +39,7 @@ template <class T>
       max = load_row(a, end, [&](std::int64_t j) { return select(keys[j], scale * s[j]); });
     else if (b == nullptr) max = load_row(a, end, [&](std::int64_t j) { return masked(j, scale * s[j * ss]); });
     else max = load_row(a, end, [&](std::int64_t j) { return masked(j, scale * s[j * ss] + b[j * bs]); });
-    softmax_loaded(a, end, k, max, [&m](std::int64_t j) { return m(j); });
+    softmax_loaded(a, end, k, max, [&m](std::int64_t j) { return m(j); }, prefetch_next<T>(scores, r, stop));
     if constexpr (std::is_same_v<T, float>)
       if (rounded != nullptr) round_bf16_weights(a, rounded + r * k, k);  // the row is still in L1
   }

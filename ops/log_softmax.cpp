@@ -30,7 +30,8 @@ constexpr std::int64_t kRowCost = 8;
 // - log sum over allowed j of exp(x_j - m), -inf where not allowed (rules of masked_max). The
 // loops are plain float loops, except in a row whose maximum is -inf with a NaN (all NaN then).
 template <class T, class Allowed>
-[[gnu::always_inline]] inline void log_softmax_loaded(T* y, std::int64_t k, RowMax<T> max, Allowed allowed) {
+[[gnu::always_inline]] inline void log_softmax_loaded(T* y, std::int64_t k, RowMax<T> max, Allowed allowed,
+                                                      const void* ahead) {
   const T m = max.m;
   if (m == kMinusInf<T> && !max.nan) {  // nothing allowed, or only -inf
     std::fill_n(y, k, kMinusInf<T>);
@@ -41,7 +42,7 @@ template <class T, class Allowed>
     return;
   }
   // Every exponent is <= 0, so nothing overflows; NaN and +inf scores make it NaN.
-  const T log_z = std::log(simd_sum(k, [&](std::int64_t j) { return softmax_exp<T>(y[j] - m); }));
+  const T log_z = std::log(simd_sum(k, [&](std::int64_t j) { return softmax_exp<T>(y[j] - m); }, ahead));
   for (std::int64_t j = 0; j < k; ++j) y[j] = (y[j] - m) - log_z;
 }
 
@@ -60,7 +61,7 @@ template <class T>
     else if (m == nullptr) max = load_row(y, k, [&](std::int64_t j) { return s[j * xs]; });
     else if (xs == 1 && ms == 1) max = load_row(y, k, [&](std::int64_t j) { return select(b[j], s[j]); });
     else max = load_row(y, k, [&](std::int64_t j) { return select(b[j * ms], s[j * xs]); });
-    log_softmax_loaded(y, k, max, [&](std::int64_t j) { return m == nullptr || m[j * ms]; });
+    log_softmax_loaded(y, k, max, [&](std::int64_t j) { return m == nullptr || m[j * ms]; }, prefetch_next<T>(x, r, stop));
   }
 }
 

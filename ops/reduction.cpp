@@ -125,8 +125,9 @@ bool leading_reduction(const Tensor& x, const Plan& p, std::int64_t& rows, std::
   return rows > 1 && cols > 1;
 }
 
-// Walks x in runs, calling run(k, v, n, acc_step, x_step) for the n elements v[i * x_step] that
-// fold into accumulators k + i * acc_step (accumulators laid out as p.kept, contiguous). Large
+// Walks x in runs, calling run(k, v, n, acc_step, x_step, o, o_step) for the n elements
+// v[i * x_step] that fold into accumulators k + i * acc_step (accumulators laid out as p.kept,
+// contiguous) and whose positions in a contiguous tensor of x's shape are o + i * o_step. Large
 // inputs are split over threads along the outermost kept dim (size > 1), so each thread owns
 // its accumulators and results do not depend on the thread count.
 template <class T, class Run>
@@ -134,21 +135,23 @@ void walk(const Tensor& x, const Plan& p, const Run& run) {
   Shape acc_strides = contiguous_strides(p.kept);
   for (std::size_t k = 0; k < acc_strides.size(); ++k)
     if (p.reduced[k]) acc_strides[k] = 0;
+  const Shape out_strides = contiguous_strides(x.shape());
   const T* px = static_cast<const T*>(x.raw_data());
   const std::size_t rank = x.shape().size();
   std::size_t split = 0;
   while (split < rank && (p.reduced[split] || x.shape()[split] == 1)) ++split;
   const auto part = [&](std::int64_t begin, std::int64_t end) {
     Shape shape = x.shape();
-    std::int64_t acc_base = 0, x_base = 0;
+    std::int64_t acc_base = 0, x_base = 0, out_base = 0;
     if (split < rank) {
       shape[split] = end - begin;
       acc_base = begin * acc_strides[split];
       x_base = begin * x.strides()[split];
+      out_base = begin * out_strides[split];
     }
-    const StridedLoop<2> loop(shape.data(), shape.size(), {acc_strides.data(), x.strides().data()});
+    const StridedLoop<3> loop(shape.data(), shape.size(), {acc_strides.data(), x.strides().data(), out_strides.data()});
     loop.for_each_run([&](const auto& off, std::int64_t n, const auto& inner) {
-      run(acc_base + off[0], px + x_base + off[1], n, inner[0], inner[1]);
+      run(acc_base + off[0], px + x_base + off[1], n, inner[0], inner[1], out_base + off[2], inner[2]);
     });
   };
   if (x.numel() == 0) return;
@@ -179,7 +182,8 @@ Tensor fold(const Tensor& x, const Plan& p, Acc init, Combine combine, Row row) 
     if (parallel_chunks(cols, rows) == 1) part(0, cols);
     else parallel_for(cols, rows, part);
   } else {
-    walk<T>(x, p, [&](std::int64_t k, const T* v, std::int64_t n, std::int64_t acc_step, std::int64_t x_step) {
+    walk<T>(x, p, [&](std::int64_t k, const T* v, std::int64_t n, std::int64_t acc_step, std::int64_t x_step, std::int64_t,
+                      std::int64_t) {
       Acc* a = acc.data() + k;
       if (acc_step == 0 && x_step == 1) *a = row(*a, v, n);
       else if (acc_step == 1 && x_step == 1) fold_columns(a, v, n, combine);
@@ -193,37 +197,59 @@ Tensor fold(const Tensor& x, const Plan& p, Acc init, Combine combine, Row row) 
   return out;
 }
 
+// One reduced row (max over the last dim): d[i] = g where v[i] == m, else 0; returns how many.
 template <class T>
-TAPEGRAD_SIMD_CLONES std::int64_t count_equal(const T* v, std::int64_t n, T m) {
+TAPEGRAD_SIMD_CLONES std::int64_t place_row(T* __restrict d, const T* v, std::int64_t n, T m, T g) {
   std::int64_t count = 0;
-  for (std::int64_t i = 0; i < n; ++i) count += v[i] == m;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const bool hit = v[i] == m;
+    d[i] = hit ? g : T(0);
+    count += hit;
+  }
   return count;
 }
 
-// Ties along a kept dim (max over a leading dim): one element per slice.
+// A run along a kept dim (max over a leading dim): one element per slice.
 template <class T>
-TAPEGRAD_SIMD_CLONES void count_equal_columns(std::int64_t* __restrict ties, const T* v, const T* m, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) ties[i] += v[i] == m[i];
+TAPEGRAD_SIMD_CLONES void place_columns(T* __restrict d, std::int64_t* __restrict ties, const T* v, const T* m, const T* g,
+                                        std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const bool hit = v[i] == m[i];
+    d[i] = hit ? g[i] : T(0);
+    ties[i] += hit;
+  }
 }
 
-// The backward of max: dx = [x == M] g / ties in two passes over x (count each slice's ties,
-// then place the shares), without bool or float intermediates of x's size.
+// The backward of max: dx = [x == M] g / ties. One pass over x writes g where x == M and counts
+// each slice's ties at once; only when some slice has more than one (g / 1 is g itself) does a
+// second pass place the shares, g / ties. No bool or float intermediates of x's size.
 template <class T>
 Tensor max_backward_direct(const Tensor& x, const Tensor& kept, const Tensor& g, const Plan& p) {
   const T* pm = static_cast<const T*>(kept.raw_data());  // contiguous, laid out as p.kept
+  const Tensor gk = contiguous(reshape(g, p.kept));
+  const T* pg = static_cast<const T*>(gk.raw_data());
   std::vector<std::int64_t> ties(static_cast<std::size_t>(shape_numel(p.kept)), 0);
-  walk<T>(x, p, [&](std::int64_t k, const T* v, std::int64_t n, std::int64_t acc_step, std::int64_t x_step) {
-    if (acc_step == 0 && x_step == 1) ties[static_cast<std::size_t>(k)] += count_equal(v, n, pm[k]);
-    else if (acc_step == 1 && x_step == 1) count_equal_columns(ties.data() + k, v, pm + k, n);
+  Tensor dx = new_tensor(x.shape(), x.dtype());
+  T* pd = static_cast<T*>(mutable_data(dx));
+  walk<T>(x, p, [&](std::int64_t k, const T* v, std::int64_t n, std::int64_t acc_step, std::int64_t x_step, std::int64_t o,
+                    std::int64_t o_step) {
+    T* d = pd + o;
+    if (acc_step == 0 && x_step == 1 && o_step == 1) ties[static_cast<std::size_t>(k)] += place_row(d, v, n, pm[k], pg[k]);
+    else if (acc_step == 1 && x_step == 1 && o_step == 1) place_columns(d, ties.data() + k, v, pm + k, pg + k, n);
     else
-      for (std::int64_t i = 0; i < n; ++i) ties[static_cast<std::size_t>(k + i * acc_step)] += v[i * x_step] == pm[k + i * acc_step];
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::int64_t a = k + i * acc_step;
+        const bool hit = v[i * x_step] == pm[a];
+        d[i * o_step] = hit ? pg[a] : T(0);
+        ties[static_cast<std::size_t>(a)] += hit;
+      }
   });
+  if (std::none_of(ties.begin(), ties.end(), [](std::int64_t t) { return t > 1; })) return dx;
   Tensor ties_t = new_tensor(p.kept, x.dtype());
   T* pt = static_cast<T*>(mutable_data(ties_t));
   for (std::size_t i = 0; i < ties.size(); ++i) pt[i] = static_cast<T>(ties[i]);
   Tensor share = new_tensor(p.kept, x.dtype());
-  map_into<T, T, T>(share, [](T gv, T c) { return gv / c; }, reshape(g, p.kept), ties_t);
-  Tensor dx = new_tensor(x.shape(), x.dtype());
+  map_into<T, T, T>(share, [](T gv, T c) { return gv / c; }, gk, ties_t);
   map_into<T, T, T, T>(dx, [](T v, T m, T s) { return v == m ? s : T(0); }, x, kept, share);
   return dx;
 }

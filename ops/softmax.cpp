@@ -38,7 +38,7 @@ template <class T>
     else if (m == nullptr) max = load_row(a, k, [&](std::int64_t j) { return s[j * ss]; });
     else if (ss == 1 && ms == 1) max = load_row(a, k, [&](std::int64_t j) { return select(b[j], s[j]); });
     else max = load_row(a, k, [&](std::int64_t j) { return select(b[j * ms], s[j * ss]); });
-    softmax_loaded(a, k, k, max, [&](std::int64_t j) { return m == nullptr || m[j * ms]; });
+    softmax_loaded(a, k, k, max, [&](std::int64_t j) { return m == nullptr || m[j * ms]; }, prefetch_next<T>(scores, r, stop));
   }
 }
 

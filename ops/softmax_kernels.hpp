@@ -85,13 +85,18 @@ template <class T> [[gnu::always_inline]] inline T softmax_exp(T x) {
 // make a float sum much more accurate than one running total, and the order of the additions
 // depends on n alone (not on the vector width). (`omp simd reduction` kept its lanes in memory
 // under GCC 12, a store-to-load chain per vector: the backward row sum ran 4x slower.)
-template <class F> [[gnu::always_inline]] inline auto simd_sum(std::int64_t n, F&& f) {
+// With `ahead` (the next row's scores, prefetch_next below), each block of 16 elements also
+// asks for the cache line at ahead + 16 j elements.
+template <class F> [[gnu::always_inline]] inline auto simd_sum(std::int64_t n, F&& f, const void* ahead = nullptr) {
   using T = decltype(f(0));
   constexpr std::int64_t kLanes = 16;
   T lane[kLanes] = {};
   std::int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
+  const char* next = static_cast<const char*>(ahead);
+  for (; j + kLanes <= n; j += kLanes) {
+    if (next != nullptr) __builtin_prefetch(next + j * static_cast<std::int64_t>(sizeof(T)), 0, 3);
     for (std::int64_t l = 0; l < kLanes; ++l) lane[l] += f(j + l);
+  }
   for (std::int64_t l = 0; j + l < n; ++l) lane[l] += f(j + l);
   T total = 0;
   for (std::int64_t l = 0; l < kLanes; ++l) total += lane[l];
@@ -146,8 +151,16 @@ inline std::int64_t padded_end(std::int64_t end, std::int64_t k) noexcept {
   return std::min(k, (end + kRowPad - 1) / kRowPad * kRowPad);
 }
 
-// Writes a[j] = load(j) for j < end (load gives -inf at masked keys) and returns their maximum
-// and whether one is NaN, in one pass: the caller's scaling, bias and mask fuse into it.
+// The row after row r of `rows` when it is in the same thread's range and contiguous, else
+// null: softmax_loaded asks for its cache lines while it computes the exponentials of row r (a
+// line per 16 elements), so that it arrives during that computation. Without it a row read from
+// beyond the core's caches cost its transfer plus its computation: the load pass found nothing
+// in flight, as the exponential pass touches only the row already in L1.
+// (Asking for the next row's mask bytes too made no difference.)
+template <class T> const void* prefetch_next(const RowPointers& rows, std::int64_t r, std::int64_t stop) noexcept {
+  return r + 1 < stop && rows.stride == 1 ? rows.row<T>(r + 1) : nullptr;
+}
+
 // x where the mask byte (or bool) is set, else -inf; x is computed unconditionally, so that a
 // loop of these vectorises.
 template <class M, class T> [[gnu::always_inline]] inline T select(M allowed, T x) {
@@ -158,27 +171,45 @@ template <class T> struct RowMax {
   T m;
   bool nan;
 };
+// {m, false} for the maximum m of a row a[0, end) just written; a row with no entry above
+// -FLT_MAX is read again, for its exact maximum and whether it holds a NaN.
+template <class T> RowMax<T> row_max_checked(const T* a, std::int64_t end, T m) {
+  if (m > std::numeric_limits<T>::lowest()) return {m, false};
+  m = -std::numeric_limits<T>::infinity();
+  bool nan = false;
+  for (std::int64_t j = 0; j < end; ++j) {
+    nan |= a[j] != a[j];
+    m = a[j] > m ? a[j] : m;
+  }
+  return {m, nan};
+}
+
+// Writes a[j] = load(j) for j < end (load gives -inf at masked keys) and returns their maximum
+// and whether one is NaN, in one pass: the caller's scaling, bias and mask fuse into it.
+// The loop carries the maximum alone: a NaN flag and an "above -inf" flag per element made
+// it twice the work, and with a mask byte read GCC then vectorised it at a quarter of the
+// vector width with its lanes in memory. Whether the row holds a NaN matters only when no
+// entry is above -inf (an empty row or a NaN row), and only then, or when the maximum is at
+// or below -FLT_MAX (OpenMP starts each lane's maximum at the type's lowest value, which Clang
+// takes to be -FLT_MAX rather than -inf), is the written row read again. The maximum never
+// picks a NaN, and its value does not depend on the order of the comparisons.
 template <class T, class Load> [[gnu::always_inline]] inline RowMax<T> load_row(T* a, std::int64_t end, Load load) {
   constexpr T kMinusInf = -std::numeric_limits<T>::infinity();
   T m = kMinusInf;
-  int nan = 0, above = 0;
-#pragma omp simd reduction(max : m) reduction(| : nan, above)
+#pragma omp simd reduction(max : m)
   for (std::int64_t j = 0; j < end; ++j) {
     const T v = load(j);
     a[j] = v;
-    nan |= v != v ? 1 : 0;
-    above |= v > kMinusInf ? 1 : 0;
     m = v > m ? v : m;
   }
-  // OpenMP starts each lane's maximum at the type's lowest value, which Clang takes to be
-  // -FLT_MAX rather than -inf: a row with nothing above -inf then came back with m = -FLT_MAX
-  // and divided 0 by 0. Whether some entry is above -inf decides it, whatever the compiler.
-  return {above != 0 ? m : kMinusInf, nan != 0};
+  return row_max_checked(a, end, m);
 }
 
 // The rest of the softmax of a row that load_row wrote; allowed(j) is asked only in a NaN row.
+// `ahead`: the next row's scores (prefetch_next), asked for during the exponentials.
 template <class T, class Allowed>
-[[gnu::always_inline]] inline void softmax_loaded(T* a, std::int64_t end, std::int64_t k, RowMax<T> max, Allowed allowed) {
+[[gnu::always_inline]] inline void softmax_loaded(T* a, std::int64_t end, std::int64_t k, RowMax<T> max, Allowed allowed,
+                                                  const void* ahead = nullptr) {
   constexpr T kMinusInf = -std::numeric_limits<T>::infinity();
   const std::int64_t stop = padded_end(end, k);
   std::fill(a + end, a + stop, kMinusInf);
@@ -191,7 +222,7 @@ template <class T, class Allowed>
   // s - m <= 0: no overflow; +inf - inf = NaN propagates
   const T z = m == kMinusInf
                   ? simd_sum(stop, [&](std::int64_t j) { return a[j] = ok(j) ? softmax_exp<T>(a[j] - m) : T(0); })
-                  : simd_sum(stop, [&](std::int64_t j) { return a[j] = softmax_exp<T>(a[j] - m); });
+                  : simd_sum(stop, [&](std::int64_t j) { return a[j] = softmax_exp<T>(a[j] - m); }, ahead);
   const T inv = T(1) / z;
   if (z == z)
     for (std::int64_t j = 0; j < stop; ++j) a[j] *= inv;

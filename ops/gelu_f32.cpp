@@ -28,7 +28,7 @@
 // double-precision erfc and exp over every 7th float32 with |x| < 15: Phi within 1.05e-7
 // absolute and 2.1e-7 relative in the left tail (down to x = -12.9, below which Phi is
 // subnormal), phi within 2.7e-8 absolute, the slope within 1.3e-7; the AVX-512, AVX2 and
-// scalar paths give the same bits for every float32.
+// scalar paths give the same bits for every float32 input (a NaN's sign and payload aside).
 //
 // Limits: NaN propagates (every clamp is `c < v ? c : v` or `c > v ? c : v`, which keep a NaN
 // v, as vminps and vmaxps with the constant first do); gelu(inf) = inf, gelu(-inf) = -0 (x is clamped at -14.8

@@ -30,7 +30,7 @@ int main() {
   tg::Decoder model({.vocab = 11, .max_len = 13, .dim = 48, .heads = 4, .layers = 2, .seed = 1});
   tg::AdamW opt(model.named_parameters(), {.lr = 3e-3});
   tg::Generator gen(2);
-  for (int step = 0; step < 600; ++step) {
+  for (int step = 0; step < 800; ++step) {
     auto [x, y] = sorting_batch(gen, 64, 6);
     tg::Tensor loss = tg::cross_entropy(model.forward(x), y);
     tg::backward(loss);

@@ -7,7 +7,7 @@
 
 #include "autodiff/parallel.hpp"
 #include "layers/layer_support.hpp"
-#include "ops/fast_math.hpp"
+#include "ops/gelu_f32.hpp"
 #include "ops/kernel.hpp"
 #include "tapegrad/ops/dropout.hpp"
 #include "tapegrad/ops/elementwise.hpp"
@@ -25,25 +25,22 @@ std::int64_t hidden_of(const FeedForwardConfig& c) {
 
 // y = x Phi(x) and its slope y' = Phi(x) + x phi(x) (Phi, phi: the standard normal cdf and
 // density), with the formulas of the gelu op.
-template <class T> TAPEGRAD_SIMD_CLONES void gelu_and_slope(const T* __restrict x, T* __restrict y, T* __restrict slope, std::int64_t n) {
-#pragma omp simd
-  for (std::int64_t i = 0; i < n; ++i) {
-    T cdf, pdf;
-    if constexpr (std::is_same_v<T, float>) {
-      const detail::NormalF32 normal = detail::normal_f32(x[i]);
-      cdf = normal.cdf, pdf = normal.pdf;
-    } else {
-      cdf = 0.5 * (1 + std::erf(x[i] * (std::numbers::sqrt2 / 2)));
-      pdf = std::exp(-0.5 * x[i] * x[i]) * (0.5 * std::numbers::inv_sqrtpi * std::numbers::sqrt2);
+template <class T> void gelu_and_slope(const T* __restrict x, T* __restrict y, T* __restrict slope, std::int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    detail::gelu_slope_f32(x, y, slope, n);
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) {
+      const T cdf = 0.5 * (1 + std::erf(x[i] * (std::numbers::sqrt2 / 2)));
+      const T pdf = std::exp(-0.5 * x[i] * x[i]) * (0.5 * std::numbers::inv_sqrtpi * std::numbers::sqrt2);
+      y[i] = x[i] * cdf;
+      slope[i] = cdf + x[i] * pdf;
     }
-    y[i] = x[i] * cdf;
-    slope[i] = cdf + x[i] * pdf;
   }
 }
 
-// gelu(h) for the hidden layer. The forward has Phi and phi at hand (normal_f32 makes both from
-// one exponential), so the node keeps the slope instead of h and its backward is dh = g y', one
-// multiply, where the gelu op's recomputes both. It keeps as much memory (one tensor of h's size).
+// gelu(h) for the hidden layer. The forward has Phi and phi at hand (one exponential makes
+// both), so the node keeps the slope instead of h and its backward is dh = g y', one multiply,
+// where the gelu op's recomputes both. It keeps as much memory (one tensor of h's size).
 Tensor gelu_keeping_slope(const Tensor& h_in) {
   if (!should_record({&h_in, 1})) return gelu(h_in);
   const Tensor h = h_in.is_contiguous() ? h_in : detail::copy_of(h_in);

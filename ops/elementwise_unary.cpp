@@ -2,12 +2,13 @@
 // df(x, y) = dy/dx, side by side; the shared backward is dx = g * df(x, y). `uses_x`/`uses_y`
 // say which of input and output the derivative reads, so only those are kept on the tape (and
 // read by the backward loop). `cost` is the price per element relative to a copy, which decides
-// when a loop is split over threads. float32 exp, tanh and GELU use the vectorisable functions
-// of fast_math.hpp; float64 keeps the std:: functions.
+// when a loop is split over threads. float32 exp and tanh use the vectorisable functions of
+// fast_math.hpp, float32 GELU the kernels of gelu_f32.cpp; float64 keeps the std:: functions.
 #include <cmath>
 #include <numbers>
 
 #include "ops/fast_math.hpp"
+#include "ops/gelu_f32.hpp"
 #include "ops/kernel.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 
@@ -74,28 +75,45 @@ struct Relu {
   template <class T> T f(T x) const { return x < T(0) ? T(0) : x; }  // NaN stays NaN, as in PyTorch
   template <class T> T df(T x, T) const { return x > T(0) ? T(1) : T(0); }  // 0 at the kink, as PyTorch
 };
-// GELU in its exact (erf) form, x Phi(x). float32 computes Phi and the density together from
-// one exponential (normal_f32), so the backward is one pass over x.
+// GELU in its exact (erf) form, x Phi(x). The generic form serves float64; float32 takes the
+// kernels of gelu_f32.cpp (gelu below).
 struct Gelu {
   static constexpr const char* name = "gelu";
   static constexpr bool uses_x = true, uses_y = false;
   static constexpr std::int64_t cost = 10;
   template <class T> static T cdf(T x) { return T(0.5) * (T(1) + std::erf(x * static_cast<T>(std::numbers::sqrt2 / 2))); }
-  template <class T> T f(T x) const {
-    if constexpr (std::is_same_v<T, float>) return x * normal_f32(x).cdf;
-    else return x * cdf(x);
-  }
+  template <class T> T f(T x) const { return x * cdf(x); }
   // (x Phi(x))' = Phi(x) + x phi(x), phi the normal density
   template <class T> T df(T x, T) const {
-    if constexpr (std::is_same_v<T, float>) {
-      const NormalF32 n = normal_f32(x);
-      return n.cdf + x * n.pdf;
-    } else {
-      const T pdf = std::exp(T(-0.5) * x * x) * static_cast<T>(0.5 * std::numbers::inv_sqrtpi * std::numbers::sqrt2);
-      return cdf(x) + x * pdf;
-    }
+    const T pdf = std::exp(T(-0.5) * x * x) * static_cast<T>(0.5 * std::numbers::inv_sqrtpi * std::numbers::sqrt2);
+    return cdf(x) + x * pdf;
   }
 };
+
+// float32 GELU (gelu_f32.cpp) takes about twice exp's time per element. Its kernels want
+// contiguous arrays, so a strided x or upstream gradient is copied first.
+constexpr std::int64_t kGeluF32Cost = 6;
+
+Tensor gelu_f32(const Tensor& x) {
+  Tensor y = new_tensor(x.shape(), x.dtype(), "gelu");
+  {
+    const Tensor xc = x.is_contiguous() ? x : copy_of(x);
+    const auto* px = static_cast<const float*>(xc.raw_data());
+    float* py = static_cast<float*>(mutable_data(y));
+    parallel_for(xc.numel(), kGeluF32Cost, [&](std::int64_t b, std::int64_t e) { detail::gelu_f32(px + b, py + b, e - b); });
+  }
+  // dx = g (Phi(x) + x phi(x))
+  record("gelu", {x}, y, {x}, [x](std::span<const Tensor> g, const std::vector<bool>&) {
+    const Tensor xc = x.is_contiguous() ? x : copy_of(x), gc = g[0].is_contiguous() ? g[0] : copy_of(g[0]);
+    Tensor dx = new_tensor(gc.shape(), gc.dtype(), "gelu");
+    const auto* px = static_cast<const float*>(xc.raw_data());
+    const auto* pg = static_cast<const float*>(gc.raw_data());
+    float* pd = static_cast<float*>(mutable_data(dx));
+    parallel_for(xc.numel(), kGeluF32Cost, [&](std::int64_t b, std::int64_t e) { gelu_backward_f32(pg + b, px + b, pd + b, e - b); });
+    return std::vector<Tensor>{dx};
+  });
+  return y;
+}
 
 template <class Op> Tensor unary(const Tensor& x, Op op = {}) {
   check_floating(Op::name, "x", x);
@@ -137,6 +155,9 @@ Tensor pow(const Tensor& x, double exponent) {
 }
 Tensor tanh(const Tensor& x) { return unary<Tanh>(x); }
 Tensor relu(const Tensor& x) { return unary<Relu>(x); }
-Tensor gelu(const Tensor& x) { return unary<Gelu>(x); }
+Tensor gelu(const Tensor& x) {
+  check_floating(Gelu::name, "x", x);
+  return x.dtype() == float32 ? gelu_f32(x) : unary<Gelu>(x);
+}
 
 }  // namespace tapegrad

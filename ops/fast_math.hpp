@@ -1,19 +1,16 @@
-// Internal: float32 exp, tanh and the normal distribution's cdf and density, written so that a
-// loop over them vectorises (std::exp and friends are calls the compiler cannot vectorise
-// without -ffast-math). Branch-free: ranges are clamped with selects, NaN propagates (every
-// clamp is `x < lo ? lo : x`, false for NaN), and no float-to-int conversion sees NaN or an
-// out-of-range value. float64 keeps the std:: functions.
+// Internal: float32 exp and tanh, written so that a loop over them vectorises (std::exp and
+// friends are calls the compiler cannot vectorise without -ffast-math). Branch-free: ranges are
+// clamped with selects, NaN propagates (every clamp is `x < lo ? lo : x`, false for NaN), and no
+// float-to-int conversion sees NaN or an out-of-range value. float64 keeps the std:: functions.
 //
-// One exponential (exp_core) serves every float32 exp in tapegrad: exp_f32 (the exp op, GELU)
-// and exp_flush_f32 (the softmax loops, which want exact zeros far left of 0).
+// One exponential (exp_core) serves the float32 exp op (exp_f32) and the softmax loops
+// (exp_flush_f32, which want exact zeros far left of 0). GELU has its own kernels, with the
+// exponential inlined (gelu_f32.cpp).
 //
 // Measured against the double-precision std:: functions over every 7th float32 (both signs):
 // exp_f32 within 1.6 ulp (for -103 < x < 88.7), exp_flush_f32 within 1.3 ulp over all float32
-// in [-87.3, 88], tanh_f32 within 2.4 ulp, normal_f32's cdf
-// within 1.3e-7 absolute everywhere (erf form: 0.5 (1 + erf(x / sqrt 2)); float32 rounding of
-// a value near 1 is 6e-8) and 5e-7 relative in the left tail, its density within 5e-8
-// absolute. tests/test_kernels.cpp holds looser bounds (2 ulp, 3 ulp, 1.5e-7); GELU's use of
-// them is documented in docs/gradients.md.
+// in [-87.3, 88], tanh_f32 within 2.4 ulp. tests/test_kernels.cpp holds looser bounds (2 ulp,
+// 3 ulp); docs/gradients.md documents them for the ops.
 #pragma once
 
 #include <bit>
@@ -107,57 +104,6 @@ inline float tanh_f32(float x) {
   const float s = pow2_f32(round_bits(sum));
   const float m = s * q + (s - 1.0f);
   return std::copysign(m / (m + 2.0f), x);
-}
-
-// The standard normal cdf Phi(x) = 0.5 (1 + erf(x / sqrt 2)) and density phi(x), sharing one
-// exponential: with z = |x| / sqrt 2, 0.5 erfc(z) = 0.5 e^(-z^2) R(z), where R(z) = e^(z^2)
-// erfc(z) is smooth and bounded (1 at 0, about 1 / (z sqrt pi) far out). R is a degree-10
-// polynomial in t = 1 / (1 + 0.35 z), fitted (Chebyshev, mpmath) on 0 <= z <= 10.5, past
-// which e^(-z^2) is 0 in float32: its fit error is 1.2e-9. Phi(x) = 1 - 0.5 erfc(z) for
-// x >= 0 and 0.5 erfc(z) for x < 0, so the left tail keeps its relative precision; z^2 =
-// x^2 / 2 goes to the exponential in two parts (x split into 12 + 12 significant bits), as its
-// rounding would otherwise cost that precision. Near 0 (z < 0.5) Phi = 0.5 + 0.5 erf(z) from
-// erf's Taylor series to z^13 (truncation below 1e-9), where the erfc form loses bits to 1 - .
-struct NormalF32 {
-  float cdf, pdf;
-};
-inline NormalF32 normal_f32(float x) {
-  constexpr float kInvSqrt2 = 0.707106781186547524f;
-  constexpr float kInvSqrt2Pi = 0.398942280401432678f;
-  constexpr float k2InvSqrtPi = 1.12837916709551257f;
-  float z = std::fabs(x) * kInvSqrt2;
-  z = z > 10.5f ? 10.5f : z;
-  float xc = x < -14.8f ? -14.8f : x;  // past which phi and the tail are 0 in float32
-  xc = xc > 14.8f ? 14.8f : xc;
-  const float xh = std::bit_cast<float>(std::bit_cast<std::uint32_t>(xc) & 0xfffff000u);
-  const float xl = xc - xh;
-  const float e = exp_core<true>(-0.5f * (xh * xh), -0.5f * (xl * (xh + xc)));  // e^(-x^2 / 2), >= e^-110
-  const float t = 1.0f / (1.0f + 0.35f * z);
-  float r = 0.0225691098439f;
-  r = r * t - 0.0650011940354f;
-  r = r * t - 0.063270899896f;
-  r = r * t + 0.340490571453f;
-  r = r * t - 0.266625302645f;
-  r = r * t + 0.372268100075f;
-  r = r * t + 0.0537170538699f;
-  r = r * t + 0.215795567581f;
-  r = r * t + 0.192069163121f;
-  r = r * t + 0.198011761362f;
-  r = r * t - 2.39295397259e-5f;
-  const float tail = 0.5f * e * r;  // Phi(-|x|)
-  const float y = z * z;
-  float s = -1.0f / 75600.0f;  // erf(z) = 2/sqrt(pi) sum_k (-1)^k z^(2k+1) / (k! (2k+1))
-  s = s * y + 1.0f / 9360.0f;
-  s = s * y - 1.0f / 1320.0f;
-  s = s * y + 1.0f / 216.0f;
-  s = s * y - 1.0f / 42.0f;
-  s = s * y + 1.0f / 10.0f;
-  s = s * y - 1.0f / 3.0f;
-  s = s * y + 1.0f;
-  const float half_erf = 0.5f * k2InvSqrtPi * z * s;  // 0.5 erf(z)
-  const float upper = z < 0.5f ? 0.5f + half_erf : 1.0f - tail;
-  const float lower = z < 0.5f ? 0.5f - half_erf : tail;
-  return {x < 0.0f ? lower : upper, e * kInvSqrt2Pi};
 }
 
 }  // namespace tapegrad::detail

@@ -144,7 +144,7 @@ AttentionResult attention_pipelined(const AttentionArgs& a, const Shape& scores_
               // dbias needs dS whole; else each block's dS lives in the block's buffer only.
               const Tensor dS = want_ds && needs[3] ? new_tensor(scores_shape, DType::float32, "attention") : Tensor();
               float* ds_all = dS.defined() ? static_cast<float*>(mutable_data(dS)) : nullptr;
-              const std::int64_t groups = std::clamp<std::int64_t>((kMinItems + blk.bh - 1) / std::max<std::int64_t>(blk.bh, 1), 1, blk.count);
+              const std::int64_t groups = std::clamp<std::int64_t>((kMinItems + blk.bh - 1) / std::max<std::int64_t>(blk.bh, 1), 1, std::max<std::int64_t>(blk.count, 1));
               std::vector<Tensor> dk_parts, dv_parts;
               std::vector<float*> dk_p, dv_p;
               for (std::int64_t i = 0; i < groups; ++i) {

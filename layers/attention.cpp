@@ -5,7 +5,9 @@
 //   A = masked_softmax(S, mask)      dS = A * (dA - rowsum(A * dA))
 //   O = A v                          dA = dO v^T + (upstream gradient of A),  dv = A^T dO
 // The scaling, the bias, the mask and the softmax are one pass over the scores
-// (attention_softmax.cpp), and the mask is asked for row by row, never materialised.
+// (attention_softmax.cpp), and the mask is asked for row by row, never materialised. Scores too
+// large for the cache go through these steps a block of rows at a time instead
+// (attention_pipeline.cpp), so that no step streams them through main memory.
 // Masked keys and empty rows have weights exactly 0, and so have their dS. The four products by
 // A or dS (O, dv, dq, dk) are weighted_matmul, where a zero weight contributes nothing: a NaN or
 // inf in a masked key's k or v, or in an empty row's q, cannot reach any output or gradient
@@ -90,7 +92,8 @@ void transposed_weighted_bf16(std::int64_t q, std::int64_t k, std::int64_t n, co
   if (x.any_bad(q)) tiles::add_non_finite(true, k, n, q, 1.0f, w, k, x.x, x.ld, x.bad, c, n);
 }
 
-// The weights path under a bfloat16 matmul precision (float32 only): the same forward and
+// The weights path under a bfloat16 matmul precision (float32 only, scores too small for
+// attention_pipeline.cpp's blocks): the same forward and
 // backward as attention_core's, with every product on bfloat16 operands rounded once per call
 // (q, k, v, dO) or written rounded by the softmax passes themselves (A, dS) next to their
 // float32 values, so no product pays a pass over the [..., Q, K] weights. The products are the
@@ -202,6 +205,7 @@ AttentionResult attention_core(const AttentionArgs& a) {
   if (!a.need_weights) return {flash_attention(a, scores_shape), Tensor()};
   const RowMasks masks(a.op, a.mask, scores_shape);
   const double scale = 1.0 / std::sqrt(static_cast<double>(a.q.size(-1)));
+  if (a.q.dtype() == DType::float32 && attention_pipeline_pays(scores_shape)) return attention_pipelined(a, scores_shape, masks, scale);
   if (a.q.dtype() == DType::float32 && matmul_precision() == MatmulPrecision::bfloat16)
     return attention_bf16(a, scores_shape, masks, scale);
   Tensor weights, output;

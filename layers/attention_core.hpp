@@ -23,4 +23,13 @@ AttentionResult attention_core(const AttentionArgs& args);
 // The fused path: validated arguments and the scores' shape [..., Q, K]. Returns the output.
 Tensor flash_attention(const AttentionArgs& args, const Shape& scores_shape);
 
+// The weights path for float32 (exact or bfloat16 products, as the matmul precision says), in
+// blocks of query rows that stay in cache from the scores' product to the output's
+// (layers/attention_pipeline.cpp). Validated arguments, their masks and 1/sqrt(D); block_rows 0
+// sizes the blocks for L2 (tests ask for small ones). Records the node as attention_core does.
+AttentionResult attention_pipelined(const AttentionArgs& args, const Shape& scores_shape, const RowMasks& masks, double scale,
+                                    std::int64_t block_rows = 0);
+// Whether scores of this shape are worth the blocks (too small, whole-tensor passes stay in cache).
+bool attention_pipeline_pays(const Shape& scores_shape);
+
 }  // namespace tapegrad::detail

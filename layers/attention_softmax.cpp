@@ -18,8 +18,8 @@ namespace {
 
 template <class T>
 [[gnu::always_inline]] inline void forward_rows(const RowPointers& scores, const RowPointers& bias, T scale,
-                                                const RowMasks& masks, T* weights, std::uint16_t* rounded, std::int64_t begin,
-                                                std::int64_t stop) {
+                                                const RowMasks& masks, T* weights, std::uint16_t* rounded,
+                                                std::int64_t rounded_first, std::int64_t begin, std::int64_t stop) {
   const std::int64_t k = scores.k;
   for (std::int64_t r = begin; r < stop; ++r) {
     const RowMask m = masks.row(r);
@@ -41,21 +41,22 @@ template <class T>
     else max = load_row(a, end, [&](std::int64_t j) { return masked(j, scale * s[j * ss] + b[j * bs]); });
     softmax_loaded(a, end, k, max, [&m](std::int64_t j) { return m(j); }, prefetch_next<T>(scores, r, stop));
     if constexpr (std::is_same_v<T, float>)
-      if (rounded != nullptr) round_bf16_weights(a, rounded + r * k, k);  // the row is still in L1
+      if (rounded != nullptr) round_bf16_weights(a, rounded + (r - rounded_first) * k, k);  // the row is still in L1
   }
 }
 
+// out and rounded hold rows from out_first on (one_row: out is the same single row for each).
 template <class T>
 [[gnu::always_inline]] inline void backward_rows(const T* weights, const RowPointers& ga, const RowPointers& gb, T factor,
-                                                 const RowMasks& masks, T* out, bool one_row, std::uint16_t* rounded,
-                                                 std::int64_t begin, std::int64_t stop) {
+                                                 const RowMasks& masks, T* out, std::int64_t out_first, bool one_row,
+                                                 std::uint16_t* rounded, std::int64_t begin, std::int64_t stop) {
   const std::int64_t k = ga.base ? ga.k : gb.k, sa = ga.stride, sb = gb.stride;
   for (std::int64_t r = begin; r < stop; ++r) {
     const std::int64_t end = masks.row(r).end;
     const T* a = weights + r * k;
     const T* pa = ga.row<T>(r);
     const T* pb = gb.row<T>(r);
-    T* o = one_row ? out : out + r * k;  // one row: dS is kept only rounded
+    T* o = one_row ? out : out + (r - out_first) * k;  // one row: dS is kept only rounded
     if (pa && pb && sa == 1 && sb == 1)
       softmax_backward_row(a, end, k, factor, o, [&](std::int64_t j) { return pa[j] + pb[j]; });
     else if (pa && pb)
@@ -67,7 +68,7 @@ template <class T>
     else
       softmax_backward_row(a, end, k, factor, o, [&](std::int64_t j) { return pb[j * sb]; });
     if constexpr (std::is_same_v<T, float>)
-      if (rounded != nullptr) round_bf16_weights(o, rounded + r * k, k);
+      if (rounded != nullptr) round_bf16_weights(o, rounded + (r - out_first) * k, k);
   }
 }
 
@@ -76,16 +77,18 @@ template <class T>
 // each clone.
 [[gnu::target_clones("avx512f", "avx2", "default")]] void forward_rows_f32(const RowPointers& scores, const RowPointers& bias,
                                                                            float scale, const RowMasks& masks, float* weights,
-                                                                           std::uint16_t* rounded, std::int64_t begin, std::int64_t stop) {
-  forward_rows<float>(scores, bias, scale, masks, weights, rounded, begin, stop);
+                                                                           std::uint16_t* rounded, std::int64_t rounded_first,
+                                                                           std::int64_t begin, std::int64_t stop) {
+  forward_rows<float>(scores, bias, scale, masks, weights, rounded, rounded_first, begin, stop);
 }
 
 [[gnu::target_clones("avx512f", "avx2", "default")]] void backward_rows_f32(const float* weights, const RowPointers& ga,
                                                                             const RowPointers& gb, float factor,
-                                                                            const RowMasks& masks, float* out, bool one_row,
+                                                                            const RowMasks& masks, float* out,
+                                                                            std::int64_t out_first, bool one_row,
                                                                             std::uint16_t* rounded, std::int64_t begin,
                                                                             std::int64_t stop) {
-  backward_rows<float>(weights, ga, gb, factor, masks, out, one_row, rounded, begin, stop);
+  backward_rows<float>(weights, ga, gb, factor, masks, out, out_first, one_row, rounded, begin, stop);
 }
 
 // Rows of K elements cost about this many units each per element (an exp, a few passes).
@@ -101,8 +104,8 @@ void attention_softmax_forward(const Tensor& scores, double scale, const Tensor&
   visit_float(weights.dtype(), "attention", [&]<class T>(Tag<T>) {
     T* out = static_cast<T*>(mutable_data(weights));
     parallel_for(rows, k * kRowCost, [&](std::int64_t begin, std::int64_t stop) {
-      if constexpr (std::is_same_v<T, float>) forward_rows_f32(s, b, static_cast<T>(scale), masks, out, rounded, begin, stop);
-      else forward_rows<T>(s, b, static_cast<T>(scale), masks, out, nullptr, begin, stop);
+      if constexpr (std::is_same_v<T, float>) forward_rows_f32(s, b, static_cast<T>(scale), masks, out, rounded, 0, begin, stop);
+      else forward_rows<T>(s, b, static_cast<T>(scale), masks, out, nullptr, 0, begin, stop);
     });
   });
 }
@@ -120,11 +123,23 @@ Tensor attention_softmax_backward(const Tensor& weights, const Tensor& grad_a, c
     parallel_for(rows, k * kRowCost, [&](std::int64_t begin, std::int64_t stop) {
       std::vector<T> row(keep_float ? 0 : static_cast<std::size_t>(k));  // one row at a time, rounded as it is written
       T* dst = keep_float ? out : row.data();
-      if constexpr (std::is_same_v<T, float>) backward_rows_f32(a, ga, gb, static_cast<T>(factor), masks, dst, !keep_float, rounded, begin, stop);
-      else backward_rows<T>(a, ga, gb, static_cast<T>(factor), masks, dst, false, nullptr, begin, stop);
+      if constexpr (std::is_same_v<T, float>)
+        backward_rows_f32(a, ga, gb, static_cast<T>(factor), masks, dst, 0, !keep_float, rounded, begin, stop);
+      else backward_rows<T>(a, ga, gb, static_cast<T>(factor), masks, dst, 0, false, nullptr, begin, stop);
     });
   });
   return ds;
+}
+
+void attention_softmax_forward_rows(const RowPointers& scores, const RowPointers& bias, float scale, const RowMasks& masks,
+                                    float* weights, std::uint16_t* rounded, std::int64_t begin, std::int64_t stop) {
+  forward_rows_f32(scores, bias, scale, masks, weights, rounded, begin, begin, stop);
+}
+
+void attention_softmax_backward_rows(const float* weights, const RowPointers& grad_a, const RowPointers& grad_b, float factor,
+                                     const RowMasks& masks, float* out, std::uint16_t* rounded, std::int64_t begin,
+                                     std::int64_t stop) {
+  backward_rows_f32(weights, grad_a, grad_b, factor, masks, out, begin, false, rounded, begin, stop);
 }
 
 }  // namespace tapegrad::detail

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "layers/attention_mask.hpp"
+#include "ops/softmax_kernels.hpp"
 
 namespace tapegrad::detail {
 
@@ -25,5 +26,17 @@ void attention_softmax_forward(const Tensor& scores, double scale, const Tensor&
 // false only there (a pass of [..., Q, K] float32 writes saved), and returns an undefined tensor.
 Tensor attention_softmax_backward(const Tensor& weights, const Tensor& grad_a, const Tensor& grad_b, const RowMasks& masks,
                                   double factor, std::uint16_t* rounded = nullptr, bool keep_float = true);
+
+// The same two passes (float32) on rows [begin, stop) of the scores only, on the calling thread:
+// for a caller that runs them on a block of rows between the products that write and read it,
+// while the block is still in cache. Rows are numbered over the whole [..., Q, K]: `weights` is
+// whole, scores / grad_a / grad_b are RowPointers (RowPointers::block for a buffer that holds
+// these rows only); the backward's out and both passes' rounded (if not null) hold rows
+// [begin, stop) only, and out may be grad_a's buffer.
+void attention_softmax_forward_rows(const RowPointers& scores, const RowPointers& bias, float scale, const RowMasks& masks,
+                                    float* weights, std::uint16_t* rounded, std::int64_t begin, std::int64_t stop);
+void attention_softmax_backward_rows(const float* weights, const RowPointers& grad_a, const RowPointers& grad_b, float factor,
+                                     const RowMasks& masks, float* out, std::uint16_t* rounded, std::int64_t begin,
+                                     std::int64_t stop);
 
 }  // namespace tapegrad::detail

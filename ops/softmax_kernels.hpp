@@ -115,6 +115,7 @@ struct RowPointers {
   Dims8 strides;
   std::int64_t k = 0, stride = 0;
   bool packed = false;
+  std::int64_t first = 0;  // packed: the row that base holds (a buffer of a block of rows)
 
   RowPointers(const Tensor& t, const Shape& shape_) : shape(shape_), k(shape_.back()) {
     if (!t.defined()) return;
@@ -123,9 +124,18 @@ struct RowPointers {
     strides = broadcast_strides(t, shape);
     stride = strides[shape.size() - 1];
   }
+  // Rows first, first + 1, ... of `shape`, packed at `rows` (row stride K).
+  template <class T> static RowPointers block(const T* rows, const Shape& shape_, std::int64_t first_row) {
+    RowPointers p(Tensor(), shape_);
+    p.base = reinterpret_cast<const std::byte*>(rows);
+    p.packed = true;
+    p.stride = 1;
+    p.first = first_row;
+    return p;
+  }
   template <class T> const T* row(std::int64_t r) const noexcept {
     if (base == nullptr) return nullptr;
-    if (packed) return reinterpret_cast<const T*>(base) + r * k;
+    if (packed) return reinterpret_cast<const T*>(base) + (r - first) * k;
     std::int64_t offset = 0;
     for (std::size_t d = shape.size() - 1; d-- > 0;) {
       offset += (r % shape[d]) * strides[d];

@@ -1,7 +1,8 @@
 // The fused attention path (attention_core with need_weights = false, layers/attention_flash.cpp)
 // against the weights path: outputs and every gradient, across masks given by parts, causal
 // offsets, Q != K, bias shapes, non-finite masked keys and sequences spanning several tiles;
-// and float64 gradchecks of the fused path alone.
+// and float64 gradchecks of the fused path alone. Then the weights path in blocks of rows
+// (layers/attention_pipeline.cpp) against the weights path on whole tensors.
 #define BOOST_TEST_MODULE attention_flash
 #include <boost/test/data/test_case.hpp>
 #include <limits>
@@ -444,6 +445,133 @@ BOOST_AUTO_TEST_CASE(poison_in_allowed_rows_reaches_the_same_outputs) {
     for (std::size_t r = 0; r < exact.size(); ++r)
       for (std::size_t n = 0; n < exact[r].size(); ++n)
         BOOST_TEST(std::isnan(rounded[r][n]) == std::isnan(exact[r][n]), (fused ? "fused" : "weights") << " result " << r << "[" << n << "]");
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// The weights path in blocks of query rows (layers/attention_pipeline.cpp), which attention_core
+// takes for float32 scores of 8 MiB and more, asked for here directly with small blocks so that
+// small problems span many of them: against the whole-tensor weights path (attention_core on
+// these small shapes), with an upstream gradient of the weights too, exact and bfloat16.
+BOOST_AUTO_TEST_SUITE(pipelined_weights_path)
+
+// Output, weights and the gradients of q, k, v (and bias), through the whole-tensor weights
+// path or the blocks of block_rows rows, backward from dO and an upstream dA.
+std::vector<std::vector<double>> run_weights(const Problem& p, std::int64_t block_rows) {
+  Tensor q = p.q.detach().set_requires_grad(), k = p.k.detach().set_requires_grad(), v = p.v.detach().set_requires_grad();
+  Tensor bias = p.bias.defined() ? p.bias.detach().set_requires_grad() : Tensor();
+  const tg::detail::AttentionArgs args{"attention", q, k, v, bias, p.parts, true};
+  Shape scores{q.size(0), q.size(1), q.size(2), k.size(2)};
+  if (v.dim() > q.dim()) scores.insert(scores.begin(), v.size(0));
+  const tg::detail::RowMasks masks("attention", p.parts, scores);
+  const auto r = block_rows == 0 ? tg::detail::attention_core(args)
+                                 : tg::detail::attention_pipelined(args, scores, masks, 1 / std::sqrt(static_cast<double>(q.size(-1))), block_rows);
+  const Tensor d_weights = tg::randn(scores, 77, tg::float64).to(r.weights.dtype());
+  tg::backward({r.output, r.weights}, {p.d_out, d_weights});
+  std::vector<std::vector<double>> out{values(r.output), values(r.weights), values(q.grad()), values(k.grad()), values(v.grad())};
+  if (bias.defined()) out.push_back(values(bias.grad()));
+  tg::clear_tape();
+  return out;
+}
+
+void compare_pipelined(const Problem& p, std::int64_t block_rows, double atol, double rtol, const std::string& what) {
+  const auto whole = run_weights(p, 0), blocks = run_weights(p, block_rows);
+  const char* names[] = {"output", "weights", "dq", "dk", "dv", "dbias"};
+  for (std::size_t r = 0; r < whole.size(); ++r) {
+    BOOST_TEST_REQUIRE(whole[r].size() == blocks[r].size());
+    double worst = 0;
+    for (std::size_t n = 0; n < whole[r].size(); ++n) {
+      const double a = blocks[r][n], b = whole[r][n];
+      BOOST_TEST_REQUIRE(std::isfinite(a), what << ": " << names[r] << "[" << n << "] of the blocks is " << a);
+      BOOST_TEST_REQUIRE(std::isfinite(b), what << ": " << names[r] << "[" << n << "] of the whole tensors is " << b);
+      if (r == 1 && b == 0) BOOST_TEST_REQUIRE(a == 0.0, what << ": masked weight " << n << " is " << a);
+      worst = std::max(worst, std::abs(a - b) / (atol + rtol * std::abs(b)));
+    }
+    BOOST_TEST(worst <= 1.0, what << ": " << names[r] << " differs by " << worst << " tolerances");
+  }
+}
+
+BOOST_DATA_TEST_CASE(small_shapes, bdata::make(grid()), c) {
+  for (std::int64_t rows : {1, 2, 16}) compare_pipelined(make(c, tg::float32), rows, 2e-5, 2e-4, "float32");
+}
+
+// Many blocks, a batch entry's blocks split into groups (B H < 8), every mask kind, a bias and
+// NaN in the padded keys' k and v; exact and bfloat16; the results bitwise the same on one and
+// two threads.
+BOOST_AUTO_TEST_CASE(several_blocks_any_thread_count) {
+  for (const Case& c : {Case{1, 2, 300, 421, 16, 8, true, true, false, true, 37, 2, true, 7},
+                        Case{2, 1, 260, 140, 8, 12, true, false, true, true, -100, 3, false, 8},
+                        Case{1, 3, 129, 257, 5, 3, false, true, false, false, 0, 1, false, 9},
+                        Case{3, 4, 100, 100, 16, 16, true, true, true, true, 0, 1, true, 10}})
+    for (bool bf16 : {false, true}) {
+      const tg::MatmulPrecisionGuard precision(bf16 ? tg::MatmulPrecision::bfloat16 : tg::MatmulPrecision::exact);
+      const Problem p = make(c, tg::float32);
+      std::vector<std::vector<double>> first;
+      for (int threads : {1, 2}) {
+        const int before = tg::num_threads();
+        tg::set_num_threads(threads);
+        BOOST_TEST_CONTEXT(c << " bfloat16 " << bf16 << " threads " << threads) {
+          // bfloat16: both paths round their own intermediates (the whole path dS to bfloat16
+          // only where no dbias is asked for), so they agree to bfloat16's precision only.
+          if (bf16) compare_pipelined(p, 16, 3e-2, 3e-2, "bfloat16");
+          else compare_pipelined(p, 16, 5e-5, 5e-4, "float32");
+          const auto got = run_weights(p, 16);
+          if (first.empty()) first = got;
+          else
+            for (std::size_t r = 0; r < got.size(); ++r) BOOST_TEST((got[r] == first[r]), "result " << r << " bitwise on 1 and 2 threads");
+        }
+        tg::set_num_threads(before);
+      }
+    }
+}
+
+// v with more leading dims than q and k (the weights then carry them), q, k and v strided.
+BOOST_AUTO_TEST_CASE(broadcast_values_and_strided_inputs) {
+  Problem p;
+  p.q = tg::transpose(tg::randn({2, 40, 3, 8}, 51), 1, 2);  // [2, 3, 40, 8], rows 24 apart
+  p.k = tg::transpose(tg::randn({2, 33, 3, 8}, 52), 1, 2);
+  p.v = tg::randn({4, 2, 3, 33, 5}, 53);
+  p.d_out = tg::randn({4, 2, 3, 40, 5}, 54);
+  p.parts.causal = true;
+  p.parts.causal_offset = -3;  // queries 0-2 attend to nothing
+  for (bool bf16 : {false, true}) {
+    const tg::MatmulPrecisionGuard precision(bf16 ? tg::MatmulPrecision::bfloat16 : tg::MatmulPrecision::exact);
+    BOOST_TEST_CONTEXT("bfloat16 " << bf16) { compare_pipelined(p, 16, bf16 ? 3e-2 : 2e-5, bf16 ? 3e-2 : 2e-4, "strided"); }
+  }
+}
+
+// NaN or inf in the k and v rows of padded keys and in the q and dO rows of queries that attend
+// to nothing: every result bitwise what zeros there give, exact and bfloat16.
+BOOST_AUTO_TEST_CASE(poison_in_masked_rows_changes_nothing_bitwise) {
+  const Case c{2, 2, 140, 150, 16, 8, true, true, false, true, 5, 2, false, 31};
+  const Problem clean = make(c, tg::float32);
+  const auto keys = clean.parts.key_mask.to_vector<bool>(), queries = clean.parts.query_mask.to_vector<bool>();
+  auto rows_set = [&](const Tensor& x, const std::vector<bool>& keep, std::int64_t per_batch, double value) {
+    std::vector<double> v = values(x);
+    const auto w = static_cast<std::size_t>(x.shape().back());
+    for (std::size_t n = 0; n < v.size(); ++n) {
+      const std::size_t row = n / w, b = row / static_cast<std::size_t>(c.h * per_batch), i = row % static_cast<std::size_t>(per_batch);
+      if (!keep[b * static_cast<std::size_t>(per_batch) + i]) v[n] = value;
+    }
+    return tg::from_vector(v, x.shape()).to(tg::float32);
+  };
+  auto with = [&](double x) {
+    Problem p = clean;
+    p.k = rows_set(clean.k, keys, c.k, x);
+    p.v = rows_set(clean.v, keys, c.k, x);
+    p.q = rows_set(clean.q, queries, c.q, x);
+    p.d_out = rows_set(clean.d_out, queries, c.q, x);
+    return p;
+  };
+  for (bool bf16 : {false, true}) {
+    const tg::MatmulPrecisionGuard precision(bf16 ? tg::MatmulPrecision::bfloat16 : tg::MatmulPrecision::exact);
+    const auto zeroed = run_weights(with(0.0), 32);
+    for (double x : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()}) {
+      const auto poisoned = run_weights(with(x), 32);
+      for (std::size_t r = 0; r < zeroed.size(); ++r)
+        BOOST_TEST((poisoned[r] == zeroed[r]), "bfloat16 " << bf16 << ", poison " << x << ", result " << r);
+    }
   }
 }
 

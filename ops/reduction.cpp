@@ -179,8 +179,25 @@ Tensor fold(const Tensor& x, const Plan& p, Acc init, Combine combine, Row row) 
           fold_column_block(acc.data() + begin, px + r * cols + begin, cols, end - begin, combine);
       for (; r < rows; ++r) fold_columns(acc.data() + begin, px + r * cols + begin, end - begin, combine);
     };
-    if (parallel_chunks(cols, rows) == 1) part(0, cols);
-    else parallel_for(cols, rows, part);
+    const int blocks = parallel_chunks(rows, cols);
+    if (blocks == 1) {
+      part(0, cols);
+    } else if constexpr (!kBlockRows) {
+      // max: threads take blocks of whole rows, each one contiguous stream. Split by columns,
+      // each thread read pieces of every row, a stream broken at each row, and 2 threads ran
+      // slower than one. The blocks' maxima are combined in row order, which gives the bits of
+      // the one-row-at-a-time fold (the first of equal values stays, the first NaN wins).
+      std::vector<Acc> partial(static_cast<std::size_t>((blocks - 1) * cols), init);
+      parallel_for(blocks, rows / blocks * cols, [&](std::int64_t b0, std::int64_t b1) {
+        for (std::int64_t b = b0; b < b1; ++b) {
+          Acc* a = b == 0 ? acc.data() : partial.data() + (b - 1) * cols;
+          for (std::int64_t r = rows * b / blocks; r < rows * (b + 1) / blocks; ++r) fold_columns(a, px + r * cols, cols, combine);
+        }
+      });
+      for (std::int64_t b = 1; b < blocks; ++b) fold_columns(acc.data(), partial.data() + (b - 1) * cols, cols, combine);
+    } else {
+      parallel_for(cols, rows, part);
+    }
   } else {
     walk<T>(x, p, [&](std::int64_t k, const T* v, std::int64_t n, std::int64_t acc_step, std::int64_t x_step, std::int64_t,
                       std::int64_t) {
@@ -231,19 +248,37 @@ Tensor max_backward_direct(const Tensor& x, const Tensor& kept, const Tensor& g,
   std::vector<std::int64_t> ties(static_cast<std::size_t>(shape_numel(p.kept)), 0);
   Tensor dx = new_tensor(x.shape(), x.dtype());
   T* pd = static_cast<T*>(mutable_data(dx));
-  walk<T>(x, p, [&](std::int64_t k, const T* v, std::int64_t n, std::int64_t acc_step, std::int64_t x_step, std::int64_t o,
-                    std::int64_t o_step) {
-    T* d = pd + o;
-    if (acc_step == 0 && x_step == 1 && o_step == 1) ties[static_cast<std::size_t>(k)] += place_row(d, v, n, pm[k], pg[k]);
-    else if (acc_step == 1 && x_step == 1 && o_step == 1) place_columns(d, ties.data() + k, v, pm + k, pg + k, n);
-    else
-      for (std::int64_t i = 0; i < n; ++i) {
-        const std::int64_t a = k + i * acc_step;
-        const bool hit = v[i * x_step] == pm[a];
-        d[i * o_step] = hit ? pg[a] : T(0);
-        ties[static_cast<std::size_t>(a)] += hit;
+  std::int64_t rows = 0, cols = 0;
+  const int blocks = leading_reduction(x, p, rows, cols) ? parallel_chunks(rows, cols) : 1;
+  if (blocks > 1) {
+    // Blocks of whole rows, as max's forward takes them (one stream per thread); each block
+    // counts its own ties, summed after (integers: any order gives the same counts).
+    const T* px = static_cast<const T*>(x.raw_data());
+    std::vector<std::int64_t> block_ties(static_cast<std::size_t>((blocks - 1) * cols), 0);
+    parallel_for(blocks, rows / blocks * cols, [&](std::int64_t b0, std::int64_t b1) {
+      for (std::int64_t b = b0; b < b1; ++b) {
+        std::int64_t* t = b == 0 ? ties.data() : block_ties.data() + (b - 1) * cols;
+        for (std::int64_t r = rows * b / blocks; r < rows * (b + 1) / blocks; ++r)
+          place_columns(pd + r * cols, t, px + r * cols, pm, pg, cols);
       }
-  });
+    });
+    for (std::int64_t b = 1; b < blocks; ++b)
+      for (std::int64_t c = 0; c < cols; ++c) ties[static_cast<std::size_t>(c)] += block_ties[static_cast<std::size_t>((b - 1) * cols + c)];
+  } else {
+    walk<T>(x, p, [&](std::int64_t k, const T* v, std::int64_t n, std::int64_t acc_step, std::int64_t x_step, std::int64_t o,
+                      std::int64_t o_step) {
+      T* d = pd + o;
+      if (acc_step == 0 && x_step == 1 && o_step == 1) ties[static_cast<std::size_t>(k)] += place_row(d, v, n, pm[k], pg[k]);
+      else if (acc_step == 1 && x_step == 1 && o_step == 1) place_columns(d, ties.data() + k, v, pm + k, pg + k, n);
+      else
+        for (std::int64_t i = 0; i < n; ++i) {
+          const std::int64_t a = k + i * acc_step;
+          const bool hit = v[i * x_step] == pm[a];
+          d[i * o_step] = hit ? pg[a] : T(0);
+          ties[static_cast<std::size_t>(a)] += hit;
+        }
+    });
+  }
   if (std::none_of(ties.begin(), ties.end(), [](std::int64_t t) { return t > 1; })) return dx;
   Tensor ties_t = new_tensor(p.kept, x.dtype());
   T* pt = static_cast<T*>(mutable_data(ties_t));

@@ -94,6 +94,15 @@ BOOST_AUTO_TEST_CASE(parallel_results_equal_serial_results) {
       check_parallel_equals_serial("mean", [dims](const V& v) { return tg::mean(v[0], dims); }, {a});
       check_parallel_equals_serial("max", [dims](const V& v) { return tg::max(v[0], dims); }, {a});
     }
+    // Threads take max over a leading dim in blocks of rows: ties (shared gradients), signed
+    // zeros and NaN must come out as the one-thread fold gives them (the first of equal values,
+    // the first NaN).
+    std::vector<double> pattern(301 * 517);
+    for (std::size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<double>((i * 7919) % 13) - 6.0;
+    for (std::size_t r = 0; r < 301; ++r) pattern[r * 517 + 11] = r % 2 == 1 ? 0.0 : -0.0;
+    pattern[200 * 517 + 7] = std::numeric_limits<double>::quiet_NaN();
+    const Tensor tied = tg::to(tg::from_vector(std::span<const double>(pattern), {301, 517}), dtype);
+    check_parallel_equals_serial("max over dim 0, ties", [](const V& v) { return tg::max(v[0], {0}); }, {tied});
     // Unrecorded kernels: comparisons and conversions.
     std::vector<Tensor> serial, parallel;
     for (int threads : {1, 2}) {

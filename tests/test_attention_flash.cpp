@@ -20,6 +20,18 @@ namespace {
 
 std::vector<double> values(const Tensor& t) { return t.to_vector<double>(); }
 
+// x ([B, H, rows, width]) as float32, with `value` in every row r of batch entry b where
+// keep[b * per_batch + r] is false (a padded key, a query that attends to nothing).
+Tensor with_rows_set(const Tensor& x, const std::vector<bool>& keep, std::int64_t heads, std::int64_t per_batch, double value) {
+  std::vector<double> v = values(x);
+  const auto w = static_cast<std::size_t>(x.shape().back());
+  for (std::size_t n = 0; n < v.size(); ++n) {
+    const std::size_t row = n / w, b = row / static_cast<std::size_t>(heads * per_batch), i = row % static_cast<std::size_t>(per_batch);
+    if (!keep[b * static_cast<std::size_t>(per_batch) + i]) v[n] = value;
+  }
+  return tg::from_vector(v, x.shape()).to(tg::float32);
+}
+
 struct Case {
   std::int64_t b, h, q, k, d, dv;
   bool keys, queries, pairs, causal;
@@ -403,13 +415,7 @@ BOOST_AUTO_TEST_CASE(poison_in_masked_rows_changes_nothing_bitwise) {
   const Problem clean = as_float32(make(c, tg::float64));
   const auto keys = clean.parts.key_mask.to_vector<bool>(), queries = clean.parts.query_mask.to_vector<bool>();
   auto rows_set = [&](const Tensor& x, const std::vector<bool>& keep, std::int64_t per_batch, double value) {
-    std::vector<double> v = values(x);
-    const auto w = static_cast<std::size_t>(x.shape().back());
-    for (std::size_t n = 0; n < v.size(); ++n) {
-      const std::size_t row = n / w, b = row / static_cast<std::size_t>(c.h * per_batch), i = row % static_cast<std::size_t>(per_batch);
-      if (!keep[b * static_cast<std::size_t>(per_batch) + i]) v[n] = value;
-    }
-    return tg::from_vector(v, x.shape()).to(tg::float32);
+    return with_rows_set(x, keep, c.h, per_batch, value);
   };
   const tg::MatmulPrecisionGuard bf16(tg::MatmulPrecision::bfloat16);
   auto with = [&](double x) {
@@ -548,13 +554,7 @@ BOOST_AUTO_TEST_CASE(poison_in_masked_rows_changes_nothing_bitwise) {
   const Problem clean = make(c, tg::float32);
   const auto keys = clean.parts.key_mask.to_vector<bool>(), queries = clean.parts.query_mask.to_vector<bool>();
   auto rows_set = [&](const Tensor& x, const std::vector<bool>& keep, std::int64_t per_batch, double value) {
-    std::vector<double> v = values(x);
-    const auto w = static_cast<std::size_t>(x.shape().back());
-    for (std::size_t n = 0; n < v.size(); ++n) {
-      const std::size_t row = n / w, b = row / static_cast<std::size_t>(c.h * per_batch), i = row % static_cast<std::size_t>(per_batch);
-      if (!keep[b * static_cast<std::size_t>(per_batch) + i]) v[n] = value;
-    }
-    return tg::from_vector(v, x.shape()).to(tg::float32);
+    return with_rows_set(x, keep, c.h, per_batch, value);
   };
   auto with = [&](double x) {
     Problem p = clean;

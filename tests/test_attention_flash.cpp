@@ -20,18 +20,6 @@ namespace {
 
 std::vector<double> values(const Tensor& t) { return t.to_vector<double>(); }
 
-// x ([B, H, rows, width]) as float32, with `value` in every row r of batch entry b where
-// keep[b * per_batch + r] is false (a padded key, a query that attends to nothing).
-Tensor with_rows_set(const Tensor& x, const std::vector<bool>& keep, std::int64_t heads, std::int64_t per_batch, double value) {
-  std::vector<double> v = values(x);
-  const auto w = static_cast<std::size_t>(x.shape().back());
-  for (std::size_t n = 0; n < v.size(); ++n) {
-    const std::size_t row = n / w, b = row / static_cast<std::size_t>(heads * per_batch), i = row % static_cast<std::size_t>(per_batch);
-    if (!keep[b * static_cast<std::size_t>(per_batch) + i]) v[n] = value;
-  }
-  return tg::from_vector(v, x.shape()).to(tg::float32);
-}
-
 struct Case {
   std::int64_t b, h, q, k, d, dv;
   bool keys, queries, pairs, causal;
@@ -150,6 +138,30 @@ std::vector<Case> grid() {
         ++seed;
       }
   return cases;
+}
+
+// x ([B, H, rows, width]) as float32, with `value` in every row r of batch entry b where
+// keep[b * per_batch + r] is false.
+Tensor with_rows_set(const Tensor& x, const std::vector<bool>& keep, std::int64_t heads, std::int64_t per_batch, double value) {
+  std::vector<double> v = values(x);
+  const auto w = static_cast<std::size_t>(x.shape().back());
+  for (std::size_t n = 0; n < v.size(); ++n) {
+    const std::size_t row = n / w, b = row / static_cast<std::size_t>(heads * per_batch), i = row % static_cast<std::size_t>(per_batch);
+    if (!keep[b * static_cast<std::size_t>(per_batch) + i]) v[n] = value;
+  }
+  return tg::from_vector(v, x.shape()).to(tg::float32);
+}
+
+// `clean` with `value` in the k and v rows of padded keys and in the q and dO rows of queries
+// that attend to nothing.
+Problem poisoned(const Problem& clean, const Case& c, double value) {
+  const auto keys = clean.parts.key_mask.to_vector<bool>(), queries = clean.parts.query_mask.to_vector<bool>();
+  Problem p = clean;
+  p.k = with_rows_set(clean.k, keys, c.h, c.k, value);
+  p.v = with_rows_set(clean.v, keys, c.h, c.k, value);
+  p.q = with_rows_set(clean.q, queries, c.h, c.q, value);
+  p.d_out = with_rows_set(clean.d_out, queries, c.h, c.q, value);
+  return p;
 }
 
 }  // namespace
@@ -413,19 +425,8 @@ BOOST_AUTO_TEST_CASE(masked_weights_are_exactly_zero) {
 BOOST_AUTO_TEST_CASE(poison_in_masked_rows_changes_nothing_bitwise) {
   const Case c{2, 2, 140, 150, 16, 8, true, true, false, true, 5, 2, false, 31};
   const Problem clean = as_float32(make(c, tg::float64));
-  const auto keys = clean.parts.key_mask.to_vector<bool>(), queries = clean.parts.query_mask.to_vector<bool>();
-  auto rows_set = [&](const Tensor& x, const std::vector<bool>& keep, std::int64_t per_batch, double value) {
-    return with_rows_set(x, keep, c.h, per_batch, value);
-  };
   const tg::MatmulPrecisionGuard bf16(tg::MatmulPrecision::bfloat16);
-  auto with = [&](double x) {
-    Problem p = clean;
-    p.k = rows_set(clean.k, keys, c.k, x);
-    p.v = rows_set(clean.v, keys, c.k, x);
-    p.q = rows_set(clean.q, queries, c.q, x);
-    p.d_out = rows_set(clean.d_out, queries, c.q, x);
-    return p;
-  };
+  auto with = [&](double x) { return poisoned(clean, c, x); };
   for (bool fused : {false, true}) {
     const auto zeroed = run(with(0.0), fused);
     for (double x : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()}) {
@@ -552,18 +553,7 @@ BOOST_AUTO_TEST_CASE(broadcast_values_and_strided_inputs) {
 BOOST_AUTO_TEST_CASE(poison_in_masked_rows_changes_nothing_bitwise) {
   const Case c{2, 2, 140, 150, 16, 8, true, true, false, true, 5, 2, false, 31};
   const Problem clean = make(c, tg::float32);
-  const auto keys = clean.parts.key_mask.to_vector<bool>(), queries = clean.parts.query_mask.to_vector<bool>();
-  auto rows_set = [&](const Tensor& x, const std::vector<bool>& keep, std::int64_t per_batch, double value) {
-    return with_rows_set(x, keep, c.h, per_batch, value);
-  };
-  auto with = [&](double x) {
-    Problem p = clean;
-    p.k = rows_set(clean.k, keys, c.k, x);
-    p.v = rows_set(clean.v, keys, c.k, x);
-    p.q = rows_set(clean.q, queries, c.q, x);
-    p.d_out = rows_set(clean.d_out, queries, c.q, x);
-    return p;
-  };
+  auto with = [&](double x) { return poisoned(clean, c, x); };
   for (bool bf16 : {false, true}) {
     const tg::MatmulPrecisionGuard precision(bf16 ? tg::MatmulPrecision::bfloat16 : tg::MatmulPrecision::exact);
     const auto zeroed = run_weights(with(0.0), 32);

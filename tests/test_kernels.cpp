@@ -2,7 +2,8 @@
 // results bit for bit (large tensors take the parallel split, which the op table's small
 // tensors never reach; ctest runs with OMP_NUM_THREADS=1, so the suite sets the threads
 // itself), and float32 exp, tanh and GELU stay within their documented error of a float64
-// reference.
+// reference, and the finiteness scan that guards attention's weighted products finds every
+// non-finite element whatever the layout.
 #define BOOST_TEST_MODULE kernels
 #include <boost/test/unit_test.hpp>
 
@@ -16,6 +17,7 @@
 #include <tapegrad/tapegrad.hpp>
 
 #include "ops/gelu_f32.hpp"
+#include "ops/weighted_matmul.hpp"
 
 namespace tg = tapegrad;
 using tg::Tensor;
@@ -284,6 +286,46 @@ BOOST_AUTO_TEST_CASE(max_shares_the_gradient_among_ties) {
       BOOST_TEST(y.grad().data<float>()[rows > 2 ? 7 : 1] == 2.0f);
       BOOST_TEST(y.grad().data<float>()[rows > 2 ? 6 : 0] == 0.0f);
       tg::clear_tape();
+    }
+  }
+}
+
+// weighted_matmul multiplies plainly only when its scan finds x all finite: a NaN anywhere in x
+// (a head split's permuted block, a strided view read in runs, the scan's tail) must be found,
+// so that a zero weight keeps it out and a nonzero weight lets it in.
+BOOST_AUTO_TEST_CASE(weighted_matmul_finds_every_non_finite_element) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::int64_t b = 2, h = 3, l = 5, d = 37;  // x: [b, h, l, d] split from a [b, l, h * d] projection
+  for (std::int64_t at = 0; at < b * l * h * d; at += 11) {
+    std::vector<float> v(static_cast<std::size_t>(b * l * h * d), 1.0f);
+    v[static_cast<std::size_t>(at)] = nan;
+    const Tensor proj = tg::from_vector(std::span<const float>(v), {b, l, h * d});
+    const Tensor heads = tg::permute(tg::reshape(proj, {b, l, h, d}), {0, 2, 1, 3});  // a dense permutation
+    const Tensor strided = tg::permute(tg::slice(tg::reshape(proj, {b, l, h, d}), 3, 0, d - 1), {0, 2, 1, 3});  // runs of d - 1
+    for (const Tensor& x : {heads, strided}) {
+      const std::int64_t width = x.shape()[3];
+      const Tensor xc = tg::clone(x);
+      const float* xp = xc.data<float>();
+      BOOST_TEST_CONTEXT("NaN at " << at << (x.is_contiguous() ? "" : ", strided x") << ", width " << width) {
+        // Every query attends only to key 0; NaN reaches exactly the outputs of a NaN in key row 0.
+        Tensor w = tg::zeros({b, 1, l, l});
+        for (std::int64_t i = 0; i < l; ++i) tg::fill_(tg::select(tg::select(w, 3, 0), 2, i), 1.0);
+        const Tensor c = tg::clone(tg::detail::weighted_matmul(w, x));
+        const float* cp = c.data<float>();
+        for (std::int64_t bi = 0; bi < b; ++bi)
+          for (std::int64_t hi = 0; hi < x.shape()[1]; ++hi)
+            for (std::int64_t n = 0; n < width; ++n) {
+              const float x0 = xp[((bi * x.shape()[1] + hi) * l + 0) * width + n];
+              const float got = cp[((bi * x.shape()[1] + hi) * l + 0) * width + n];
+              BOOST_TEST((std::isnan(x0) ? std::isnan(got) : got == 1.0f));
+            }
+        // All weights nonzero: every output of a column holding the NaN is NaN.
+        const Tensor all = tg::clone(tg::detail::weighted_matmul(tg::ones({b, 1, l, l}), x));
+        std::int64_t nans_in = 0, nans_out = 0;
+        for (std::int64_t i = 0; i < xc.numel(); ++i) nans_in += std::isnan(xp[i]);
+        for (std::int64_t i = 0; i < all.numel(); ++i) nans_out += std::isnan(all.data<float>()[i]);
+        BOOST_TEST(nans_out == nans_in * l);
+      }
     }
   }
 }

@@ -1,11 +1,16 @@
 // Section "bf16": bfloat16 compute (MatmulPrecisionGuard(bfloat16): the layers' products round
 // their operands to bfloat16) against float32 on the attention issue's large and long shapes,
 // the MultiHeadAttention layer (causal), both paths, alternating; then the large shape's output
-// against float64 (relative 2-norm error and largest difference).
+// against float64 (relative 2-norm error and largest difference). "dnnl x" is the same ratio for
+// oneDNN's own primitives alone on the forward's product shapes (the four projections, the
+// scores and the weighted sum of values; bfloat16 in, float32 out), timed in the same rounds:
+// what the products alone gain on this CPU, the ceiling of the layer's speed-up.
 #include <cmath>
+#include <memory>
 
 #include <tapegrad/tapegrad.hpp>
 
+#include "raw_dnnl.hpp"
 #include "sections.hpp"
 
 namespace tg = tapegrad;
@@ -19,10 +24,25 @@ struct Case {
   std::int64_t b, q, e, h;
 };
 
+// The forward's products of MultiHeadAttention on this shape, as raw oneDNN primitives.
+struct Products {
+  std::vector<std::unique_ptr<RawDnnl>> p;
+  Products(const Case& c, bool bf16) {
+    const std::int64_t d = c.e / c.h;
+    for (int i = 0; i < 4; ++i) p.push_back(std::make_unique<RawDnnl>(1, c.b * c.q, c.e, c.e, bf16));
+    p.push_back(std::make_unique<RawDnnl>(c.b * c.h, c.q, d, c.q, bf16));
+    p.push_back(std::make_unique<RawDnnl>(c.b * c.h, c.q, c.q, d, bf16));
+  }
+  void run() {
+    for (auto& x : p) x->run();
+  }
+};
+
 }  // namespace
 
 void section_bf16(Report& report, const Options& options) {
-  auto& table = report.table("bf16", "bfloat16 against float32, MultiHeadAttention (causal): ms median (min-max); x = float32's time / bfloat16's",
+  auto& table = report.table("bf16", "bfloat16 against float32, MultiHeadAttention (causal): ms median (min-max); x = float32's time / bfloat16's; "
+                             "dnnl x: the same for oneDNN's primitives alone on the forward's product shapes",
                              {{"threads", "th", 0, 2},
                               {"shape", "shape", 0, 6},
                               {"path", "path", 0, 7},
@@ -32,6 +52,7 @@ void section_bf16(Report& report, const Options& options) {
                               {"float32_forward_backward_ms", "f32 f+b ms", 1, 20},
                               {"bfloat16_forward_backward_ms", "bf16 f+b ms", 1, 20},
                               {"forward_backward_speedup", "f+b x", 2, 5},
+                              {"dnnl_speedup", "dnnl x", 2, 6},
                               {"float32_peak_mib", "f32 peak", 1, 8},
                               {"bfloat16_peak_mib", "bf16 peak", 1, 9}});
   const std::vector<Case> cases = options.quick ? std::vector<Case>{{"small", 2, 64, 64, 4}}
@@ -41,6 +62,7 @@ void section_bf16(Report& report, const Options& options) {
     for (const Case& c : cases) {
       tg::MultiHeadAttention layer({.query_dim = c.e, .heads = c.h, .seed = 1});
       const Tensor x = tg::randn({c.b, c.q, c.e}, 2);
+      Products raw32(c, false), raw16(c, true);
       for (bool weights : {true, false}) {
         const auto fwd = [&](tg::MatmulPrecision p) {
           return [&, p] {
@@ -60,9 +82,10 @@ void section_bf16(Report& report, const Options& options) {
         };
         const auto exact = tg::MatmulPrecision::exact, bf16 = tg::MatmulPrecision::bfloat16;
         const double peak32 = peak_mib_of(fwd_bwd(exact)), peak16 = peak_mib_of(fwd_bwd(bf16));
-        const auto t = measure({fwd(exact), fwd(bf16), fwd_bwd(exact), fwd_bwd(bf16)}, options.runs, options.seconds);
+        const auto t = measure({fwd(exact), fwd(bf16), fwd_bwd(exact), fwd_bwd(bf16), [&] { raw32.run(); }, [&] { raw16.run(); }},
+                               options.runs, options.seconds);
         table.add({static_cast<std::int64_t>(threads), std::string(c.name), std::string(weights ? "weights" : "fused"), t[0], t[1],
-                   t[0].median / t[1].median, t[2], t[3], t[2].median / t[3].median, peak32, peak16});
+                   t[0].median / t[1].median, t[2], t[3], t[2].median / t[3].median, t[4].median / t[5].median, peak32, peak16});
       }
     }
   }

@@ -14,23 +14,29 @@ namespace bench {
 // The oneDNN primitive alone: created once, executed on preallocated buffers, on as many threads
 // as tapegrad is set to use (oneDNN reads OpenMP's count when it creates and when it runs a
 // primitive), so that a reference and tapegrad measured side by side use the same threads.
+// With bf16, A and B are bfloat16 and C float32, as tapegrad's bfloat16 products.
 struct RawDnnl {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   dnnl::matmul prim;
   dnnl::memory a, b, c;
-  RawDnnl(std::int64_t batch, std::int64_t m, std::int64_t k, std::int64_t n) {
+  RawDnnl(std::int64_t batch, std::int64_t m, std::int64_t k, std::int64_t n, bool bf16 = false) {
     using dt = dnnl::memory::data_type;
     using tag = dnnl::memory::format_tag;
     omp_set_num_threads(tapegrad::num_threads());
-    const dnnl::memory::desc da({batch, m, k}, dt::f32, tag::abc), db({batch, k, n}, dt::f32, tag::abc),
-        dc({batch, m, n}, dt::f32, tag::abc);
+    const dt in = bf16 ? dt::bf16 : dt::f32;
+    const dnnl::memory::desc da({batch, m, k}, in, tag::abc), db({batch, k, n}, in, tag::abc), dc({batch, m, n}, dt::f32, tag::abc);
     prim = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(da, db, dc), engine));
     a = dnnl::memory(da, engine);
     b = dnnl::memory(db, engine);
     c = dnnl::memory(dc, engine);
-    std::fill_n(static_cast<float*>(a.get_data_handle()), batch * m * k, 0.5f);
-    std::fill_n(static_cast<float*>(b.get_data_handle()), batch * k * n, 0.25f);
+    if (bf16) {  // 0.5 and 0.25 in bfloat16 bits
+      std::fill_n(static_cast<std::uint16_t*>(a.get_data_handle()), batch * m * k, std::uint16_t{0x3f00});
+      std::fill_n(static_cast<std::uint16_t*>(b.get_data_handle()), batch * k * n, std::uint16_t{0x3e80});
+    } else {
+      std::fill_n(static_cast<float*>(a.get_data_handle()), batch * m * k, 0.5f);
+      std::fill_n(static_cast<float*>(b.get_data_handle()), batch * k * n, 0.25f);
+    }
   }
   void run() {
     omp_set_num_threads(tapegrad::num_threads());

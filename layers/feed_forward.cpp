@@ -3,7 +3,6 @@
 #include "tapegrad/layers/feed_forward.hpp"
 
 #include <cmath>
-#include <numbers>
 
 #include "autodiff/parallel.hpp"
 #include "layers/layer_support.hpp"
@@ -30,10 +29,9 @@ template <class T> void gelu_and_slope(const T* __restrict x, T* __restrict y, T
     detail::gelu_slope_f32(x, y, slope, n);
   } else {
     for (std::int64_t i = 0; i < n; ++i) {
-      const T cdf = 0.5 * (1 + std::erf(x[i] * (std::numbers::sqrt2 / 2)));
-      const T pdf = std::exp(-0.5 * x[i] * x[i]) * (0.5 * std::numbers::inv_sqrtpi * std::numbers::sqrt2);
+      const T cdf = detail::normal_cdf(x[i]);
       y[i] = x[i] * cdf;
-      slope[i] = cdf + x[i] * pdf;
+      slope[i] = cdf + x[i] * detail::normal_pdf(x[i]);
     }
   }
 }

@@ -5,7 +5,6 @@
 // when a loop is split over threads. float32 exp and tanh use the vectorisable functions of
 // fast_math.hpp, float32 GELU the kernels of gelu_f32.cpp; float64 keeps the std:: functions.
 #include <cmath>
-#include <numbers>
 
 #include "ops/fast_math.hpp"
 #include "ops/gelu_f32.hpp"
@@ -81,13 +80,10 @@ struct Gelu {
   static constexpr const char* name = "gelu";
   static constexpr bool uses_x = true, uses_y = false;
   static constexpr std::int64_t cost = 10;
-  template <class T> static T cdf(T x) { return T(0.5) * (T(1) + std::erf(x * static_cast<T>(std::numbers::sqrt2 / 2))); }
-  template <class T> T f(T x) const { return x * cdf(x); }
+  // Only float64 comes here (float32 takes gelu_f32 below).
+  template <class T> T f(T x) const { return x * static_cast<T>(normal_cdf(x)); }
   // (x Phi(x))' = Phi(x) + x phi(x), phi the normal density
-  template <class T> T df(T x, T) const {
-    const T pdf = std::exp(T(-0.5) * x * x) * static_cast<T>(0.5 * std::numbers::inv_sqrtpi * std::numbers::sqrt2);
-    return cdf(x) + x * pdf;
-  }
+  template <class T> T df(T x, T) const { return static_cast<T>(normal_cdf(x) + x * normal_pdf(x)); }
 };
 
 // float32 GELU (gelu_f32.cpp) takes about twice exp's time per element. Its kernels want

@@ -4,7 +4,9 @@
 // (ops/gelu_f32.cpp has the formula and its measured error).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <numbers>
 
 namespace tapegrad::detail {
 
@@ -20,5 +22,9 @@ void gelu_f32(const float* x, float* y, std::int64_t n, GeluPath path = gelu_pat
 void gelu_backward_f32(const float* g, const float* x, float* dx, std::int64_t n, GeluPath path = gelu_path());
 // y = x Phi(x) and its slope Phi(x) + x phi(x), for a node that keeps the slope.
 void gelu_slope_f32(const float* x, float* y, float* slope, std::int64_t n, GeluPath path = gelu_path());
+
+// float64 GELU's pieces, with the std:: functions (the gelu op and FeedForward's node share them).
+inline double normal_cdf(double x) { return 0.5 * (1 + std::erf(x * (std::numbers::sqrt2 / 2))); }
+inline double normal_pdf(double x) { return std::exp(-0.5 * x * x) * (0.5 * std::numbers::inv_sqrtpi * std::numbers::sqrt2); }
 
 }  // namespace tapegrad::detail

@@ -43,6 +43,12 @@ Tensor arange(double start, double end, double step, DType dtype) {
   if (step == 0.0 || !std::isfinite(step) || !std::isfinite(start) || !std::isfinite(end))
     fail<ValueError>("arange: expected finite start, end and a nonzero step, got start={} end={} step={}",
                      start, end, step);
+  // An int64 arange of fractional start or step would truncate every value to a different
+  // sequence than the one asked for (arange(0, 1, 0.25) to zeros): refused, not guessed.
+  if (dtype == DType::int64 && (start != std::trunc(start) || step != std::trunc(step)))
+    fail<ValueError>("arange: an int64 arange needs a whole start and step, got start={} end={} step={}; ask for dtype float32 "
+                     "or float64 for fractional values",
+                     start, end, step);
   // (end - start) may overflow to inf; the bound also keeps the conversion to int64 defined.
   const double count = std::max(0.0, std::ceil((end - start) / step));
   if (!(count <= static_cast<double>(detail::kMaxBytes)))

@@ -20,6 +20,13 @@ Generator::Generator(std::uint64_t seed) : state_(std::make_shared<State>()) {
   state_->engine.seed(seed);
 }
 
+Generator::Generator(const Generator& other) : state_(std::make_shared<State>(*other.state_)) {}
+Generator& Generator::operator=(const Generator& other) {
+  if (this != &other) state_ = std::make_shared<State>(*other.state_);
+  return *this;
+}
+Generator::~Generator() = default;
+
 std::uint64_t Generator::next_u64() { return state_->engine(); }
 
 // 53 random bits into [0, 1): exact and identical everywhere (std::uniform_real_distribution is not).

@@ -50,6 +50,35 @@ BOOST_AUTO_TEST_CASE(catches_a_deliberately_wrong_backward) {
   tg::clear_tape();
 }
 
+// The worst element is the one furthest past its own tolerance: an input whose gradient is 0
+// everywhere (unused here) must not displace the element with the real error.
+BOOST_AUTO_TEST_CASE(reports_the_element_furthest_past_its_tolerance) {
+  Tensor x = tg::tensor({0.5, -1.0, 1.5, 2.0}, tg::float64).set_requires_grad();
+  Tensor unused = tg::tensor({1.0, 2.0, 3.0}, tg::float64).set_requires_grad();
+  for (double error : {0.0, 1e-3}) {
+    const auto r = tg::gradcheck([error](const std::vector<Tensor>& in) { return std::vector<Tensor>{cube_with_bug(in[1], error)}; }, {unused, x});
+    BOOST_TEST_CONTEXT("backward wrong by " << error) {
+      BOOST_TEST(r.ok == (error == 0.0), r.report());
+      BOOST_TEST(r.input == 1u, r.report());  // the unused input's exact zeros are never the worst
+      BOOST_TEST(r.abs_error > 0.0, r.report());
+      if (error > 0) BOOST_TEST(r.index == (tg::Shape{2}));
+    }
+  }
+  tg::clear_tape();
+}
+
+// A masked log-softmax is -inf at its masked entries: no finite difference exists there, so
+// those outputs are left out and the gradient of the rest is checked. A NaN output still fails.
+BOOST_AUTO_TEST_CASE(infinite_outputs_are_left_out_and_nan_outputs_fail) {
+  Tensor s = tg::randn({2, 4}, 3, tg::float64).set_requires_grad();
+  const Tensor allowed = tg::from_bools({true, false, true, true, false, true, true, true}, {2, 4});
+  const auto r = tg::gradcheck([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{tg::log_softmax(in[0], allowed)}; }, {s});
+  BOOST_TEST(r.ok, r.report());
+  const auto nan = tg::gradcheck([](const std::vector<Tensor>& in) { return std::vector<Tensor>{tg::log(tg::sub(in[0], 10.0))}; }, {s});
+  BOOST_TEST(!nan.ok, nan.report());
+  tg::clear_tape();
+}
+
 BOOST_AUTO_TEST_CASE(checks_only_inputs_that_require_grad_and_keeps_their_layout) {
   Tensor base = tg::randn({4, 3}, 3, tg::float64);
   Tensor xt = base.transpose(0, 1).set_requires_grad();  // a non-contiguous leaf

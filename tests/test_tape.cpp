@@ -59,6 +59,19 @@ BOOST_AUTO_TEST_CASE(a_value_used_twice_gets_both_contributions) {
   tg::clear_tape();
 }
 
+// A number on the left of +, -, * and / works as on the right, in the tensor's dtype.
+BOOST_AUTO_TEST_CASE(scalar_on_either_side_of_an_operator) {
+  for (tg::DType dtype : {tg::float32, tg::float64}) {
+    Tensor x = tg::tensor({1.0, 4.0}, dtype).set_requires_grad();
+    const Tensor y = (1.0 - x) + (2.0 + x) + 8.0 / x + 3.0 * x;  // 3 + 8/x + 3x
+    BOOST_TEST(y.dtype() == dtype);
+    BOOST_TEST(y.to_vector<double>() == (std::vector<double>{14, 17}));
+    tg::backward(tg::sum(y));  // -8/x^2 + 3
+    BOOST_TEST(x.grad().to_vector<double>() == (std::vector<double>{-5, 2.5}));
+    tg::clear_tape();
+  }
+}
+
 BOOST_AUTO_TEST_CASE(gradients_accumulate_across_backward_calls_until_zeroed) {
   Tensor x = tg::tensor({1.0, 2.0}, tg::float64).set_requires_grad();
   Tensor y = tg::sum(x * 3.0);

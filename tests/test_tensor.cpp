@@ -25,6 +25,11 @@ BOOST_AUTO_TEST_CASE(filled_and_ranges) {
   BOOST_TEST(tg::scalar(3.0).item() == 3.0);
   BOOST_CHECK(tg::zeros({0, 3}).numel() == 0);
   check_throws<tg::ValueError>([] { tg::arange(0, 1, 0); }, {"arange", "step"});
+  // int64 (the default) would truncate fractional values into another sequence: refused.
+  check_throws<tg::ValueError>([] { tg::arange(0.0, 1.0, 0.25); }, {"arange", "int64", "whole", "step=0.25"});
+  check_throws<tg::ValueError>([] { tg::arange(0.5, 3.0); }, {"arange", "int64", "start=0.5"});
+  BOOST_TEST(tg::arange(-2.0, 2.5, 2.0).to_vector<std::int64_t>() == (std::vector<std::int64_t>{-2, 0, 2}));
+  BOOST_TEST(tg::arange(0.5, 3.0, 1.0, tg::float32).to_vector<float>() == (std::vector<float>{0.5f, 1.5f, 2.5f}));
   check_throws<tg::ShapeError>([] { tg::zeros({2, -1}); }, {"[2, -1]"});
   // Element counts that overflow are errors, not tiny allocations.
   check_throws<tg::ShapeError>([] { tg::zeros({std::int64_t{1} << 62}); }, {"zeros", "'shape'", "addressed"});
@@ -96,6 +101,14 @@ BOOST_AUTO_TEST_CASE(rand_stays_in_its_interval) {
   tg::rand({5}, a, tg::float64, 2.0, 2.0);
   tg::rand({5}, b, tg::float64, 0.0, 1.0);
   BOOST_TEST(a.uniform() == b.uniform());
+  // A copy continues from the same point on its own: drawing from it leaves the original where it was.
+  a.normal();  // a spare normal is part of the state too
+  tg::Generator c = a;
+  const double from_copy = c.normal(), second = c.uniform();
+  BOOST_TEST(a.normal() == from_copy);
+  BOOST_TEST(a.uniform() == second);
+  c = b;
+  BOOST_TEST(c.next_u64() == b.next_u64());
 
   const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
   check_throws<tg::ValueError>([&] { tg::rand({2}, 1, tg::float64, -inf, 0.0); }, {"rand", "'low'", "finite"});
@@ -135,7 +148,7 @@ BOOST_AUTO_TEST_CASE(factories_check_zero_size_shapes_too) {
 
 BOOST_AUTO_TEST_CASE(ranges_and_masks_name_themselves) {
   check_throws<tg::ShapeError>([] { tg::arange(0, 1e14); }, {"arange", "[100000000000000]", "addressed"});
-  check_throws<tg::ShapeError>([] { tg::arange(-1e308, 1e308, 1e-10); }, {"arange", "would make", "addressed"});
+  check_throws<tg::ShapeError>([] { tg::arange(-1e308, 1e308, 1e-10, tg::float64); }, {"arange", "would make", "addressed"});
   check_throws<tg::ShapeError>([] { tg::causal_mask(40_p2, 40_p2); }, {"causal_mask", "[1099511627776, 1099511627776]", "addressed"});
   check_throws<tg::ShapeError>([] { tg::causal_mask(0, 62_p2); }, {"causal_mask", "addressed"});
   BOOST_TEST(tg::causal_mask(0, 40_p2).shape() == (Shape{0, 40_p2}));

@@ -3,7 +3,9 @@
 // gradcheck compares the tape's gradient with float64 central differences. To check every
 // output at the cost of one backward, it differentiates the scalar L = sum_o <w_o, f(x)_o> with
 // fixed seeded random weights w_o (a random vector-Jacobian product: a wrong gradient shows up
-// with probability 1). Each element x of each input that requires grad is then perturbed:
+// with probability 1). An output element that is infinite at the inputs given (a masked
+// log-softmax's -inf) has no finite difference and is left out of L (weight 0 in both passes);
+// a NaN output fails the check. Each element x of each input that requires grad is then perturbed:
 //   numeric = (L(x + eps) - L(x - eps)) / (2 eps),   pass when |analytic - numeric| <= atol + rtol |numeric|.
 // Inputs keep their layout (a transposed or sliced input stays one), so the check exercises
 // non-contiguous paths. An input whose elements alias each other (an expanded view) cannot be
@@ -30,7 +32,8 @@ struct GradcheckOptions {
 struct GradcheckResult {
   bool ok = true;
   std::size_t elements_checked = 0;
-  // The worst element (largest |analytic - numeric| - rtol |numeric|).
+  // The worst element: largest |analytic - numeric| / (atol + rtol |numeric|), its error as a
+  // multiple of its own tolerance (the check fails when that is above 1).
   std::size_t input = 0;  // which input
   Shape index;            // its multi-index in that input
   double analytic = 0.0;

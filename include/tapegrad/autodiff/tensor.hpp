@@ -102,7 +102,8 @@ Tensor full(const Shape& shape, double value, DType dtype = float32);
 Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);
 Tensor scalar(double value, DType dtype = float32);  // rank 0
-// [start, start + step, ...) up to but excluding end, like numpy.arange.
+// [start, start + step, ...) up to but excluding end, like numpy.arange. int64 (the default)
+// needs a whole start and step (a ValueError otherwise: pass a floating dtype for fractions).
 Tensor arange(double start, double end, double step = 1.0, DType dtype = int64);
 Tensor arange(std::int64_t end, DType dtype = int64);
 
@@ -134,9 +135,16 @@ Tensor mask(const Literal& values);                          // mask({{true, fal
 // Seeded random numbers. The stream is std::mt19937_64 (its output is fixed by the C++
 // standard) turned into values by tapegrad's own transforms, so a seed gives the same tensor
 // on every platform and standard library.
+// A seeded stream of random numbers. A copy is independent (as a std::mt19937_64 copy): it
+// continues from the same point, and drawing from one never advances the other.
 class Generator {
  public:
   explicit Generator(std::uint64_t seed);
+  Generator(const Generator& other);
+  Generator& operator=(const Generator& other);
+  Generator(Generator&&) noexcept = default;
+  Generator& operator=(Generator&&) noexcept = default;
+  ~Generator();
   double uniform();  // [0, 1)
   double normal();   // mean 0, standard deviation 1
   std::uint64_t next_u64();

@@ -34,6 +34,10 @@ inline Tensor operator-(const Tensor& a, double b) { return sub(a, b); }
 inline Tensor operator*(const Tensor& a, double b) { return mul(a, b); }
 inline Tensor operator/(const Tensor& a, double b) { return div(a, b); }
 inline Tensor operator*(double a, const Tensor& b) { return mul(b, a); }
+inline Tensor operator+(double a, const Tensor& b) { return add(b, a); }
+// a - b and a / b as one op each, with a as a rank-0 tensor of b's dtype (broadcast).
+inline Tensor operator-(double a, const Tensor& b) { return sub(scalar(a, b.dtype()), b); }
+inline Tensor operator/(double a, const Tensor& b) { return div(scalar(a, b.dtype()), b); }
 inline Tensor operator-(const Tensor& x) { return neg(x); }
 
 }  // namespace tapegrad

@@ -183,7 +183,9 @@ void Tensor::check_element_type(DType requested) const {
                      impl.dtype, shape_str(impl.shape));
 }
 
-template <class T> std::vector<T> Tensor::to_vector() const {
+template <class T>
+  requires ElementType<T>
+std::vector<T> Tensor::to_vector() const {
   detail::check_self("Tensor::to_vector", *this);
   std::vector<T> out;
   out.reserve(static_cast<std::size_t>(numel()));

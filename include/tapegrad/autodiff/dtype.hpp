@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <string_view>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -30,6 +31,9 @@ template <> constexpr DType dtype_of<float>() noexcept { return DType::float32; 
 template <> constexpr DType dtype_of<double>() noexcept { return DType::float64; }
 template <> constexpr DType dtype_of<bool>() noexcept { return DType::bool_; }
 template <> constexpr DType dtype_of<std::int64_t>() noexcept { return DType::int64; }
+// The C++ types that a tensor's elements can be read as.
+template <class T>
+concept ElementType = std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bool> || std::is_same_v<T, std::int64_t>;
 
 }  // namespace tapegrad
 

@@ -55,8 +55,11 @@ class Tensor {
   // Increases with every in-place write to this tensor's storage (shared by all its views).
   std::uint64_t version() const;
 
-  // Values in row-major order, converted to T (bool/int64/float conversions as in C++).
-  template <class T> std::vector<T> to_vector() const;
+  // Values in row-major order, converted to T (bool/int64/float conversions as in C++). T is one
+  // of the element types (float, double, bool, std::int64_t): another does not compile.
+  template <class T>
+    requires ElementType<T>
+  std::vector<T> to_vector() const;
   // The single value of a one-element tensor, as double.
   double item() const;
 

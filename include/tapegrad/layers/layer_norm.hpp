@@ -1,5 +1,5 @@
 // LayerNorm over the last dim: y = (x - mean) / sqrt(var + eps) * weight + bias, with the
-// biased variance (as PyTorch). The hand-derived backward is layer_norm()'s (ops/norm.hpp).
+// biased variance (as PyTorch). The hand-derived backward is layer_norm()'s (ops/layer_norm.hpp).
 #pragma once
 
 #include <cstdint>

@@ -19,8 +19,9 @@ Tensor matmul(const Tensor& a, const Tensor& b, MatmulPrecision precision);
 
 // The precision of every float32 matmul that does not name one: those inside Linear, the
 // projections of multi-head attention and the other layers, forward and backward (a recorded
-// product's backward keeps the precision of its forward). The attention core itself (scores,
-// softmax, weighted sums, on either path) computes in float32 whatever this says. Per calling thread (unlike set_num_threads, which is
+// product's backward keeps the precision of its forward) and the attention core's products
+// (scores and weighted sums, on either path: bfloat16 operands, float32 accumulation; its
+// softmax, sums and masks stay float32). Per calling thread (unlike set_num_threads, which is
 // process-wide), so threads training different models do not interfere. float64 is always exact.
 void set_matmul_precision(MatmulPrecision precision) noexcept;
 MatmulPrecision matmul_precision() noexcept;

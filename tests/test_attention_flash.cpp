@@ -38,6 +38,7 @@ std::ostream& operator<<(std::ostream& os, const Case& c) {
 // computed here with plain loops (for the weights path), and an upstream gradient.
 struct Problem {
   Tensor q, k, v, bias, d_out;
+  bool bias_grad = true;  // false: the bias is a constant (no dbias asked for)
   tg::detail::AttentionMask parts;
   Tensor combined;  // [B, 1, Q, K]
 };
@@ -114,7 +115,7 @@ tg::AttentionResult fused_blocks(const Tensor& q, const Tensor& k, const Tensor&
 // on blocks of that many rows. The weights path takes the combined mask when there is one.
 std::vector<std::vector<double>> run(const Problem& p, bool fused, std::int64_t block_rows = 0) {
   Tensor q = p.q.detach().set_requires_grad(), k = p.k.detach().set_requires_grad(), v = p.v.detach().set_requires_grad();
-  Tensor bias = p.bias.defined() ? p.bias.detach().set_requires_grad() : Tensor();
+  Tensor bias = p.bias.defined() ? p.bias.detach().set_requires_grad(p.bias_grad) : Tensor();
   tg::detail::AttentionMask mask;
   if (fused || !p.combined.defined()) mask = p.parts;
   else mask.allowed = p.combined;
@@ -123,7 +124,7 @@ std::vector<std::vector<double>> run(const Problem& p, bool fused, std::int64_t 
   BOOST_TEST(r.weights.defined() == !fused);
   tg::backward({r.output}, {p.d_out});
   std::vector<std::vector<double>> out{values(r.output), values(q.grad()), values(k.grad()), values(v.grad())};
-  if (bias.defined()) out.push_back(values(bias.grad()));
+  if (bias.defined() && bias.requires_grad()) out.push_back(values(bias.grad()));
   tg::clear_tape();
   return out;
 }
@@ -621,7 +622,12 @@ BOOST_AUTO_TEST_SUITE_END()
 BOOST_AUTO_TEST_SUITE(fused_path_in_blocks)
 
 BOOST_DATA_TEST_CASE(small_shapes, bdata::make(grid()), c) {
-  for (std::int64_t rows : {1, 2, 16}) compare(make(c, tg::float32), 2e-5, 2e-4, "float32 blocks", rows);
+  Problem p = make(c, tg::float32);
+  for (std::int64_t rows : {1, 2, 16}) compare(p, 2e-5, 2e-4, "float32 blocks", rows);
+  // A constant bias (what attention_core sends to the blocks): Δ = rowsum(dO O) then
+  p.bias_grad = false;
+  if (p.bias.defined())
+    for (std::int64_t rows : {1, 16}) compare(p, 2e-5, 2e-4, "float32 blocks, constant bias", rows);
   bfloat16_core::check_against_float64(c, bfloat16_core::kTiny, 2);
 }
 
@@ -663,14 +669,19 @@ BOOST_AUTO_TEST_CASE(several_blocks_any_thread_count) {
     }
 }
 
-// 8 MiB of float32 scores: attention_core itself takes the blocks (both paths, their own sizes).
+// 8 MiB of float32 scores: attention_core itself takes the blocks (both paths, their own sizes),
+// without a bias and with a constant one.
 BOOST_AUTO_TEST_CASE(large_scores_through_attention_core) {
-  const Case c{1, 2, 1024, 1024, 16, 8, true, false, false, true, 0, 0, true, 12};
-  for (int threads : {1, 2}) {
-    const int before = tg::num_threads();
-    tg::set_num_threads(threads);
-    BOOST_TEST_CONTEXT("threads " << threads) { compare(make(c, tg::float32), 5e-5, 5e-4, "float32, 8 MiB of scores"); }
-    tg::set_num_threads(before);
+  for (const Case& c : {Case{1, 2, 1024, 1024, 16, 8, true, false, false, true, 0, 0, true, 12},
+                        Case{1, 2, 1024, 1024, 16, 8, true, true, false, true, 3, 2, false, 13}}) {
+    Problem p = make(c, tg::float32);
+    p.bias_grad = false;
+    for (int threads : {1, 2}) {
+      const int before = tg::num_threads();
+      tg::set_num_threads(threads);
+      BOOST_TEST_CONTEXT(c << " threads " << threads) { compare(p, 5e-5, 5e-4, "float32, 8 MiB of scores"); }
+      tg::set_num_threads(before);
+    }
   }
 }
 

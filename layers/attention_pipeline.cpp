@@ -31,11 +31,13 @@
 //
 // (docs/gradients.md §8.1 derives Δ = rowsum(A dA)). The forward does less than the weights
 // path's (no [..., Q, K] write); the backward does one product more (S) and one pass over the
-// block in cache, and reads no A from memory: on the benchmark's layer (causal with key padding,
-// K = 2048 and 4096, one and two threads) forward 1.06-1.18x the weights path's speed, forward +
-// backward 1.02-1.07x; the backward alone about even, the extra product costing about what the
-// A traffic did. (The passes matter: recomputing A with the weights path's own softmax pass and
-// its backward pass, three and two passes over the block, left forward + backward 0.88-0.90x.) With a
+// block in cache, and reads no A from memory. On the benchmark's layer (causal with key padding,
+// K = 2048 and 4096, one and two threads, the machine loaded) forward 1.06-1.30x the weights
+// path's speed, forward + backward 0.95-1.15x (medians; best CPU time on one thread 1.01-1.05x):
+// the backward alone about even, the extra product costing about what the A traffic did. (A
+// first version, the weights path's own softmax and softmax-backward passes on its full-width
+// blocks of 64 rows at K = 4096, gave forward + backward 0.90x there; the one pass, buffers as
+// wide as the causal end and 128 rows made up the difference.) With a
 // bias that needs a gradient dS would be held whole, [..., Q, K] (dbias sums it): that case, as
 // float64 and scores too small for the blocks, takes the tiles of attention_flash.cpp instead
 // (the tests still reach it here: Δ is then rowsum(P dA), as the weights path's).

@@ -33,7 +33,7 @@
 // path's (no [..., Q, K] write); the backward does one product more (S) and one pass over the
 // block in cache, and reads no A from memory. On the benchmark's layer (causal with key padding,
 // K = 2048 and 4096, one and two threads, the machine loaded) forward 1.06-1.30x the weights
-// path's speed, forward + backward 0.95-1.15x (medians; best CPU time on one thread 1.01-1.05x):
+// path's speed, forward + backward 0.95-1.15x (medians; best CPU time on one thread 0.98-1.10x):
 // the backward alone about even, the extra product costing about what the A traffic did. (A
 // first version, the weights path's own softmax and softmax-backward passes on its full-width
 // blocks of 64 rows at K = 4096, gave forward + backward 0.90x there; the one pass, buffers as

@@ -202,9 +202,12 @@ AttentionResult attention_bf16(const AttentionArgs& a, const Shape& scores_shape
 
 AttentionResult attention_core(const AttentionArgs& a) {
   const Shape scores_shape = check_attention(a);
-  if (!a.need_weights) return {flash_attention(a, scores_shape), Tensor()};
-  const RowMasks masks(a.op, a.mask, scores_shape);
   const double scale = 1.0 / std::sqrt(static_cast<double>(a.q.size(-1)));
+  if (!a.need_weights) {
+    if (!attention_fused_blocks_pay(a, scores_shape)) return {flash_attention(a, scores_shape), Tensor()};
+    return attention_pipelined(a, scores_shape, RowMasks(a.op, a.mask, scores_shape), scale);
+  }
+  const RowMasks masks(a.op, a.mask, scores_shape);
   if (a.q.dtype() == DType::float32 && attention_pipeline_pays(scores_shape)) return attention_pipelined(a, scores_shape, masks, scale);
   if (a.q.dtype() == DType::float32 && matmul_precision() == MatmulPrecision::bfloat16)
     return attention_bf16(a, scores_shape, masks, scale);

@@ -27,9 +27,13 @@ Tensor flash_attention(const AttentionArgs& args, const Shape& scores_shape);
 // blocks of query rows that stay in cache from the scores' product to the output's
 // (layers/attention_pipeline.cpp). Validated arguments, their masks and 1/sqrt(D); block_rows 0
 // sizes the blocks for L2 (tests ask for small ones). Records the node as attention_core does.
+// With args.need_weights false, the fused path on the same blocks: each block's weights stay in
+// a per-thread buffer, the backward computes them again, and the result's weights are undefined.
 AttentionResult attention_pipelined(const AttentionArgs& args, const Shape& scores_shape, const RowMasks& masks, double scale,
                                     std::int64_t block_rows = 0);
 // Whether scores of this shape are worth the blocks (too small, whole-tensor passes stay in cache).
 bool attention_pipeline_pays(const Shape& scores_shape);
+// Whether the fused path (need_weights false) takes the blocks rather than flash_attention's tiles.
+bool attention_fused_blocks_pay(const AttentionArgs& args, const Shape& scores_shape);
 
 }  // namespace tapegrad::detail

@@ -18,6 +18,30 @@
 // rounded once per call, A and dS rounded by the softmax passes as they write a block's rows
 // (the backward rounds its block of A again rather than keep a [..., Q, K] bfloat16 copy).
 //
+// The fused path (need_weights false) for large float32 scores runs on the same blocks, without
+// the [..., Q, K] weights: a block's A goes to a per-thread buffer (rows as wide as the block's
+// last causal key), and the forward saves per row the maximum m and log l (l the sum of
+// exp(x - m), x the scaled, biased, masked scores). Its backward makes A again:
+//
+//   forward, per block of rows             backward, per block of rows
+//   S = q kᵀ                               S = q kᵀ,  dA = dO vᵀ
+//   A = masked_softmax(s S + bias),        P = exp((x - m) - log l)  (A up to rounding),
+//     keep m, log l                          dS = P (dA - Δ),  Δ = rowsum(dO O)  (one pass)
+//   O = A ⊛ v                              dv += Pᵀ ⊛ dO,  dq = dS ⊛ k,  dk += dSᵀ ⊛ q
+//
+// (docs/gradients.md §8.1 derives Δ = rowsum(A dA)). The forward does less than the weights
+// path's (no [..., Q, K] write); the backward does one product more (S) and one pass over the
+// block in cache, and reads no A from memory. On the benchmark's layer (causal with key padding,
+// K = 2048 and 4096, one and two threads, the machine loaded) forward 1.06-1.30x the weights
+// path's speed, forward + backward 0.95-1.15x (medians; best CPU time on one thread 0.98-1.10x):
+// the backward alone about even, the extra product costing about what the A traffic did. (A
+// first version, the weights path's own softmax and softmax-backward passes on its full-width
+// blocks of 64 rows at K = 4096, gave forward + backward 0.90x there; the one pass, buffers as
+// wide as the causal end and 128 rows made up the difference.) With a
+// bias that needs a gradient dS would be held whole, [..., Q, K] (dbias sums it): that case, as
+// float64 and scores too small for the blocks, takes the tiles of attention_flash.cpp instead
+// (the tests still reach it here: Δ is then rowsum(P dA), as the weights path's).
+//
 // The forward's blocks are independent. In the backward, dk and dv sum over a batch entry's
 // blocks: each (batch entry, group) item runs its blocks in order into the group's own buffer
 // (a batch entry's blocks are split into `groups` interleaved groups only when there are few batch
@@ -48,9 +72,16 @@ using tiles::weighted_gemm;
 // scores. Measured on the long shape (K = 2048), forward + backward: 32 rows 116 ms, 64 rows
 // 89 ms, 128 rows 88 ms; the large shape (K = 512): 64 or 128 rows 99 ms, 256 rows 103 ms.
 constexpr std::int64_t kBlockRows = 128, kBlockBytes = 1 << 20;
+// The fused path's buffers hold a block's rows up to its last causal key only (half the row on
+// average under a causal mask), and its backward runs more steps on each block: its blocks are
+// larger. Measured forward + backward on the long shape (K = 4096, causal, one thread): 64
+// rows 256-262 ms, 128 rows 249-253 ms; K = 2048: 128 rows 66-72 ms, 256 rows 67-77 ms.
+constexpr std::int64_t kFusedBlockBytes = 2 << 20;
 // Batch entries fewer than this split their blocks into groups (fixed by the shape, not the
-// threads) so that the backward has work for every thread.
-constexpr std::int64_t kMinItems = 8;
+// threads) so that the backward has work for every thread. Each group holds its own dk and dv
+// ([..., K, D] each): the fused path, there for its memory, asks for fewer (B H = 4, L = 2048:
+// 8 MiB less at the peak of forward + backward, a third of it).
+constexpr std::int64_t kMinItems = 8, kFusedMinItems = 4;
 
 Shape with_matrix(const Shape& batch, std::int64_t rows, std::int64_t cols) {
   Shape s = batch;
@@ -61,11 +92,12 @@ Shape with_matrix(const Shape& batch, std::int64_t rows, std::int64_t cols) {
 
 struct Blocks {
   std::int64_t bh = 0, nq = 0, nk = 0, rows = 0, count = 0;  // count: blocks per batch entry
-  Blocks(const Shape& scores, std::int64_t block_rows) {
+  Blocks(const Shape& scores, std::int64_t block_rows, bool fused) {
     bh = shape_numel(Shape(scores.begin(), scores.end() - 2));
     nq = scores[scores.size() - 2];
     nk = scores.back();
-    rows = block_rows > 0 ? block_rows : std::clamp<std::int64_t>(kBlockBytes / (4 * std::max<std::int64_t>(nk, 1)) / 16 * 16, 16, kBlockRows);
+    const std::int64_t bytes = fused ? kFusedBlockBytes : kBlockBytes;
+    rows = block_rows > 0 ? block_rows : std::clamp<std::int64_t>(bytes / (4 * std::max<std::int64_t>(nk, 1)) / 16 * 16, 16, kBlockRows);
     rows = std::clamp<std::int64_t>(rows, 1, std::max<std::int64_t>(nq, 1));
     count = (nq + rows - 1) / rows;
   }
@@ -78,6 +110,48 @@ struct Blocks {
   }
 };
 
+// What a block's scores product and softmax pass read: q, k (and their bfloat16 copies under
+// that precision), the bias and the masks.
+struct Operands {
+  Matrices<float> qs, ks, vs;
+  Bf16Matrices qb, kb, vb;
+  RowPointers bias;
+  const RowMasks* masks;
+  Shape scores;
+  float scale;
+  bool bf16;
+  std::int64_t nq, nk, d;
+  // round: which of q, k, v the bfloat16 products read (float32 only).
+  Operands(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias_, const RowMasks& m, const Shape& scores_, double scale_,
+           bool bfloat16, bool round_q, bool round_k, bool round_v)
+      : bias(bias_, scores_), masks(&m), scores(scores_), scale(static_cast<float>(scale_)), bf16(bfloat16) {
+    const Shape batch(scores.begin(), scores.end() - 2);
+    qs = Matrices<float>(q, batch);
+    ks = Matrices<float>(k, batch);
+    vs = Matrices<float>(v, batch);
+    if (bf16 && round_q) qb = Bf16Matrices(q, batch);
+    if (bf16 && round_k) kb = Bf16Matrices(k, batch);
+    if (bf16 && round_v) vb = Bf16Matrices(v, batch);
+    nq = scores[scores.size() - 2];
+    nk = scores.back();
+    d = q.size(-1);
+  }
+  // S = q kᵀ for the n rows of batch entry b from query i0 and the keys below `end`, to s (row
+  // stride ld).
+  void scores_product(std::int64_t b, std::int64_t i0, std::int64_t n, std::int64_t end, float* s, std::int64_t ld) const {
+    if (bf16) tiles::scores_bf16(n, end, d, 1.0f, qb.rows(qs, b).from(i0), kb.rows(ks, b), s, ld);
+    else gemm(false, true, n, end, d, 1.0f, qs[b] + i0 * qs.ld, qs.ld, ks[b], ks.ld, 0.0f, s, ld);
+  }
+  // Then A = masked_softmax(s S + bias) over it, in place, rounded to bfloat16 to `rounded` under
+  // that precision (same stride), and each row's m and log l to `stats` if not null.
+  void weights(std::int64_t b, std::int64_t i0, std::int64_t n, std::int64_t end, float* a, std::int64_t ld, std::uint16_t* rounded,
+               float* stats) const {
+    const std::int64_t r0 = b * nq + i0;
+    scores_product(b, i0, n, end, a, ld);
+    attention_softmax_forward_rows(RowPointers::block(a, Shape{ld}, r0), bias, scale, *masks, a, rounded, r0, r0 + n, stats);
+  }
+};
+
 }  // namespace
 
 // Measured forward + backward on one thread (CPU time, the benchmark's layer): at 4 MiB of
@@ -86,65 +160,83 @@ struct Blocks {
 // where one batched product per step did the work), at 32 and 64 MiB they win by 1.26-1.40x.
 bool attention_pipeline_pays(const Shape& scores_shape) { return 4 * shape_numel(scores_shape) >= (std::int64_t{8} << 20); }
 
+// A bias that needs a gradient would make the blocks hold dS whole, [..., Q, K] (dbias is summed
+// from it); the tiles sum it into the bias's shape instead.
+bool attention_fused_blocks_pay(const AttentionArgs& a, const Shape& scores_shape) {
+  return a.q.dtype() == DType::float32 && attention_pipeline_pays(scores_shape) && !(a.bias.defined() && a.bias.requires_grad());
+}
+
 AttentionResult attention_pipelined(const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks, double scale,
                                     std::int64_t block_rows) {
   const Shape batch(scores_shape.begin(), scores_shape.end() - 2);
-  const Blocks blk(scores_shape, block_rows);
-  const bool bf16 = matmul_precision() == MatmulPrecision::bfloat16;
-  const std::int64_t nq = blk.nq, nk = blk.nk, d = a.q.size(-1), dv = a.v.size(-1);
+  const Blocks blk(scores_shape, block_rows, !a.need_weights);
+  const bool bf16 = matmul_precision() == MatmulPrecision::bfloat16, keep = a.need_weights;
+  const std::int64_t nq = blk.nq, nk = blk.nk, dv = a.v.size(-1);
   const Tensor q = matrix_ready(a.q), k = matrix_ready(a.k), v = matrix_ready(a.v);
-  const Matrices<float> qs(q, batch), ks(k, batch), vs(v, batch);
-  const Bf16Matrices qb = bf16 ? Bf16Matrices(q, batch) : Bf16Matrices(), kb = bf16 ? Bf16Matrices(k, batch) : Bf16Matrices(),
-                     vb = bf16 ? Bf16Matrices(v, batch) : Bf16Matrices();
-  const Tensor weights = new_tensor(scores_shape, DType::float32, a.op);
+  const Operands op(q, k, v, a.bias, masks, scores_shape, scale, bf16, true, true, true);
+  // The weights, or (fused) per row the m and log l that the backward makes them again from
+  const Tensor weights = keep ? new_tensor(scores_shape, DType::float32, a.op) : Tensor();
+  Shape stats_shape = batch;
+  stats_shape.push_back(2 * nq);
+  const Tensor stats = keep ? Tensor() : new_tensor(stats_shape, DType::float32, a.op);
   const Tensor output = zeros(with_matrix(batch, nq, dv), DType::float32);
-  float* w = static_cast<float*>(mutable_data(weights));
+  float* w = keep ? static_cast<float*>(mutable_data(weights)) : nullptr;
+  float* st = keep ? nullptr : static_cast<float*>(mutable_data(stats));
   float* o = static_cast<float*>(mutable_data(output));
-  const RowPointers s_rows(weights, scores_shape), bias_rows(a.bias, scores_shape);
-  parallel_for(blk.bh * blk.count, blk.rows * nk * (d + dv), [&](std::int64_t u0, std::int64_t u1) {
-    std::vector<float> pack;
+  parallel_for(blk.bh * blk.count, blk.rows * nk * (op.d + dv), [&](std::int64_t u0, std::int64_t u1) {
+    std::vector<float> pack, buffer(static_cast<std::size_t>(keep ? 0 : blk.rows * nk));
     std::vector<std::uint16_t> rounded(static_cast<std::size_t>(bf16 ? blk.rows * nk : 0));
     for (std::int64_t u = u0; u < u1; ++u) {
       const std::int64_t b = u / blk.count, i0 = u % blk.count * blk.rows, n = blk.size(u % blk.count), r0 = b * nq + i0;
       const std::int64_t end = Blocks::key_end(masks, r0, n, nk);
-      float* s = w + r0 * nk;
-      // S = q kᵀ (scaled in the softmax pass), A = masked_softmax(S) (and rounded), O = A ⊛ v
-      if (bf16) tiles::scores_bf16(n, end, d, 1.0f, qb.rows(qs, b).from(i0), kb.rows(ks, b), s, nk);
-      else gemm(false, true, n, end, d, 1.0f, qs[b] + i0 * qs.ld, qs.ld, ks[b], ks.ld, 0.0f, s, nk);
-      attention_softmax_forward_rows(s_rows, bias_rows, static_cast<float>(scale), masks, w, bf16 ? rounded.data() : nullptr, r0, r0 + n);
-      if (bf16) tiles::weighted_gemm_bf16(false, n, dv, end, 1.0f, s, rounded.data(), nk, vb.rows(vs, b), o + r0 * dv, dv);
-      else weighted_gemm<float>(false, n, dv, end, 1.0f, s, nk, vs[b], vs.ld, o + r0 * dv, dv, pack);
+      // S = q kᵀ, A = masked_softmax(s S + bias) (and rounded), O = A ⊛ v; a buffer's rows
+      // hold the keys below the block's end only
+      float* s = keep ? w + r0 * nk : buffer.data();
+      const std::int64_t ld = keep ? nk : end;
+      op.weights(b, i0, n, end, s, ld, bf16 ? rounded.data() : nullptr, keep ? nullptr : st + 2 * r0);
+      if (bf16) tiles::weighted_gemm_bf16(false, n, dv, end, 1.0f, s, rounded.data(), ld, op.vb.rows(op.vs, b), o + r0 * dv, dv);
+      else weighted_gemm<float>(false, n, dv, end, 1.0f, s, ld, op.vs[b], op.vs.ld, o + r0 * dv, dv, pack);
     }
   });
   const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias};
   if (!should_record(inputs)) return {output, weights};
-  std::vector<Tensor> outputs{output, weights};
+  std::vector<Tensor> outputs{output};
+  if (keep) outputs.push_back(weights);
+  std::vector<Tensor> saved{a.q, a.k, a.v};
+  if (keep) saved.push_back(weights);
+  if (!keep) saved.push_back(outputs[0]);
+  if (!keep && a.bias.defined()) saved.push_back(a.bias);
   record_op(a.op, inputs, outputs,
-            [q, k, v, q_shape = a.q.shape(), k_shape = a.k.shape(), v_shape = a.v.shape(),
-             bias_shape = a.bias.defined() ? a.bias.shape() : Shape{}, A = weights.detach(), masks, scale, scores_shape, batch, blk, d,
-             dv, bf16](std::span<const Tensor> g, const std::vector<bool>& needs) {
+            [q, k, v, bias = keep ? Tensor() : a.bias, q_shape = a.q.shape(), k_shape = a.k.shape(), v_shape = a.v.shape(),
+             bias_shape = a.bias.defined() ? a.bias.shape() : Shape{}, A = keep ? weights.detach() : Tensor(),
+             O = keep ? Tensor() : outputs[0].detach(), stats, masks, scale, scores_shape, batch, blk, dv,
+             bf16](std::span<const Tensor> g, const std::vector<bool>& needs) {
               const Tensor& d_out = g[0];
-              const Tensor& d_weights = g[1];
+              const Tensor d_weights = g.size() > 1 ? g[1] : Tensor();
               const std::int64_t nq = blk.nq, nk = blk.nk;
               std::vector<Tensor> grads(4);
               const bool want_dv = needs[2] && d_out.defined();
               const bool want_ds = (needs[0] || needs[1] || needs[3]) && (d_out.defined() || d_weights.defined());
               if (!want_dv && !want_ds) return grads;
-              const Matrices<float> qs(q, batch), ks(k, batch), vs(v, batch);
+              const bool recompute = !A.defined();  // the fused path (dO is then defined)
+              // As in the forward, whatever the precision where backward() runs; making A again
+              // reads q and k whatever the gradients asked for.
+              const Operands op(q, k, v, bias, masks, scores_shape, scale, bf16, recompute || (want_ds && needs[1]),
+                                recompute || (want_ds && needs[0]), want_ds && d_out.defined());
+              const std::int64_t d = op.d;
               const Tensor go = d_out.defined() ? matrix_ready(d_out) : Tensor();
               const Matrices<float> gs = go.defined() ? Matrices<float>(go, batch) : Matrices<float>();
-              // As in the forward, whatever the precision where backward() runs.
-              const Bf16Matrices qb = bf16 && want_ds && needs[1] ? Bf16Matrices(q, batch) : Bf16Matrices(),
-                                 kb = bf16 && want_ds && needs[0] ? Bf16Matrices(k, batch) : Bf16Matrices(),
-                                 vb = bf16 && want_ds && go.defined() ? Bf16Matrices(v, batch) : Bf16Matrices(),
-                                 gb = bf16 && go.defined() ? Bf16Matrices(go, batch) : Bf16Matrices();
-              const float* a_f = static_cast<const float*>(A.raw_data());
+              const Bf16Matrices gb = bf16 && go.defined() ? Bf16Matrices(go, batch) : Bf16Matrices();
+              const float* a_f = recompute ? nullptr : static_cast<const float*>(A.raw_data());
+              const float* o_f = recompute ? static_cast<const float*>(O.raw_data()) : nullptr;
+              const float* st = recompute ? static_cast<const float*>(stats.raw_data()) : nullptr;
               // The 1/sqrt(D) goes on dS when the bias needs no gradient, else on dq and dk.
               const float factor = static_cast<float>(needs[3] ? 1.0 : scale);
               // dbias needs dS whole; else each block's dS lives in the block's buffer only.
               const Tensor dS = want_ds && needs[3] ? new_tensor(scores_shape, DType::float32, "attention") : Tensor();
               float* ds_all = dS.defined() ? static_cast<float*>(mutable_data(dS)) : nullptr;
-              const std::int64_t groups = std::clamp<std::int64_t>((kMinItems + blk.bh - 1) / std::max<std::int64_t>(blk.bh, 1), 1, std::max<std::int64_t>(blk.count, 1));
+              const std::int64_t min_items = recompute ? kFusedMinItems : kMinItems;
+              const std::int64_t groups = std::clamp<std::int64_t>((min_items + blk.bh - 1) / std::max<std::int64_t>(blk.bh, 1), 1, std::max<std::int64_t>(blk.count, 1));
               std::vector<Tensor> dk_parts, dv_parts;
               std::vector<float*> dk_p, dv_p;
               for (std::int64_t i = 0; i < groups; ++i) {
@@ -154,53 +246,88 @@ AttentionResult attention_pipelined(const AttentionArgs& a, const Shape& scores_
               Tensor dq = want_ds && needs[0] ? zeros(with_matrix(batch, nq, d), DType::float32) : Tensor();
               float* dq_p = dq.defined() ? static_cast<float*>(mutable_data(dq)) : nullptr;
               const RowPointers upstream(d_weights, scores_shape);
-              const std::int64_t block_cost = blk.rows * nk * (2 * d + 2 * dv);
+              const std::int64_t block_cost = blk.rows * nk * ((recompute ? 3 : 2) * d + 2 * dv);
               parallel_for(blk.bh * groups, block_cost * blk.count / groups, [&](std::int64_t i0_, std::int64_t i1_) {
-                std::vector<float> pack, buffer(static_cast<std::size_t>(dS.defined() ? 0 : blk.rows * nk));
-                std::vector<std::uint16_t> rounded(static_cast<std::size_t>(bf16 ? blk.rows * nk : 0));
+                const auto size = static_cast<std::size_t>(blk.rows * nk);
+                std::vector<float> pack, buffer(dS.defined() ? 0 : size), a_buffer(recompute ? size : 0), delta;
+                std::vector<std::uint16_t> rounded_a(bf16 ? size : 0), rounded_ds(bf16 ? size : 0);
                 for (std::int64_t item = i0_; item < i1_; ++item) {
                   const std::int64_t b = item / groups, group = item % groups;
                   for (std::int64_t t = group; t < blk.count; t += groups) {
                     const std::int64_t i0 = t * blk.rows, n = blk.size(t), r0 = b * nq + i0;
                     const std::int64_t end = Blocks::key_end(masks, r0, n, nk);
-                    const float* a_blk = a_f + r0 * nk;
+                    // Rows of A and dS: the weights' or the whole dS's (stride K), else buffers of
+                    // the keys below the block's end
+                    const std::int64_t ld = recompute && !dS.defined() ? end : nk;
+                    float* ds = ds_all != nullptr ? ds_all + r0 * nk : buffer.data();
                     const float* go_blk = go.defined() ? gs[b] + i0 * gs.ld : nullptr;
+                    const float* a_blk = recompute ? a_buffer.data() : a_f + r0 * nk;
+                    if (recompute) {
+                      // S again, dA = dO vᵀ (not finite where a masked key's v is, never read there),
+                      // then one pass: P = exp((x - m) - log l), dS = P (dA - Δ) with Δ = rowsum(dO O)
+                      op.scores_product(b, i0, n, end, a_buffer.data(), ld);
+                      if (want_ds) {
+                        if (bf16) tiles::scores_bf16(n, end, dv, 1.0f, gb.rows(gs, b).from(i0), op.vb.rows(op.vs, b), ds, ld);
+                        else gemm(false, true, n, end, dv, 1.0f, go_blk, gs.ld, op.vs[b], op.vs.ld, 0.0f, ds, ld);
+                      }
+                      // Δ from P dA in the pass instead when dbias is asked for: the gradient of a
+                      // bias constant along rows is 0, a cancellation that O's rounding would spoil
+                      // under bfloat16 (as for the tiles, docs/gradients.md)
+                      delta.resize(static_cast<std::size_t>(dS.defined() ? 0 : n));
+                      for (std::int64_t r = 0; r < n && !dS.defined(); ++r) {
+                        const float* o_r = o_f + (r0 + r) * dv;
+                        const float* g_r = go_blk + r * gs.ld;
+                        double sum = 0;  // in double, as the weights path's rowsum(A dA) is not
+                        for (std::int64_t c = 0; c < dv; ++c) sum += static_cast<double>(o_r[c]) * static_cast<double>(g_r[c]);
+                        delta[static_cast<std::size_t>(r)] = static_cast<float>(sum);
+                      }
+                      attention_softmax_recompute_rows(a_buffer.data(), op.bias, op.scale, masks, st + 2 * r0, dS.defined() ? nullptr : delta.data(), want_ds ? ds : nullptr,
+                                                       factor, bf16 ? rounded_a.data() : nullptr, bf16 && want_ds ? rounded_ds.data() : nullptr, ld, r0,
+                                                       r0 + n);
+                    } else if (bf16 && want_dv) {
+                      for (std::int64_t r = 0; r < n; ++r) round_bf16_weights(a_blk + r * nk, rounded_a.data() + r * nk, end);
+                    }
                     // dv += Aᵀ ⊛ dO
                     if (want_dv) {
                       float* out = dv_p[static_cast<std::size_t>(group)] + b * nk * dv;
-                      if (bf16) {
-                        for (std::int64_t r = 0; r < n; ++r) round_bf16_weights(a_blk + r * nk, rounded.data() + r * nk, end);
-                        tiles::weighted_gemm_bf16(true, end, dv, n, 1.0f, a_blk, rounded.data(), nk, gb.rows(gs, b).from(i0), out, dv);
-                      } else {
-                        weighted_gemm<float>(true, end, dv, n, 1.0f, a_blk, nk, go_blk, gs.ld, out, dv, pack);
-                      }
+                      if (bf16) tiles::weighted_gemm_bf16(true, end, dv, n, 1.0f, a_blk, rounded_a.data(), ld, gb.rows(gs, b).from(i0), out, dv);
+                      else weighted_gemm<float>(true, end, dv, n, 1.0f, a_blk, ld, go_blk, gs.ld, out, dv, pack);
                     }
                     if (!want_ds) continue;
-                    // dA = dO vᵀ into the dS buffer (not finite where a masked key's v is, never read
-                    // there), then dS over it, the upstream dA added on the fly
-                    float* ds = ds_all != nullptr ? ds_all + r0 * nk : buffer.data();
-                    if (go_blk != nullptr) {
-                      if (bf16) tiles::scores_bf16(n, end, dv, 1.0f, gb.rows(gs, b).from(i0), vb.rows(vs, b), ds, nk);
-                      else gemm(false, true, n, end, dv, 1.0f, go_blk, gs.ld, vs[b], vs.ld, 0.0f, ds, nk);
+                    if (!recompute) {
+                      // dA = dO vᵀ into the dS buffer (not finite where a masked key's v is, never
+                      // read there), then dS over it, the upstream dA added on the fly
+                      if (go_blk != nullptr) {
+                        if (bf16) tiles::scores_bf16(n, end, dv, 1.0f, gb.rows(gs, b).from(i0), op.vb.rows(op.vs, b), ds, nk);
+                        else gemm(false, true, n, end, dv, 1.0f, go_blk, gs.ld, op.vs[b], op.vs.ld, 0.0f, ds, nk);
+                      }
+                      const RowPointers da = go_blk != nullptr ? RowPointers::block(ds, scores_shape, r0) : RowPointers(Tensor(), scores_shape);
+                      attention_softmax_backward_rows(a_blk, da, upstream, factor, masks, ds, bf16 ? rounded_ds.data() : nullptr, r0, r0 + n);
                     }
-                    const RowPointers da = go_blk != nullptr ? RowPointers::block(ds, scores_shape, r0) : RowPointers(Tensor(), scores_shape);
-                    attention_softmax_backward_rows(a_f, da, upstream, factor, masks, ds, bf16 ? rounded.data() : nullptr, r0, r0 + n);
                     // dq = dS ⊛ k,  dk += dSᵀ ⊛ q
                     float* dk_out = dk_p.empty() ? nullptr : dk_p[static_cast<std::size_t>(group)] + b * nk * d;
                     if (bf16) {
-                      if (dq_p != nullptr) tiles::weighted_gemm_bf16(false, n, d, end, 1.0f, ds, rounded.data(), nk, kb.rows(ks, b), dq_p + r0 * d, d);
-                      if (dk_out != nullptr) tiles::weighted_gemm_bf16(true, end, d, n, 1.0f, ds, rounded.data(), nk, qb.rows(qs, b).from(i0), dk_out, d);
+                      if (dq_p != nullptr) tiles::weighted_gemm_bf16(false, n, d, end, 1.0f, ds, rounded_ds.data(), ld, op.kb.rows(op.ks, b), dq_p + r0 * d, d);
+                      if (dk_out != nullptr) tiles::weighted_gemm_bf16(true, end, d, n, 1.0f, ds, rounded_ds.data(), ld, op.qb.rows(op.qs, b).from(i0), dk_out, d);
                     } else {
-                      if (dq_p != nullptr) weighted_gemm<float>(false, n, d, end, 1.0f, ds, nk, ks[b], ks.ld, dq_p + r0 * d, d, pack);
-                      if (dk_out != nullptr) weighted_gemm<float>(true, end, d, n, 1.0f, ds, nk, qs[b] + i0 * qs.ld, qs.ld, dk_out, d, pack);
+                      if (dq_p != nullptr) weighted_gemm<float>(false, n, d, end, 1.0f, ds, ld, op.ks[b], op.ks.ld, dq_p + r0 * d, d, pack);
+                      if (dk_out != nullptr) weighted_gemm<float>(true, end, d, n, 1.0f, ds, ld, op.qs[b] + i0 * op.qs.ld, op.qs.ld, dk_out, d, pack);
                     }
                   }
                 }
               });
+              // The groups' parts added in order into the first (each element the same sum, in the
+              // same order, as adding whole parts), holding no more buffer.
               auto summed = [](const std::vector<Tensor>& parts) {
-                Tensor t = parts[0];
-                for (std::size_t i = 1; i < parts.size(); ++i) t = add_same_shape(t, parts[i]);
-                return t;
+                float* t = static_cast<float*>(mutable_data(parts[0]));
+                const auto count = static_cast<std::int64_t>(parts.size());
+                parallel_for(parts[0].numel(), count, [&](std::int64_t e0, std::int64_t e1) {
+                  for (std::int64_t i = 1; i < count; ++i) {
+                    const float* p = static_cast<const float*>(parts[static_cast<std::size_t>(i)].raw_data());
+                    for (std::int64_t e = e0; e < e1; ++e) t[e] += p[e];
+                  }
+                });
+                return parts[0];
               };
               auto scaled = [&](Tensor t) { return needs[3] ? mul(t, scale) : t; };
               if (want_dv) grads[2] = sum_to(summed(dv_parts), v_shape);
@@ -209,8 +336,8 @@ AttentionResult attention_pipelined(const AttentionArgs& a, const Shape& scores_
               if (!dk_parts.empty()) grads[1] = scaled(sum_to(summed(dk_parts), k_shape));
               return grads;
             },
-            /*saved=*/std::vector<Tensor>{a.q, a.k, a.v, weights});
-  return {outputs[0], outputs[1]};
+            saved);
+  return {outputs[0], keep ? outputs[1] : Tensor()};
 }
 
 }  // namespace tapegrad::detail

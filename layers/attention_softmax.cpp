@@ -4,6 +4,7 @@
 #include "layers/attention_softmax.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -16,47 +17,92 @@
 namespace tapegrad::detail {
 namespace {
 
+// Writes x = scale s + b over the keys of row r below its causal end, -inf at the masked ones,
+// to a, and returns their maximum: one pass (the rest of the row becomes 0 whatever it holds).
+template <class T>
+[[gnu::always_inline]] inline RowMax<T> load_scores(const RowPointers& scores, const RowPointers& bias, T scale, const RowMask& m,
+                                                    std::int64_t r, T* a) {
+  const T* s = scores.row<T>(r);
+  const T* b = bias.row<T>(r);
+  const std::int64_t ss = scores.stride, bs = bias.stride, end = m.end;
+  const unsigned char* keys = as_bytes(m.keys);
+  auto masked = [&](std::int64_t j, T x) { return m.pairs ? select(m(j), x) : select(keys[j], x); };
+  if (m.dense() && b == nullptr && ss == 1) return load_row(a, end, [&](std::int64_t j) { return scale * s[j]; });
+  if (m.dense() && b == nullptr) return load_row(a, end, [&](std::int64_t j) { return scale * s[j * ss]; });
+  if (m.dense()) return load_row(a, end, [&](std::int64_t j) { return scale * s[j * ss] + b[j * bs]; });
+  if (m.pairs == nullptr && b == nullptr && ss == 1) return load_row(a, end, [&](std::int64_t j) { return select(keys[j], scale * s[j]); });
+  if (b == nullptr) return load_row(a, end, [&](std::int64_t j) { return masked(j, scale * s[j * ss]); });
+  return load_row(a, end, [&](std::int64_t j) { return masked(j, scale * s[j * ss] + b[j * bs]); });
+}
+
+// weights and rounded hold rows from first on; stats (if not null) gets each row's maximum m and
+// log l, l the sum of exp(x - m), from first on.
 template <class T>
 [[gnu::always_inline]] inline void forward_rows(const RowPointers& scores, const RowPointers& bias, T scale,
                                                 const RowMasks& masks, T* weights, std::uint16_t* rounded,
-                                                std::int64_t rounded_first, std::int64_t begin, std::int64_t stop) {
+                                                std::int64_t first, std::int64_t begin, std::int64_t stop, T* stats = nullptr) {
   const std::int64_t k = scores.k;
   for (std::int64_t r = begin; r < stop; ++r) {
     const RowMask m = masks.row(r);
-    const T* s = scores.row<T>(r);
-    const T* b = bias.row<T>(r);
-    T* a = weights + r * k;
-    const std::int64_t ss = scores.stride, bs = bias.stride, end = m.end;
-    // x = scale s + b over the keys below the causal end, -inf at the masked ones, and its
-    // maximum: one pass (the rest of the row becomes 0 whatever it holds)
-    const unsigned char* keys = as_bytes(m.keys);
-    auto masked = [&](std::int64_t j, T x) { return m.pairs ? select(m(j), x) : select(keys[j], x); };
-    RowMax<T> max;
-    if (m.dense() && b == nullptr && ss == 1) max = load_row(a, end, [&](std::int64_t j) { return scale * s[j]; });
-    else if (m.dense() && b == nullptr) max = load_row(a, end, [&](std::int64_t j) { return scale * s[j * ss]; });
-    else if (m.dense()) max = load_row(a, end, [&](std::int64_t j) { return scale * s[j * ss] + b[j * bs]; });
-    else if (m.pairs == nullptr && b == nullptr && ss == 1)
-      max = load_row(a, end, [&](std::int64_t j) { return select(keys[j], scale * s[j]); });
-    else if (b == nullptr) max = load_row(a, end, [&](std::int64_t j) { return masked(j, scale * s[j * ss]); });
-    else max = load_row(a, end, [&](std::int64_t j) { return masked(j, scale * s[j * ss] + b[j * bs]); });
-    softmax_loaded(a, end, k, max, [&m](std::int64_t j) { return m(j); }, prefetch_next<T>(scores, r, stop));
+    T* a = weights + (r - first) * k;
+    const RowMax<T> max = load_scores(scores, bias, scale, m, r, a);
+    const T l = softmax_loaded(a, m.end, k, max, [&m](std::int64_t j) { return m(j); }, prefetch_next<T>(scores, r, stop));
+    if (stats != nullptr) {
+      stats[2 * (r - first)] = max.m;
+      stats[2 * (r - first) + 1] = std::log(l);  // -inf for a row of zeros: never read, m is -inf
+    }
     if constexpr (std::is_same_v<T, float>)
-      if (rounded != nullptr) round_bf16_weights(a, rounded + (r - rounded_first) * k, k);  // the row is still in L1
+      if (rounded != nullptr) round_bf16_weights(a, rounded + (r - first) * k, k);  // the row is still in L1
   }
 }
 
-// out and rounded hold rows from out_first on (one_row: out is the same single row for each).
+// The fused path's backward pass over a block (float32), see attention_softmax.hpp.
+[[gnu::always_inline]] inline void recompute_rows(float* s, const RowPointers& bias, float scale, const RowMasks& masks,
+                                                  const float* stats, const float* delta, float* da, float factor,
+                                                  std::uint16_t* rounded_p, std::uint16_t* rounded_ds, std::int64_t ld,
+                                                  std::int64_t begin, std::int64_t stop) {
+  constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+  const RowPointers rows = RowPointers::block(s, Shape{ld}, begin);  // the scores, read in place
+  for (std::int64_t r = begin; r < stop; ++r) {
+    const RowMask m = masks.row(r);
+    const std::int64_t i = r - begin, end = m.end, pad = padded_end(end, ld);
+    float* p = s + i * ld;
+    float* ds = da != nullptr ? da + i * ld : nullptr;
+    const float mx = stats[2 * i], log_l = stats[2 * i + 1];
+    if (log_l != log_l) {  // a NaN row: NaN at its allowed keys, as the forward's weights
+      for (std::int64_t j = 0; j < ld; ++j) p[j] = j < end && m(j) ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
+    } else if (mx == kMinusInf) {  // empty: no weight, no gradient
+      std::fill_n(p, ld, 0.0f);
+    } else {
+      load_scores(rows, bias, scale, m, r, p);
+      std::fill(p + end, p + pad, kMinusInf);
+      // exp((x - m) - log l): every exponent <= 0 (the one that is 0 gives 1 / l), masked keys 0
+      for (std::int64_t j = 0; j < pad; ++j) p[j] = exp_flush_f32((p[j] - mx) - log_l);
+      std::fill(p + pad, p + ld, 0.0f);
+    }
+    if (ds != nullptr) {
+      // dS selected where P = 0: dA is not finite at a masked key whose v is
+      const float dl = delta != nullptr ? delta[i] : simd_sum(pad, [&](std::int64_t j) { return p[j] != 0.0f ? p[j] * ds[j] : 0.0f; });
+      for (std::int64_t j = 0; j < pad; ++j) ds[j] = p[j] == 0.0f ? 0.0f : factor * (p[j] * (ds[j] - dl));
+      std::fill(ds + pad, ds + ld, 0.0f);
+    }
+    if (rounded_p != nullptr) round_bf16_weights(p, rounded_p + i * ld, ld);
+    if (ds != nullptr && rounded_ds != nullptr) round_bf16_weights(ds, rounded_ds + i * ld, ld);
+  }
+}
+
+// weights, out and rounded hold rows from first on (one_row: out is the same single row for each).
 template <class T>
 [[gnu::always_inline]] inline void backward_rows(const T* weights, const RowPointers& ga, const RowPointers& gb, T factor,
-                                                 const RowMasks& masks, T* out, std::int64_t out_first, bool one_row,
+                                                 const RowMasks& masks, T* out, std::int64_t first, bool one_row,
                                                  std::uint16_t* rounded, std::int64_t begin, std::int64_t stop) {
   const std::int64_t k = ga.base ? ga.k : gb.k, sa = ga.stride, sb = gb.stride;
   for (std::int64_t r = begin; r < stop; ++r) {
     const std::int64_t end = masks.row(r).end;
-    const T* a = weights + r * k;
+    const T* a = weights + (r - first) * k;
     const T* pa = ga.row<T>(r);
     const T* pb = gb.row<T>(r);
-    T* o = one_row ? out : out + (r - out_first) * k;  // one row: dS is kept only rounded
+    T* o = one_row ? out : out + (r - first) * k;  // one row: dS is kept only rounded
     if (pa && pb && sa == 1 && sb == 1)
       softmax_backward_row(a, end, k, factor, o, [&](std::int64_t j) { return pa[j] + pb[j]; });
     else if (pa && pb)
@@ -68,7 +114,7 @@ template <class T>
     else
       softmax_backward_row(a, end, k, factor, o, [&](std::int64_t j) { return pb[j * sb]; });
     if constexpr (std::is_same_v<T, float>)
-      if (rounded != nullptr) round_bf16_weights(o, rounded + (r - out_first) * k, k);
+      if (rounded != nullptr) round_bf16_weights(o, rounded + (r - first) * k, k);
   }
 }
 
@@ -77,18 +123,26 @@ template <class T>
 // each clone.
 [[gnu::target_clones("avx512f", "avx2", "default")]] void forward_rows_f32(const RowPointers& scores, const RowPointers& bias,
                                                                            float scale, const RowMasks& masks, float* weights,
-                                                                           std::uint16_t* rounded, std::int64_t rounded_first,
-                                                                           std::int64_t begin, std::int64_t stop) {
-  forward_rows<float>(scores, bias, scale, masks, weights, rounded, rounded_first, begin, stop);
+                                                                           std::uint16_t* rounded, std::int64_t first,
+                                                                           std::int64_t begin, std::int64_t stop, float* stats) {
+  forward_rows<float>(scores, bias, scale, masks, weights, rounded, first, begin, stop, stats);
+}
+
+[[gnu::target_clones("avx512f", "avx2", "default")]] void recompute_rows_f32(float* s, const RowPointers& bias, float scale,
+                                                                             const RowMasks& masks, const float* stats,
+                                                                             const float* delta, float* da, float factor,
+                                                                             std::uint16_t* rounded_p, std::uint16_t* rounded_ds,
+                                                                             std::int64_t ld, std::int64_t begin, std::int64_t stop) {
+  recompute_rows(s, bias, scale, masks, stats, delta, da, factor, rounded_p, rounded_ds, ld, begin, stop);
 }
 
 [[gnu::target_clones("avx512f", "avx2", "default")]] void backward_rows_f32(const float* weights, const RowPointers& ga,
                                                                             const RowPointers& gb, float factor,
                                                                             const RowMasks& masks, float* out,
-                                                                            std::int64_t out_first, bool one_row,
+                                                                            std::int64_t first, bool one_row,
                                                                             std::uint16_t* rounded, std::int64_t begin,
                                                                             std::int64_t stop) {
-  backward_rows<float>(weights, ga, gb, factor, masks, out, out_first, one_row, rounded, begin, stop);
+  backward_rows<float>(weights, ga, gb, factor, masks, out, first, one_row, rounded, begin, stop);
 }
 
 // Rows of K elements cost about this many units each per element (an exp, a few passes).
@@ -104,7 +158,7 @@ void attention_softmax_forward(const Tensor& scores, double scale, const Tensor&
   visit_float(weights.dtype(), "attention", [&]<class T>(Tag<T>) {
     T* out = static_cast<T*>(mutable_data(weights));
     parallel_for(rows, k * kRowCost, [&](std::int64_t begin, std::int64_t stop) {
-      if constexpr (std::is_same_v<T, float>) forward_rows_f32(s, b, static_cast<T>(scale), masks, out, rounded, 0, begin, stop);
+      if constexpr (std::is_same_v<T, float>) forward_rows_f32(s, b, static_cast<T>(scale), masks, out, rounded, 0, begin, stop, nullptr);
       else forward_rows<T>(s, b, static_cast<T>(scale), masks, out, nullptr, 0, begin, stop);
     });
   });
@@ -132,8 +186,14 @@ Tensor attention_softmax_backward(const Tensor& weights, const Tensor& grad_a, c
 }
 
 void attention_softmax_forward_rows(const RowPointers& scores, const RowPointers& bias, float scale, const RowMasks& masks,
-                                    float* weights, std::uint16_t* rounded, std::int64_t begin, std::int64_t stop) {
-  forward_rows_f32(scores, bias, scale, masks, weights, rounded, begin, begin, stop);
+                                    float* weights, std::uint16_t* rounded, std::int64_t begin, std::int64_t stop, float* stats) {
+  forward_rows_f32(scores, bias, scale, masks, weights, rounded, begin, begin, stop, stats);
+}
+
+void attention_softmax_recompute_rows(float* scores, const RowPointers& bias, float scale, const RowMasks& masks, const float* stats,
+                                      const float* delta, float* grad, float factor, std::uint16_t* rounded_p,
+                                      std::uint16_t* rounded_ds, std::int64_t ld, std::int64_t begin, std::int64_t stop) {
+  recompute_rows_f32(scores, bias, scale, masks, stats, delta, grad, factor, rounded_p, rounded_ds, ld, begin, stop);
 }
 
 void attention_softmax_backward_rows(const float* weights, const RowPointers& grad_a, const RowPointers& grad_b, float factor,

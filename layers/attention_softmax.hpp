@@ -29,12 +29,27 @@ Tensor attention_softmax_backward(const Tensor& weights, const Tensor& grad_a, c
 
 // The same two passes (float32) on rows [begin, stop) of the scores only, on the calling thread:
 // for a caller that runs them on a block of rows between the products that write and read it,
-// while the block is still in cache. Rows are numbered over the whole [..., Q, K]: `weights` is
-// whole, scores / grad_a / grad_b are RowPointers (RowPointers::block for a buffer that holds
-// these rows only); the backward's out and both passes' rounded (if not null) hold rows
-// [begin, stop) only, and out may be grad_a's buffer.
+// while the block is still in cache. Rows are numbered over the whole [..., Q, K]: scores /
+// grad_a / grad_b are RowPointers (RowPointers::block for a buffer that holds these rows only);
+// weights, the backward's out and both passes' rounded (if not null) hold rows [begin, stop)
+// only (row stride K: a block of a whole tensor, or a buffer), and out may be grad_a's buffer.
+// With `stats`, the forward also writes each row's maximum m and log l (l = the sum of exp(x - m)
+// over its allowed keys; x the scaled, biased, masked scores) there, two per row from row begin:
+// what attention_softmax_recompute_rows needs to make the weights again.
 void attention_softmax_forward_rows(const RowPointers& scores, const RowPointers& bias, float scale, const RowMasks& masks,
-                                    float* weights, std::uint16_t* rounded, std::int64_t begin, std::int64_t stop);
+                                    float* weights, std::uint16_t* rounded, std::int64_t begin, std::int64_t stop,
+                                    float* stats = nullptr);
+// The fused path's backward pass over rows [begin, stop) (buffers of these rows, row stride ld,
+// keys below ld only), on the calling thread: from the scores S (scores, raw q kᵀ, rewritten in
+// place) and the forward's stats, P = exp((x - m) - log l), the forward's weights up to rounding
+// (0 at masked keys, all 0 in an empty row, NaN at the allowed keys of a NaN row); then, with
+// grad (dA = dO vᵀ, rewritten in place) and delta (Δ = rowsum(dO O) per row; null: Δ =
+// rowsum(P dA), one more pass), dS = factor P (dA - Δ), exactly 0 where P is 0 whatever dA
+// holds there. rounded_p and
+// rounded_ds (if not null) get P and dS rounded to bfloat16. Both are 0 in [end, ld).
+void attention_softmax_recompute_rows(float* scores, const RowPointers& bias, float scale, const RowMasks& masks, const float* stats,
+                                      const float* delta, float* grad, float factor, std::uint16_t* rounded_p,
+                                      std::uint16_t* rounded_ds, std::int64_t ld, std::int64_t begin, std::int64_t stop);
 void attention_softmax_backward_rows(const float* weights, const RowPointers& grad_a, const RowPointers& grad_b, float factor,
                                      const RowMasks& masks, float* out, std::uint16_t* rounded, std::int64_t begin,
                                      std::int64_t stop);

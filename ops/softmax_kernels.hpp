@@ -216,17 +216,18 @@ template <class T, class Load> [[gnu::always_inline]] inline RowMax<T> load_row(
 }
 
 // The rest of the softmax of a row that load_row wrote; allowed(j) is asked only in a NaN row.
-// `ahead`: the next row's scores (prefetch_next), asked for during the exponentials.
+// `ahead`: the next row's scores (prefetch_next), asked for during the exponentials. Returns
+// the sum l of exp(x - m) (0 for a row of zeros, NaN for a NaN row).
 template <class T, class Allowed>
-[[gnu::always_inline]] inline void softmax_loaded(T* a, std::int64_t end, std::int64_t k, RowMax<T> max, Allowed allowed,
-                                                  const void* ahead = nullptr) {
+[[gnu::always_inline]] inline T softmax_loaded(T* a, std::int64_t end, std::int64_t k, RowMax<T> max, Allowed allowed,
+                                               const void* ahead = nullptr) {
   constexpr T kMinusInf = -std::numeric_limits<T>::infinity();
   const std::int64_t stop = padded_end(end, k);
   std::fill(a + end, a + stop, kMinusInf);
   const T m = max.m;
   if (m == kMinusInf && !max.nan) {  // nothing allowed, or only -inf
     std::fill_n(a, k, T(0));
-    return;
+    return T(0);
   }
   auto ok = [&](std::int64_t j) { return j < end && allowed(j); };
   // s - m <= 0: no overflow; +inf - inf = NaN propagates
@@ -239,6 +240,7 @@ template <class T, class Allowed>
   else  // a NaN row: NaN at the allowed keys, and the others stay exact zeros
     for (std::int64_t j = 0; j < stop; ++j) a[j] = ok(j) ? a[j] * inv : T(0);
   std::fill(a + stop, a + k, T(0));
+  return z;
 }
 
 // Softmax in place over the allowed keys of a[0, end) (dense: all of them).

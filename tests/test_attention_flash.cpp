@@ -38,6 +38,7 @@ std::ostream& operator<<(std::ostream& os, const Case& c) {
 // computed here with plain loops (for the weights path), and an upstream gradient.
 struct Problem {
   Tensor q, k, v, bias, d_out;
+  bool bias_grad = true;  // false: the bias is a constant (no dbias asked for)
   tg::detail::AttentionMask parts;
   Tensor combined;  // [B, 1, Q, K]
 };
@@ -91,25 +92,46 @@ Problem make(const Case& c, tg::DType dtype) {
   return p;
 }
 
-// Output and the gradients of q, k, v (and bias) through one path.
-std::vector<std::vector<double>> run(const Problem& p, bool fused) {
+// The [..., Q, K] scores' shape of attention(q, k, v).
+Shape scores_shape(const Tensor& q, const Tensor& k, const Tensor& v) {
+  auto lead = [](const Tensor& x) { return Shape(x.shape().begin(), x.shape().end() - 2); };
+  Shape s = tg::broadcast_shapes(tg::broadcast_shapes(lead(q), lead(k)), lead(v));
+  s.push_back(q.size(-2));
+  s.push_back(k.size(-2));
+  return s;
+}
+
+// The fused path (float32) on the weights path's blocks of block_rows rows, which attention_core
+// takes for large scores only.
+tg::AttentionResult fused_blocks(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
+                                         const tg::detail::AttentionMask& mask, std::int64_t block_rows) {
+  const Shape scores = scores_shape(q, k, v);
+  const tg::detail::RowMasks masks("attention", mask, scores);
+  return tg::detail::attention_pipelined({"attention", q, k, v, bias, mask, false}, scores, masks,
+                                         1 / std::sqrt(static_cast<double>(q.size(-1))), block_rows);
+}
+
+// Output and the gradients of q, k, v (and bias) through one path; block_rows > 0: the fused path
+// on blocks of that many rows. The weights path takes the combined mask when there is one.
+std::vector<std::vector<double>> run(const Problem& p, bool fused, std::int64_t block_rows = 0) {
   Tensor q = p.q.detach().set_requires_grad(), k = p.k.detach().set_requires_grad(), v = p.v.detach().set_requires_grad();
-  Tensor bias = p.bias.defined() ? p.bias.detach().set_requires_grad() : Tensor();
+  Tensor bias = p.bias.defined() ? p.bias.detach().set_requires_grad(p.bias_grad) : Tensor();
   tg::detail::AttentionMask mask;
-  if (fused) mask = p.parts;
+  if (fused || !p.combined.defined()) mask = p.parts;
   else mask.allowed = p.combined;
-  const auto r = tg::detail::attention_core({"attention", q, k, v, bias, mask, /*need_weights=*/!fused});
+  const auto r = fused && block_rows > 0 ? fused_blocks(q, k, v, bias, mask, block_rows)
+                                         : tg::detail::attention_core({"attention", q, k, v, bias, mask, /*need_weights=*/!fused});
   BOOST_TEST(r.weights.defined() == !fused);
   tg::backward({r.output}, {p.d_out});
   std::vector<std::vector<double>> out{values(r.output), values(q.grad()), values(k.grad()), values(v.grad())};
-  if (bias.defined()) out.push_back(values(bias.grad()));
+  if (bias.defined() && bias.requires_grad()) out.push_back(values(bias.grad()));
   tg::clear_tape();
   return out;
 }
 
 // Largest |fused - weights| per result, with NaN counted as a mismatch unless both are NaN.
-void compare(const Problem& p, double atol, double rtol, const std::string& what) {
-  const auto fused = run(p, true), weights = run(p, false);
+void compare(const Problem& p, double atol, double rtol, const std::string& what, std::int64_t block_rows = 0) {
+  const auto fused = run(p, true, block_rows), weights = run(p, false);
   const char* names[] = {"output", "dq", "dk", "dv", "dbias"};
   for (std::size_t r = 0; r < fused.size(); ++r) {
     BOOST_TEST_REQUIRE(fused[r].size() == weights[r].size());
@@ -162,6 +184,58 @@ Problem poisoned(const Problem& clean, const Case& c, double value) {
   p.q = with_rows_set(clean.q, queries, c.h, c.q, value);
   p.d_out = with_rows_set(clean.d_out, queries, c.h, c.q, value);
   return p;
+}
+
+// Problems that span many blocks of 16 rows: a batch entry's blocks split into groups (B H < 8),
+// every mask kind, a bias and NaN in the padded keys' k and v.
+std::vector<Case> block_cases() {
+  return {Case{1, 2, 300, 421, 16, 8, true, true, false, true, 37, 2, true, 7}, Case{2, 1, 260, 140, 8, 12, true, false, true, true, -100, 3, false, 8},
+          Case{1, 3, 129, 257, 5, 3, false, true, false, false, 0, 1, false, 9}, Case{3, 4, 100, 100, 16, 16, true, true, true, true, 0, 1, true, 10}};
+}
+
+// results() on one and then two threads: bitwise the same.
+template <class Results> void same_on_one_and_two_threads(Results results) {
+  std::vector<std::vector<double>> first;
+  for (int threads : {1, 2}) {
+    const int before = tg::num_threads();
+    tg::set_num_threads(threads);
+    BOOST_TEST_CONTEXT("threads " << threads) {
+      const auto got = results();
+      if (first.empty()) first = got;
+      else
+        for (std::size_t r = 0; r < got.size(); ++r) BOOST_TEST((got[r] == first[r]), "result " << r << " bitwise on 1 and 2 threads");
+    }
+    tg::set_num_threads(before);
+  }
+}
+
+// v with more leading dims than q and k (the weights then carry them), q, k and v strided, and
+// queries that attend to nothing.
+Problem strided_problem() {
+  Problem p;
+  p.q = tg::transpose(tg::randn({2, 40, 3, 8}, 51), 1, 2);  // [2, 3, 40, 8], rows 24 apart
+  p.k = tg::transpose(tg::randn({2, 33, 3, 8}, 52), 1, 2);
+  p.v = tg::randn({4, 2, 3, 33, 5}, 53);
+  p.d_out = tg::randn({4, 2, 3, 40, 5}, 54);
+  p.parts.causal = true;
+  p.parts.causal_offset = -3;  // queries 0-2 attend to nothing
+  return p;
+}
+
+// NaN or inf in the k and v rows of padded keys and in the q and dO rows of queries that attend
+// to nothing: every result of run(problem) bitwise what zeros there give, exact and bfloat16.
+template <class Run> void poison_changes_nothing(Run run) {
+  const Case c{2, 2, 140, 150, 16, 8, true, true, false, true, 5, 2, false, 31};
+  const Problem clean = make(c, tg::float32);
+  for (bool bf16 : {false, true}) {
+    const tg::MatmulPrecisionGuard precision(bf16 ? tg::MatmulPrecision::bfloat16 : tg::MatmulPrecision::exact);
+    const auto zeroed = run(poisoned(clean, c, 0.0));
+    for (double x : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()}) {
+      const auto results = run(poisoned(clean, c, x));
+      for (std::size_t r = 0; r < zeroed.size(); ++r)
+        BOOST_TEST((results[r] == zeroed[r]), "bfloat16 " << bf16 << ", poison " << x << ", result " << r);
+    }
+  }
 }
 
 }  // namespace
@@ -268,13 +342,16 @@ BOOST_AUTO_TEST_SUITE(large_scores)
 // shift of every score, so the gradients must not depend on it.
 BOOST_AUTO_TEST_CASE(uniform_shift_of_every_score_leaves_gradients_unchanged) {
   // Four keys with the same score 1e8 (q = k rows = [1e4, 1e4], D = 2): weights 1/4 each.
-  Tensor q = tg::full({1, 1, 2}, 1e4).set_requires_grad();
-  Tensor k = tg::full({1, 4, 2}, 1e4).set_requires_grad();
-  Tensor v = tg::randn({1, 4, 3}, 7).set_requires_grad();
-  const Tensor out = tg::attention(q, k, v);
-  tg::backward({out}, {tg::ones_like(out)});
-  for (double g : values(v.grad())) BOOST_TEST(std::abs(g - 0.25) <= 1e-6, "dv " << g << ", expected 1/4");
-  tg::clear_tape();
+  // The tiles (tg::attention at this size) and the blocks.
+  for (bool blocks : {false, true}) {
+    Tensor q = tg::full({1, 1, 2}, 1e4).set_requires_grad();
+    Tensor k = tg::full({1, 4, 2}, 1e4).set_requires_grad();
+    Tensor v = tg::randn({1, 4, 3}, 7).set_requires_grad();
+    const Tensor out = blocks ? fused_blocks(q, k, v, Tensor(), {}, 1).output : tg::attention(q, k, v);
+    tg::backward({out}, {tg::ones_like(out)});
+    for (double g : values(v.grad())) BOOST_TEST(std::abs(g - 0.25) <= 1e-6, "blocks " << blocks << ": dv " << g << ", expected 1/4");
+    tg::clear_tape();
+  }
 }
 
 BOOST_AUTO_TEST_CASE(row_masked_by_a_large_negative_bias) {
@@ -289,6 +366,7 @@ BOOST_AUTO_TEST_CASE(row_masked_by_a_large_negative_bias) {
   p.bias = tg::tensor({{0, 0, 0, 0, 0}, {-1e9, -1e9, -1e9, -1e9, -1e9}});
   p.combined = tg::from_bools(std::vector<bool>(10, true), {1, 1, 2, 5});
   compare(p, 2e-5, 2e-4, "float32, bias -1e9");
+  compare(p, 2e-5, 2e-4, "float32 blocks of 1 row, bias -1e9", 1);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
@@ -312,8 +390,10 @@ BOOST_AUTO_TEST_CASE(rescaled_accumulator_drops_a_non_finite_value) {
                  v = tg::from_vector(vv, {1, K, 1}).to(tg::float32);
     const double weights_path = values(tg::scaled_dot_product_attention(q, k, v).output)[0];
     const double fused = values(tg::attention(q, k, v))[0];
+    const double blocks = values(fused_blocks(q, k, v, Tensor(), {}, 1).output)[0];  // the fused path on blocks
     BOOST_TEST(weights_path == 1.0);
     BOOST_TEST(fused == 1.0, "v[0] = " << bad << ": the fused output is " << fused);
+    BOOST_TEST(blocks == 1.0, "v[0] = " << bad << ": the blocks' output is " << blocks);
   }
 }
 
@@ -356,14 +436,14 @@ struct Bounds {
 };
 constexpr Bounds kTiny{0.0625, 0.0625, 0.125}, kTiles{0.015625, 0.015625, 0.015625};
 
-void check_against_float64(const Case& c, const Bounds& bounds) {
+void check_against_float64(const Case& c, const Bounds& bounds, std::int64_t block_rows = 0) {
   const Problem p64 = make(c, tg::float64), p32 = as_float32(p64);
   const auto want = run(p64, false);
   const tg::MatmulPrecisionGuard bf16(tg::MatmulPrecision::bfloat16);
   const char* names[] = {"output", "dq", "dk", "dv", "dbias"};
   std::vector<std::vector<double>> paths[2];
   for (bool fused : {false, true}) {
-    paths[fused] = run(p32, fused);
+    paths[fused] = run(p32, fused, block_rows);
     for (std::size_t r = 0; r < want.size(); ++r) {
       for (double x : paths[fused][r]) BOOST_TEST_REQUIRE(std::isfinite(x), (fused ? "fused " : "weights ") << names[r] << " not finite");
       const double err = relative_error(paths[fused][r], want[r]);
@@ -503,66 +583,143 @@ BOOST_DATA_TEST_CASE(small_shapes, bdata::make(grid()), c) {
   for (std::int64_t rows : {1, 2, 16}) compare_pipelined(make(c, tg::float32), rows, 2e-5, 2e-4, "float32");
 }
 
-// Many blocks, a batch entry's blocks split into groups (B H < 8), every mask kind, a bias and
-// NaN in the padded keys' k and v; exact and bfloat16; the results bitwise the same on one and
-// two threads.
+// Many blocks (block_cases), exact and bfloat16; the results bitwise the same on one and two
+// threads.
 BOOST_AUTO_TEST_CASE(several_blocks_any_thread_count) {
-  for (const Case& c : {Case{1, 2, 300, 421, 16, 8, true, true, false, true, 37, 2, true, 7},
-                        Case{2, 1, 260, 140, 8, 12, true, false, true, true, -100, 3, false, 8},
-                        Case{1, 3, 129, 257, 5, 3, false, true, false, false, 0, 1, false, 9},
-                        Case{3, 4, 100, 100, 16, 16, true, true, true, true, 0, 1, true, 10}})
+  for (const Case& c : block_cases())
     for (bool bf16 : {false, true}) {
       const tg::MatmulPrecisionGuard precision(bf16 ? tg::MatmulPrecision::bfloat16 : tg::MatmulPrecision::exact);
       const Problem p = make(c, tg::float32);
-      std::vector<std::vector<double>> first;
-      for (int threads : {1, 2}) {
-        const int before = tg::num_threads();
-        tg::set_num_threads(threads);
-        BOOST_TEST_CONTEXT(c << " bfloat16 " << bf16 << " threads " << threads) {
+      BOOST_TEST_CONTEXT(c << " bfloat16 " << bf16) {
+        same_on_one_and_two_threads([&] {
           // bfloat16: both paths round their own intermediates (the whole path dS to bfloat16
           // only where no dbias is asked for), so they agree to bfloat16's precision only.
           if (bf16) compare_pipelined(p, 16, 3e-2, 3e-2, "bfloat16");
           else compare_pipelined(p, 16, 5e-5, 5e-4, "float32");
-          const auto got = run_weights(p, 16);
-          if (first.empty()) first = got;
-          else
-            for (std::size_t r = 0; r < got.size(); ++r) BOOST_TEST((got[r] == first[r]), "result " << r << " bitwise on 1 and 2 threads");
-        }
-        tg::set_num_threads(before);
+          return run_weights(p, 16);
+        });
       }
     }
 }
 
-// v with more leading dims than q and k (the weights then carry them), q, k and v strided.
 BOOST_AUTO_TEST_CASE(broadcast_values_and_strided_inputs) {
-  Problem p;
-  p.q = tg::transpose(tg::randn({2, 40, 3, 8}, 51), 1, 2);  // [2, 3, 40, 8], rows 24 apart
-  p.k = tg::transpose(tg::randn({2, 33, 3, 8}, 52), 1, 2);
-  p.v = tg::randn({4, 2, 3, 33, 5}, 53);
-  p.d_out = tg::randn({4, 2, 3, 40, 5}, 54);
-  p.parts.causal = true;
-  p.parts.causal_offset = -3;  // queries 0-2 attend to nothing
+  const Problem p = strided_problem();
   for (bool bf16 : {false, true}) {
     const tg::MatmulPrecisionGuard precision(bf16 ? tg::MatmulPrecision::bfloat16 : tg::MatmulPrecision::exact);
     BOOST_TEST_CONTEXT("bfloat16 " << bf16) { compare_pipelined(p, 16, bf16 ? 3e-2 : 2e-5, bf16 ? 3e-2 : 2e-4, "strided"); }
   }
 }
 
-// NaN or inf in the k and v rows of padded keys and in the q and dO rows of queries that attend
-// to nothing: every result bitwise what zeros there give, exact and bfloat16.
 BOOST_AUTO_TEST_CASE(poison_in_masked_rows_changes_nothing_bitwise) {
-  const Case c{2, 2, 140, 150, 16, 8, true, true, false, true, 5, 2, false, 31};
-  const Problem clean = make(c, tg::float32);
-  auto with = [&](double x) { return poisoned(clean, c, x); };
-  for (bool bf16 : {false, true}) {
-    const tg::MatmulPrecisionGuard precision(bf16 ? tg::MatmulPrecision::bfloat16 : tg::MatmulPrecision::exact);
-    const auto zeroed = run_weights(with(0.0), 32);
-    for (double x : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()}) {
-      const auto poisoned = run_weights(with(x), 32);
-      for (std::size_t r = 0; r < zeroed.size(); ++r)
-        BOOST_TEST((poisoned[r] == zeroed[r]), "bfloat16 " << bf16 << ", poison " << x << ", result " << r);
+  poison_changes_nothing([](const Problem& p) { return run_weights(p, 32); });
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// The fused path on the weights path's blocks (attention_pipelined with need_weights false),
+// which attention_core takes for float32 scores of 8 MiB and more, asked for here with small
+// blocks so that small problems span many: the fused path's checks on it.
+BOOST_AUTO_TEST_SUITE(fused_path_in_blocks)
+
+BOOST_DATA_TEST_CASE(small_shapes, bdata::make(grid()), c) {
+  Problem p = make(c, tg::float32);
+  for (std::int64_t rows : {1, 2, 16}) compare(p, 2e-5, 2e-4, "float32 blocks", rows);
+  // A constant bias (what attention_core sends to the blocks): Δ = rowsum(dO O) then
+  p.bias_grad = false;
+  if (p.bias.defined())
+    for (std::int64_t rows : {1, 16}) compare(p, 2e-5, 2e-4, "float32 blocks, constant bias", rows);
+  bfloat16_core::check_against_float64(c, bfloat16_core::kTiny, 2);
+}
+
+// The blocks are float32: float64 central differences of the float32 function (inputs rounded
+// to float32 on the way in, the output widened on the way out), with eps and tolerances wide
+// enough for float32 rounding (|L| ~ 10, 2^-24 |L| / eps ~ 1e-5) and the O(eps^2) truncation.
+BOOST_DATA_TEST_CASE(float64_finite_differences_of_float32, bdata::make(gradcheck_fused::gradcheck_grid()), c) {
+  const Problem p = make(c, tg::float64);
+  std::vector<Tensor> xs{p.q, p.k, p.v};
+  if (p.bias.defined()) xs.push_back(p.bias);
+  for (auto& x : xs) x = x.detach().set_requires_grad();
+  BOOST_TEST_CONTEXT(c) {
+    for (std::int64_t rows : {1, 2}) {
+      const auto r = tg::gradcheck([&](const std::vector<Tensor>& in) {
+        const Tensor bias = in.size() > 3 ? in[3].to(tg::float32) : Tensor();
+        const Tensor out = fused_blocks(in[0].to(tg::float32), in[1].to(tg::float32), in[2].to(tg::float32), bias, p.parts, rows).output;
+        return std::vector<Tensor>{out.to(tg::float64)};
+      }, xs, {.eps = 1e-2, .atol = 2e-3, .rtol = 2e-2});
+      BOOST_TEST(r.ok, "rows " << rows << ": " << r.report());
     }
   }
+  tg::clear_tape();
+}
+
+// Many blocks (block_cases), exact and bfloat16 (against float64, as the tiles); the results
+// bitwise the same on one and two threads.
+BOOST_AUTO_TEST_CASE(several_blocks_any_thread_count) {
+  for (const Case& c : block_cases())
+    for (bool bf16 : {false, true}) {
+      const Problem p = make(c, tg::float32);
+      BOOST_TEST_CONTEXT(c << " bfloat16 " << bf16) {
+        same_on_one_and_two_threads([&] {
+          if (bf16) bfloat16_core::check_against_float64(c, bfloat16_core::kTiles, 16);
+          else compare(p, 5e-5, 5e-4, "float32 blocks", 16);
+          const tg::MatmulPrecisionGuard precision(bf16 ? tg::MatmulPrecision::bfloat16 : tg::MatmulPrecision::exact);
+          return run(p, true, 16);
+        });
+      }
+    }
+}
+
+// 8 MiB of float32 scores: attention_core itself takes the blocks (both paths, their own sizes),
+// without a bias and with a constant one.
+BOOST_AUTO_TEST_CASE(large_scores_through_attention_core) {
+  for (const Case& c : {Case{1, 2, 1024, 1024, 16, 8, true, false, false, true, 0, 0, true, 12},
+                        Case{1, 2, 1024, 1024, 16, 8, true, true, false, true, 3, 2, false, 13}}) {
+    Problem p = make(c, tg::float32);
+    p.bias_grad = false;
+    for (int threads : {1, 2}) {
+      const int before = tg::num_threads();
+      tg::set_num_threads(threads);
+      BOOST_TEST_CONTEXT(c << " threads " << threads) { compare(p, 5e-5, 5e-4, "float32, 8 MiB of scores"); }
+      tg::set_num_threads(before);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(empty_rows_are_exactly_zero_with_zero_gradient) {
+  // As the tiles' test: query 1 attends to nothing (query mask); query 2's only allowed scores
+  // are -inf (bias). Blocks of 1 and 2 rows.
+  const double inf = std::numeric_limits<double>::infinity();
+  for (std::int64_t rows : {1, 2}) {
+    Tensor q = tg::randn({1, 1, 3, 2}, 3).set_requires_grad();
+    Tensor k = tg::randn({1, 1, 4, 2}, 4).set_requires_grad();
+    Tensor v = tg::randn({1, 1, 4, 3}, 5).set_requires_grad();
+    Tensor bias = tg::tensor({{0, 0, 0, 0}, {0, 0, 0, 0}, {-inf, -inf, 0, 0}}).set_requires_grad();
+    tg::detail::AttentionMask mask;
+    mask.query_mask = tg::from_bools({true, false, true}, {1, 3});
+    mask.key_mask = tg::from_bools({true, true, false, true}, {1, 4});
+    mask.causal = true;
+    mask.causal_offset = 0;
+    const Tensor out = fused_blocks(q, k, v, bias, mask, rows).output;
+    tg::backward({out}, {tg::ones_like(out)});
+    const auto o = values(out), gq = values(q.grad());
+    for (std::size_t n = 0; n < 9; ++n) BOOST_TEST(o[n] == (n < 3 ? o[n] : 0.0));
+    BOOST_TEST(o[0] != 0.0);
+    for (std::size_t n = 2; n < 6; ++n) BOOST_TEST(gq[n] == 0.0);
+    for (double x : values(bias.grad())) BOOST_TEST(std::isfinite(x));
+    tg::clear_tape();
+  }
+}
+
+BOOST_AUTO_TEST_CASE(broadcast_values_and_strided_inputs) {
+  const Problem p = strided_problem();
+  for (bool bf16 : {false, true}) {
+    const tg::MatmulPrecisionGuard precision(bf16 ? tg::MatmulPrecision::bfloat16 : tg::MatmulPrecision::exact);
+    BOOST_TEST_CONTEXT("bfloat16 " << bf16) { compare(p, bf16 ? 3e-2 : 2e-5, bf16 ? 3e-2 : 2e-4, "strided blocks", 16); }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(poison_in_masked_rows_changes_nothing_bitwise) {
+  poison_changes_nothing([](const Problem& p) { return run(p, true, 32); });
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -2,6 +2,8 @@
 // projection, and the suppression of queries that may attend to nothing.
 #include "tapegrad/layers/multihead_attention.hpp"
 
+#include <cmath>
+
 #include "layers/attention_core.hpp"
 #include "layers/mha_detail.hpp"
 #include "ops/kernel.hpp"
@@ -53,6 +55,32 @@ Tensor split_heads(const Tensor& x, std::int64_t heads) {
 Tensor rows_where(const Tensor& rows, const Tensor& x) {
   return rows.defined() ? where(unsqueeze(rows, -1), x, scalar(0.0, x.dtype())) : x;
 }
+
+namespace {
+
+// Whether every row of x [B, L, C] that `rows` [B, L] leaves out is finite.
+bool left_out_rows_finite(const Tensor& rows, const Tensor& x) {
+  const bool* keep = static_cast<const bool*>(rows.raw_data());  // a fresh contiguous mask
+  return visit_float(x.dtype(), "multihead_attention", [&]<class T>(Tag<T>) {
+    const T* p = static_cast<const T*>(x.raw_data());
+    const std::int64_t len = x.size(1), c = x.size(2), s0 = x.strides()[0], s1 = x.strides()[1], s2 = x.strides()[2];
+    for (std::int64_t b = 0; b < x.size(0); ++b)
+      for (std::int64_t i = 0; i < len; ++i) {
+        if (keep[b * len + i]) continue;
+        const T* row = p + b * s0 + i * s1;
+        for (std::int64_t j = 0; j < c; ++j)
+          if (!std::isfinite(row[j * s2])) return false;
+      }
+    return true;
+  });
+}
+
+// x with the rows that `rows` leaves out set to 0 when one of them is not finite, else x.
+Tensor zero_left_out_rows(const Tensor& rows, const Tensor& x) {
+  return !rows.defined() || left_out_rows_finite(rows, x) ? x : rows_where(rows, x);
+}
+
+}  // namespace
 
 Tensor project(const Tensor& x, const Tensor& w, const Tensor& b) {
   Tensor y = matmul(x, w);
@@ -173,10 +201,12 @@ AttentionResult multihead_attention(const char* op, const MhaActivations& a, con
     fail<DTypeError>("{}: arguments 'query' ({}) and 'context' ({}) must have the same dtype", op, a.query.dtype(), a.context.dtype());
   const AllowedPairs allowed = allowed_pairs(m, s, causal, causal_offset);
   // Step 1, on zero rows for the queries that attend to nothing and the keys that no query
-  // attends to. Their values reach no output, but a NaN or inf there would reach the weight
-  // gradients: dw_q = query^T dq multiplies a query's row by its zero row of dq, and 0 * NaN is
-  // NaN. Selecting (not multiplying) drops the value and gives those rows exactly zero gradients.
-  const Tensor query = rows_where(allowed.active, a.query), context = rows_where(allowed.used, a.context);
+  // attends to, when one of those rows holds a NaN or inf. Their values reach no output, but a
+  // non-finite one would reach the weight gradients: dw_q = query^T dq multiplies a query's row
+  // by its zero row of dq, and 0 * NaN is NaN. Selecting (not multiplying) drops the value and
+  // gives those rows exactly zero gradients. Finite rows times their zero rows of dq, dk, dv add
+  // nothing, so they are left as they are (no copy of the input: padding would cost one).
+  const Tensor query = zero_left_out_rows(allowed.active, a.query), context = zero_left_out_rows(allowed.used, a.context);
   // Steps 1-2: each projection and its head split is one node.
   const Tensor q = project_heads(op, query, p.w_q, p.b_q, heads);
   const Tensor k = project_heads(op, context, p.w_k, p.b_k, heads);

@@ -90,6 +90,29 @@ Shape with_matrix(const Shape& batch, std::int64_t rows, std::int64_t cols) {
   return s;
 }
 
+// A zeroed [batch..., rows, cols] output whose leading dims (and rows) are laid out in the order
+// of q's, when q's leading dims are the batch's and positive and q is dense along its last dim:
+// q split into heads from one projection is [B, L, H, D] in memory, and an output laid out
+// [B, L, H, Dv] merges back into [B L, H Dv] as a view (no copy, and no second copy kept for the
+// backward). Otherwise row-major.
+Tensor output_in_order_of(const Tensor& q, const Shape& batch, std::int64_t rows, std::int64_t cols) {
+  const Shape shape = with_matrix(batch, rows, cols);
+  const std::size_t r = shape.size();
+  bool follow = q.dim() == static_cast<std::int64_t>(r) && q.strides()[r - 1] == 1;
+  for (std::size_t d = 0; follow && d + 1 < r; ++d) follow = q.shape()[d] == shape[d] && q.strides()[d] > 0;
+  if (!follow) return zeros(shape, DType::float32);
+  std::vector<std::size_t> order(r - 1);  // the leading dims and rows, outermost in memory first
+  for (std::size_t d = 0; d < order.size(); ++d) order[d] = d;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return q.strides()[x] > q.strides()[y]; });
+  Shape strides(r, 1);
+  std::int64_t step = cols;
+  for (std::size_t i = order.size(); i-- > 0;) {
+    strides[order[i]] = step;
+    step *= shape[order[i]];
+  }
+  return make_view(zeros({shape_numel(shape)}, DType::float32), shape, strides, 0, "attention");
+}
+
 struct Blocks {
   std::int64_t bh = 0, nq = 0, nk = 0, rows = 0, count = 0;  // count: blocks per batch entry
   Blocks(const Shape& scores, std::int64_t block_rows, bool fused) {
@@ -179,7 +202,8 @@ AttentionResult attention_pipelined(const AttentionArgs& a, const Shape& scores_
   Shape stats_shape = batch;
   stats_shape.push_back(2 * nq);
   const Tensor stats = keep ? Tensor() : new_tensor(stats_shape, DType::float32, a.op);
-  const Tensor output = zeros(with_matrix(batch, nq, dv), DType::float32);
+  const Tensor output = output_in_order_of(a.q, batch, nq, dv);
+  const Matrices<float> os(output, batch);
   float* w = keep ? static_cast<float*>(mutable_data(weights)) : nullptr;
   float* st = keep ? nullptr : static_cast<float*>(mutable_data(stats));
   float* o = static_cast<float*>(mutable_data(output));
@@ -194,8 +218,9 @@ AttentionResult attention_pipelined(const AttentionArgs& a, const Shape& scores_
       float* s = keep ? w + r0 * nk : buffer.data();
       const std::int64_t ld = keep ? nk : end;
       op.weights(b, i0, n, end, s, ld, bf16 ? rounded.data() : nullptr, keep ? nullptr : st + 2 * r0);
-      if (bf16) tiles::weighted_gemm_bf16(false, n, dv, end, 1.0f, s, rounded.data(), ld, op.vb.rows(op.vs, b), o + r0 * dv, dv);
-      else weighted_gemm<float>(false, n, dv, end, 1.0f, s, ld, op.vs[b], op.vs.ld, o + r0 * dv, dv, pack);
+      float* o_blk = o + os.offsets[static_cast<std::size_t>(b)] + i0 * os.ld;
+      if (bf16) tiles::weighted_gemm_bf16(false, n, dv, end, 1.0f, s, rounded.data(), ld, op.vb.rows(op.vs, b), o_blk, os.ld);
+      else weighted_gemm<float>(false, n, dv, end, 1.0f, s, ld, op.vs[b], op.vs.ld, o_blk, os.ld, pack);
     }
   });
   const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias};
@@ -228,7 +253,7 @@ AttentionResult attention_pipelined(const AttentionArgs& a, const Shape& scores_
               const Matrices<float> gs = go.defined() ? Matrices<float>(go, batch) : Matrices<float>();
               const Bf16Matrices gb = bf16 && go.defined() ? Bf16Matrices(go, batch) : Bf16Matrices();
               const float* a_f = recompute ? nullptr : static_cast<const float*>(A.raw_data());
-              const float* o_f = recompute ? static_cast<const float*>(O.raw_data()) : nullptr;
+              const Matrices<float> os = recompute ? Matrices<float>(O, batch) : Matrices<float>();
               const float* st = recompute ? static_cast<const float*>(stats.raw_data()) : nullptr;
               // The 1/sqrt(D) goes on dS when the bias needs no gradient, else on dq and dk.
               const float factor = static_cast<float>(needs[3] ? 1.0 : scale);
@@ -275,7 +300,7 @@ AttentionResult attention_pipelined(const AttentionArgs& a, const Shape& scores_
                       // under bfloat16 (as for the tiles, docs/gradients.md)
                       delta.resize(static_cast<std::size_t>(dS.defined() ? 0 : n));
                       for (std::int64_t r = 0; r < n && !dS.defined(); ++r) {
-                        const float* o_r = o_f + (r0 + r) * dv;
+                        const float* o_r = os[b] + (i0 + r) * os.ld;
                         const float* g_r = go_blk + r * gs.ld;
                         double sum = 0;  // in double, as the weights path's rowsum(A dA) is not
                         for (std::int64_t c = 0; c < dv; ++c) sum += static_cast<double>(o_r[c]) * static_cast<double>(g_r[c]);

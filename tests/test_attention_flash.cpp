@@ -614,6 +614,29 @@ BOOST_AUTO_TEST_CASE(poison_in_masked_rows_changes_nothing_bitwise) {
   poison_changes_nothing([](const Problem& p) { return run_weights(p, 32); });
 }
 
+// q, k and v split into heads from [B, L, H, D] tensors, as the layer's projections give them:
+// the blocks (both paths) lay their output out [B, Q, H, Dv] too, so that merging the heads is
+// a view, with the values of the whole-tensor path's row-major output.
+BOOST_AUTO_TEST_CASE(head_split_inputs_give_a_head_interleaved_output) {
+  Problem p;
+  p.q = tg::transpose(tg::randn({2, 40, 3, 8}, 61), 1, 2);
+  p.k = tg::transpose(tg::randn({2, 33, 3, 8}, 62), 1, 2);
+  p.v = tg::transpose(tg::randn({2, 33, 3, 5}, 63), 1, 2);
+  p.d_out = tg::transpose(tg::randn({2, 40, 3, 5}, 64), 1, 2);
+  p.parts.causal = true;
+  p.parts.causal_offset = -3;
+  compare_pipelined(p, 16, 2e-5, 2e-4, "weights path, head split");
+  compare(p, 2e-5, 2e-4, "fused path, head split", 16);
+  for (bool weights : {true, false}) {
+    const tg::detail::AttentionArgs args{"attention", p.q, p.k, p.v, Tensor(), p.parts, weights};
+    const Shape scores{2, 3, 40, 33};
+    const auto r = tg::detail::attention_pipelined(args, scores, tg::detail::RowMasks("attention", p.parts, scores), 1 / std::sqrt(8.0), 16);
+    BOOST_TEST(r.output.strides() == (Shape{40 * 3 * 5, 5, 3 * 5, 1}), "need_weights " << weights);
+    const Tensor merged = tg::reshape(tg::permute(r.output, {0, 2, 1, 3}), {80, 15});
+    BOOST_TEST(merged.raw_data() == r.output.raw_data(), "need_weights " << weights << ": the merge copied");
+  }
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 // The fused path on the weights path's blocks (attention_pipelined with need_weights false),

@@ -103,13 +103,19 @@ void add_non_finite(bool wt, std::int64_t m, std::int64_t n, std::int64_t k, T a
 }
 
 // C[m, n] += alpha W ⊛ X with W [m, k] (or stored [k, m] when wt) and X rows x (row stride ldx):
-// the product in which a zero weight contributes nothing. X is always copied (to `pack`, set to 0
-// where not finite), so that the product runs on the same numbers whether or not a poisoned row
-// is present: a tile whose non-finite values meet only zero weights gives bitwise what zeros give.
+// the product in which a zero weight contributes nothing. X is copied (to `pack`, set to 0 where
+// not finite), so that the product runs on the same numbers whether or not a poisoned row is
+// present: a tile whose non-finite values meet only zero weights gives bitwise what zeros give.
+// With x_finite (the caller scanned the whole operand once) the copy would be X itself: the
+// product reads x in place.
 template <class T>
 void weighted_gemm(bool wt, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* w, std::int64_t ldw, const T* x,
-                   std::int64_t ldx, T* c, std::int64_t ldc, std::vector<T>& pack) {
+                   std::int64_t ldx, T* c, std::int64_t ldc, std::vector<T>& pack, bool x_finite = false) {
   if (m == 0 || n == 0 || k == 0) return;
+  if (x_finite) {
+    gemm(wt, false, m, n, k, alpha, w, ldw, x, ldx, T(1), c, ldc);
+    return;
+  }
   pack.resize(static_cast<std::size_t>(k * n));
   std::uint32_t any_bad = 0;
   for (std::int64_t t = 0; t < k; ++t) {

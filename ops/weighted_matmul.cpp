@@ -115,6 +115,10 @@ template <class T> void add_non_finite(const Tensor& w, const Tensor& x, const T
 
 }  // namespace
 
+bool all_finite_values(const Tensor& x) {
+  return visit_float(x.dtype(), "weighted_matmul", [&]<class T>(Tag<T>) { return all_finite<T>(x); });
+}
+
 Tensor weighted_matmul(const Tensor& w, const Tensor& x) {
   NoGradGuard no_grad;  // a kernel: the caller records the op it is part of
   return visit_float(x.dtype(), "weighted_matmul", [&]<class T>(Tag<T>) {

@@ -17,4 +17,8 @@ namespace tapegrad::detail {
 // bitwise what the plain matmul gives for x with its non-finite elements replaced by 0.
 Tensor weighted_matmul(const Tensor& w, const Tensor& x);
 
+// Whether every element of a floating tensor (any layout) is finite: the scan above, for
+// callers that multiply many blocks of one operand.
+bool all_finite_values(const Tensor& x);
+
 }  // namespace tapegrad::detail

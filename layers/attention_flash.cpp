@@ -487,7 +487,8 @@ Tensor flash_attention(const AttentionArgs& a, const Shape& scores_shape) {
     T* out = static_cast<T*>(mutable_data(sv.out));
     T* lse = static_cast<T*>(mutable_data(sv.lse));
     const std::int64_t tiles = p.query_tiles();
-    parallel_for(p.bh * tiles, kTileQ * p.k * (p.d + p.dv), [&](std::int64_t t0, std::int64_t t1) {
+    // A tile costs its rows (fewer than kTileQ when Q is: one when decoding) times the keys.
+    parallel_for(p.bh * tiles, std::min(kTileQ, p.q) * p.k * (p.d + p.dv), [&](std::int64_t t0, std::int64_t t1) {
       ForwardScratch<T> w;
       for (std::int64_t t = t0; t < t1; ++t) {
         const std::int64_t bh = t / tiles, i0 = zigzag(t % tiles, tiles) * kTileQ;

@@ -25,13 +25,13 @@
 // (attention_tiles.hpp). The exp, the sums, m, l and the accumulators stay float32.
 //
 // Work is split over (batch entry, query tile) in the forward; the backward owns key tiles
-// (dk, dv are written by one thread each) and, when there are fewer batch entries than threads,
-// splits a batch entry's key tiles into G interleaved groups whose dq go to separate buffers.
+// (dk, dv are written by one thread each) and, when there are few batch entries, splits a batch
+// entry's key tiles into G interleaved groups whose dq go to separate buffers. G and the order
+// of every sum follow from the shape, so the results do not depend on the thread count.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <numeric>
 #include <type_traits>
 #include <vector>
 
@@ -51,6 +51,10 @@ using namespace tiles;
 // A [128, 128] tile of float32 scores is 64 KiB; with dP, the packed operands and the
 // accumulators a thread's working set stays well inside a 1-2 MiB L2.
 constexpr std::int64_t kTileQ = 128, kTileK = 128;
+// The backward's work items (batch entry, key-tile group) are at least this many when there are
+// enough key tiles; a broadcast bias's gradient is summed in this many chunks at most (a buffer
+// of the bias's size each).
+constexpr std::int64_t kMinItems = 8, kDbiasChunks = 4;
 
 // A [..., Q, K]-broadcastable tensor (the bias, or its gradient) by batch entry, row and key.
 template <class T> struct PerPair {
@@ -406,13 +410,13 @@ template <class T> std::vector<Tensor> backward(const Saved& sv, const Tensor& g
   const DType dtype = sv.q.dtype();
   const std::int64_t key_tiles = p.key_tiles();
   const std::int64_t tile_cost = kTileK * p.q * (2 * p.d + 2 * p.dv);
-  // Key-tile groups per batch entry: enough for every thread to have work when the batch
-  // entries alone do not divide evenly among them.
-  const int threads = parallel_chunks(p.bh * key_tiles, tile_cost);
-  std::int64_t groups = threads / std::gcd<std::int64_t>(std::max<std::int64_t>(p.bh, 1), threads);
-  groups = std::clamp<std::int64_t>(groups, 1, std::max<std::int64_t>(key_tiles, 1));
+  // Key-tile groups per batch entry, from the shape alone (each group sums its own dq, and the
+  // groups' dq are added in order, so the bits must not depend on the threads): enough items
+  // (batch entry, group) for the threads to share when there are few batch entries.
+  const std::int64_t groups = std::clamp<std::int64_t>((kMinItems + p.bh - 1) / std::max<std::int64_t>(p.bh, 1), 1,
+                                                       std::max<std::int64_t>(key_tiles, 1));
   const std::int64_t items = p.bh * groups;
-  const int chunks = parallel_chunks(items, tile_cost * key_tiles / groups);
+  int chunks = parallel_chunks(items, tile_cost * key_tiles / groups);
 
   std::vector<Tensor> dq_buffers;
   if (g.dq)
@@ -432,6 +436,9 @@ template <class T> std::vector<Tensor> backward(const Saved& sv, const Tensor& g
     std::vector<std::int64_t> sorted = g.dbias_at.offsets;
     std::sort(sorted.begin(), sorted.end());
     const bool shared = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end() && (groups == 1 || g.dbias_at.sj != 0);
+    // Chunks that sum into buffers of their own are fixed by the shape too (their buffers are
+    // added in order); otherwise the chunking changes no bit and follows the threads.
+    if (!shared) chunks = static_cast<int>(std::min<std::int64_t>(items, kDbiasChunks));
     dbias_buffers.push_back(first);
     for (int c = 1; !shared && c < chunks; ++c) dbias_buffers.push_back(zeros(sv.bias.shape(), dtype));
     for (int c = 0; c < chunks; ++c) g.dbias_chunks.push_back(static_cast<T*>(mutable_data(dbias_buffers[shared ? 0 : static_cast<std::size_t>(c)])));

@@ -266,6 +266,17 @@ BOOST_AUTO_TEST_CASE(several_tiles_in_both_directions) {
   }
 }
 
+// The tiles' backward splits few batch entries into key-tile groups and sums a broadcast bias's
+// gradient in chunks: both fixed by the shape, so every result is bitwise the same on one and
+// two threads (an odd number of heads once gave two dq groups on two threads and one on one).
+BOOST_AUTO_TEST_CASE(tiles_give_the_same_bits_on_any_thread_count) {
+  for (const Case& c : block_cases())
+    for (auto dtype : {tg::float32, tg::float64}) {
+      const Problem p = make(c, dtype);
+      BOOST_TEST_CONTEXT(c << " " << dtype) { same_on_one_and_two_threads([&] { return run(p, true); }); }
+    }
+}
+
 BOOST_AUTO_TEST_CASE(empty_rows_are_exactly_zero_with_zero_gradient) {
   // Query 1 attends to nothing (query mask); query 2's only allowed scores are -inf (bias).
   const double inf = std::numeric_limits<double>::infinity();

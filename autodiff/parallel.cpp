@@ -1,9 +1,8 @@
-// parallel_for on libgomp's thread team, through its C ABI: GOMP_parallel is what GCC itself
-// emits for `#pragma omp parallel`, so the loops share oneDNN's team (no second pool competing
-// for the cores) and no compiler needs OpenMP flags to build tapegrad.
+// parallel_for on tapegrad's own workers (thread_pool.hpp says why not OpenMP's team).
 #include "autodiff/parallel.hpp"
 
 #include "autodiff/thread_choice.hpp"
+#include "autodiff/thread_pool.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -13,9 +12,6 @@
 #include <mutex>
 
 extern "C" {
-void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags);
-int omp_get_thread_num(void);
-int omp_get_num_threads(void);
 int omp_get_max_threads(void);
 int omp_in_parallel(void);
 }
@@ -50,32 +46,24 @@ struct Job {
   }
 };
 
-void run_chunk(void* data) {
-  Job& job = *static_cast<Job*>(data);
-  const std::int64_t t = omp_get_thread_num();
-  // The team may be smaller than asked for (OMP_THREAD_LIMIT, nesting): each member takes
-  // every team-size-th chunk so that all chunks run whatever the team's size.
-  const std::int64_t team = std::max(1, omp_get_num_threads());
-  for (std::int64_t c = t; c < job.chunks; c += team) job.run(c);
-}
+void run_chunk(void* data, int c) { static_cast<Job*>(data)->run(c); }
 
 }  // namespace
 
 int max_threads() noexcept {
   const int n = g_threads.load(std::memory_order_relaxed);
   if (n > 0) return n;
-  // One thread unless OMP_NUM_THREADS asks for more. libgomp's workers spin for milliseconds
-  // while they wait (OMP_WAIT_POLICY and GOMP_SPINCOUNT are read once, when libgomp loads, and
-  // nothing can change them later): on a machine where another process holds a core, a spinning
-  // thread takes the time the thread with work needs, and a 512^3 product took 5-7x longer on
-  // two threads than on one (README, "Threads"). More threads are an explicit choice.
+  // One thread unless OMP_NUM_THREADS asks for more: a library takes the cores its program
+  // gives it, and on a machine where other processes hold the cores a second thread gains
+  // nothing (README, "Threads"). More threads are an explicit choice.
   static const int fallback = std::getenv("OMP_NUM_THREADS") ? std::max(1, omp_get_max_threads()) : 1;
   return fallback;
 }
 
 void set_max_threads(int n) noexcept { g_threads.store(std::max(1, n), std::memory_order_relaxed); }
 
-bool in_parallel_body() noexcept { return t_serial_depth > 0 || omp_in_parallel(); }
+// Also inside the caller's own OpenMP region: tapegrad then adds no threads of its own.
+bool in_parallel_body() noexcept { return t_serial_depth > 0 || in_pool_task() || omp_in_parallel(); }
 
 int parallel_chunks(std::int64_t n, std::int64_t cost) noexcept {
   if (n <= 1 || in_parallel_body()) return 1;
@@ -109,7 +97,7 @@ void parallel_for(std::int64_t n, std::int64_t cost, const std::function<void(st
     --t_serial_depth;
     record_threads(key, 1, start);
   } else {
-    GOMP_parallel(run_chunk, &job, static_cast<unsigned>(chunks), 0);
+    pool_run(threads, chunks, run_chunk, &job);
     // The chunks' own times, summed, are what one thread would have taken: the team's run
     // measures both choices, and no trial on one thread is needed to leave a slow team.
     record_threads(key, threads, start, job.busy.load(std::memory_order_relaxed));

@@ -3,10 +3,9 @@
 //
 // The size rules (parallel_for's grain, a product's 2^24 multiply-adds per thread) say when a
 // second thread pays on an idle machine. When another process holds a core, the same split can
-// cost several times the serial run: every join waits for a thread the scheduler has parked,
-// and libgomp's waiting threads spin on the cores the working ones need (README, "Threads").
-// No call can change libgomp's wait policy once it has loaded, so tapegrad measures instead:
-// each kind of work (a product's layout, a loop's call site and size class) keeps a running
+// cost more than the serial run: a task that a worker has taken waits for the scheduler to give
+// that worker its core back, and the workers' spinning takes time from the other process
+// (README, "Threads"). So tapegrad measures: each kind of work (a product's layout, a loop's call site and size class) keeps a running
 // time for one thread and for the team and runs the faster one.
 // - A loop's team run also times its chunks one by one; their sum is what one thread would
 //   have taken, so every team run weighs both choices.
@@ -47,10 +46,10 @@ class ThreadChoice {
   // The team, this many times slower than one thread, says the machine cannot give it; a
   // team merely too small for its work (waking it costs a few microseconds) stays below.
   static constexpr double kBusyRatio = 1.5;
-  // Seconds. A trial of the team on a busy machine costs more than its run: libgomp's woken
-  // thread then spins for milliseconds on the core the caller needs (a train_sort step took
-  // 9.3 ms instead of 6.3 with trials every 10-80 ms). Longer holds cost only speed-up when the
-  // machine has become idle again.
+  // Seconds. A trial of the team on a busy machine costs more than its run: the woken worker
+  // then spins on the core the caller needs (with OpenMP's team, which spun for milliseconds, a
+  // train_sort step took 9.3 ms instead of 6.3 with trials every 10-80 ms). Longer holds cost
+  // only speed-up when the machine has become idle again.
   static constexpr double kFirstHold = 0.05;
   static constexpr double kMaxHold = 2.0;
 

@@ -1,8 +1,8 @@
 // Section "attention": the MultiHeadAttention layer on the weights path (need_weights, key
 // padding + causal masks), float32, forward + backward through both outputs, on the attention
 // issue's shapes. Roofline: every product of the forward timed as oneDNN's own float32
-// primitive on that shape with the same threads, in the same rounds as the layer; x3 for
-// forward + backward. The forward's products, D = E / H:
+// primitive on that shape with the same threads, in rounds of its own just before the layer's
+// (after_references says why); x3 for forward + backward. The forward's products, D = E / H:
 //   q, k, v and output projections: [B*L, E] x [E, E]   (four of them)
 //   scores:          B*H x [Q, D] x [D, K]
 //   weighted sum:    B*H x [Q, K] x [K, D]
@@ -93,8 +93,10 @@ void section_attention(Report& report, const Options& options) {
       Roofline roof(c);
       Step step(c);
       const double peak = peak_mib_of([&] { step.forward_backward(); });
-      const auto t = measure({[&] { roof.run(); }, [&] { step.forward(); }, [&] { step.forward_backward(); }}, options.runs,
-                             options.seconds);
+      const Stats roof_t = measure([&] { roof.run(); }, options.runs, options.seconds);
+      after_references();
+      const auto mine = measure({[&] { step.forward(); }, [&] { step.forward_backward(); }}, options.runs, options.seconds);
+      const Stats t[] = {roof_t, mine[0], mine[1]};
       const double flop = 8.0 * c.b * c.q * c.e * c.e + 4.0 * c.b * c.q * c.q * c.e;
       table.add({static_cast<std::int64_t>(threads), std::string(c.name), fmt::format("({}, {}, {}, {})", c.b, c.q, c.e, c.h), t[0], t[1],
                  per_second(flop, t[1]), 100 * t[0].median / t[1].median, t[2], per_second(3 * flop, t[2]),

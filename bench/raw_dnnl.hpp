@@ -2,7 +2,9 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <thread>
 
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tapegrad/tapegrad.hpp>
@@ -44,5 +46,13 @@ struct RawDnnl {
     stream.wait();
   }
 };
+
+// The references run on oneDNN's own OpenMP team, whose idle workers spin after each parallel
+// run (libgomp's default: 300,000 `pause` iterations, 1.7 ms on the 2-core EPYC) on the core that
+// tapegrad's own worker needs. So references are timed in rounds of their own, before tapegrad's,
+// and this waits until their team has gone to sleep.
+inline void after_references() {
+  if (tapegrad::num_threads() > 1) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+}
 
 }  // namespace bench

@@ -69,6 +69,7 @@ void section_system(Report& report, const Options& options) {
       RawDnnl raw(1, n, n, n);
       peak = std::max(peak, per_second(2.0 * n * n * n, measure([&] { raw.run(); }, options.runs, options.seconds)));
     }
+    after_references();
     row.push_back(peak);
     table.add(std::move(row));
   }

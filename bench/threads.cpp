@@ -2,8 +2,7 @@
 // and with N threads (the largest --threads count, at least 2) in alternating rounds of the
 // same run; ratio = 1-thread time / N-thread time, above 1 the threads help. Then the same next
 // to a thread of this process that keeps one core busy (a spin loop pinned to the last CPU this
-// process may use): the case of a machine shared with other work. libgomp reads its waiting
-// policy (OMP_WAIT_POLICY) once at load, so the run's environment decides it for both cases.
+// process may use): the case of a machine shared with other work.
 #include <pthread.h>
 #include <sched.h>
 

@@ -2,14 +2,17 @@
 // primitive_desc, then primitive).
 //
 // Recipe: 1. describe a, b and c by dims and strides (a transposed view is just other strides,
-// no copy); 2. build the primitive once per layout and thread count and keep it in a per-thread
-// LRU cache; 3. wrap the three buffers in dnnl::memory and execute, with OpenMP's thread count
-// set to what the product's size repays.
+// no copy); 2. build the primitive once per layout and keep it in a per-thread LRU cache; 3. wrap
+// the three buffers in dnnl::memory and execute. oneDNN always runs on one OpenMP thread here: a
+// product that its size repays on more threads is cut into that many pieces (a batch dim, or the
+// longer of M and N), which tapegrad's own workers run (autodiff/thread_pool.hpp says why).
 #include <algorithm>
 #include <array>
 #include <bit>
 #include <cmath>
+#include <exception>
 #include <list>
+#include <mutex>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -19,6 +22,7 @@
 
 #include "autodiff/parallel.hpp"
 #include "autodiff/thread_choice.hpp"
+#include "autodiff/thread_pool.hpp"
 #include "ops/kernel.hpp"
 #include "ops/matmul_kernels.hpp"
 #include "tapegrad/ops/view.hpp"
@@ -52,10 +56,10 @@ dnnl::stream& cpu_stream() {
 }
 
 // Each thread a product uses must have this many multiply-adds (about 130 us of work at the
-// 250 GFLOP/s one core reaches here), so a second thread starts from 2^25. Below that, waking
-// and joining the team costs a fair part of what the split saves on an idle machine, and on a
-// machine where other processes hold the cores each join waits for a descheduled or spinning
-// thread: tapegrad_bench --only threads measured tiny products 100-5,000 times slower on 2 threads
+// 250 GFLOP/s one core reaches here), so a second thread starts from 2^25. Below that, waking a
+// worker (~80 us when it sleeps) and joining it costs a fair part of what the split saves, and
+// when oneDNN split tiny products over OpenMP's team on a machine where other processes held
+// the cores, tapegrad_bench --only threads measured them 100-5,000 times slower on 2 threads
 // (README, "Threads"). Every product of train_sort's model stays on one thread.
 constexpr double kMacsPerThread = 1 << 24;
 
@@ -70,9 +74,9 @@ constexpr double kLoopMacs = 1 << 12;
 
 thread_local std::int64_t t_created = 0;
 
-// Sets the calling thread's OpenMP thread count for one product and puts it back after: oneDNN
-// reads it when it creates a primitive (to partition the work and size its scratchpad) and
-// when it executes one.
+// Sets the calling thread's OpenMP thread count for one product (always 1 here) and puts it back
+// after: oneDNN reads it when it creates a primitive (to partition the work and size its
+// scratchpad) and when it executes one.
 class OmpThreads {
  public:
   explicit OmpThreads(int n) : saved_(omp_get_max_threads()) {
@@ -263,12 +267,11 @@ template <class Out> Out* bf16_copy(const Tensor& x, Layout& l, int which) {
 }
 
 // The cached primitive for this layout, or nullptr when oneDNN has no kernel for it (bfloat16
-// on a CPU without AVX512-BF16/AMX).
-// The primitive is made for, and must run with, `threads` OpenMP threads.
-Entry* primitive_for(const Layout& a, const Layout& b, const Layout& c, bool bf16, int threads) {
+// on a CPU without AVX512-BF16/AMX). Made for, and run on, one OpenMP thread.
+Entry* primitive_for(const Layout& a, const Layout& b, const Layout& c, bool bf16) {
   thread_local LruCache<Entry> cache(kDnnlCacheCapacity);
   thread_local Key key;  // reused: a lookup allocates nothing
-  key.assign({bf16 ? 1 : 0, threads});
+  key.assign({bf16 ? 1 : 0});
   append(key, a);
   append(key, b);
   append(key, c);
@@ -298,22 +301,39 @@ bool has_fast_kernel(const Layout& a, const Layout& b, const Layout& c) {
 }
 
 // Runs one raw gemm call (`kind` tells sgemm from the bfloat16 one) on the threads ThreadChoice
-// picks for its shape, and reports its time.
+// picks for its shape, and reports its time. call(i0, i1, j0, j1) computes rows [i0, i1) and
+// columns [j0, j1) of c on one thread; with more threads, each runs a band of rows (of columns
+// when there are fewer rows than threads; see run_split for why rows).
 template <class Call>
 dnnl_status_t on_chosen_threads(int kind, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                                 std::int64_t lda, std::int64_t ldb, std::int64_t ldc, Call call) {
+  const OmpThreads omp(1);
   const int wanted = dnnl_threads_for(static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
-  if (wanted == 1) {  // no choice to make: no clock, no lock (tiles are called thousands of times)
-    const OmpThreads omp(1);
-    return call();
-  }
+  if (wanted == 1) return call(0, m, 0, n);  // no choice to make: no clock, no lock (tiles are called thousands of times)
   std::uint64_t key = mix_key(kKeySeed, static_cast<std::uint64_t>(kind));
   for (const std::int64_t v : {std::int64_t{trans_a}, std::int64_t{trans_b}, m, n, k, lda, ldb, ldc})
     key = mix_key(key, static_cast<std::uint64_t>(v));
   const double start = now_seconds();
   const int threads = choose_threads(key, wanted, start);
-  const OmpThreads omp(threads);
-  const dnnl_status_t status = call();
+  dnnl_status_t status = dnnl_success;
+  if (threads == 1) {
+    status = call(0, m, 0, n);
+  } else {
+    struct Bands {
+      Call* call;
+      std::int64_t m, n;
+      int count;
+      std::atomic<int> failed{dnnl_success};
+    } bands{&call, m, n, threads};
+    pool_run(threads, threads, [](void* p, int i) {
+      auto& b = *static_cast<Bands*>(p);
+      const bool rows = b.m >= b.count;
+      const std::int64_t size = rows ? b.m : b.n, lo = size * i / b.count, hi = size * (i + 1) / b.count;
+      const dnnl_status_t s = rows ? (*b.call)(lo, hi, 0, b.n) : (*b.call)(0, b.m, lo, hi);
+      if (s != dnnl_success) b.failed.store(s, std::memory_order_relaxed);
+    }, &bands);
+    status = static_cast<dnnl_status_t>(bands.failed.load(std::memory_order_relaxed));
+  }
   record_threads(key, threads, start);
   return status;
 }
@@ -328,22 +348,74 @@ std::uint64_t work_key(const Layout& a, const Layout& b, const Layout& c, bool b
   return key;
 }
 
+void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16);
+
+// Rows [lo, hi) of x's dim d, a view (x itself when x is broadcast along d).
+Tensor band(const Tensor& x, std::size_t d, std::int64_t full, std::int64_t lo, std::int64_t hi) {
+  if (x.shape()[d] != full) return x;
+  Shape shape = x.shape();
+  shape[d] = hi - lo;
+  return make_view(x, shape, x.strides(), x.offset() + lo * x.strides()[d], "matmul");
+}
+
+// c = a b in `threads` pieces on tapegrad's workers, each piece on one thread: along the
+// largest batch dim when it has an entry per thread, else along M (rows of c), else along N.
+// oneDNN's one-thread kernels give each row the same bits in a band of rows as in the whole
+// product, so a product split by batch or rows equals the one-thread product bit for bit (a
+// band of columns did not: 137,617 of 153,900 elements of a [300, 777] x [777, 513] product
+// differed).
+void run_split(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16, int threads) {
+  const Shape& shape = c.shape();
+  const std::size_t r = shape.size();
+  std::size_t dim = shape[r - 2] >= threads ? r - 2 : r - 1;
+  for (std::size_t d = 0; d + 2 < r; ++d)
+    if (shape[d] >= threads && (dim >= r - 2 || shape[d] > shape[dim])) dim = d;
+  struct Pieces {
+    const Tensor &a, &b, &c;
+    bool bf16;
+    std::size_t dim, r;
+    int count;
+    std::exception_ptr error;
+    std::mutex error_mutex;
+  } pieces{a, b, c, bf16, dim, r, threads, nullptr, {}};
+  pool_run(threads, threads, [](void* p, int i) {
+    auto& s = *static_cast<Pieces*>(p);
+    const std::int64_t full = s.c.shape()[s.dim], lo = full * i / s.count, hi = full * (i + 1) / s.count;
+    try {
+      // M splits a's rows, N b's columns, a batch dim both (unless broadcast there)
+      const Tensor pa = s.dim == s.r - 1 ? s.a : band(s.a, s.dim, full, lo, hi);
+      const Tensor pb = s.dim == s.r - 2 ? s.b : band(s.b, s.dim, full, lo, hi);
+      run(pa, pb, band(s.c, s.dim, full, lo, hi), s.bf16);
+    } catch (...) {
+      std::lock_guard lock(s.error_mutex);
+      if (!s.error) s.error = std::current_exception();
+    }
+  }, &pieces);
+  if (pieces.error) std::rethrow_exception(pieces.error);
+}
+
 void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   const std::size_t r = c.shape().size();
   Layout la, lb, lc;
   if (!describe(a, la)) return run(copy_of(a), b, c, bf16);
   if (!describe(b, lb)) return run(a, copy_of(b), c, bf16);
   describe(c, lc);
+  // Inside a piece (or any parallel body) this is 1: pieces are not split again.
   const int wanted = dnnl_threads_for(static_cast<double>(c.numel()) * static_cast<double>(a.shape()[r - 1]));
   const std::uint64_t work = wanted > 1 ? work_key(la, lb, lc, bf16) : 0;
-  const int threads = wanted > 1 ? choose_threads(work, wanted, now_seconds()) : 1;
-  const OmpThreads omp(threads);
+  const double start = wanted > 1 ? now_seconds() : 0.0;
+  const int threads = wanted > 1 ? choose_threads(work, wanted, start) : 1;
+  if (threads > 1) {
+    run_split(a, b, c, bf16, threads);
+    return record_threads(work, threads, start);
+  }
+  const OmpThreads omp(1);
   void* pa = mutable_data(a);  // oneDNN takes non-const handles; it only reads a and b
   void* pb = mutable_data(b);
   if (bf16) {
     pa = bf16_copy<std::uint16_t>(a, la, 0);
     pb = bf16_copy<std::uint16_t>(b, lb, 1);
-    if (!primitive_for(la, lb, lc, true, threads)) {
+    if (!primitive_for(la, lb, lc, true)) {
       // No bfloat16 kernel on this CPU: products of bfloat16 values are exact in float32, so
       // float32 kernels on the rounded operands compute the same thing.
       const Shape sa(la.dims.begin(), la.dims.end()), sb(lb.dims.begin(), lb.dims.end());
@@ -369,11 +441,10 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
     if (!decided) decided = &fast.insert(key, contiguous || has_fast_kernel(la, lb, lc));
     if (!*decided && !contiguous) return run(a.is_contiguous() ? a : copy_of(a), b.is_contiguous() ? b : copy_of(b), c, false);
   }
-  Entry& e = *primitive_for(la, lb, lc, bf16, threads);
+  Entry& e = *primitive_for(la, lb, lc, bf16);
   e.a.set_data_handle(pa);
   e.b.set_data_handle(pb);
   e.c.set_data_handle(mutable_data(c));
-  const double start = wanted > 1 ? now_seconds() : 0.0;
   // Through the C API: the C++ execute() builds an unordered_map of the three arguments per call.
   const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, e.a.get()}, {DNNL_ARG_WEIGHTS, e.b.get()}, {DNNL_ARG_DST, e.c.get()}};
   const dnnl_status_t status = dnnl_primitive_execute(e.primitive.get(), cpu_stream().get(), 3, args);
@@ -381,7 +452,7 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
     fail<ValueError>("matmul: oneDNN failed to run a product of shapes {} and {}, status {}", shape_str(a.shape()),
                      shape_str(b.shape()), static_cast<int>(status));
   cpu_stream().wait();
-  if (wanted > 1) record_threads(work, threads, start);
+  if (wanted > 1) record_threads(work, 1, start);
 }
 
 }  // namespace
@@ -431,9 +502,9 @@ void matmul_dnnl(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
 void gemm_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
               std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
   // dnnl_sgemm skips primitive creation and takes a beta, so tiles accumulate in place.
-  // It reads OpenMP's per-thread count (the machine's cores unless OMP_NUM_THREADS says), not num_threads().
-  const dnnl_status_t status = on_chosen_threads(3, trans_a, trans_b, m, n, k, lda, ldb, ldc, [&] {
-    return dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  const dnnl_status_t status = on_chosen_threads(3, trans_a, trans_b, m, n, k, lda, ldb, ldc, [&](std::int64_t i0, std::int64_t i1, std::int64_t j0, std::int64_t j1) {
+    return dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', i1 - i0, j1 - j0, k, alpha, trans_a ? a + i0 : a + i0 * lda, lda,
+                      trans_b ? b + j0 * ldb : b + j0, ldb, beta, c + i0 * ldc + j0, ldc);
   });
   if (status != dnnl_success)
     fail<ValueError>("gemm_f32: oneDNN refused a [{}, {}] x [{}, {}] tile product (lda {}, ldb {}, ldc {}), status {}", m, k, k, n,
@@ -511,8 +582,9 @@ void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::
     const std::int64_t ar = trans_a ? k : m, ac = trans_a ? m : k, br = trans_b ? n : k, bc = trans_b ? k : n;
     return gemm_f32(trans_a, trans_b, m, n, k, alpha, widened(a, ar, ac, lda, 0), ac, widened(b, br, bc, ldb, 1), bc, beta, c, ldc);
   }
-  const dnnl_status_t status = on_chosen_threads(4, trans_a, trans_b, m, n, k, lda, ldb, ldc, [&] {
-    return dnnl_gemm_bf16bf16f32(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  const dnnl_status_t status = on_chosen_threads(4, trans_a, trans_b, m, n, k, lda, ldb, ldc, [&](std::int64_t i0, std::int64_t i1, std::int64_t j0, std::int64_t j1) {
+    return dnnl_gemm_bf16bf16f32(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', i1 - i0, j1 - j0, k, alpha, trans_a ? a + i0 : a + i0 * lda,
+                                 lda, trans_b ? b + j0 * ldb : b + j0, ldb, beta, c + i0 * ldc + j0, ldc);
   });
   if (status != dnnl_success)
     fail<ValueError>("gemm_bf16: oneDNN refused a [{}, {}] x [{}, {}] tile product (lda {}, ldb {}, ldc {}), status {}", m, k, k, n,

@@ -1,6 +1,5 @@
-// Thread count: one process-wide setting that each parallel operation reads when it starts.
-// oneDNN reads OpenMP's per-thread setting instead, so ops/matmul_dnnl.cpp sets that around
-// each product (to this setting, or fewer threads for a small product).
+// Thread count: one process-wide setting that each parallel operation reads when it starts
+// (tapegrad's loops, and the products, which ops/matmul_dnnl.cpp cuts into one piece per thread).
 #include "tapegrad/ops/threads.hpp"
 
 #include "autodiff/check.hpp"

@@ -1,10 +1,12 @@
-// tapegrad's own parallel loops: every index is visited once whatever the thread count, small
-// loops stay on the calling thread, errors come back to the caller, and nesting runs inline.
+// tapegrad's own parallel loops and the workers behind them: every index is visited once
+// whatever the thread count, small loops stay on the calling thread, errors come back to the
+// caller, nesting runs inline, and a product split over the workers gives one thread's bits.
 #define BOOST_TEST_MODULE parallel
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
@@ -14,6 +16,7 @@
 
 #include "autodiff/parallel.hpp"
 #include "autodiff/thread_choice.hpp"
+#include "autodiff/thread_pool.hpp"
 #include "ops/matmul_kernels.hpp"
 
 namespace tg = tapegrad;
@@ -109,7 +112,8 @@ BOOST_AUTO_TEST_CASE(products_get_threads_by_size) {
   BOOST_TEST(dnnl_threads_for(1024.0 * 1024 * 1024) == 2);  // milliseconds: every thread
   tg::set_num_threads(1);
   BOOST_TEST(dnnl_threads_for(1024.0 * 1024 * 1024) == 1);
-  // The same large product with one and with two threads (primitives are made per thread count).
+  // The same large product with one and with two threads: the split runs bands of rows on one
+  // thread each, which add in the one-thread order.
   const tg::Tensor a = tg::randn({256, 1024}, 1), b = tg::randn({1024, 256}, 2);
   BOOST_REQUIRE(dnnl_threads_for(256.0 * 1024 * 256) == 1);
   tg::set_num_threads(2);
@@ -117,7 +121,67 @@ BOOST_AUTO_TEST_CASE(products_get_threads_by_size) {
   const auto two = tg::matmul(a, b).to_vector<float>();
   tg::set_num_threads(1);
   const auto one = tg::matmul(a, b).to_vector<float>();
-  for (std::size_t i = 0; i < one.size(); ++i) BOOST_REQUIRE_SMALL(static_cast<double>(one[i] - two[i]), 1e-3);
+  BOOST_TEST(one == two, boost::test_tools::per_element());
+}
+
+// Products big enough for two threads, split by batch and by rows, in float32 and bfloat16 (a
+// transposed b takes the strided layout): each element has the same bits as on one thread. Each shape's first call with two threads
+// runs on the team (the size rule's choice comes first).
+BOOST_AUTO_TEST_CASE(split_products_give_one_threads_bits) {
+  struct Case {
+    std::int64_t batch, m, k, n;
+    bool transposed;
+  };
+  const Case cases[] = {{1, 1024, 512, 256, false}, {8, 128, 256, 128, true}, {1, 300, 777, 513, true},
+                        {3, 1001, 129, 257, false}};
+  for (const Case& c : cases)
+    for (const auto precision : {tg::MatmulPrecision::exact, tg::MatmulPrecision::bfloat16}) {
+      Threads t(2);
+      BOOST_REQUIRE(tg::detail::dnnl_threads_for(static_cast<double>(c.batch * c.m * c.k * c.n)) == 2);
+      const tg::Tensor a = tg::randn({c.batch, c.m, c.k}, 3);
+      const tg::Tensor b = c.transposed ? tg::randn({c.batch, c.n, c.k}, 4).transpose(1, 2) : tg::randn({c.batch, c.k, c.n}, 4);
+      const auto two = tg::matmul(a, b, precision).to_vector<float>();
+      tg::set_num_threads(1);
+      const auto one = tg::matmul(a, b, precision).to_vector<float>();
+      BOOST_TEST_CONTEXT("[" << c.batch << ", " << c.m << ", " << c.k << ", " << c.n << "]" << (c.transposed ? " b transposed" : "")
+                             << (precision == tg::MatmulPrecision::exact ? " float32" : " bfloat16")) {
+        BOOST_TEST(one == two, boost::test_tools::per_element());
+      }
+    }
+}
+
+// The workers themselves: every task once, from several calling threads at once (a second
+// caller runs its tasks itself while the first one's job is out), with more tasks than threads,
+// and after the workers have gone to sleep.
+BOOST_AUTO_TEST_CASE(pool_runs_every_task_once_from_any_caller) {
+  using tg::detail::pool_run;
+  struct Job {
+    std::vector<std::atomic<int>> hits;
+    std::atomic<int> outside{0};
+  };
+  const auto task = [](void* p, int i) {
+    auto& job = *static_cast<Job*>(p);
+    job.hits[static_cast<std::size_t>(i)]++;
+    job.outside += !tg::detail::in_pool_task();
+  };
+  auto check = [&](int threads, int count) {
+    Job job{std::vector<std::atomic<int>>(static_cast<std::size_t>(count)), {}};
+    pool_run(threads, count, task, &job);
+    for (const auto& h : job.hits) BOOST_REQUIRE_EQUAL(h.load(), 1);
+    BOOST_REQUIRE_EQUAL(job.outside.load(), 0);
+  };
+  for (int threads : {1, 2, 3, 8})
+    for (int count : {0, 1, 2, 3, 17, 256, 257}) check(threads, count);
+  std::vector<std::thread> callers;
+  for (int c = 0; c < 4; ++c)
+    callers.emplace_back([&] {
+      for (int i = 0; i < 300; ++i) check(2 + i % 3, 1 + i % 9);
+    });
+  for (auto& c : callers) c.join();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // past the workers' spin
+  check(8, 8);
+  BOOST_TEST(tg::detail::pool_workers() == 7);
+  BOOST_TEST(!tg::detail::in_pool_task());
 }
 
 // ThreadChoice driven with chosen times: what the team and one thread would take on an idle

@@ -1,4 +1,5 @@
-// How many threads tapegrad's parallel work (oneDNN's products, tapegrad's own loops) may use.
+// How many threads tapegrad's parallel work (oneDNN's products, tapegrad's own loops) may use:
+// the calling thread and tapegrad's own workers, which sleep after 250 us without work.
 #pragma once
 
 namespace tapegrad {
@@ -9,8 +10,7 @@ namespace tapegrad {
 // the calling thread (README, "Threads").
 void set_num_threads(int n);
 // The current setting. Until set_num_threads is called: OMP_NUM_THREADS when that is set, else
-// 1. More threads pay off for large products on an idle machine; where other processes share
-// the cores, also set OMP_WAIT_POLICY=passive in the environment (README, "Threads").
+// 1. More threads pay off for large products and loops on an idle machine (README, "Threads").
 int num_threads() noexcept;
 
 }  // namespace tapegrad

@@ -149,9 +149,10 @@ struct Operands {
   // dq 40% slower than the other products).
   bool k_finite = false, v_finite = false;
   std::int64_t nq, nk, d;
-  // round: which of q, k, v the bfloat16 products read (float32 only).
+  // round: which of q, k, v the bfloat16 products read (float32 only); scan: which of k and v a
+  // product by A or dS reads in place under float32 (a pass over the tensor each).
   Operands(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias_, const RowMasks& m, const Shape& scores_, double scale_,
-           bool bfloat16, bool round_q, bool round_k, bool round_v)
+           bool bfloat16, bool round_q, bool round_k, bool round_v, bool scan_k, bool scan_v)
       : bias(bias_, scores_), masks(&m), scores(scores_), scale(static_cast<float>(scale_)), bf16(bfloat16) {
     const Shape batch(scores.begin(), scores.end() - 2);
     qs = Matrices<float>(q, batch);
@@ -161,8 +162,8 @@ struct Operands {
     if (bf16 && round_k) kb = Bf16Matrices(k, batch);
     if (bf16 && round_v) vb = Bf16Matrices(v, batch);
     if (!bf16) {
-      k_finite = all_finite_values(k);
-      v_finite = all_finite_values(v);
+      k_finite = scan_k && all_finite_values(k);
+      v_finite = scan_v && all_finite_values(v);
     }
     nq = scores[scores.size() - 2];
     nk = scores.back();
@@ -205,7 +206,8 @@ AttentionResult attention_pipelined(const AttentionArgs& a, const Shape& scores_
   const bool bf16 = matmul_precision() == MatmulPrecision::bfloat16, keep = a.need_weights;
   const std::int64_t nq = blk.nq, nk = blk.nk, dv = a.v.size(-1);
   const Tensor q = matrix_ready(a.q), k = matrix_ready(a.k), v = matrix_ready(a.v);
-  const Operands op(q, k, v, a.bias, masks, scores_shape, scale, bf16, true, true, true);
+  // O = A ⊛ v reads v; k only enters q kᵀ, which is a plain product
+  const Operands op(q, k, v, a.bias, masks, scores_shape, scale, bf16, true, true, true, false, true);
   // The weights, or (fused) per row the m and log l that the backward makes them again from
   const Tensor weights = keep ? new_tensor(scores_shape, DType::float32, a.op) : Tensor();
   Shape stats_shape = batch;
@@ -255,8 +257,9 @@ AttentionResult attention_pipelined(const AttentionArgs& a, const Shape& scores_
               const bool recompute = !A.defined();  // the fused path (dO is then defined)
               // As in the forward, whatever the precision where backward() runs; making A again
               // reads q and k whatever the gradients asked for.
+              // dq = dS ⊛ k reads k; v only enters dO vᵀ, a plain product
               const Operands op(q, k, v, bias, masks, scores_shape, scale, bf16, recompute || (want_ds && needs[1]),
-                                recompute || (want_ds && needs[0]), want_ds && d_out.defined());
+                                recompute || (want_ds && needs[0]), want_ds && d_out.defined(), want_ds && needs[0], false);
               const std::int64_t d = op.d;
               const Tensor go = d_out.defined() ? matrix_ready(d_out) : Tensor();
               const Matrices<float> gs = go.defined() ? Matrices<float>(go, batch) : Matrices<float>();

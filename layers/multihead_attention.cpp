@@ -7,6 +7,7 @@
 #include "layers/attention_core.hpp"
 #include "layers/mha_detail.hpp"
 #include "ops/kernel.hpp"
+#include "ops/weighted_matmul.hpp"
 #include "tapegrad/ops/compare.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/matmul.hpp"
@@ -68,6 +69,10 @@ bool left_out_rows_finite(const Tensor& rows, const Tensor& x) {
       for (std::int64_t i = 0; i < len; ++i) {
         if (keep[b * len + i]) continue;
         const T* row = p + b * s0 + i * s1;
+        if (s2 == 1) {
+          if (!all_finite_run(row, c)) return false;
+          continue;
+        }
         for (std::int64_t j = 0; j < c; ++j)
           if (!std::isfinite(row[j * s2])) return false;
       }

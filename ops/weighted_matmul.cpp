@@ -115,6 +115,9 @@ template <class T> void add_non_finite(const Tensor& w, const Tensor& x, const T
 
 }  // namespace
 
+bool all_finite_run(const float* p, std::int64_t n) noexcept { return span_finite_f32(p, n); }
+bool all_finite_run(const double* p, std::int64_t n) noexcept { return span_finite_f64(p, n); }
+
 bool all_finite_values(const Tensor& x) {
   return visit_float(x.dtype(), "weighted_matmul", [&]<class T>(Tag<T>) { return all_finite<T>(x); });
 }

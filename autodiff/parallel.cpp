@@ -46,7 +46,7 @@ struct Job {
   }
 };
 
-void run_chunk(void* data, int c) { static_cast<Job*>(data)->run(c); }
+void run_chunk(void* data, int c) noexcept { static_cast<Job*>(data)->run(c); }
 
 }  // namespace
 
@@ -97,10 +97,11 @@ void parallel_for(std::int64_t n, std::int64_t cost, const std::function<void(st
     --t_serial_depth;
     record_threads(key, 1, start);
   } else {
-    pool_run(threads, chunks, run_chunk, &job);
     // The chunks' own times, summed, are what one thread would have taken: the team's run
-    // measures both choices, and no trial on one thread is needed to leave a slow team.
-    record_threads(key, threads, start, job.busy.load(std::memory_order_relaxed));
+    // measures both choices, and no trial on one thread is needed to leave a slow team. (When
+    // another thread's job held the workers, the chunks ran here in order: a one-thread run.)
+    if (pool_run(threads, chunks, run_chunk, &job)) record_threads(key, threads, start, job.busy.load(std::memory_order_relaxed));
+    else record_threads(key, 1, start);
   }
   if (job.error) std::rethrow_exception(job.error);
 }

@@ -23,10 +23,19 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
-// Spins on `still(value)` for up to kSpinMicros, then sleeps on the atomic until it changes.
-template <class T, class Still> T wait_while(const std::atomic<T>& a, Still still) {
+// Marks the calling thread as running pool tasks while it lives.
+struct InTask {
+  InTask() noexcept { ++t_task_depth; }
+  ~InTask() { --t_task_depth; }
+  InTask(const InTask&) = delete;
+  InTask& operator=(const InTask&) = delete;
+};
+
+// Spins on `still(value)` for up to kSpinMicros (not at all when spin is false), then sleeps on
+// the atomic until it changes.
+template <class T, class Still> T wait_while(const std::atomic<T>& a, Still still, bool spin = true) {
   using clock = std::chrono::steady_clock;
-  const auto budget = std::chrono::duration<double, std::micro>(kSpinMicros);
+  const auto budget = std::chrono::duration<double, std::micro>(spin ? kSpinMicros : 0.0);
   const auto start = clock::now();
   int spins = 0;
   T v;
@@ -48,10 +57,13 @@ class Pool {
   // task per thread, a split product one piece per thread).
   static constexpr int kMaxTasks = 256;
 
-  void run(int threads, int count, void (*task)(void*, int), void* data) {
+  // false when the tasks ran in order on the calling thread instead (another thread's job was
+  // running, or too many tasks).
+  bool run(int threads, int count, void (*task)(void*, int), void* data) noexcept {
+    if (count > kMaxTasks) return serial(count, task, data), false;
     std::unique_lock lock(submit_, std::try_to_lock);
-    if (!lock.owns_lock() || count > kMaxTasks) return serial(count, task, data);  // another thread's job is running
-    grow(threads - 1);
+    if (!lock.owns_lock()) return serial(count, task, data), false;
+    const int helpers = grow(std::min(threads, count) - 1);
     task_ = task;
     data_ = data;
     count_.store(count, std::memory_order_relaxed);
@@ -60,28 +72,29 @@ class Pool {
     // an earlier job's number cannot take a task of this one.
     const std::uint64_t open = std::uint64_t{++epoch_} << 1;
     for (int i = 0; i < count; ++i) slots_[i].store(open, std::memory_order_relaxed);
-    helpers_.store(threads - 1, std::memory_order_relaxed);
+    helpers_.store(helpers, std::memory_order_relaxed);
     job_.store(open, std::memory_order_release);
     generation_.fetch_add(1, std::memory_order_release);
     generation_.notify_all();
-    ++t_task_depth;
-    drain(0, open, count);
-    --t_task_depth;
+    {
+      const InTask in_task;
+      drain(0, open, count);
+    }
     wait_while(remaining_, [](int left) { return left != 0; });
+    return true;
   }
 
   int workers() const noexcept { return started_.load(std::memory_order_relaxed); }
 
-  static void serial(int count, void (*task)(void*, int), void* data) {
-    ++t_task_depth;
+  static void serial(int count, void (*task)(void*, int), void* data) noexcept {
+    const InTask in_task;
     for (int i = 0; i < count; ++i) task(data, i);
-    --t_task_depth;
   }
 
  private:
   // Runs task i of job `open` if no one has taken it. A taken task keeps its job from
   // finishing, so the job's fields stay as they are until it has run.
-  bool take(int i, std::uint64_t open) {
+  bool take(int i, std::uint64_t open) noexcept {
     std::uint64_t expected = open;
     if (!slots_[i].compare_exchange_strong(expected, open | 1, std::memory_order_acq_rel, std::memory_order_relaxed)) return false;
     task_(data_, i);
@@ -92,30 +105,36 @@ class Pool {
   // Participant p (0 the caller, w + 1 worker w) runs task p first, the same one each time: in a
   // sequence of loops over the same rows, each thread then finds its rows in its own cache.
   // Then it takes any task not yet taken (the share of a worker that is late).
-  void drain(int p, std::uint64_t open, int count) {
+  void drain(int p, std::uint64_t open, int count) noexcept {
     if (p < count) take(p, open);
     for (int i = 0; i < count; ++i)
       if (i != p) take(i, open);
   }
 
-  void grow(int wanted) {
+  // Starts workers up to `wanted`; how many there are, at most `wanted`.
+  int grow(int wanted) noexcept {
     for (int i = workers(); i < wanted; ++i) {
       try {
         std::thread(&Pool::work, this, i, generation_.load(std::memory_order_relaxed)).detach();
-      } catch (const std::system_error&) {
-        return;  // no more threads to be had: the tasks run on those there are
+      } catch (...) {
+        break;  // no more threads to be had: the tasks run on those there are
       }
       started_.store(i + 1, std::memory_order_relaxed);
     }
+    return std::min(workers(), wanted);
   }
 
   // A worker: waits for the next job (seen: the generation it has handled), helps with it.
   [[noreturn]] void work(int index, std::uint32_t seen) {
     omp_set_num_threads(1);  // the products it runs stay on it
     t_task_depth = 1;
+    bool joined = true;
     for (;;) {
-      seen = wait_while(generation_, [seen](std::uint32_t g) { return g == seen; });
-      if (index >= helpers_.load(std::memory_order_relaxed)) continue;
+      // A worker that the last job did not ask for sleeps at once: it would only take time
+      // from the threads that have work.
+      seen = wait_while(generation_, [seen](std::uint32_t g) { return g == seen; }, joined);
+      joined = index < helpers_.load(std::memory_order_relaxed);
+      if (!joined) continue;
       // count_ may belong to a later job by now: take() then finds the slots of another number.
       drain(index + 1, job_.load(std::memory_order_acquire), std::min(count_.load(std::memory_order_relaxed), kMaxTasks));
     }
@@ -128,11 +147,13 @@ class Pool {
   void* data_ = nullptr;
   std::atomic<int> count_{0};
   std::uint64_t epoch_ = 0;
+  // What the waiting threads poll, each on a cache line of its own (away from the fields that
+  // the submitting thread writes per job).
   std::atomic<std::uint64_t> job_{0};  // the current job's open-slot value
-  std::atomic<std::uint64_t> slots_[kMaxTasks] = {};
-  std::atomic<int> remaining_{0};  // tasks not yet finished
-  std::atomic<int> helpers_{0};    // workers that may join the current job
-  std::atomic<std::uint32_t> generation_{0};
+  alignas(64) std::atomic<std::uint64_t> slots_[kMaxTasks] = {};
+  alignas(64) std::atomic<int> remaining_{0};  // tasks not yet finished
+  std::atomic<int> helpers_{0};                // workers that may join the current job
+  alignas(64) std::atomic<std::uint32_t> generation_{0};
   std::atomic<int> started_{0};
 };
 
@@ -144,10 +165,10 @@ Pool& pool() {
 
 }  // namespace
 
-void pool_run(int threads, int count, void (*task)(void*, int), void* data) {
-  if (count <= 0) return;
-  if (threads <= 1 || count == 1 || t_task_depth > 0) return Pool::serial(count, task, data);
-  pool().run(threads, count, task, data);
+bool pool_run(int threads, int count, void (*task)(void*, int), void* data) noexcept {
+  if (count <= 0) return false;
+  if (threads <= 1 || count == 1 || t_task_depth > 0) return Pool::serial(count, task, data), false;
+  return pool().run(threads, count, task, data);
 }
 
 bool in_pool_task() noexcept { return t_task_depth > 0; }

@@ -63,6 +63,9 @@ dnnl::stream& cpu_stream() {
 // (README, "Threads"). Every product of train_sort's model stays on one thread.
 constexpr double kMacsPerThread = 1 << 24;
 
+// A product's rows are cut into bands of at least this many rows (split_plan says why).
+constexpr std::int64_t kMinBandRows = 16;
+
 // Products of one row per matrix up to this many multiply-adds run as plain loops (matmul_rows):
 // the loops' arithmetic is cheaper than creating a primitive for a new layout, which decoding
 // meets at every step.
@@ -302,19 +305,20 @@ bool has_fast_kernel(const Layout& a, const Layout& b, const Layout& c) {
 
 // Runs one raw gemm call (`kind` tells sgemm from the bfloat16 one) on the threads ThreadChoice
 // picks for its shape, and reports its time. call(i0, i1, j0, j1) computes rows [i0, i1) and
-// columns [j0, j1) of c on one thread; with more threads, each runs a band of rows (of columns
-// when there are fewer rows than threads; see run_split for why rows).
+// columns [j0, j1) of c on one thread; with more threads, each runs a band of at least
+// kMinBandRows rows (see split_plan for why rows).
 template <class Call>
 dnnl_status_t on_chosen_threads(int kind, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                                 std::int64_t lda, std::int64_t ldb, std::int64_t ldc, Call call) {
   const OmpThreads omp(1);
-  const int wanted = dnnl_threads_for(static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
+  const auto by_size = dnnl_threads_for(static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
+  const int wanted = static_cast<int>(std::min<std::int64_t>(by_size, m / kMinBandRows));
   if (wanted == 1) return call(0, m, 0, n);  // no choice to make: no clock, no lock (tiles are called thousands of times)
   std::uint64_t key = mix_key(kKeySeed, static_cast<std::uint64_t>(kind));
   for (const std::int64_t v : {std::int64_t{trans_a}, std::int64_t{trans_b}, m, n, k, lda, ldb, ldc})
     key = mix_key(key, static_cast<std::uint64_t>(v));
   const double start = now_seconds();
-  const int threads = choose_threads(key, wanted, start);
+  int threads = choose_threads(key, wanted, start);
   dnnl_status_t status = dnnl_success;
   if (threads == 1) {
     status = call(0, m, 0, n);
@@ -325,14 +329,13 @@ dnnl_status_t on_chosen_threads(int kind, bool trans_a, bool trans_b, std::int64
       int count;
       std::atomic<int> failed{dnnl_success};
     } bands{&call, m, n, threads};
-    pool_run(threads, threads, [](void* p, int i) {
+    const bool pooled = pool_run(threads, threads, [](void* p, int i) noexcept {
       auto& b = *static_cast<Bands*>(p);
-      const bool rows = b.m >= b.count;
-      const std::int64_t size = rows ? b.m : b.n, lo = size * i / b.count, hi = size * (i + 1) / b.count;
-      const dnnl_status_t s = rows ? (*b.call)(lo, hi, 0, b.n) : (*b.call)(0, b.m, lo, hi);
+      const dnnl_status_t s = (*b.call)(b.m * i / b.count, b.m * (i + 1) / b.count, 0, b.n);
       if (s != dnnl_success) b.failed.store(s, std::memory_order_relaxed);
     }, &bands);
     status = static_cast<dnnl_status_t>(bands.failed.load(std::memory_order_relaxed));
+    if (!pooled) threads = 1;
   }
   record_threads(key, threads, start);
   return status;
@@ -358,18 +361,29 @@ Tensor band(const Tensor& x, std::size_t d, std::int64_t full, std::int64_t lo, 
   return make_view(x, shape, x.strides(), x.offset() + lo * x.strides()[d], "matmul");
 }
 
-// c = a b in `threads` pieces on tapegrad's workers, each piece on one thread: along the
-// largest batch dim when it has an entry per thread, else along M (rows of c), else along N.
-// oneDNN's one-thread kernels give each row the same bits in a band of rows as in the whole
-// product, so a product split by batch or rows equals the one-thread product bit for bit (a
-// band of columns did not: 137,617 of 153,900 elements of a [300, 777] x [777, 513] product
-// differed).
-void run_split(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16, int threads) {
-  const Shape& shape = c.shape();
+// How a product is cut for threads: along `dim` into `pieces`. The largest batch dim first, else
+// bands of at least kMinBandRows rows; a product with neither stays whole (pieces 1). oneDNN's
+// one-thread kernels give each row of a band the bits it has in the whole product, so a product
+// cut so equals the one-thread product bit for bit (bands of columns did not: 137,617 of 153,900
+// elements of a [300, 777] x [777, 513] product differed, and a band of a row or two may take
+// another kernel).
+struct Split {
+  std::size_t dim = 0;
+  int pieces = 1;
+};
+Split split_plan(const Shape& shape, int wanted) {
   const std::size_t r = shape.size();
-  std::size_t dim = shape[r - 2] >= threads ? r - 2 : r - 1;
+  Split best;
   for (std::size_t d = 0; d + 2 < r; ++d)
-    if (shape[d] >= threads && (dim >= r - 2 || shape[d] > shape[dim])) dim = d;
+    if (const auto p = static_cast<int>(std::min<std::int64_t>(wanted, shape[d])); p > best.pieces) best = {d, p};
+  if (const auto p = static_cast<int>(std::min<std::int64_t>(wanted, shape[r - 2] / kMinBandRows)); p > best.pieces) best = {r - 2, p};
+  return best;
+}
+
+// c = a b in `pieces` pieces along `dim` on tapegrad's workers, each piece on one thread (a band
+// of a's rows for M, of a's and b's batch entries for a batch dim). False when the pieces ran in
+// order on the calling thread instead.
+bool run_split(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16, Split split) {
   struct Pieces {
     const Tensor &a, &b, &c;
     bool bf16;
@@ -377,21 +391,20 @@ void run_split(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16, int
     int count;
     std::exception_ptr error;
     std::mutex error_mutex;
-  } pieces{a, b, c, bf16, dim, r, threads, nullptr, {}};
-  pool_run(threads, threads, [](void* p, int i) {
+  } pieces{a, b, c, bf16, split.dim, c.shape().size(), split.pieces, nullptr, {}};
+  const bool pooled = pool_run(split.pieces, split.pieces, [](void* p, int i) noexcept {
     auto& s = *static_cast<Pieces*>(p);
     const std::int64_t full = s.c.shape()[s.dim], lo = full * i / s.count, hi = full * (i + 1) / s.count;
     try {
-      // M splits a's rows, N b's columns, a batch dim both (unless broadcast there)
-      const Tensor pa = s.dim == s.r - 1 ? s.a : band(s.a, s.dim, full, lo, hi);
       const Tensor pb = s.dim == s.r - 2 ? s.b : band(s.b, s.dim, full, lo, hi);
-      run(pa, pb, band(s.c, s.dim, full, lo, hi), s.bf16);
+      run(band(s.a, s.dim, full, lo, hi), pb, band(s.c, s.dim, full, lo, hi), s.bf16);
     } catch (...) {
       std::lock_guard lock(s.error_mutex);
       if (!s.error) s.error = std::current_exception();
     }
   }, &pieces);
   if (pieces.error) std::rethrow_exception(pieces.error);
+  return pooled;
 }
 
 void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
@@ -401,14 +414,12 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   if (!describe(b, lb)) return run(a, copy_of(b), c, bf16);
   describe(c, lc);
   // Inside a piece (or any parallel body) this is 1: pieces are not split again.
-  const int wanted = dnnl_threads_for(static_cast<double>(c.numel()) * static_cast<double>(a.shape()[r - 1]));
+  Split split = split_plan(c.shape(), dnnl_threads_for(static_cast<double>(c.numel()) * static_cast<double>(a.shape()[r - 1])));
+  const int wanted = split.pieces;
   const std::uint64_t work = wanted > 1 ? work_key(la, lb, lc, bf16) : 0;
   const double start = wanted > 1 ? now_seconds() : 0.0;
-  const int threads = wanted > 1 ? choose_threads(work, wanted, start) : 1;
-  if (threads > 1) {
-    run_split(a, b, c, bf16, threads);
-    return record_threads(work, threads, start);
-  }
+  if (wanted > 1 && (split.pieces = choose_threads(work, wanted, start)) > 1)
+    return record_threads(work, run_split(a, b, c, bf16, split) ? split.pieces : 1, start);
   const OmpThreads omp(1);
   void* pa = mutable_data(a);  // oneDNN takes non-const handles; it only reads a and b
   void* pb = mutable_data(b);

@@ -124,29 +124,44 @@ BOOST_AUTO_TEST_CASE(products_get_threads_by_size) {
   BOOST_TEST(one == two, boost::test_tools::per_element());
 }
 
-// Products big enough for two threads, split by batch and by rows, in float32 and bfloat16 (a
-// transposed b takes the strided layout): each element has the same bits as on one thread. Each shape's first call with two threads
+// Products big enough for two threads, split by batch and by rows, in float32 and bfloat16
+// (transposed operands take strided layouts, a batch of 1 is broadcast): each element has the
+// same bits as on one thread. Each shape's first call with two threads
 // runs on the team (the size rule's choice comes first).
 BOOST_AUTO_TEST_CASE(split_products_give_one_threads_bits) {
   struct Case {
-    std::int64_t batch, m, k, n;
-    bool transposed;
+    std::int64_t batch_a, batch, m, k, n;
+    bool a_transposed, b_transposed;
   };
-  const Case cases[] = {{1, 1024, 512, 256, false}, {8, 128, 256, 128, true}, {1, 300, 777, 513, true},
-                        {3, 1001, 129, 257, false}};
+  const Case cases[] = {{1, 1, 1024, 512, 256, false, false}, {8, 8, 128, 256, 128, false, true}, {1, 1, 300, 777, 513, false, true},
+                        {3, 3, 1001, 129, 257, true, false},  {1, 6, 200, 300, 400, true, true}};
   for (const Case& c : cases)
     for (const auto precision : {tg::MatmulPrecision::exact, tg::MatmulPrecision::bfloat16}) {
       Threads t(2);
       BOOST_REQUIRE(tg::detail::dnnl_threads_for(static_cast<double>(c.batch * c.m * c.k * c.n)) == 2);
-      const tg::Tensor a = tg::randn({c.batch, c.m, c.k}, 3);
-      const tg::Tensor b = c.transposed ? tg::randn({c.batch, c.n, c.k}, 4).transpose(1, 2) : tg::randn({c.batch, c.k, c.n}, 4);
+      const tg::Tensor a = c.a_transposed ? tg::randn({c.batch_a, c.k, c.m}, 3).transpose(1, 2) : tg::randn({c.batch_a, c.m, c.k}, 3);
+      const tg::Tensor b = c.b_transposed ? tg::randn({c.batch, c.n, c.k}, 4).transpose(1, 2) : tg::randn({c.batch, c.k, c.n}, 4);
       const auto two = tg::matmul(a, b, precision).to_vector<float>();
       tg::set_num_threads(1);
       const auto one = tg::matmul(a, b, precision).to_vector<float>();
-      BOOST_TEST_CONTEXT("[" << c.batch << ", " << c.m << ", " << c.k << ", " << c.n << "]" << (c.transposed ? " b transposed" : "")
+      BOOST_TEST_CONTEXT("[" << c.batch_a << "/" << c.batch << ", " << c.m << ", " << c.k << ", " << c.n << "]"
+                             << (c.a_transposed ? " a transposed" : "") << (c.b_transposed ? " b transposed" : "")
                              << (precision == tg::MatmulPrecision::exact ? " float32" : " bfloat16")) {
         BOOST_TEST(one == two, boost::test_tools::per_element());
       }
+    }
+  // The raw gemm calls of the attention tiles, cut into bands of rows the same way.
+  const std::int64_t m = 1024, n = 384, k = 128;
+  const auto a = tg::randn({m, k}, 5).to_vector<float>(), b = tg::randn({k, n}, 6).to_vector<float>();
+  for (const bool ta : {false, true})
+    for (const bool tb : {false, true}) {
+      std::vector<float> one(static_cast<std::size_t>(m * n), 1.0f), two = one;
+      const std::int64_t lda = ta ? m : k, ldb = tb ? k : n;
+      Threads t(2);
+      tg::detail::gemm_f32(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 1.0f, two.data(), n);
+      tg::set_num_threads(1);
+      tg::detail::gemm_f32(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 1.0f, one.data(), n);
+      BOOST_TEST_CONTEXT("gemm_f32 trans_a " << ta << " trans_b " << tb) { BOOST_TEST(one == two, boost::test_tools::per_element()); }
     }
 }
 

@@ -31,6 +31,9 @@ void ThreadChoice::judge_team(const Arms& a, double now) noexcept {
   // A team's first run also starts its threads (and a product's first run touches fresh
   // memory): it alone does not say the machine is busy.
   if (a.runs[0] < 1 || a.runs[1] < 2) return;
+  // Work this short proves nothing about the machine: waking a sleeping worker alone (~0.1 ms)
+  // makes its team run slower than one thread.
+  if (a.last[0] < kJudgeFrom) return;
   // The latest runs, not the running means: a load that has just come must start the hold now.
   // Two such verdicts in a row (of any kinds) start a hold: one slow run of the team can be a
   // moment's noise on an idle machine, and a hold there would cost every kind its speed-up.

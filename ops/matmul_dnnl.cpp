@@ -351,16 +351,6 @@ std::uint64_t work_key(const Layout& a, const Layout& b, const Layout& c, bool b
   return key;
 }
 
-void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16);
-
-// Rows [lo, hi) of x's dim d, a view (x itself when x is broadcast along d).
-Tensor band(const Tensor& x, std::size_t d, std::int64_t full, std::int64_t lo, std::int64_t hi) {
-  if (x.shape()[d] != full) return x;
-  Shape shape = x.shape();
-  shape[d] = hi - lo;
-  return make_view(x, shape, x.strides(), x.offset() + lo * x.strides()[d], "matmul");
-}
-
 // How a product is cut for threads: along `dim` into `pieces`. The largest batch dim first, else
 // bands of at least kMinBandRows rows; a product with neither stays whole (pieces 1). oneDNN's
 // one-thread kernels give each row of a band the bits it has in the whole product, so a product
@@ -380,24 +370,67 @@ Split split_plan(const Shape& shape, int wanted) {
   return best;
 }
 
-// c = a b in `pieces` pieces along `dim` on tapegrad's workers, each piece on one thread (a band
-// of a's rows for M, of a's and b's batch entries for a batch dim). False when the pieces ran in
-// order on the calling thread instead.
-bool run_split(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16, Split split) {
+// One product on the calling thread: the primitive for these layouts (cached), run on these
+// buffers (bfloat16 bits for a and b under bf16, which the caller has checked oneDNN can do).
+void execute(const Layout& la, const Layout& lb, const Layout& lc, void* pa, void* pb, void* pc, bool bf16) {
+  const OmpThreads omp(1);
+  Entry& e = *primitive_for(la, lb, lc, bf16);
+  e.a.set_data_handle(pa);
+  e.b.set_data_handle(pb);
+  e.c.set_data_handle(pc);
+  // Through the C API: the C++ execute() builds an unordered_map of the three arguments per call.
+  const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, e.a.get()}, {DNNL_ARG_WEIGHTS, e.b.get()}, {DNNL_ARG_DST, e.c.get()}};
+  const dnnl_status_t status = dnnl_primitive_execute(e.primitive.get(), cpu_stream().get(), 3, args);
+  if (status != dnnl_success)
+    fail<ValueError>("matmul: oneDNN failed to run a product of shapes {} and {}, status {}", shape_str(Shape(la.dims.begin(), la.dims.end())),
+                     shape_str(Shape(lb.dims.begin(), lb.dims.end())), static_cast<int>(status));
+  cpu_stream().wait();
+}
+
+// Entries [lo, hi) of an operand's dim d, which the result has `full` of: the layout of that part
+// and where it starts (elements from the operand's start), or the whole operand when it is
+// broadcast along d. A batch dim left with one entry gets the stride describe() gives such dims.
+Layout part_of(const Layout& l, std::size_t d, std::int64_t full, std::int64_t lo, std::int64_t hi, std::int64_t& offset) {
+  Layout p = l;
+  offset = 0;
+  if (l.dims[d] != full) return p;
+  p.dims[d] = hi - lo;
+  offset = lo * l.strides[d];
+  const std::size_t r = p.dims.size();
+  std::int64_t span = std::max(p.strides[r - 2] * p.dims[r - 2], p.strides[r - 1] * p.dims[r - 1]);
+  for (std::size_t k = r - 2; k-- > 0;) {
+    if (p.dims[k] == 1) p.strides[k] = span;
+    span = std::max(span, p.strides[k] * p.dims[k]);
+  }
+  return p;
+}
+
+// c = a b in split.pieces pieces along split.dim on tapegrad's workers, each piece on one thread
+// (a band of a's and c's rows for M; of a's, b's and c's entries for a batch dim), on the
+// operands as the caller prepared them (bfloat16 copies rounded once, whole). False when the
+// pieces ran in order on the calling thread instead.
+bool execute_split(const Layout& la, const Layout& lb, const Layout& lc, void* pa, void* pb, void* pc, bool bf16, Split split) {
   struct Pieces {
-    const Tensor &a, &b, &c;
+    const Layout &la, &lb, &lc;
+    std::byte *pa, *pb, *pc;
+    std::size_t in_size;
     bool bf16;
-    std::size_t dim, r;
-    int count;
+    Split split;
     std::exception_ptr error;
     std::mutex error_mutex;
-  } pieces{a, b, c, bf16, split.dim, c.shape().size(), split.pieces, nullptr, {}};
+  } pieces{la, lb, lc, static_cast<std::byte*>(pa), static_cast<std::byte*>(pb), static_cast<std::byte*>(pc),
+           bf16 ? sizeof(std::uint16_t) : sizeof(float), bf16, split, nullptr, {}};
   const bool pooled = pool_run(split.pieces, split.pieces, [](void* p, int i) noexcept {
     auto& s = *static_cast<Pieces*>(p);
-    const std::int64_t full = s.c.shape()[s.dim], lo = full * i / s.count, hi = full * (i + 1) / s.count;
+    const std::size_t d = s.split.dim;
+    const std::int64_t full = s.lc.dims[d], lo = full * i / s.split.pieces, hi = full * (i + 1) / s.split.pieces;
+    const bool rows = d == s.lc.dims.size() - 2;
     try {
-      const Tensor pb = s.dim == s.r - 2 ? s.b : band(s.b, s.dim, full, lo, hi);
-      run(band(s.a, s.dim, full, lo, hi), pb, band(s.c, s.dim, full, lo, hi), s.bf16);
+      std::int64_t oa = 0, ob = 0, oc = 0;
+      const Layout a = part_of(s.la, d, full, lo, hi, oa), c = part_of(s.lc, d, full, lo, hi, oc);
+      const Layout b = rows ? s.lb : part_of(s.lb, d, full, lo, hi, ob);
+      const auto at = [&](std::byte* base, std::int64_t offset, std::size_t size) { return base + offset * static_cast<std::int64_t>(size); };
+      execute(a, b, c, at(s.pa, oa, s.in_size), at(s.pb, ob, s.in_size), at(s.pc, oc, sizeof(float)), s.bf16);
     } catch (...) {
       std::lock_guard lock(s.error_mutex);
       if (!s.error) s.error = std::current_exception();
@@ -413,17 +446,17 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   if (!describe(a, la)) return run(copy_of(a), b, c, bf16);
   if (!describe(b, lb)) return run(a, copy_of(b), c, bf16);
   describe(c, lc);
-  // Inside a piece (or any parallel body) this is 1: pieces are not split again.
+  // Inside a parallel body this is 1 piece.
   Split split = split_plan(c.shape(), dnnl_threads_for(static_cast<double>(c.numel()) * static_cast<double>(a.shape()[r - 1])));
   const int wanted = split.pieces;
   const std::uint64_t work = wanted > 1 ? work_key(la, lb, lc, bf16) : 0;
   const double start = wanted > 1 ? now_seconds() : 0.0;
-  if (wanted > 1 && (split.pieces = choose_threads(work, wanted, start)) > 1)
-    return record_threads(work, run_split(a, b, c, bf16, split) ? split.pieces : 1, start);
-  const OmpThreads omp(1);
+  if (wanted > 1) split.pieces = choose_threads(work, wanted, start);
   void* pa = mutable_data(a);  // oneDNN takes non-const handles; it only reads a and b
   void* pb = mutable_data(b);
   if (bf16) {
+    // Rounded once, whole (on every thread), whatever the pieces: a piece rounding its own band
+    // of a transposed operand went element by element, and each rounded all of the other operand.
     pa = bf16_copy<std::uint16_t>(a, la, 0);
     pb = bf16_copy<std::uint16_t>(b, lb, 1);
     if (!primitive_for(la, lb, lc, true)) {
@@ -452,17 +485,11 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
     if (!decided) decided = &fast.insert(key, contiguous || has_fast_kernel(la, lb, lc));
     if (!*decided && !contiguous) return run(a.is_contiguous() ? a : copy_of(a), b.is_contiguous() ? b : copy_of(b), c, false);
   }
-  Entry& e = *primitive_for(la, lb, lc, bf16);
-  e.a.set_data_handle(pa);
-  e.b.set_data_handle(pb);
-  e.c.set_data_handle(mutable_data(c));
-  // Through the C API: the C++ execute() builds an unordered_map of the three arguments per call.
-  const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, e.a.get()}, {DNNL_ARG_WEIGHTS, e.b.get()}, {DNNL_ARG_DST, e.c.get()}};
-  const dnnl_status_t status = dnnl_primitive_execute(e.primitive.get(), cpu_stream().get(), 3, args);
-  if (status != dnnl_success)
-    fail<ValueError>("matmul: oneDNN failed to run a product of shapes {} and {}, status {}", shape_str(a.shape()),
-                     shape_str(b.shape()), static_cast<int>(status));
-  cpu_stream().wait();
+  if (split.pieces > 1) {
+    const bool pooled = execute_split(la, lb, lc, pa, pb, mutable_data(c), bf16, split);
+    return record_threads(work, pooled ? split.pieces : 1, start);
+  }
+  execute(la, lb, lc, pa, pb, mutable_data(c), bf16);
   if (wanted > 1) record_threads(work, 1, start);
 }
 

@@ -1,7 +1,7 @@
 // Internal: whether parallel work runs on the team or on the calling thread, decided from what
 // each kind of work actually took lately rather than from its size alone.
 //
-// The size rules (parallel_for's grain, a product's 2^24 multiply-adds per thread) say when a
+// The size rules (parallel_for's grain, a product's 2^20 multiply-adds per thread) say when a
 // second thread pays on an idle machine. When another process holds a core, the same split can
 // cost more than the serial run: a task that a worker has taken waits for the scheduler to give
 // that worker its core back, and the workers' spinning takes time from the other process

@@ -55,13 +55,15 @@ dnnl::stream& cpu_stream() {
   return stream;
 }
 
-// Each thread a product uses must have this many multiply-adds (about 130 us of work at the
-// 250 GFLOP/s one core reaches here), so a second thread starts from 2^25. Below that, waking a
-// worker (~80 us when it sleeps) and joining it costs a fair part of what the split saves, and
-// when oneDNN split tiny products over OpenMP's team on a machine where other processes held
-// the cores, tapegrad_bench --only threads measured them 100-5,000 times slower on 2 threads
-// (README, "Threads"). Every product of train_sort's model stays on one thread.
-constexpr double kMacsPerThread = 1 << 24;
+// Each thread a product uses must have this many multiply-adds (about 8 us of work at the 250
+// GFLOP/s one core reaches here), so a second thread starts from 2^21. Handing a piece to an
+// awake worker costs a few microseconds; below this it is a fair part of what the split saves.
+// (With OpenMP's team the rule was 2^24: oneDNN split tiny products over it, and on a machine
+// where other processes held the cores tapegrad_bench --only threads measured them 100-5,000
+// times slower on 2 threads, README "Threads". With tapegrad's workers, 2^20 made train_sort's
+// 2-thread step 1.35x its 1-thread speed instead of 1.15x, and the small attention shape's
+// 0.59-0.69 ms instead of 0.76-0.92, on a machine that ran the large one at 55 ms.)
+constexpr double kMacsPerThread = 1 << 20;
 
 // A product's rows are cut into bands of at least this many rows (split_plan says why).
 constexpr std::int64_t kMinBandRows = 16;

@@ -61,8 +61,9 @@ dnnl::stream& cpu_stream() {
 // (With OpenMP's team the rule was 2^24: oneDNN split tiny products over it, and on a machine
 // where other processes held the cores tapegrad_bench --only threads measured them 100-5,000
 // times slower on 2 threads, README "Threads". With tapegrad's workers, 2^20 made train_sort's
-// 2-thread step 1.35x its 1-thread speed instead of 1.15x, and the small attention shape's
-// 0.59-0.69 ms instead of 0.76-0.92, on a machine that ran the large one at 55 ms.)
+// 2-thread step 1.47-1.57x its 1-thread speed instead of 1.29-1.31x, builds run in turn; the
+// small attention shape took 0.45-0.77 ms on 2 threads against 0.60-0.68, its products' thread
+// choices settling differently from run to run.)
 constexpr double kMacsPerThread = 1 << 20;
 
 // A product's rows are cut into bands of at least this many rows (split_plan says why).

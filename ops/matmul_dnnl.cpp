@@ -4,8 +4,8 @@
 // Recipe: 1. describe a, b and c by dims and strides (a transposed view is just other strides,
 // no copy); 2. build the primitive once per layout and keep it in a per-thread LRU cache; 3. wrap
 // the three buffers in dnnl::memory and execute. oneDNN always runs on one OpenMP thread here: a
-// product that its size repays on more threads is cut into that many pieces (a batch dim, or the
-// longer of M and N), which tapegrad's own workers run (autodiff/thread_pool.hpp says why).
+// product that its size repays on more threads is cut into that many pieces (a batch dim, or
+// bands of rows), which tapegrad's own workers run (autodiff/thread_pool.hpp says why).
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -316,7 +316,7 @@ dnnl_status_t on_chosen_threads(int kind, bool trans_a, bool trans_b, std::int64
   const OmpThreads omp(1);
   const auto by_size = dnnl_threads_for(static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
   const int wanted = static_cast<int>(std::min<std::int64_t>(by_size, m / kMinBandRows));
-  if (wanted == 1) return call(0, m, 0, n);  // no choice to make: no clock, no lock (tiles are called thousands of times)
+  if (wanted <= 1) return call(0, m, 0, n);  // no choice to make: no clock, no lock (tiles are called thousands of times)
   std::uint64_t key = mix_key(kKeySeed, static_cast<std::uint64_t>(kind));
   for (const std::int64_t v : {std::int64_t{trans_a}, std::int64_t{trans_b}, m, n, k, lda, ldb, ldc})
     key = mix_key(key, static_cast<std::uint64_t>(v));

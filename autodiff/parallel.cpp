@@ -21,10 +21,6 @@ namespace {
 
 std::atomic<int> g_threads{0};  // 0: not set
 
-// Bodies that parallel_for runs in order on the calling thread (ThreadChoice chose one thread):
-// work nested in them must run inline, as it does inside the team.
-thread_local int t_serial_depth = 0;
-
 struct Job {
   std::int64_t n;
   int chunks;
@@ -63,7 +59,7 @@ int max_threads() noexcept {
 void set_max_threads(int n) noexcept { g_threads.store(std::max(1, n), std::memory_order_relaxed); }
 
 // Also inside the caller's own OpenMP region: tapegrad then adds no threads of its own.
-bool in_parallel_body() noexcept { return t_serial_depth > 0 || in_pool_task() || omp_in_parallel(); }
+bool in_parallel_body() noexcept { return in_pool_task() || omp_in_parallel(); }
 
 int parallel_chunks(std::int64_t n, std::int64_t cost) noexcept {
   if (n <= 1 || in_parallel_body()) return 1;
@@ -90,19 +86,12 @@ void parallel_for(std::int64_t n, std::int64_t cost, const std::function<void(st
   const double start = now_seconds();
   const int threads = choose_threads(key, chunks, start);
   Job job{n, chunks, &body, nullptr, {}};
-  if (threads == 1) {
-    // The same chunks in order, so the result does not depend on the choice.
-    ++t_serial_depth;
-    for (int c = 0; c < chunks; ++c) job.run(c);
-    --t_serial_depth;
-    record_threads(key, 1, start);
-  } else {
-    // The chunks' own times, summed, are what one thread would have taken: the team's run
-    // measures both choices, and no trial on one thread is needed to leave a slow team. (When
-    // another thread's job held the workers, the chunks ran here in order: a one-thread run.)
-    if (pool_run(threads, chunks, run_chunk, &job)) record_threads(key, threads, start, job.busy.load(std::memory_order_relaxed));
-    else record_threads(key, 1, start);
-  }
+  // On one thread (the choice, or another thread's job holding the workers) the pool runs the
+  // same chunks in order, so the result does not depend on the choice. On the workers, the
+  // chunks' own times, summed, are what one thread would have taken: the run measures both
+  // choices, and no trial on one thread is needed to leave a slow team.
+  if (pool_run(threads, chunks, run_chunk, &job)) record_threads(key, threads, start, job.busy.load(std::memory_order_relaxed));
+  else record_threads(key, 1, start);
   if (job.error) std::rethrow_exception(job.error);
 }
 

@@ -4,9 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
-#include <system_error>
 #include <thread>
-#include <vector>
 
 extern "C" void omp_set_num_threads(int n);  // libgomp, which oneDNN runs on
 

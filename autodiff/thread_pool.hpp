@@ -31,9 +31,10 @@ inline constexpr double kSpinMicros = 250.0;
 // Runs task(data, i) for every i in [0, count), on the calling thread and on up to
 // min(threads, count) - 1 workers (started the first time they are needed), and returns when all
 // have finished. Tasks must not throw (a throw ends the program). While the calling thread runs
-// tasks, in_pool_task() is true for it as for the workers. When another thread is already
-// running a job, when called from a task, or for more than 256 tasks, the tasks run in order on
-// the calling thread, and pool_run returns false (true: the workers were offered the tasks).
+// tasks, in_pool_task() is true for it as for the workers. For one thread or one task, when
+// another thread is already running a job, when called from a task, or for more than 256 tasks,
+// the tasks run in order on the calling thread, and pool_run returns false (true: the workers
+// were offered the tasks).
 bool pool_run(int threads, int count, void (*task)(void*, int), void* data) noexcept;
 
 // Whether the calling thread is running a pool task (nested parallel work then stays on it).

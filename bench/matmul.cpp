@@ -1,6 +1,7 @@
 // Section "matmul": tapegrad::matmul against the raw oneDNN primitive on the same shape and
-// threads (the primitive timed just before tapegrad), plus a naive loop and bfloat16. Forward + backward (both operands'
-// gradients) does 3x the forward's flops; its reference is 3x the primitive's time.
+// threads (the primitive timed just before tapegrad), plus a naive loop and bfloat16. Forward +
+// backward (both operands' gradients) does 3x the forward's flops; its reference is 3x the
+// primitive's time.
 #include <tapegrad/tapegrad.hpp>
 
 #include "raw_dnnl.hpp"

@@ -75,6 +75,12 @@ void ThreadChoice::record(std::uint64_t key, int threads, double seconds, double
   a.trial = false;
   judge_team(a, now);
   decide(a, a.runs[a.current] == 0 || a.seconds[arm] < kSwitchMargin * a.seconds[a.current] ? arm : a.current);
+  // One thread tried and the team kept: the team's present pace is its pace now. Measured
+  // against a best run from calmer moments, every later run of it would look "slowed" and ask
+  // for a trial again, and each trial moves the work's data to one core and back (on the
+  // attention benchmark's small shape a kind flipped between the two on every call, each run
+  // 46 us on either instead of 25 on the team).
+  if (arm == 0 && a.current == 1) a.best_team = a.seconds[1];
 }
 
 void ThreadChoice::note(Arms& a, int arm, double seconds, bool trial_run) noexcept {

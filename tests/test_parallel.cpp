@@ -262,6 +262,16 @@ BOOST_AUTO_TEST_CASE(thread_choice_follows_the_machine_both_ways) {
   BOOST_TEST(!m.choice.holding(m.now));
 }
 
+BOOST_AUTO_TEST_CASE(thread_choice_a_confirmed_team_is_not_retried_at_every_call) {
+  Machine m;
+  m.calls(100, 1e-3, 1.8e-3);
+  // The team slows to 2x its best but stays faster than one thread (data moved between cores,
+  // some load): one trial of one thread confirms the team, which then keeps the work.
+  const int on_team = m.calls(1000, 2e-3, 3e-3);
+  BOOST_TEST(on_team >= 1000 - 2);
+  BOOST_TEST(!m.choice.holding(m.now));
+}
+
 BOOST_AUTO_TEST_CASE(thread_choice_busy_machine_holds_every_kind) {
   // 40 kinds of work interleaved on a busy machine: once one kind finds the team slow, new kinds
   // start on one thread and the team is tried about once per hold, not once per kind.

@@ -11,7 +11,8 @@
 //   have taken, so every team run weighs both choices.
 // - A product on the team is tried on one thread once, at its second call, and afterwards only
 //   when the team shows it has slowed (slower than one thread was, or kBusyRatio times its own
-//   best run): on a machine of many cores a trial on one thread costs many runs of the team.
+//   best run, or than its pace when the last trial confirmed it): on a machine of many cores a
+//   trial on one thread costs many runs of the team.
 // - Work that runs on one thread tries the team after 2, 8, 32, 128, 512, then every 1024 calls,
 //   and at once when one thread runs slower than the team last did.
 //
@@ -76,7 +77,7 @@ class ThreadChoice {
     double seconds[2] = {0.0, 0.0};  // running times: [0] one thread, [1] the team
     double last[2] = {0.0, 0.0};     // the latest run of each
     int runs[2] = {0, 0};            // runs recorded, counted up to 2 (all the rules ask)
-    double best_team = 0.0;          // the team's fastest run
+    double best_team = 0.0;          // the team's fastest run, or its pace when a trial confirmed it
     int current = 1;  // the size rule's choice first
     int interval = kFirstInterval;
     int countdown = kFirstInterval;

@@ -12,10 +12,11 @@ thread_local MatmulPrecision current_precision = MatmulPrecision::exact;
 
 // x with leading size-1 dims so it has `rank` dims (a view).
 Tensor with_rank(const Tensor& x, std::size_t rank) {
+  if (x.shape().size() == rank) return x;
   Shape shape = x.shape(), strides = x.strides();
   shape.insert(shape.begin(), rank - shape.size(), 1);
   strides.insert(strides.begin(), rank - strides.size(), 0);
-  return make_view(x, shape, strides, x.offset(), "matmul");
+  return make_view(x, std::move(shape), std::move(strides), x.offset(), "matmul");
 }
 
 // oneDNN sees a stride-0 batch dim as size 1 and broadcasts it against the other operand. That
@@ -29,11 +30,14 @@ Tensor fit_batch(const Tensor& x, const Tensor& other) {
 Tensor forward(const Tensor& a_in, const Tensor& b_in, MatmulPrecision precision) {
   const std::size_t rank = std::max(a_in.shape().size(), b_in.shape().size());
   Tensor a = with_rank(a_in, rank), b = with_rank(b_in, rank);
-  Shape batch_a(a.shape().begin(), a.shape().end() - 2), batch_b(b.shape().begin(), b.shape().end() - 2);
-  Shape shape = broadcast_args("matmul", "a (batch dims)", batch_a, "b (batch dims)", batch_b);
-  const std::int64_t m = a.shape()[rank - 2], k = a.shape()[rank - 1], n = b.shape()[rank - 1];
-  shape.push_back(m);
-  shape.push_back(n);
+  const std::int64_t k = a.shape()[rank - 1], n = b.shape()[rank - 1];
+  Shape shape = a.shape();
+  shape[rank - 1] = n;
+  if (!std::equal(a.shape().begin(), a.shape().end() - 2, b.shape().begin())) {
+    Shape batch_a(a.shape().begin(), a.shape().end() - 2), batch_b(b.shape().begin(), b.shape().end() - 2);
+    const Shape batch = broadcast_args("matmul", "a (batch dims)", batch_a, "b (batch dims)", batch_b);
+    std::copy(batch.begin(), batch.end(), shape.begin());
+  }
   // A new size: [2^32, 0] @ [0, 2^32] has no element, its result 2^64.
   if (check_shape("matmul", "result shape", shape, a.dtype()) == 0) return new_tensor(shape, a.dtype(), "matmul");
   if (k == 0) return zeros(shape, a.dtype());

@@ -57,13 +57,16 @@ void row_times_matrix(const float* a, std::int64_t ak, const float* b, std::int6
 void matmul_rows(const Tensor& a, const Tensor& b, const Tensor& c) {
   const std::size_t r = c.shape().size();
   const std::int64_t n = c.shape()[r - 1], k = a.shape()[r - 1];
-  const Shape batch(c.shape().begin(), c.shape().end() - 2);
-  auto batch_of = [](const Tensor& x) {
-    return make_view(x, Shape(x.shape().begin(), x.shape().end() - 2), Shape(x.strides().begin(), x.strides().end() - 2),
-                     x.offset(), "matmul");
-  };
-  const Dims8 sa = broadcast_strides(batch_of(a), batch), sb = broadcast_strides(batch_of(b), batch);
-  const Shape sc(c.strides().begin(), c.strides().end() - 2);
+  // The batch dims and their strides, a batch dim of size 1 broadcast (stride 0); on the stack,
+  // as this serves tiny products where the bookkeeping is most of the cost.
+  Dims8 batch, sa, sb, sc;
+  for (std::size_t d = 0; d + 2 < r; ++d) {
+    const std::int64_t size = c.shape()[d];
+    batch.push_back(size);
+    sa.push_back(a.shape()[d] == 1 && size != 1 ? 0 : a.strides()[d]);
+    sb.push_back(b.shape()[d] == 1 && size != 1 ? 0 : b.strides()[d]);
+    sc.push_back(c.strides()[d]);
+  }
   const std::int64_t m = c.shape()[r - 2], am = a.strides()[r - 2], cm = c.strides()[r - 2];
   const std::int64_t ak = a.strides()[r - 1], bk = b.strides()[r - 2], bn = b.strides()[r - 1];
   const float* base_a = static_cast<const float*>(a.raw_data());

@@ -91,8 +91,9 @@ Tensor reshape_as(const char* op, const Tensor& x, Shape shape) {
   check_defined(op, "x", x);
   shape = infer_shape(op, x, std::move(shape));
   if (shape == x.shape()) return x;
-  const auto strides = reshape_strides(x.shape(), x.strides(), shape);
-  Tensor out = strides ? view_of(op, x, shape, *strides, x.offset()) : view_of(op, copy_of(x), shape, contiguous_strides(shape), 0);
+  auto strides = reshape_strides(x.shape(), x.strides(), shape);
+  Tensor out = strides ? view_of(op, x, std::move(shape), std::move(*strides), x.offset())
+                       : view_of(op, copy_of(x), shape, contiguous_strides(shape), 0);
   // dx = g reshaped back
   record(op, {x}, out, {}, [xs = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {
     return Backward{reshape(g[0], xs)};
@@ -116,7 +117,7 @@ Tensor expand_as(const char* op, const Tensor& x, const Shape& shape) {
     if (i >= lead && have == want) strides[i] = x.strides()[i - lead];
   }
   if (out_shape == x.shape()) return x;
-  Tensor out = view_of(op, x, out_shape, strides, x.offset());
+  Tensor out = view_of(op, x, std::move(out_shape), std::move(strides), x.offset());
   // dx = g summed over the expanded dims
   record(op, {x}, out, {}, [xs = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {
     return Backward{sum_to(g[0], xs)};
@@ -135,9 +136,9 @@ Tensor permute(const Tensor& x, std::vector<std::int64_t> dims) {
   if (static_cast<std::int64_t>(dims.size()) != rank)
     fail<ShapeError>("permute: argument 'dims' {} must list each of the {} dims of shape {} once",
                      shape_str(dims), rank, shape_str(x.shape()));
-  std::vector<bool> seen(static_cast<std::size_t>(rank), false);
+  SmallVec<bool, 8> seen(static_cast<std::size_t>(rank), false);
   Shape shape(dims.size()), strides(dims.size());
-  std::vector<std::int64_t> inverse(dims.size());
+  Dims8 inverse(dims.size(), 0);  // inline: the backward's capture is then the one allocation
   for (std::size_t i = 0; i < dims.size(); ++i) {
     const auto d = static_cast<std::size_t>(wrap_dim("permute", "dims", dims[i], rank));
     if (seen[d]) fail<ShapeError>("permute: argument 'dims' {} repeats dim {} (input shape {})", shape_str(dims), d, shape_str(x.shape()));
@@ -146,10 +147,10 @@ Tensor permute(const Tensor& x, std::vector<std::int64_t> dims) {
     strides[i] = x.strides()[d];
     inverse[d] = static_cast<std::int64_t>(i);
   }
-  Tensor out = view_of("permute", x, shape, strides, x.offset());
+  Tensor out = view_of("permute", x, std::move(shape), std::move(strides), x.offset());
   // dx = g permuted by the inverse permutation
   record("permute", {x}, out, {}, [inverse](std::span<const Tensor> g, const std::vector<bool>&) {
-    return Backward{permute(g[0], inverse)};
+    return Backward{permute(g[0], std::vector<std::int64_t>(inverse.begin(), inverse.end()))};
   });
   return out;
 }
@@ -160,7 +161,7 @@ Tensor transpose(const Tensor& x, std::int64_t dim0, std::int64_t dim1) {
   std::iota(dims.begin(), dims.end(), 0);
   std::swap(dims[static_cast<std::size_t>(wrap_dim("transpose", "dim0", dim0, x.dim()))],
             dims[static_cast<std::size_t>(wrap_dim("transpose", "dim1", dim1, x.dim()))]);
-  return permute(x, dims);
+  return permute(x, std::move(dims));
 }
 
 Tensor slice(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_t end, std::int64_t step) {
@@ -175,7 +176,7 @@ Tensor slice(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_t
   shape[d] = end == start ? 0 : 1 + (end - start - 1) / step;  // no overflow for any step
   if (shape[d] > 1 && __builtin_mul_overflow(strides[d], step, &strides[d]))
     fail<ValueError>("slice: argument 'step' = {} is too large (input shape {})", step, shape_str(x.shape()));
-  Tensor out = view_of("slice", x, shape, strides, offset_at("slice", x, d, start));
+  Tensor out = view_of("slice", x, std::move(shape), std::move(strides), offset_at("slice", x, d, start));
   // dx = zeros with g written into the sliced region
   record("slice", {x}, out, {}, [xs = x.shape(), dim, start, end, step](std::span<const Tensor> g, const std::vector<bool>&) {
     return Backward{scatter_into_zeros(xs, g[0], [&](const Tensor& z) { return slice(z, dim, start, end, step); })};
@@ -203,7 +204,7 @@ Tensor select(const Tensor& x, std::int64_t dim, std::int64_t index) {
   Shape shape = x.shape(), strides = x.strides();
   shape.erase(shape.begin() + static_cast<std::ptrdiff_t>(d));
   strides.erase(strides.begin() + static_cast<std::ptrdiff_t>(d));
-  Tensor out = view_of("select", x, shape, strides, offset_at("select", x, d, index));
+  Tensor out = view_of("select", x, std::move(shape), std::move(strides), offset_at("select", x, d, index));
   // dx = zeros with g written into row `index`
   record("select", {x}, out, {}, [xs = x.shape(), dim, index](std::span<const Tensor> g, const std::vector<bool>&) {
     return Backward{scatter_into_zeros(xs, g[0], [&](const Tensor& z) { return select(z, dim, index); })};

@@ -166,8 +166,8 @@ Tensor randn(const Shape& shape, std::uint64_t seed, DType dtype = float32);
 Tensor rand(const Shape& shape, std::uint64_t seed, DType dtype = float32, double low = 0.0,
             double high = 1.0);
 
-// Freed buffers of 64 KiB and more are kept (up to 2 GiB in all) for reuse by later tensors of
-// a similar size; this returns them to the system.
+// Freed tensor buffers are kept (up to 2 GiB in all) for reuse by later tensors of a similar
+// size; this returns them to the system.
 void release_cached_memory();
 
 // Bytes held by tensor storage now, and the most held at once since the last

@@ -3,6 +3,8 @@
 // B are packed into contiguous row-major panels, then C += A[i, k] * B[k, :] runs over
 // contiguous rows (which the compiler vectorises), in k-blocks that keep B's rows in cache.
 #include <algorithm>
+#include <memory>
+#include <new>
 
 #include "ops/kernel.hpp"
 #include "ops/matmul_kernels.hpp"
@@ -11,6 +13,23 @@ namespace tapegrad::detail {
 namespace {
 
 constexpr std::int64_t kBlockK = 128;
+constexpr std::align_val_t kPanelAlign{64};
+struct Aligned {
+  void operator()(double* p) const noexcept { ::operator delete[](p, kPanelAlign); }
+};
+
+// This thread's packing panel `which` (0 for A, 1 for B), grown as needed and kept: 64-byte
+// aligned, as C's rows are, so that the gemm's vector loads never straddle two cache lines, and
+// reused, so that a large panel is not mapped and faulted in afresh at every call.
+double* panel(int which, std::int64_t n) {
+  thread_local std::unique_ptr<double[], Aligned> panels[2];
+  thread_local std::int64_t sizes[2] = {0, 0};
+  if (sizes[which] < n) {
+    panels[which].reset(new (kPanelAlign) double[static_cast<std::size_t>(n)]);
+    sizes[which] = n;
+  }
+  return panels[which].get();
+}
 
 // Copies the [rows, cols] matrix at p (strides rs, cs) into dst, row-major.
 void pack(const double* p, std::int64_t rows, std::int64_t cols, std::int64_t rs, std::int64_t cs, double* dst) {
@@ -45,16 +64,17 @@ void matmul_f64(const Tensor& a, const Tensor& b, const Tensor& c) {
   };
   const Dims8 sa = broadcast_strides(batch_of(a), batch), sb = broadcast_strides(batch_of(b), batch);
   const Shape sc(c.strides().begin(), c.strides().end() - 2);
-  std::vector<double> pa(static_cast<std::size_t>(m * k)), pb(static_cast<std::size_t>(k * n));
+  double* pa = panel(0, m * k);
+  double* pb = panel(1, k * n);
   const double* base_a = static_cast<const double*>(a.raw_data());
   const double* base_b = static_cast<const double*>(b.raw_data());
   double* base_c = static_cast<double*>(mutable_data(c));
   StridedLoop<3> loop(batch.data(), batch.size(), {sa.data(), sb.data(), sc.data()});
   loop.for_each_run([&](const auto& off, std::int64_t count, const auto& inner) {
     for (std::int64_t t = 0; t < count; ++t) {
-      pack(base_a + off[0] + t * inner[0], m, k, a.strides()[r - 2], a.strides()[r - 1], pa.data());
-      pack(base_b + off[1] + t * inner[1], k, n, b.strides()[r - 2], b.strides()[r - 1], pb.data());
-      gemm(pa.data(), pb.data(), base_c + off[2] + t * inner[2], m, k, n);
+      pack(base_a + off[0] + t * inner[0], m, k, a.strides()[r - 2], a.strides()[r - 1], pa);
+      pack(base_b + off[1] + t * inner[1], k, n, b.strides()[r - 2], b.strides()[r - 1], pb);
+      gemm(pa, pb, base_c + off[2] + t * inner[2], m, k, n);
     }
   });
 }

@@ -71,9 +71,16 @@ template <class T> bool all_finite(const Tensor& x) {
   return finite;
 }
 
-// x with its non-finite elements replaced by 0 (a fresh contiguous tensor).
+// x with its non-finite elements replaced by 0, a fresh tensor laid out as x when x is one dense
+// block (a transposed v, heads split from one projection), else contiguous. The product then
+// multiplies the same layout as it does x itself when x is finite, and takes the same loops:
+// which loops run, and so the order of the sums, follows the layout (a dot product per output
+// for a transposed operand, sums down the rows for a contiguous one), and a NaN at a masked key
+// must not change a bit of any output.
 template <class T> Tensor finite_part(const Tensor& x) {
-  Tensor out = new_tensor(x.shape(), x.dtype());
+  const bool dense = dense_in_some_order({x.shape().data(), x.shape().size()}, {x.strides().data(), x.strides().size()});
+  Tensor out = dense ? make_view(new_tensor({x.numel()}, x.dtype()), x.shape(), x.strides(), 0, "weighted_matmul")
+                     : new_tensor(x.shape(), x.dtype());
   map_into<T, T>(out, [](T v) { return non_finite(v) ? T(0) : v; }, x);
   return out;
 }

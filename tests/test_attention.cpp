@@ -456,6 +456,27 @@ BOOST_AUTO_TEST_CASE(broadcast_keys_and_strided_values) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(strided_values_with_few_queries_and_many_keys) {
+  // v transposed in memory, one to five queries, up to 20 keys, key 3 masked for all: the product
+  // by the weights must run the same loops on the finite copy as on v itself (one dot product
+  // per output for fewer than four rows, whose sums are ordered unlike a contiguous operand's).
+  for (const std::int64_t queries : {1, 2, 3, 5})
+    for (const std::int64_t keys : {9, 20})
+      for (auto [dtype, nw] : {std::pair{tg::float32, true}, {tg::float32, false}, {tg::float64, true}}) {
+        std::vector<bool> allowed(static_cast<std::size_t>(keys), true);
+        allowed[3] = false;
+        const Tensor mask = tg::from_bools(allowed, {keys});
+        const Tensor q = tg::randn({2, queries, 4}, 61, tg::float64).to(dtype), k = tg::randn({1, keys, 4}, 62, tg::float64).to(dtype);
+        const Tensor v = tg::randn({1, keys, 3}, 63, tg::float64).to(dtype);
+        const Tensor d_out = tg::randn({2, queries, 3}, 64, tg::float64).to(dtype), d_w = tg::randn({2, queries, keys}, 65, tg::float64).to(dtype);
+        auto transposed = [](const Tensor& x) { return tg::transpose(tg::contiguous(tg::transpose(x, 1, 2)), 1, 2); };
+        const SdpaRun zeroed = run_attention(q, k, transposed(with_rows(v, {3}, 0)), mask, d_out, d_w, nw);
+        for (double poison : kPoisons)
+          check_same(run_attention(q, with_rows(k, {3}, poison), transposed(with_rows(v, {3}, poison)), mask, d_out, d_w, nw), zeroed,
+                     fmt::format("Q {} K {} {} need_weights {} poison {}", queries, keys, dtype, nw, poison));
+      }
+}
+
 BOOST_AUTO_TEST_CASE(a_key_poisons_exactly_the_rows_that_attend_to_it) {
   // Causal, Q = K = 4: key 3 is masked for queries 0-2 and allowed for query 3. An infinite value
   // there leaves rows 0-2 exactly as with 0 and makes row 3 non-finite, as it should.

@@ -58,9 +58,12 @@ class BlockCache {
     {
       std::lock_guard lock(mutex_);
       if (idle_ + size <= kCacheLimit) {
-        free_[size].push_back(p);
-        idle_ += size;
-        return;
+        try {
+          free_[size].push_back(p);
+          idle_ += size;
+          return;
+        } catch (...) {  // no memory for the list itself: the block goes back to the system
+        }
       }
     }
     std::free(p);

@@ -18,10 +18,20 @@ struct Aligned {
   void operator()(double* p) const noexcept { ::operator delete[](p, kPanelAlign); }
 };
 
-// This thread's packing panel `which` (0 for A, 1 for B), grown as needed and kept: 64-byte
-// aligned, as C's rows are, so that the gemm's vector loads never straddle two cache lines, and
-// reused, so that a large panel is not mapped and faulted in afresh at every call.
-double* panel(int which, std::int64_t n) {
+// Panels of up to this many doubles (4 MiB) are kept per thread between calls.
+constexpr std::int64_t kKeptPanel = std::int64_t{1} << 19;
+
+// This thread's packing panel `which` (0 for A, 1 for B) of n doubles: 64-byte aligned, as C's
+// rows are, so that the gemm's vector loads never straddle two cache lines (from malloc their
+// alignment followed the heap's layout, and train_sort's float64 step took 85 or 109 ms depending
+// on where they fell). Kept and reused up to kKeptPanel, so that a panel is not mapped and
+// faulted in afresh at every call; a larger one lives in `once` for this call only. (Taken from
+// the tensor storage cache instead, the same step's median was 113 ms against 89.)
+double* panel(int which, std::int64_t n, std::unique_ptr<double[], Aligned>& once) {
+  if (n > kKeptPanel) {
+    once.reset(new (kPanelAlign) double[static_cast<std::size_t>(n)]);
+    return once.get();
+  }
   thread_local std::unique_ptr<double[], Aligned> panels[2];
   thread_local std::int64_t sizes[2] = {0, 0};
   if (sizes[which] < n) {
@@ -64,8 +74,9 @@ void matmul_f64(const Tensor& a, const Tensor& b, const Tensor& c) {
   };
   const Dims8 sa = broadcast_strides(batch_of(a), batch), sb = broadcast_strides(batch_of(b), batch);
   const Shape sc(c.strides().begin(), c.strides().end() - 2);
-  double* pa = panel(0, m * k);
-  double* pb = panel(1, k * n);
+  std::unique_ptr<double[], Aligned> once_a, once_b;
+  double* pa = panel(0, m * k, once_a);
+  double* pb = panel(1, k * n, once_b);
   const double* base_a = static_cast<const double*>(a.raw_data());
   const double* base_b = static_cast<const double*>(b.raw_data());
   double* base_c = static_cast<double*>(mutable_data(c));

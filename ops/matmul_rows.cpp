@@ -117,7 +117,8 @@ void matmul_rows(const Tensor& a, const Tensor& b, const Tensor& c) {
   // With b's columns contiguous (k^T) and several rows to multiply, b is first copied into
   // contiguous rows: the rows then take the vector loop above rather than one dot product (and
   // its horizontal sum) per output. One row (decoding) keeps the dot products: copying b would
-  // cost as much as the product.
+  // cost as much as the product. (So with such a b a row's last bits can differ between a
+  // product of one to three rows and one of four or more: the two sum in different orders.)
   const bool pack = bk == 1 && m >= kPackRows && k * n <= kPackMax;
   if (pack) packed.resize(static_cast<std::size_t>(k * n));
   StridedLoop<3> loop(batch.data(), batch.size(), {sa.data(), sb.data(), sc.data()});

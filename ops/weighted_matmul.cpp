@@ -8,7 +8,9 @@
 // The correction costs O(M) per non-finite element, on top of two O(size) passes over x.
 #include "ops/weighted_matmul.hpp"
 
+#include <algorithm>
 #include <bit>
+#include <limits>
 #include <cstdint>
 #include <type_traits>
 
@@ -71,16 +73,30 @@ template <class T> bool all_finite(const Tensor& x) {
   return finite;
 }
 
-// x with its non-finite elements replaced by 0, a fresh tensor laid out as x when x is one dense
-// block (a transposed v, heads split from one projection), else contiguous. The product then
-// multiplies the same layout as it does x itself when x is finite, and takes the same loops:
-// which loops run, and so the order of the sums, follows the layout (a dot product per output
-// for a transposed operand, sums down the rows for a contiguous one), and a NaN at a masked key
-// must not change a bit of any output.
+// x with its non-finite elements replaced by 0, in a fresh dense tensor whose dims lie in memory
+// in the order of x's (a transposed v stays transposed, a key cache sliced to its length keeps
+// the keys at stride 1). The product then takes the same loops on the copy as on x itself when
+// x is finite: which loops run, and so the order of the sums, follows the layout (a dot product
+// per output for an operand whose columns are contiguous, sums down the rows otherwise), and a
+// NaN at a masked key must not change a bit of any output.
 template <class T> Tensor finite_part(const Tensor& x) {
-  const bool dense = dense_in_some_order({x.shape().data(), x.shape().size()}, {x.strides().data(), x.strides().size()});
-  Tensor out = dense ? make_view(new_tensor({x.numel()}, x.dtype()), x.shape(), x.strides(), 0, "weighted_matmul")
-                     : new_tensor(x.shape(), x.dtype());
+  const std::size_t rank = x.shape().size();
+  Dims8 order(rank, 0);  // dims from the outermost in memory to the innermost
+  for (std::size_t d = 0; d < rank; ++d) order[d] = static_cast<std::int64_t>(d);
+  // A broadcast (stride-0) dim counts as outermost: in the copy it is a real dim.
+  const auto reach = [&](std::int64_t d) {
+    const std::int64_t s = x.strides()[static_cast<std::size_t>(d)];
+    return s == 0 ? std::numeric_limits<std::int64_t>::max() : s;
+  };
+  std::stable_sort(order.data(), order.data() + rank, [&](std::int64_t p, std::int64_t q) { return reach(p) > reach(q); });
+  Shape strides(rank);
+  std::int64_t step = 1;
+  for (std::size_t i = rank; i-- > 0;) {
+    const auto d = static_cast<std::size_t>(order[i]);
+    strides[d] = step;
+    step *= std::max<std::int64_t>(x.shape()[d], 1);
+  }
+  Tensor out = make_view(new_tensor({x.numel()}, x.dtype()), x.shape(), std::move(strides), 0, "weighted_matmul");
   map_into<T, T>(out, [](T v) { return non_finite(v) ? T(0) : v; }, x);
   return out;
 }

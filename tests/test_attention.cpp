@@ -457,11 +457,18 @@ BOOST_AUTO_TEST_CASE(broadcast_keys_and_strided_values) {
 }
 
 BOOST_AUTO_TEST_CASE(strided_values_with_few_queries_and_many_keys) {
-  // v transposed in memory, one to five queries, up to 20 keys, key 3 masked for all: the product
-  // by the weights must run the same loops on the finite copy as on v itself (one dot product
-  // per output for fewer than four rows, whose sums are ordered unlike a contiguous operand's).
+  // v with its keys at stride 1 (transposed in memory, or the first keys of a longer transposed
+  // cache), one to five queries, up to 20 keys, key 3 masked for all: the product by the weights
+  // must run the same loops on the finite copy as on v itself (one dot product per output for
+  // fewer than four rows, whose sums are ordered unlike a contiguous operand's).
+  const auto transposed = [](const Tensor& x) { return tg::transpose(tg::contiguous(tg::transpose(x, 1, 2)), 1, 2); };
+  const auto cache_prefix = [](const Tensor& x) {  // x's keys as the first of 40 in a [1, 3, 40] cache
+    const Tensor cache = tg::concat({tg::transpose(x, 1, 2), tg::zeros({1, x.shape()[2], 40 - x.shape()[1]}, x.dtype())}, 2);
+    return tg::slice(tg::transpose(cache, 1, 2), 1, 0, x.shape()[1]);
+  };
   for (const std::int64_t queries : {1, 2, 3, 5})
     for (const std::int64_t keys : {9, 20})
+      for (const bool sliced : {false, true})
       for (auto [dtype, nw] : {std::pair{tg::float32, true}, {tg::float32, false}, {tg::float64, true}}) {
         std::vector<bool> allowed(static_cast<std::size_t>(keys), true);
         allowed[3] = false;
@@ -469,11 +476,12 @@ BOOST_AUTO_TEST_CASE(strided_values_with_few_queries_and_many_keys) {
         const Tensor q = tg::randn({2, queries, 4}, 61, tg::float64).to(dtype), k = tg::randn({1, keys, 4}, 62, tg::float64).to(dtype);
         const Tensor v = tg::randn({1, keys, 3}, 63, tg::float64).to(dtype);
         const Tensor d_out = tg::randn({2, queries, 3}, 64, tg::float64).to(dtype), d_w = tg::randn({2, queries, keys}, 65, tg::float64).to(dtype);
-        auto transposed = [](const Tensor& x) { return tg::transpose(tg::contiguous(tg::transpose(x, 1, 2)), 1, 2); };
-        const SdpaRun zeroed = run_attention(q, k, transposed(with_rows(v, {3}, 0)), mask, d_out, d_w, nw);
+        const auto layout = [&](const Tensor& x) { return sliced ? cache_prefix(x) : transposed(x); };
+        BOOST_TEST_REQUIRE(layout(v).strides()[1] == 1);
+        const SdpaRun zeroed = run_attention(q, k, layout(with_rows(v, {3}, 0)), mask, d_out, d_w, nw);
         for (double poison : kPoisons)
-          check_same(run_attention(q, with_rows(k, {3}, poison), transposed(with_rows(v, {3}, poison)), mask, d_out, d_w, nw), zeroed,
-                     fmt::format("Q {} K {} {} need_weights {} poison {}", queries, keys, dtype, nw, poison));
+          check_same(run_attention(q, with_rows(k, {3}, poison), layout(with_rows(v, {3}, poison)), mask, d_out, d_w, nw), zeroed,
+                     fmt::format("Q {} K {} {} {} need_weights {} poison {}", queries, keys, sliced ? "sliced" : "transposed", dtype, nw, poison));
       }
 }
 

@@ -19,8 +19,8 @@ constexpr std::size_t kCacheLimit = std::size_t{2} << 30;    // at most 2 GiB ke
 // Every block (all but the few bytes a Storage holds inline) comes from the cache below, not
 // only the large ones whose fresh pages cost faults: glibc merges its lists of small free chunks
 // whenever a block of 1 KiB or more is asked for, so a step's few mid-sized tensors slowed the
-// hundreds of small allocations (shapes, nodes) around them. Caching the blocks of 256 B-64 KiB
-// too took a toy attention step from 28.4 to 22.8-24.6 us (one thread).
+// hundreds of small allocations (shapes, nodes) around them. Caching the blocks below 64 KiB
+// too took a toy attention step from 26.8 to 23.0 us (one thread).
 //
 // Sizes from kClassesFrom are rounded up to one of four classes per power of two (at most 25%
 // slack), so a block freed by one op fits the next op of a similar size; smaller ones to 64 bytes.

@@ -1,5 +1,7 @@
 // Tensor storage and the cache of freed blocks behind it.
+#include <array>
 #include <atomic>
+#include <bit>
 #include <cstdlib>
 #include <mutex>
 #include <new>
@@ -89,6 +91,62 @@ BlockCache& cache() {
   return *instance;
 }
 
+// Each thread keeps a few freed blocks of each size below 64 KiB for itself, in front of the
+// shared cache: with every block going through the shared cache's lock, two threads training
+// at once took 82 us a toy step each instead of 43. A block freed on another thread than the
+// one that took it joins the freeing thread's blocks; a thread's blocks go to the shared cache
+// when it exits.
+constexpr std::size_t kLocalBelow = std::size_t{64} << 10;
+constexpr int kLocalDepth = 8;
+// Classes below kLocalBelow: 64, 128, 192, then four per power of two from 256 to 32 Ki.
+constexpr int kLocalClasses = 3 + 4 * 8;
+
+// The class of a size that size_class() returned, below kLocalBelow.
+int local_class(std::size_t size) noexcept {
+  if (size < kClassesFrom) return static_cast<int>(size / kAlign) - 1;
+  const std::size_t p = std::bit_floor(size);
+  return 3 + 4 * (std::countr_zero(p) - std::countr_zero(kClassesFrom)) + static_cast<int>((size - p) / (p / 4));
+}
+
+// Set when this thread's blocks have been handed back (its exit): later frees on it go to the
+// shared cache. Trivially destructible, so it outlives every thread_local that holds a tensor.
+thread_local constinit bool t_local_gone = false;
+
+class LocalBlocks {
+ public:
+  LocalBlocks() = default;
+  LocalBlocks(const LocalBlocks&) = delete;
+  LocalBlocks& operator=(const LocalBlocks&) = delete;
+  ~LocalBlocks() {
+    t_local_gone = true;
+    release();
+  }
+  void* take(std::size_t size) noexcept {
+    Bin& b = bins_[static_cast<std::size_t>(local_class(size))];
+    return b.count > 0 ? b.blocks[--b.count] : nullptr;
+  }
+  bool give(void* p, std::size_t size) noexcept {
+    Bin& b = bins_[static_cast<std::size_t>(local_class(size))];
+    if (b.count == kLocalDepth) return false;
+    b.blocks[b.count++] = p;
+    return true;
+  }
+  void release() noexcept;  // to the shared cache
+
+ private:
+  struct Bin {
+    int count = 0;
+    void* blocks[kLocalDepth];
+  };
+  std::array<Bin, kLocalClasses> bins_{};
+};
+
+LocalBlocks* local_blocks() noexcept {
+  if (t_local_gone) return nullptr;
+  thread_local LocalBlocks blocks;
+  return &blocks;
+}
+
 // Storage bytes in use and their high-water mark (memory_stats()). Relaxed: they are statistics,
 // and a peak raced by two allocations still ends at the larger of the two sums it saw.
 std::atomic<std::int64_t> live_bytes{0}, peak_bytes{0};
@@ -102,13 +160,33 @@ void count_allocation(std::int64_t size) noexcept {
 
 }  // namespace
 
+void LocalBlocks::release() noexcept {
+  for (std::size_t c = 0; c < bins_.size(); ++c) {
+    Bin& b = bins_[c];
+    while (b.count > 0) {
+      void* p = b.blocks[--b.count];
+      // The class's size: local_class is one-to-one on the sizes size_class gives.
+      std::size_t size = 0;
+      if (c < 3) size = (c + 1) * kAlign;
+      else {
+        const std::size_t p2 = kClassesFrom << ((c - 3) / 4);
+        size = p2 + (c - 3) % 4 * (p2 / 4);
+      }
+      cache().give(p, size);
+    }
+  }
+}
+
 Storage::Storage(std::size_t n) : bytes(n) {
   if (n <= kInlineBytes) {
     data = inline_bytes;
     return;
   }
   const std::size_t size = size_class(n);
-  data = static_cast<std::byte*>(cache().take(size));
+  void* local = nullptr;
+  if (size < kLocalBelow)
+    if (LocalBlocks* l = local_blocks()) local = l->take(size);
+  data = static_cast<std::byte*>(local != nullptr ? local : cache().take(size));
   count_allocation(static_cast<std::int64_t>(size));
 }
 
@@ -116,12 +194,17 @@ Storage::~Storage() {
   if (data == inline_bytes) return;
   const std::size_t size = size_class(bytes);
   live_bytes.fetch_sub(static_cast<std::int64_t>(size), std::memory_order_relaxed);
+  if (size < kLocalBelow)
+    if (LocalBlocks* l = local_blocks(); l != nullptr && l->give(data, size)) return;
   cache().give(data, size);
 }
 
 }  // namespace detail
 
-void release_cached_memory() { detail::cache().release(); }
+void release_cached_memory() {
+  if (detail::LocalBlocks* l = detail::local_blocks()) l->release();
+  detail::cache().release();
+}
 
 MemoryStats memory_stats() noexcept {
   return {detail::live_bytes.load(std::memory_order_relaxed), detail::peak_bytes.load(std::memory_order_relaxed)};

@@ -1,10 +1,13 @@
 // Tensors: factories, layout and views, conversion, printing, argument checks.
 #define BOOST_TEST_MODULE tensor
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "support.hpp"
 
@@ -358,6 +361,36 @@ BOOST_AUTO_TEST_CASE(only_floating_leaves) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_CASE(storage_moves_between_threads) {
+  // Buffers of many sizes made on one thread and freed on another, threads that exit holding
+  // freed buffers of their own: every value stays intact, and the count of storage bytes comes
+  // back to where it was.
+  const std::int64_t before = tg::memory_stats().current_bytes;
+  std::vector<Tensor> made(96);
+  auto size_of = [](std::size_t i) { return static_cast<std::int64_t>(17 + 37 * i); };  // 68 B to 14 KiB
+  std::thread maker([&] {
+    for (std::size_t i = 0; i < made.size(); ++i) {
+      const Tensor scrap = tg::full({size_of(i)}, -1.0);  // freed here: a block this thread keeps
+      made[i] = tg::full({size_of(i)}, static_cast<double>(i));
+    }
+  });
+  maker.join();
+  std::thread freer([&] {
+    for (std::size_t i = 0; i < made.size(); ++i) {
+      const std::vector<float> v = made[i].to_vector<float>();
+      BOOST_TEST((std::count(v.begin(), v.end(), static_cast<float>(i)) == size_of(i)));
+    }
+    made.clear();  // freed on a thread that did not make them
+    for (std::size_t i = 0; i < 96; ++i) {  // reused, filled, checked
+      const Tensor t = tg::full({size_of(i)}, 2.0);
+      BOOST_TEST(tg::sum(t).item() == 2.0 * static_cast<double>(size_of(i)));
+    }
+  });
+  freer.join();
+  BOOST_TEST(tg::memory_stats().current_bytes == before);
+  tg::release_cached_memory();
+}
 
 BOOST_AUTO_TEST_CASE(memory_stats_track_storage_and_its_peak) {
   tg::reset_peak_memory();

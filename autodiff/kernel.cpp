@@ -11,6 +11,14 @@ Dims8 broadcast_strides(const Tensor& t, const Shape& shape) {
   return out;
 }
 
+Dims8 batch_strides(const Tensor& t, std::span<const std::int64_t> batch) {
+  Dims8 out(batch.size(), 0);
+  const std::size_t own = t.shape().size() - 2, lead = batch.size() - own;
+  for (std::size_t i = 0; i < own; ++i)
+    out[lead + i] = t.shape()[i] == 1 && batch[lead + i] != 1 ? 0 : t.strides()[i];
+  return out;
+}
+
 void copy_into(const Tensor& dst, const Tensor& src) {
   visit_any(dst.dtype(), [&]<class T>(Tag<T>) { map_into<T, T>(dst, [](T v) { return v; }, src); });
 }

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <limits>
 #include <cstdint>
+#include <span>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -78,6 +79,9 @@ template <class D, class S> D convert(S v) {
 // Strides of `t` read as if it had been broadcast to `shape` (0 on new and stretched dims).
 // The caller has checked that t broadcasts to shape.
 Dims8 broadcast_strides(const Tensor& t, const Shape& shape);
+// The strides of t's batch dims (all but its last two) read as broadcast to `batch` (0 on the
+// dims t lacks and on its size-1 dims), without making a view: products ask for them per call.
+Dims8 batch_strides(const Tensor& t, std::span<const std::int64_t> batch);
 
 template <std::size_t N>
 class StridedLoop {

@@ -24,6 +24,21 @@ Shape contiguous_strides(const Shape& shape) {
   return strides;
 }
 
+Shape dense_strides_like(const Shape& shape, const Shape& like) {
+  const std::size_t rank = shape.size();
+  std::vector<std::size_t> order(rank);  // dims from the outermost in memory to the innermost
+  for (std::size_t d = 0; d < rank; ++d) order[d] = d;
+  const auto reach = [&](std::size_t d) { return like[d] == 0 ? std::numeric_limits<std::int64_t>::max() : like[d]; };
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t p, std::size_t q) { return reach(p) > reach(q); });
+  Shape strides(rank);
+  std::int64_t step = 1;
+  for (std::size_t i = rank; i-- > 0;) {
+    strides[order[i]] = step;
+    step *= std::max<std::int64_t>(shape[order[i]], 1);
+  }
+  return strides;
+}
+
 std::int64_t check_shape(const char* op, const char* what, const Shape& shape, DType dtype) {
   for (auto s : shape)
     if (s < 0) fail<ShapeError>("{}: {} {} has a negative size", op, what, shape_str(shape));

@@ -59,6 +59,11 @@ std::int64_t check_shape(const char* op, const char* what, const Shape& shape, D
 // The element count of a shape that keeps the invariant (no check).
 std::int64_t shape_numel(const Shape& shape) noexcept;
 Shape contiguous_strides(const Shape& shape);
+// Dense strides for `shape` that lay its dims out in memory in the order of the strides `like`
+// (one per dim): the largest stride outermost, a stride of 0 (a broadcast dim) outermost of all,
+// ties in dim order. For a fresh tensor laid out as another one (a transposed operand stays
+// transposed).
+Shape dense_strides_like(const Shape& shape, const Shape& like);
 // A view of base's storage. `op` is named if `shape` breaks the invariant. A view with elements
 // must lie inside the storage: anything else is a tapegrad bug, reported as std::logic_error.
 Tensor make_view(const Tensor& base, Shape shape, Shape strides, std::int64_t offset, const char* op);

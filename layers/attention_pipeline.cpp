@@ -102,16 +102,8 @@ Tensor output_in_order_of(const Tensor& q, const Shape& batch, std::int64_t rows
   bool follow = q.dim() == static_cast<std::int64_t>(r) && q.strides()[r - 1] == 1;
   for (std::size_t d = 0; follow && d + 1 < r; ++d) follow = q.shape()[d] == shape[d] && q.strides()[d] > 0;
   if (!follow) return zeros(shape, DType::float32);
-  std::vector<std::size_t> order(r - 1);  // the leading dims and rows, outermost in memory first
-  for (std::size_t d = 0; d < order.size(); ++d) order[d] = d;
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return q.strides()[x] > q.strides()[y]; });
-  Shape strides(r, 1);
-  std::int64_t step = cols;
-  for (std::size_t i = order.size(); i-- > 0;) {
-    strides[order[i]] = step;
-    step *= shape[order[i]];
-  }
-  return make_view(zeros({shape_numel(shape)}, DType::float32), shape, strides, 0, "attention");
+  // q's last dim has stride 1 and the others positive strides: it stays innermost.
+  return make_view(zeros({shape_numel(shape)}, DType::float32), shape, dense_strides_like(shape, q.strides()), 0, "attention");
 }
 
 struct Blocks {

@@ -67,13 +67,8 @@ void gemm(const double* a, const double* b, double* c, std::int64_t m, std::int6
 void matmul_f64(const Tensor& a, const Tensor& b, const Tensor& c) {
   const std::size_t r = c.shape().size();
   const std::int64_t m = c.shape()[r - 2], n = c.shape()[r - 1], k = a.shape()[r - 1];
-  const Shape batch(c.shape().begin(), c.shape().end() - 2);
-  auto batch_of = [](const Tensor& x) {
-    return make_view(x, Shape(x.shape().begin(), x.shape().end() - 2), Shape(x.strides().begin(), x.strides().end() - 2),
-                     x.offset(), "matmul");
-  };
-  const Dims8 sa = broadcast_strides(batch_of(a), batch), sb = broadcast_strides(batch_of(b), batch);
-  const Shape sc(c.strides().begin(), c.strides().end() - 2);
+  const std::span<const std::int64_t> batch(c.shape().data(), r - 2);
+  const Dims8 sa = batch_strides(a, batch), sb = batch_strides(b, batch), sc = batch_strides(c, batch);
   std::unique_ptr<double[], Aligned> once_a, once_b;
   double* pa = panel(0, m * k, once_a);
   double* pb = panel(1, k * n, once_b);

@@ -98,22 +98,17 @@ void row_times_matrix(const float* a, std::int64_t ak, const float* b, std::int6
 void matmul_rows(const Tensor& a, const Tensor& b, const Tensor& c) {
   const std::size_t r = c.shape().size();
   const std::int64_t n = c.shape()[r - 1], k = a.shape()[r - 1];
-  // The batch dims and their strides, a batch dim of size 1 broadcast (stride 0); on the stack,
-  // as this serves tiny products where the bookkeeping is most of the cost.
-  Dims8 batch, sa, sb, sc;
-  for (std::size_t d = 0; d + 2 < r; ++d) {
-    const std::int64_t size = c.shape()[d];
-    batch.push_back(size);
-    sa.push_back(a.shape()[d] == 1 && size != 1 ? 0 : a.strides()[d]);
-    sb.push_back(b.shape()[d] == 1 && size != 1 ? 0 : b.strides()[d]);
-    sc.push_back(c.strides()[d]);
-  }
+  // The batch dims and their strides on the stack: this serves tiny products, where the
+  // bookkeeping is most of the cost.
+  const std::span<const std::int64_t> batch(c.shape().data(), r - 2);
+  const Dims8 sa = batch_strides(a, batch), sb = batch_strides(b, batch), sc = batch_strides(c, batch);
   const std::int64_t m = c.shape()[r - 2], am = a.strides()[r - 2], cm = c.strides()[r - 2];
   const std::int64_t ak = a.strides()[r - 1], bk = b.strides()[r - 2], bn = b.strides()[r - 1];
   const float* base_a = static_cast<const float*>(a.raw_data());
   const float* base_b = static_cast<const float*>(b.raw_data());
   float* base_c = static_cast<float*>(mutable_data(c));
-  std::vector<float> scratch, packed;
+  // This thread's buffers, kept between calls (tiny products come by the thousand).
+  thread_local std::vector<float> scratch, packed;
   // With b's columns contiguous (k^T) and several rows to multiply, b is first copied into
   // contiguous rows: the rows then take the vector loop above rather than one dot product (and
   // its horizontal sum) per output. One row (decoding) keeps the dot products: copying b would

@@ -8,9 +8,7 @@
 // The correction costs O(M) per non-finite element, on top of two O(size) passes over x.
 #include "ops/weighted_matmul.hpp"
 
-#include <algorithm>
 #include <bit>
-#include <limits>
 #include <cstdint>
 #include <type_traits>
 
@@ -80,31 +78,9 @@ template <class T> bool all_finite(const Tensor& x) {
 // per output for an operand whose columns are contiguous, sums down the rows otherwise), and a
 // NaN at a masked key must not change a bit of any output.
 template <class T> Tensor finite_part(const Tensor& x) {
-  const std::size_t rank = x.shape().size();
-  Dims8 order(rank, 0);  // dims from the outermost in memory to the innermost
-  for (std::size_t d = 0; d < rank; ++d) order[d] = static_cast<std::int64_t>(d);
-  // A broadcast (stride-0) dim counts as outermost: in the copy it is a real dim.
-  const auto reach = [&](std::int64_t d) {
-    const std::int64_t s = x.strides()[static_cast<std::size_t>(d)];
-    return s == 0 ? std::numeric_limits<std::int64_t>::max() : s;
-  };
-  std::stable_sort(order.data(), order.data() + rank, [&](std::int64_t p, std::int64_t q) { return reach(p) > reach(q); });
-  Shape strides(rank);
-  std::int64_t step = 1;
-  for (std::size_t i = rank; i-- > 0;) {
-    const auto d = static_cast<std::size_t>(order[i]);
-    strides[d] = step;
-    step *= std::max<std::int64_t>(x.shape()[d], 1);
-  }
-  Tensor out = make_view(new_tensor({x.numel()}, x.dtype()), x.shape(), std::move(strides), 0, "weighted_matmul");
+  Tensor out = make_view(new_tensor({x.numel()}, x.dtype()), x.shape(), dense_strides_like(x.shape(), x.strides()), 0, "weighted_matmul");
   map_into<T, T>(out, [](T v) { return non_finite(v) ? T(0) : v; }, x);
   return out;
-}
-
-// The batch strides of t ([..., rows, cols]) read as if broadcast to `batch`.
-Dims8 batch_strides(const Tensor& t, const Shape& batch) {
-  const Shape shape(t.shape().begin(), t.shape().end() - 2), strides(t.strides().begin(), t.strides().end() - 2);
-  return broadcast_strides(make_view(t, shape, strides, t.offset(), "attention"), batch);
 }
 
 // c[i, n] += w[i, k] x[k, n] for every non-finite x[k, n] and every i with w[i, k] != 0.
@@ -113,9 +89,8 @@ template <class T> void add_non_finite(const Tensor& w, const Tensor& x, const T
   const std::int64_t m = c.shape()[rc - 2], n = c.shape()[rc - 1], k = w.shape()[rw - 1];
   const std::int64_t wi = w.strides()[rw - 2], wk = w.strides()[rw - 1], xk = x.strides()[rx - 2], xn = x.strides()[rx - 1],
                      ci = c.strides()[rc - 2], cn = c.strides()[rc - 1];
-  const Shape batch(c.shape().begin(), c.shape().end() - 2);
-  const Dims8 sw = batch_strides(w, batch), sx = batch_strides(x, batch);
-  const Shape sc(c.strides().begin(), c.strides().end() - 2);
+  const std::span<const std::int64_t> batch(c.shape().data(), rc - 2);
+  const Dims8 sw = batch_strides(w, batch), sx = batch_strides(x, batch), sc = batch_strides(c, batch);
   const T* base_w = static_cast<const T*>(w.raw_data());
   const T* base_x = static_cast<const T*>(x.raw_data());
   T* base_c = static_cast<T*>(mutable_data(c));

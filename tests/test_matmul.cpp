@@ -42,6 +42,11 @@ std::vector<Case> cases() {
       // One row per matrix: the plain loops of ops/matmul_rows.cpp, both of their forms.
       {"one row, batched, b transposed", {3, 1, 20}, {3, 20, 7}, false, true},
       {"one row, broadcast batch", {2, 1, 1, 9}, {4, 9, 33}},
+      // Several rows in the plain loops: 16 columns, then 8, then 3 one by one; b transposed is
+      // first copied into rows, a transposed is read with its stride.
+      {"rows, plain loops", {6, 9}, {9, 27}},
+      {"rows, plain loops, b transposed", {6, 9}, {9, 27}, false, true},
+      {"rows, plain loops, a transposed", {6, 9}, {9, 27}, true, false},
   };
 }
 

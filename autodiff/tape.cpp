@@ -40,6 +40,7 @@ namespace {
 std::atomic<std::uint64_t> next_sequence{1};
 thread_local bool grad_enabled = true;
 thread_local int backward_depth = 0;  // > 0 while a backward pass runs on this thread
+thread_local const OmitSavedForTesting* omit_saved = nullptr;
 
 const std::shared_ptr<Tape>& this_tape() {
   thread_local const std::shared_ptr<Tape> tape = std::make_shared<Tape>();
@@ -123,6 +124,7 @@ void check_saved_versions(const char* name, const std::vector<SavedVersion>& sav
   for (const SavedVersion& s : saved) {
     const auto storage = s.storage.lock();
     if (!storage) continue;  // the backward does not hold it, so it cannot read it
+    if (omit_saved != nullptr && omit_saved->omits(name, s.position, storage.get())) continue;
     const std::uint64_t now = storage->version.load(std::memory_order_relaxed);
     if (now != s.version)
       fail<GraphError>(
@@ -175,6 +177,15 @@ Node::~Node() {
   }
   active_graveyard = nullptr;
 }
+
+OmitSavedForTesting::OmitSavedForTesting(std::string op, std::size_t index)
+    : op_(std::move(op)), index_(index), previous_(omit_saved) {
+  omit_saved = this;
+}
+OmitSavedForTesting::OmitSavedForTesting(const Tensor& storage_of) : storage_(storage_of.impl()->storage.get()), previous_(omit_saved) {
+  omit_saved = this;
+}
+OmitSavedForTesting::~OmitSavedForTesting() { omit_saved = previous_; }
 
 Node* live_node(const TensorImpl& impl) noexcept {
   Node* n = impl.grad_fn.get();
@@ -272,10 +283,12 @@ bool record_op(const char* name, std::span<const Tensor> inputs, std::span<Tenso
   node->outputs.reserve(outputs.size());
   for (const auto& out : outputs) node->outputs.push_back({out.shape(), out.dtype()});
   node->saved.reserve(saved.size());
-  for (const auto& s : saved) {
+  for (std::size_t k = 0; k < saved.size(); ++k) {
+    const Tensor& s = saved[k];
     if (!s.defined()) continue;
     detail::SavedVersion v{s.impl()->storage, s.impl()->storage->version.load(std::memory_order_relaxed)};
     v.kind = detail::describe(s, inputs, outputs, v.index);
+    v.position = static_cast<std::uint32_t>(k);
     node->saved.push_back(std::move(v));
   }
   node->backward = std::make_shared<const BackwardFn>(std::move(backward));

@@ -194,7 +194,7 @@ AttentionResult attention_bf16(const AttentionArgs& a, const Shape& scores_shape
               }
               return grads;
             },
-            /*saved=*/std::vector<Tensor>{a.q, a.k, a.v, weights});
+            masks.saved_with({a.q, a.k, a.v, weights}, /*ends_only=*/true));
   return {outputs[0], outputs[1]};
 }
 
@@ -251,7 +251,7 @@ AttentionResult attention_core(const AttentionArgs& a) {
               if (needs[1]) grads[1] = scaled(sum_to(weighted_matmul(transpose(dS, -1, -2), q), k.shape()));
               return grads;
             },
-            /*saved=*/std::vector<Tensor>{a.q, a.k, a.v, weights});
+            masks.saved_with({a.q, a.k, a.v, weights}, /*ends_only=*/true));
   return {outputs[0], outputs[1]};
 }
 

@@ -510,7 +510,7 @@ Tensor flash_attention(const AttentionArgs& a, const Shape& scores_shape) {
   const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias};
   if (!should_record(inputs)) return output;
   std::vector<Tensor> outputs{output};
-  std::vector<Tensor> saved{a.q, a.k, a.v, output};
+  std::vector<Tensor> saved = sv.masks.saved_with({a.q, a.k, a.v, output});
   if (a.bias.defined()) saved.push_back(a.bias);
   sv.out = output.detach();
   record_op(a.op, inputs, outputs,

@@ -36,6 +36,12 @@ RowMasks::RowMasks(const char* op, const AttentionMask& m, const Shape& scores_s
   empty_ = m.empty();
 }
 
+std::vector<Tensor> RowMasks::saved_with(std::vector<Tensor> saved, bool ends_only) const {
+  for (const Tensor* t : {&queries_, &keys_, &allowed_})
+    if (t->defined() && (t == &queries_ || !ends_only)) saved.push_back(*t);
+  return saved;
+}
+
 RowMask RowMasks::row(std::int64_t r) const noexcept {
   const std::int64_t i = q_ > 0 ? r % q_ : 0;
   const std::int64_t b = rows_per_batch_ * q_ > 0 ? r / (rows_per_batch_ * q_) : 0;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "autodiff/kernel.hpp"
 
@@ -45,6 +46,11 @@ class RowMasks {
   // r numbers the rows of the scores in row-major order over [..., Q].
   RowMask row(std::int64_t r) const noexcept;
   bool empty() const noexcept { return empty_; }
+  // `saved` and the bool tensors that a node's backward reads through row(): all of them for a
+  // backward that makes the weights again from the masks (the fused paths), or with ends_only
+  // only what a row's end depends on (the query mask), for one that reads the weights and asks
+  // the masks only how far each row goes. A write into one of them before backward is refused.
+  std::vector<Tensor> saved_with(std::vector<Tensor> saved, bool ends_only = false) const;
 
  private:
   Shape shape_;            // the scores' shape

@@ -230,9 +230,12 @@ AttentionResult attention_pipelined(const AttentionArgs& a, const Shape& scores_
   if (!should_record(inputs)) return {output, weights};
   std::vector<Tensor> outputs{output};
   if (keep) outputs.push_back(weights);
-  std::vector<Tensor> saved{a.q, a.k, a.v};
+  // The weights path reads A, the fused one makes it again from the masks and the bias; O is
+  // read for Δ = rowsum(dO O) unless dbias is asked for (Δ then comes from P dA).
+  std::vector<Tensor> saved = masks.saved_with({a.q, a.k, a.v}, /*ends_only=*/keep);
+  const bool bias_grad = a.bias.defined() && a.bias.requires_grad();
   if (keep) saved.push_back(weights);
-  if (!keep) saved.push_back(outputs[0]);
+  if (!keep && !bias_grad) saved.push_back(outputs[0]);
   if (!keep && a.bias.defined()) saved.push_back(a.bias);
   record_op(a.op, inputs, outputs,
             [q, k, v, bias = keep ? Tensor() : a.bias, q_shape = a.q.shape(), k_shape = a.k.shape(), v_shape = a.v.shape(),

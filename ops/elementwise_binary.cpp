@@ -40,22 +40,26 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 
 Tensor mul(const Tensor& a, const Tensor& b) {
   Tensor out = binary_forward("mul", a, b, [](auto x, auto y) { return x * y; });
-  // da = g b, db = g a
-  record("mul", {a, b}, out, {a, b}, [a, b](std::span<const Tensor> g, const std::vector<bool>& needs) {
-    return std::vector<Tensor>{maybe(needs[0], [&] { return sum_to(mul(g[0], b), a.shape()); }),
-                               maybe(needs[1], [&] { return sum_to(mul(g[0], a), b.shape()); })};
-  });
+  // da = g b, db = g a: each operand is kept only when the other one needs its gradient
+  const Tensor keep_a = b.requires_grad() ? a : Tensor(), keep_b = a.requires_grad() ? b : Tensor();
+  record("mul", {a, b}, out, {keep_a, keep_b},
+         [keep_a, keep_b, sa = a.shape(), sb = b.shape()](std::span<const Tensor> g, const std::vector<bool>& needs) {
+           return std::vector<Tensor>{maybe(needs[0], [&] { return sum_to(mul(g[0], keep_b), sa); }),
+                                      maybe(needs[1], [&] { return sum_to(mul(g[0], keep_a), sb); })};
+         });
   return out;
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
   Tensor out = binary_forward("div", a, b, [](auto x, auto y) { return x / y; });
-  // da = g / b, db = -g a / b^2 = -(g / b) * out
-  record("div", {a, b}, out, {b, out}, [sa = a.shape(), b, out = out.detach()](std::span<const Tensor> g, const std::vector<bool>& needs) {
-    Tensor g_over_b = div(g[0], b);
-    return std::vector<Tensor>{maybe(needs[0], [&] { return sum_to(g_over_b, sa); }),
-                               maybe(needs[1], [&] { return sum_to(neg(mul(g_over_b, out)), b.shape()); })};
-  });
+  // da = g / b, db = -g a / b^2 = -(g / b) * out: out is kept only when b needs its gradient
+  const Tensor keep_out = b.requires_grad() ? out.detach() : Tensor();
+  record("div", {a, b}, out, {b, b.requires_grad() ? out : Tensor()},
+         [sa = a.shape(), b, keep_out](std::span<const Tensor> g, const std::vector<bool>& needs) {
+           Tensor g_over_b = div(g[0], b);
+           return std::vector<Tensor>{maybe(needs[0], [&] { return sum_to(g_over_b, sa); }),
+                                      maybe(needs[1], [&] { return sum_to(neg(mul(g_over_b, keep_out)), b.shape()); })};
+         });
   return out;
 }
 

@@ -52,10 +52,12 @@ struct Pow {
   static constexpr std::int64_t cost = 16;
   double p;
   template <class T> T f(T x) const { return std::pow(x, convert<T>(p)); }
-  // p x^(p-1); exactly 0 for p = 0, where x^(-1) at x = 0 would turn 0 * inf into NaN.
+  // p x^(p-1); exactly 0 for p = 0, where x^(-1) at x = 0 would turn 0 * inf into NaN (so
+  // then x is not read, nor kept).
   template <class T> T df(T x, T) const {
     return p == 0.0 ? T(0) : convert<T>(p) * std::pow(x, convert<T>(p - 1.0));
   }
+  bool reads_x() const { return p != 0.0; }
 };
 struct Tanh {
   static constexpr const char* name = "tanh";
@@ -111,6 +113,12 @@ Tensor gelu_f32(const Tensor& x) {
   return y;
 }
 
+// Whether op's derivative reads x (an op may say so per instance, as pow does).
+template <class Op> bool reads_x(const Op& op) {
+  if constexpr (requires { op.reads_x(); }) return Op::uses_x && op.reads_x();
+  else return Op::uses_x;
+}
+
 template <class Op> Tensor unary(const Tensor& x, Op op = {}) {
   check_floating(Op::name, "x", x);
   Tensor y = new_tensor(x.shape(), x.dtype(), Op::name);
@@ -118,8 +126,9 @@ template <class Op> Tensor unary(const Tensor& x, Op op = {}) {
     map_into_cost<T, T>(Op::cost, y, [&](T v) { return op.template f<T>(v); }, x);
   });
   // dx = g * df(x, y)
-  record(Op::name, {x}, y, {Op::uses_x ? x : Tensor(), Op::uses_y ? y : Tensor()},
-         [op, xs = Op::uses_x ? x : Tensor(), ys = Op::uses_y ? y.detach() : Tensor()](
+  const Tensor xs = reads_x(op) ? x : Tensor();
+  record(Op::name, {x}, y, {xs, Op::uses_y ? y : Tensor()},
+         [op, xs, ys = Op::uses_y ? y.detach() : Tensor()](
              std::span<const Tensor> g, const std::vector<bool>&) {
            Tensor dx = new_tensor(g[0].shape(), g[0].dtype(), Op::name);
            // Only the operands the derivative reads are streamed through the loop.
@@ -127,7 +136,8 @@ template <class Op> Tensor unary(const Tensor& x, Op op = {}) {
              if constexpr (Op::uses_x && Op::uses_y)
                map_into_cost<T, T, T, T>(Op::cost, dx, [&](T gv, T xv, T yv) { return gv * op.template df<T>(xv, yv); }, g[0], xs, ys);
              else if constexpr (Op::uses_x)
-               map_into_cost<T, T, T>(Op::cost, dx, [&](T gv, T xv) { return gv * op.template df<T>(xv, T(0)); }, g[0], xs);
+               if (xs.defined()) map_into_cost<T, T, T>(Op::cost, dx, [&](T gv, T xv) { return gv * op.template df<T>(xv, T(0)); }, g[0], xs);
+               else map_into<T, T>(dx, [&](T gv) { return gv * op.template df<T>(T(0), T(0)); }, g[0]);
              else if constexpr (Op::uses_y)
                map_into_cost<T, T, T>(1, dx, [&](T gv, T yv) { return gv * op.template df<T>(T(0), yv); }, g[0], ys);
              else

@@ -17,6 +17,18 @@ using Ins = std::vector<Tensor>;
 using Outs = std::vector<Tensor>;
 using Refs = std::vector<Ref>;
 
+namespace {
+thread_local ArgCollector* collector = nullptr;
+}  // namespace
+
+ArgCollector::ArgCollector() : previous_(collector) { collector = this; }
+ArgCollector::~ArgCollector() { collector = previous_; }
+
+Tensor arg(Tensor t) {
+  if (collector != nullptr) collector->args.push_back(t);
+  return t;
+}
+
 bool pattern_value(std::int64_t flat) { return (flat * 7) % 3 != 0; }
 
 Tensor pattern_mask(const Shape& shape) {
@@ -24,7 +36,7 @@ Tensor pattern_mask(const Shape& shape) {
   for (auto s : shape) n *= s;
   std::vector<bool> v;
   for (std::int64_t i = 0; i < n; ++i) v.push_back(pattern_value(i));
-  return tg::from_bools(v, shape);
+  return arg(tg::from_bools(v, shape));
 }
 
 std::int64_t pattern_id(std::int64_t flat, std::int64_t n) { return (flat * 5 + 2) % n; }
@@ -34,7 +46,7 @@ Tensor pattern_ids(const Shape& shape, std::int64_t n) {
   for (auto s : shape) count *= s;
   std::vector<std::int64_t> v;
   for (std::int64_t i = 0; i < count; ++i) v.push_back(pattern_id(i, n));
-  return tg::from_vector(std::span<const std::int64_t>(v), shape);
+  return arg(tg::from_vector(std::span<const std::int64_t>(v), shape));
 }
 
 namespace {
@@ -554,7 +566,7 @@ std::vector<OpInfo> build() {
     // attention(), the fused path (need_weights = false), clean and poisoned.
     info.op = [](const Ins& in) {
       const std::int64_t q = in[0].size(-2), k = in[1].size(-2);
-      const Tensor mask = tg::logical_and(tg::causal_mask(q, k, 1), pattern_mask({k}));
+      const Tensor mask = arg(tg::logical_and(tg::causal_mask(q, k, 1), pattern_mask({k})));
       auto [out, w] = tg::scaled_dot_product_attention(in[0], in[1], in[2], mask);
       const auto masked_key = [](std::int64_t j) { return !pattern_value(j); };
       const auto empty_row = [k](std::int64_t i) {
@@ -641,20 +653,20 @@ std::vector<OpInfo> build() {
     info.samples = {{{2, 3, 4}, {2, 5, 3}, {4, 4}, {3, 4}, {3, 6}, {6, 2}}, {{1, 1, 2}, {1, 2, 2}, {2, 2}, {2, 2}, {2, 2}, {2, 3}}};
     auto masks = [](const Ins& in) {
       const std::int64_t b = in[0].size(0), q = in[0].size(1), k = in[1].size(1);
-      return tg::MhaMasks{.key_mask = pattern_mask({b, k}), .query_mask = tg::logical_not(pattern_mask({b, q}))};
+      return tg::MhaMasks{.key_mask = pattern_mask({b, k}), .query_mask = arg(tg::logical_not(pattern_mask({b, q})))};
     };
     // Outputs 2 and 3 run again with NaN in the masked queries' rows and -inf in the padding
     // keys' context rows: they must equal outputs 0 and 1, gradients included. Outputs 4 and 5 are
     // the fused path (need_weights = false), clean and poisoned.
     info.op = [masks](const Ins& in) {
       const tg::MhaMasks m = masks(in);
-      auto [out, attn] = tg::multihead_attention({in[0], in[1]}, {in[2], in[3], in[4], in[5]}, m, 2, true, 0);
+      auto [out, attn] = tg::multihead_attention({in[0], in[1]}, {in[2], in[3], in[4], in[5]}, m, 2, true, 2);
       const Tensor query = tg::where(tg::unsqueeze(tg::logical_not(m.query_mask), -1), tg::scalar(std::nan(""), in[0].dtype()), in[0]);
       const Tensor context = tg::where(tg::unsqueeze(tg::logical_not(m.key_mask), -1),
                                        tg::scalar(-std::numeric_limits<double>::infinity(), in[1].dtype()), in[1]);
-      auto [out_p, attn_p] = tg::multihead_attention({query, context}, {in[2], in[3], in[4], in[5]}, m, 2, true, 0);
-      const Tensor fused = tg::multihead_attention({in[0], in[1]}, {in[2], in[3], in[4], in[5]}, m, 2, true, 0, false).output;
-      const Tensor fused_p = tg::multihead_attention({query, context}, {in[2], in[3], in[4], in[5]}, m, 2, true, 0, false).output;
+      auto [out_p, attn_p] = tg::multihead_attention({query, context}, {in[2], in[3], in[4], in[5]}, m, 2, true, 2);
+      const Tensor fused = tg::multihead_attention({in[0], in[1]}, {in[2], in[3], in[4], in[5]}, m, 2, true, 2, false).output;
+      const Tensor fused_p = tg::multihead_attention({query, context}, {in[2], in[3], in[4], in[5]}, m, 2, true, 2, false).output;
       return Outs{out, attn, out_p, attn_p, fused, fused_p};
     };
     info.reference = [](const Refs& in) {
@@ -671,7 +683,7 @@ std::vector<OpInfo> build() {
         for (std::int64_t i = 0; i < Q; ++i) {
           bool active = false;
           for (std::int64_t h = 0; h < H; ++h) {
-            auto allowed = [&](std::int64_t j) { return pattern_value(b * K + j) && !pattern_value(b * Q + i) && j <= i; };
+            auto allowed = [&](std::int64_t j) { return pattern_value(b * K + j) && !pattern_value(b * Q + i) && j <= i + 2; };
             std::vector<double> s(static_cast<std::size_t>(K), 0.0);
             double m = -1e300, z = 0;
             for (std::int64_t j = 0; j < K; ++j) {
@@ -715,7 +727,9 @@ std::vector<OpInfo> build() {
     info.samples = {{{2, 4, 6}}, {{1, 1, 6}}};
     auto layer = [](tg::DType dtype) { return tg::MultiHeadAttention({.query_dim = 6, .heads = 3, .head_dim = 2, .value_head_dim = 1, .out_dim = 5, .dtype = dtype, .seed = 7}); };
     info.op = [layer](const Ins& in) {
-      auto [out, attn] = layer(in[0].dtype()).forward(in[0], {.causal = true, .need_weights = true});
+      tg::MultiHeadAttention l = layer(in[0].dtype());
+      for (const Tensor& p : l.parameters()) arg(p);
+      auto [out, attn] = l.forward(in[0], {.causal = true, .need_weights = true});
       return Outs{out, attn};
     };
     info.reference = [layer](const Refs& in) {
@@ -1065,7 +1079,7 @@ std::vector<OpInfo> build() {
       return tg::from_vector(std::span<const std::int64_t>(v), rows);
     };
     info.op = [targets, smoothing, ignore](const Ins& in) {
-      const Tensor t = targets(in[0].shape());
+      const Tensor t = arg(targets(in[0].shape()));
       Outs outs;
       for (auto reduction : {tg::Reduction::mean, tg::Reduction::sum, tg::Reduction::none})
         outs.push_back(tg::cross_entropy(in[0], t, {.ignore_index = ignore, .label_smoothing = smoothing, .reduction = reduction}));

@@ -43,6 +43,22 @@ const std::vector<OpInfo>& op_table();
 std::vector<std::string> op_names();
 const OpInfo& find_op(const std::string& name);
 
+// A tensor argument that an entry's op makes itself (a mask, ids, targets, a layer's parameters)
+// goes through arg(): while an ArgCollector lives on the thread, it collects them, so that the
+// write-after-record test writes into them too. pattern_mask and pattern_ids call it themselves.
+tapegrad::Tensor arg(tapegrad::Tensor t);
+class ArgCollector {
+ public:
+  ArgCollector();
+  ~ArgCollector();
+  ArgCollector(const ArgCollector&) = delete;
+  ArgCollector& operator=(const ArgCollector&) = delete;
+  std::vector<tapegrad::Tensor> args;
+
+ private:
+  ArgCollector* previous_;
+};
+
 // A deterministic bool pattern for ops that take a condition or mask.
 tapegrad::Tensor pattern_mask(const tapegrad::Shape& shape);
 bool pattern_value(std::int64_t flat);

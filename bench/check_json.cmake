@@ -2,7 +2,7 @@
 # main.cpp describes: its top-level keys, the facts, and for every table its fields, a row
 # holding every column key, and a time cell's four keys with a positive median.
 #   cmake -DBENCH=path/to/tapegrad_bench -DOUT=file.json -P check_json.cmake
-set(sections system overhead softmax fused decode)
+set(sections system overhead softmax fused decode checkpoint)
 list(JOIN sections "," only)
 file(REMOVE ${OUT})  # a document left by an earlier run must not pass for this one's
 execute_process(COMMAND ${BENCH} --quick --threads 1 --only ${only} --json ${OUT} RESULT_VARIABLE rc OUTPUT_QUIET)
@@ -32,7 +32,7 @@ list(LENGTH sections want_count)
 if(NOT ran_count EQUAL want_count)
   message(FATAL_ERROR "run.sections has ${ran_count} entries, ${want_count} expected")
 endif()
-set(tables references overhead softmax fused decode generate)
+set(tables references overhead softmax fused decode generate checkpoint)
 foreach(table ${tables})
   foreach(field section title notes)
     get(value tables ${table} ${field})

@@ -19,7 +19,7 @@
 // _gflops (GFLOP/s), _mib, _percent; _fraction and _ratio are plain ratios (a _memory ending: of
 // the memory copy's bandwidth, bench::memory_copy). Table ids: references,
 // matmul, overhead, kernels, softmax, attention, fused, bf16, bf16_error, decode, generate,
-// threads, threads_busy, train.
+// threads, threads_busy, train, checkpoint.
 #include <algorithm>
 #include <fstream>
 
@@ -40,7 +40,7 @@ constexpr Section kSections[] = {
     {"system", bench::section_system},   {"matmul", bench::section_matmul},     {"overhead", bench::section_overhead},
     {"kernels", bench::section_kernels}, {"softmax", bench::section_softmax},   {"attention", bench::section_attention},
     {"fused", bench::section_fused},     {"bf16", bench::section_bf16},         {"decode", bench::section_decode},
-    {"threads", bench::section_threads}, {"train", bench::section_train},
+    {"threads", bench::section_threads}, {"train", bench::section_train},       {"checkpoint", bench::section_checkpoint},
 };
 
 }  // namespace
@@ -61,7 +61,10 @@ int main(int argc, char** argv) {
   app.add_flag("--quick", options.quick, "small sizes and few runs: checks that the benchmark runs");
   // The fused section's child process (resident memory of one call in a fresh process).
   app.add_option("--rss-peak", rss_peak)->expected(4)->group("");
+  std::string checkpoint_rss;  // the checkpoint section's child process
+  app.add_option("--checkpoint-rss", checkpoint_rss)->group("");
   CLI11_PARSE(app, argc, argv);
+  if (!checkpoint_rss.empty()) return bench::checkpoint_rss_child(checkpoint_rss);
   if (!rss_peak.empty())
     return bench::fused_rss_child(rss_peak[0], rss_peak[1] != 0, rss_peak[2] != 0, static_cast<int>(rss_peak[3]));
   if (options.threads.empty()) options.threads = {tapegrad::num_threads()};

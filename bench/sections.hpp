@@ -3,6 +3,7 @@
 // run, in alternating rounds (measure()).
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "report.hpp"
@@ -38,9 +39,13 @@ void section_decode(Report& report, const Options& options);
 void section_threads(Report& report, const Options& options);
 // A training step of train_sort's model: tokens per second and where the time goes.
 void section_train(Report& report, const Options& options);
+// Saving and loading checkpoints of 1k to 100k tensors: time per tensor and resident memory.
+void section_checkpoint(Report& report, const Options& options);
 
 // The fused section's child process: prints the resident MiB one call adds at its peak.
 int fused_rss_child(long long len, bool need_weights, bool backward, int threads);
+// The checkpoint section's child process: prints the resident bytes one load of `path` adds at its peak.
+int checkpoint_rss_child(const std::string& path);
 
 // A copy of `count` floats split over tapegrad's threads like its own loops: the bandwidth that
 // memory-bound kernels are held to. CopyLoop copy(n); copy() runs one copy.

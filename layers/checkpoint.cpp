@@ -1,7 +1,8 @@
 // Safetensors checkpoints (see checkpoint.hpp for the format and the guarantees).
 //
-// nlohmann-json parses the header (and escapes strings when writing it); it is private to this
-// file, so no public header and no consumer of the installed library sees it. The reader never
+// nlohmann-json reads the header (safetensors_header.cpp) and escapes strings when writing it;
+// it is private to these files, so no public header and no consumer of the installed library
+// sees it. The reader never
 // trusts a number from the file before checking it against the file's real size, so a corrupt or
 // hostile file costs at most its own size in memory and ends in a FormatError.
 #include "tapegrad/layers/checkpoint.hpp"
@@ -30,6 +31,7 @@
 
 #include "autodiff/check.hpp"
 #include "autodiff/tensor_impl.hpp"
+#include "layers/safetensors_header.hpp"
 #include "tapegrad/autodiff/tape.hpp"
 #include "tapegrad/ops/inplace.hpp"
 #include "tapegrad/ops/view.hpp"
@@ -41,83 +43,17 @@ static_assert(std::endian::native == std::endian::little, "safetensors I/O assum
 namespace tapegrad {
 namespace {
 using detail::fail;
+using detail::printable;
 using detail::shape_str;
+using detail::valid_utf8;
 namespace fs = std::filesystem;
 
 constexpr std::uint64_t kLengthBytes = 8;
 // The reference implementation refuses larger headers (to bound JSON parsing); refusing them too
 // means every file this reader accepts is readable there as well.
 constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
-// A valid header nests three deep: {name: {"shape": [dim]}}. Anything deeper is refused while
-// parsing, before a hostile file can build a deep document.
-constexpr int kMaxDepth = 3;
-
-struct DTypeCode {
-  std::string_view code;
-  DType dtype;
-};
-constexpr std::array<DTypeCode, 4> kCodes{{{"F32", float32}, {"F64", float64}, {"BOOL", bool_}, {"I64", int64}}};
-
-std::string_view code_of(DType d) {
-  for (const auto& c : kCodes)
-    if (c.dtype == d) return c.code;
-  return "?";
-}
-
-std::optional<DType> dtype_of_code(std::string_view code) {
-  for (const auto& c : kCodes)
-    if (c.code == code) return c.dtype;
-  return std::nullopt;
-}
-
-// Strict UTF-8 (RFC 3629): no overlong forms, no surrogates, nothing above U+10FFFF. JSON text must
-// be UTF-8, and checking here gives a message naming the tensor instead of the JSON printer's.
-bool valid_utf8(std::string_view s) {
-  std::size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    std::size_t len = 0;
-    std::uint32_t cp = 0, min = 0;
-    if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F, min = 0x80;
-    else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F, min = 0x800;
-    else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07, min = 0x10000;
-    else return false;
-    if (s.size() - i < len) return false;
-    for (std::size_t k = 1; k < len; ++k) {
-      const auto cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += len;
-  }
-  return true;
-}
-
-// A name or a piece of a file as it can appear in a message: control bytes (and every byte of a
-// string that is not UTF-8) escaped as \xNN, long strings cut, so a hostile file cannot put
-// terminal escapes or megabytes into an exception message.
-std::string printable(std::string_view s) {
-  constexpr std::size_t kMax = 160;
-  const bool utf8 = valid_utf8(s);
-  std::string out;
-  for (std::size_t i = 0; i < s.size() && out.size() < kMax; ++i) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x20 || c == 0x7F || (c >= 0x80 && !utf8)) out += fmt::format("\\x{:02x}", c);
-    else out += static_cast<char>(c);
-  }
-  if (out.size() >= kMax) {
-    // Do not end in the middle of a UTF-8 sequence.
-    while (!out.empty() && (static_cast<unsigned char>(out.back()) & 0xC0) == 0x80) out.pop_back();
-    if (!out.empty() && static_cast<unsigned char>(out.back()) >= 0xC0) out.pop_back();
-    out += "...";
-  }
-  return out;
-}
+// Reads of the data section gather small tensors into pieces of this size.
+constexpr std::uint64_t kReadPiece = std::uint64_t{1} << 20;
 
 std::string errno_text(int err) { return std::generic_category().message(err); }
 
@@ -310,7 +246,7 @@ void save_impl(const char* fn, const fs::path& path, const std::vector<NamedTens
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i].tensor;
     header += fmt::format("{}{}:{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
-                          header.size() > 1 ? "," : "", json_string(tensors[i].name), code_of(t.dtype()),
+                          header.size() > 1 ? "," : "", json_string(tensors[i].name), detail::safetensors_code(t.dtype()),
                           fmt::join(t.shape(), ","), begin[i], begin[i] + byte_size(i));
   }
   header += "}";
@@ -334,13 +270,6 @@ void save_impl(const char* fn, const fs::path& path, const std::vector<NamedTens
 }
 
 // ---- Reading ---------------------------------------------------------------------------------
-
-struct TensorSpec {
-  std::string name;
-  DType dtype = float32;
-  Shape shape;
-  std::uint64_t begin = 0, end = 0;
-};
 
 class Reader {
  public:
@@ -375,28 +304,50 @@ class Reader {
     // ignore whatever follows it.
     if (const auto nul = text.find('\0'); nul != std::string::npos)
       format_fail("the header holds a NUL byte at header offset {}, which JSON does not allow", nul);
-    std::vector<std::string> order;
-    const nlohmann::json header = parse(text, order);
-    SafetensorsFile file;
-    std::vector<TensorSpec> specs;
-    for (const std::string& name : order) {
-      const nlohmann::json& entry = header.find(name).value();
-      if (name == "__metadata__") file.metadata = parse_metadata(entry);
-      else specs.push_back(parse_entry(name, entry));
-    }
-    check_coverage(specs);
+    detail::SafetensorsHeader header;
+    if (const std::string problem = detail::read_safetensors_header(text, data_size_, header); !problem.empty())
+      format_fail("{}", problem);
+    text = std::string();  // the header's text is not needed any more: free it before the data comes
 
-    for (const TensorSpec& s : specs) {
-      Tensor t = empty(s.shape, s.dtype);
-      const std::uint64_t bytes = s.end - s.begin;
-      if (bytes > 0) read_at(data_start_ + s.begin, detail::mutable_data(t), bytes);
-      if (s.dtype == bool_) check_bools(s, static_cast<const unsigned char*>(t.raw_data()), bytes);
-      file.tensors.push_back({s.name, std::move(t)});
-    }
+    SafetensorsFile file;
+    file.metadata = std::move(header.metadata);
+    file.tensors.reserve(header.tensors.size());
+    for (detail::TensorSpec& s : header.tensors) file.tensors.push_back({std::move(s.name), empty(s.shape, s.dtype)});
+    read_data(header.tensors, file.tensors);
     return file;
   }
 
  private:
+  // The tensors' bytes, in the order they lie in the file (the header checked that they cover it
+  // exactly once): tensors of kReadPiece bytes or more read straight into their storage, runs of
+  // smaller ones a piece at a time through one buffer, so that many small tensors cost a few
+  // large reads rather than one system call each.
+  void read_data(const std::vector<detail::TensorSpec>& specs, std::vector<NamedTensor>& tensors) const {
+    std::vector<std::size_t> order(specs.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return specs[a].begin < specs[b].begin; });
+    std::vector<char> piece;
+    for (std::size_t i = 0; i < order.size();) {
+      const detail::TensorSpec& first = specs[order[i]];
+      if (first.end - first.begin >= kReadPiece) {
+        read_at(data_start_ + first.begin, detail::mutable_data(tensors[order[i]].tensor), first.end - first.begin);
+        check_bools(tensors[order[i]]);
+        ++i;
+        continue;
+      }
+      std::size_t j = i;
+      while (j < order.size() && specs[order[j]].end - first.begin <= kReadPiece) ++j;
+      piece.resize(static_cast<std::size_t>(specs[order[j - 1]].end - first.begin));
+      read_at(data_start_ + first.begin, piece.data(), piece.size());
+      for (; i < j; ++i) {
+        const detail::TensorSpec& s = specs[order[i]];
+        if (s.end == s.begin) continue;
+        std::memcpy(detail::mutable_data(tensors[order[i]].tensor), piece.data() + (s.begin - first.begin), s.end - s.begin);
+        check_bools(tensors[order[i]]);
+      }
+    }
+  }
+
   template <class... Args> [[noreturn]] void format_fail(fmt::format_string<Args...> f, Args&&... args) const {
     fail<FormatError>("{}: '{}' is not a valid safetensors file: {}", fn_, path_,
                       fmt::format(f, std::forward<Args>(args)...));
@@ -431,151 +382,12 @@ class Reader {
     }
   }
 
-  // JSON with two checks nlohmann does not make: a key may appear only once in an object (the
-  // format forbids duplicates, and keeping either copy silently would load the wrong tensor), and
-  // nesting stops at kMaxDepth. The top-level keys are recorded in file order, which the map-based
-  // document (chosen for O(log n) lookups with many tensors) does not keep.
-  nlohmann::json parse(const std::string& text, std::vector<std::string>& order) const {
-    std::vector<std::set<std::string>> open_objects;
-    using Event = nlohmann::json::parse_event_t;
-    auto on_event = [&](int depth, Event event, nlohmann::json& parsed) {
-      if (event == Event::object_start || event == Event::array_start) {
-        if (depth >= kMaxDepth)
-          format_fail("the header nests {}s deeper than the format's {} levels",
-                      event == Event::object_start ? "object" : "array", kMaxDepth);
-        if (event == Event::object_start) open_objects.emplace_back();
-      } else if (event == Event::object_end) {
-        open_objects.pop_back();
-      } else if (event == Event::key) {
-        const auto& key = parsed.get_ref<const std::string&>();
-        if (!open_objects.back().insert(key).second) {
-          if (depth == 1) format_fail("the header names tensor '{}' twice", printable(key));
-          format_fail("key '{}' appears twice in the entry '{}'", printable(key),
-                      order.empty() ? std::string() : printable(order.back()));
-        }
-        if (depth == 1) order.push_back(key);
-      }
-      return true;
-    };
-    try {
-      nlohmann::json header = nlohmann::json::parse(text.begin(), text.end(), on_event);
-      if (!header.is_object())
-        format_fail("the header must be a JSON object, found {} '{}'", header.type_name(), printable(header.dump()));
-      return header;
-    } catch (const nlohmann::json::exception& e) {
-      format_fail("the header is not valid JSON: {}", printable(e.what()));
-    }
-  }
-
-  std::map<std::string, std::string> parse_metadata(const nlohmann::json& entry) const {
-    if (!entry.is_object())
-      format_fail("'__metadata__' must be an object of strings, found {} '{}'", entry.type_name(),
-                  printable(entry.dump()));
-    std::map<std::string, std::string> out;
-    for (const auto& [key, value] : entry.items()) {
-      if (!value.is_string())
-        format_fail("'__metadata__' values must be strings; key '{}' holds {} '{}'", printable(key), value.type_name(),
-                    printable(value.dump()));
-      out.emplace(key, value.get<std::string>());
-    }
-    return out;
-  }
-
-  // A non-negative integer that fits in int64 (the JSON number must be written as an integer).
-  std::uint64_t index_value(const std::string& name, const char* what, const nlohmann::json& v) const {
-    if (!v.is_number_unsigned() || v.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))
-      format_fail("tensor '{}': {} must hold non-negative integers, found '{}'", printable(name), what,
-                  printable(v.dump()));
-    return v.get<std::uint64_t>();
-  }
-
-  TensorSpec parse_entry(const std::string& name, const nlohmann::json& entry) const {
-    const std::string shown = printable(name);
-    if (name.empty()) format_fail("a tensor has an empty name, which tapegrad cannot save or use as a parameter");
-    if (!entry.is_object())
-      format_fail("tensor '{}': its entry must be an object with dtype, shape and data_offsets, found {} '{}'", shown,
-                  entry.type_name(), printable(entry.dump()));
-    for (const auto& [key, value] : entry.items())
-      if (key != "dtype" && key != "shape" && key != "data_offsets")
-        format_fail("tensor '{}': unexpected key '{}' (an entry holds dtype, shape and data_offsets)", shown,
-                    printable(key));
-    for (const char* key : {"dtype", "shape", "data_offsets"})
-      if (!entry.contains(key)) format_fail("tensor '{}': its entry has no '{}'", shown, key);
-
-    TensorSpec s;
-    s.name = name;
-    const auto& dtype = entry.at("dtype");
-    if (!dtype.is_string())
-      format_fail("tensor '{}': dtype must be a string, found {} '{}'", shown, dtype.type_name(), printable(dtype.dump()));
-    const auto code = dtype.get<std::string>();
-    const auto d = dtype_of_code(code);
-    if (!d)
-      format_fail("tensor '{}' has dtype '{}', which tapegrad does not hold (it reads F32, F64, BOOL and I64); convert "
-                  "it before saving",
-                  shown, printable(code));
-    s.dtype = *d;
-
-    const auto& shape = entry.at("shape");
-    if (!shape.is_array())
-      format_fail("tensor '{}': shape must be an array, found {} '{}'", shown, shape.type_name(), printable(shape.dump()));
-    for (const auto& dim : shape) s.shape.push_back(static_cast<std::int64_t>(index_value(name, "shape", dim)));
-
-    const auto& offsets = entry.at("data_offsets");
-    if (!offsets.is_array() || offsets.size() != 2)
-      format_fail("tensor '{}': data_offsets must be an array [begin, end], found '{}'", shown,
-                  printable(offsets.dump()));
-    s.begin = index_value(name, "data_offsets", offsets[0]);
-    s.end = index_value(name, "data_offsets", offsets[1]);
-    if (s.begin > s.end) format_fail("tensor '{}': data_offsets [{}, {}] end before they begin", shown, s.begin, s.end);
-    if (s.end > data_size_)
-      format_fail("tensor '{}': data_offsets [{}, {}] run past the end of the data, which has {} bytes after the "
-                  "header (truncated?)",
-                  shown, s.begin, s.end, data_size_);
-
-    // The same overflow rule as the tensor factories (every partial product must fit), so empty()
-    // below cannot refuse a shape accepted here.
-    std::int64_t numel = 1, bytes = 0;
-    bool overflow = false;
-    for (std::int64_t dim : s.shape) overflow = overflow || __builtin_mul_overflow(numel, dim, &numel);
-    if (overflow || __builtin_mul_overflow(numel, static_cast<std::int64_t>(itemsize(s.dtype)), &bytes))
-      format_fail("tensor '{}': shape {} has more elements than can be addressed", shown, shape_str(s.shape));
-    if (static_cast<std::uint64_t>(bytes) != s.end - s.begin)
-      format_fail("tensor '{}': shape {} of {} needs {} bytes, but data_offsets [{}, {}] hold {}", shown,
-                  shape_str(s.shape), code, bytes, s.begin, s.end, s.end - s.begin);
-    return s;
-  }
-
-  // The data must be covered exactly once: no gaps (the format forbids bytes that belong to no
-  // tensor, which would let a file be two formats at once) and no overlaps.
-  void check_coverage(const std::vector<TensorSpec>& specs) const {
-    std::vector<const TensorSpec*> sorted;
-    for (const auto& s : specs) sorted.push_back(&s);
-    std::sort(sorted.begin(), sorted.end(), [](const TensorSpec* a, const TensorSpec* b) {
-      return std::pair(a->begin, a->end) < std::pair(b->begin, b->end);
-    });
-    std::uint64_t covered = 0;
-    const TensorSpec* previous = nullptr;
-    for (const TensorSpec* s : sorted) {
-      if (s->begin < covered)
-        format_fail("tensor '{}' (bytes [{}, {})) overlaps tensor '{}' (bytes [{}, {}))", printable(s->name), s->begin,
-                    s->end, printable(previous->name), previous->begin, previous->end);
-      if (s->begin > covered)
-        format_fail("data bytes [{}, {}), before tensor '{}', belong to no tensor", covered, s->begin,
-                    printable(s->name));
-      covered = s->end;
-      previous = s;
-    }
-    if (covered != data_size_)
-      format_fail("data bytes [{}, {}){} belong to no tensor", covered, data_size_,
-                  previous ? fmt::format(", after tensor '{}',", printable(previous->name)) : std::string());
-  }
-
   // A bool byte other than 0 or 1 is not a value a C++ bool may hold.
-  void check_bools(const TensorSpec& s, const unsigned char* p, std::uint64_t n) const {
-    for (std::uint64_t i = 0; i < n; ++i)
-      if (p[i] > 1)
-        format_fail("tensor '{}' (BOOL) holds byte {} at element {}; booleans must be 0 or 1", printable(s.name), p[i],
-                    i);
+  void check_bools(const NamedTensor& t) const {
+    if (t.tensor.dtype() != bool_) return;
+    const auto* p = static_cast<const unsigned char*>(t.tensor.raw_data());
+    for (std::int64_t i = 0; i < t.tensor.numel(); ++i)
+      if (p[i] > 1) format_fail("tensor '{}' (BOOL) holds byte {} at element {}; booleans must be 0 or 1", printable(t.name), p[i], i);
   }
 
   const char* fn_;
@@ -632,7 +444,7 @@ std::map<std::string, std::string> load(Module& module, const fs::path& path) {
       const Tensor& t = *it->second;
       if (t.dtype() != p.dtype())
         problems.push_back(fmt::format("'{}': dtype {} in the module, {} ({}) in the file", name, p.dtype(), t.dtype(),
-                                       code_of(t.dtype())));
+                                       detail::safetensors_code(t.dtype())));
       if (t.shape() != p.shape())
         problems.push_back(fmt::format("'{}': shape {} in the module, {} in the file", name, shape_str(p.shape()),
                                        shape_str(t.shape())));

@@ -1,0 +1,47 @@
+// Internal: the JSON header of a safetensors file, read and checked in one pass (checkpoint.cpp
+// reads the rest of the file).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tapegrad/autodiff/tensor.hpp"
+
+namespace tapegrad::detail {
+
+// A name or a piece of a file as it can appear in a message: control bytes (and every byte of a
+// string that is not UTF-8) escaped as \xNN, long strings cut, so a hostile file cannot put
+// terminal escapes or megabytes into an exception message.
+std::string printable(std::string_view s);
+// Strict UTF-8 (RFC 3629): no overlong forms, no surrogates, nothing above U+10FFFF.
+bool valid_utf8(std::string_view s);
+
+// The format's codes for the dtypes tapegrad holds ("F32", "F64", "BOOL", "I64").
+std::string_view safetensors_code(DType d);
+
+struct TensorSpec {
+  std::string name;
+  DType dtype = float32;
+  Shape shape;
+  std::uint64_t begin = 0, end = 0;  // byte offsets into the data section
+};
+
+struct SafetensorsHeader {
+  std::map<std::string, std::string> metadata;
+  std::vector<TensorSpec> tensors;  // in the header's order
+};
+
+// Reads `text` (the header's bytes, no NUL) for a data section of `data_size` bytes into `out`,
+// with every check of the format: JSON (nesting at most 3 deep, no key twice in one object), an
+// object of entries {dtype, shape, data_offsets} and an optional "__metadata__" object of
+// strings, offsets inside the data, bytes that match the shape, the data covered exactly once.
+// Returns "" or the first problem, in the header's order, as the end of a sentence.
+//
+// Linear in the header's length, and it keeps no document: beyond `text` it holds the specs, the
+// names once more (to find a repeated one) and the metadata.
+std::string read_safetensors_header(std::string_view text, std::uint64_t data_size, SafetensorsHeader& out);
+
+}  // namespace tapegrad::detail

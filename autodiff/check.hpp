@@ -1,6 +1,7 @@
 // Internal: formatting and throwing the errors of error.hpp.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -35,5 +36,21 @@ DType check_same_float(const char* op, const char* a_name, const Tensor& a, cons
 void check_dtype(const char* op, const char* name, const Tensor& t, DType expected);
 // Normalises a possibly negative dim against rank (rank + 1 when inserting).
 std::int64_t wrap_dim(const char* op, const char* name, std::int64_t dim, std::int64_t rank);
+
+// The invariant every tensor's shape keeps: no size is negative, and the product of its sizes,
+// with 0 counted as 1, times the item size is at most kMaxBytes (x86-64's 48-bit address space).
+// Zero-size shapes are held to it too: their contiguous strides, and the offsets their views
+// compute, multiply the other sizes, so [0, 2^62, 4] would overflow int64 without a single
+// element. Under the invariant every product of one tensor's sizes, strides and in-range indices
+// fits in int64, so code that only rearranges an existing tensor needs no overflow check; code
+// that makes a size from user integers or from several tensors must check (or call this).
+inline constexpr std::int64_t kMaxBytes = std::int64_t{1} << 48;
+// Checks the invariant and returns the element count. Otherwise throws a ShapeError
+// "{op}: {what} [..] ...", so `what` names the argument ("argument 'shape'") or the result.
+std::int64_t check_shape(const char* op, const char* what, const Shape& shape, DType dtype);
+// For a shape that is iterated over but never allocated (attention's [..., Q, K] pairs on its fused
+// path): its sizes, with 0 counted as 1, multiply within int64, or a ShapeError
+// "{op}: {what} [..]: more elements than int64 can count".
+void check_countable(const char* op, const char* what, const Shape& shape);
 
 }  // namespace tapegrad::detail

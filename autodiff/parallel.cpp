@@ -30,7 +30,9 @@ struct Job {
   std::atomic<double> busy{0.0};  // seconds the chunks took, summed: what one thread would need
 
   void run(std::int64_t c) {
-    const std::int64_t begin = n * c / chunks, end = n * (c + 1) / chunks;
+    // floor(n i / chunks) without forming n i, which can pass int64 for a large n and many threads
+    const auto at = [&](std::int64_t i) { return n / chunks * i + n % chunks * i / chunks; };
+    const std::int64_t begin = at(c), end = at(c + 1);
     const double start = now_seconds();
     try {
       (*body)(begin, end);

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 
 namespace tapegrad::detail {
 
@@ -29,6 +30,14 @@ void parallel_for(std::int64_t n, std::int64_t cost, const std::function<void(st
 // Whether the calling thread runs a parallel_for body (on the team, or in order when one thread
 // was chosen): nested parallel work then stays on it.
 bool in_parallel_body() noexcept;
+
+// A loop's cost per item from factors that may multiply past int64 (sizes of operands that hold
+// no element, say): their product, capped where it no longer changes any choice.
+inline std::int64_t cost_of(std::initializer_list<double> factors) {
+  double c = 1;
+  for (double f : factors) c *= f;
+  return c < 1e15 ? static_cast<std::int64_t>(c) : std::int64_t{1'000'000'000'000'000};
+}
 
 // How many chunks parallel_for would use for n * cost units of work (1 when it stays serial).
 int parallel_chunks(std::int64_t n, std::int64_t cost) noexcept;

@@ -52,6 +52,13 @@ std::int64_t check_shape(const char* op, const char* what, const Shape& shape, D
   return shape_numel(shape);
 }
 
+void check_countable(const char* op, const char* what, const Shape& shape) {
+  std::int64_t n = 1;
+  for (auto s : shape)
+    if (__builtin_mul_overflow(n, std::max<std::int64_t>(s, 1), &n))
+      fail<ShapeError>("{}: {} {}: more elements than int64 can count (the sizes, with 0 counted as 1)", op, what, shape_str(shape));
+}
+
 namespace {
 
 // Whether every element of a view lies inside its storage. Zero-size views hold no element.

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "autodiff/check.hpp"
 #include "tapegrad/autodiff/tensor.hpp"
 
 namespace tapegrad::detail {
@@ -45,17 +46,6 @@ struct TensorImpl {
   std::int32_t slot = 0;
 };
 
-// The invariant every tensor's shape keeps: no size is negative, and the product of its sizes,
-// with 0 counted as 1, times the item size is at most kMaxBytes (x86-64's 48-bit address space).
-// Zero-size shapes are held to it too: their contiguous strides, and the offsets their views
-// compute, multiply the other sizes, so [0, 2^62, 4] would overflow int64 without a single
-// element. Under the invariant every product of one tensor's sizes, strides and in-range indices
-// fits in int64, so code that only rearranges an existing tensor needs no overflow check; code
-// that makes a size from user integers or from several tensors must check (or call this).
-inline constexpr std::int64_t kMaxBytes = std::int64_t{1} << 48;
-// Checks the invariant and returns the element count. Otherwise throws a ShapeError
-// "{op}: {what} [..] ...", so `what` names the argument ("argument 'shape'") or the result.
-std::int64_t check_shape(const char* op, const char* what, const Shape& shape, DType dtype);
 // The element count of a shape that keeps the invariant (no check).
 std::int64_t shape_numel(const Shape& shape) noexcept;
 Shape contiguous_strides(const Shape& shape);

@@ -1,4 +1,5 @@
-// libFuzzer target for the MultiHeadAttention layer: its config and its KV cache.
+// libFuzzer target for the MultiHeadAttention layer: its config and its KV cache; and integers at
+// the ends of int64 wherever a layer or the training stack takes one (see integers()).
 //
 // Config: every field from negative through zero to INT64_MAX. An oracle written here from the
 // documented rules (header and README) says whether the constructor must throw (a ValueError,
@@ -271,9 +272,87 @@ struct Fuzzer {
     shadow.batch = b;
   }
 
+  // ---- Integers at the extremes, wherever the layers and the training stack take one ----
+  // Each call gets a value from the ends of int64 (or a small one) for an offset, a length, a
+  // count or a step, and must either return what a small oracle says or throw a tapegrad error:
+  // under UndefinedBehaviorSanitizer an overflow anywhere on the way is a finding.
+
+  std::int64_t extreme() {
+    static constexpr std::int64_t kEnds[] = {std::numeric_limits<std::int64_t>::min(), std::numeric_limits<std::int64_t>::min() + 1,
+                                             -(std::int64_t{1} << 62), -1, 0, 1, 2, 7, std::int64_t{1} << 31, std::int64_t{1} << 62,
+                                             kMax - 1, kMax};
+    return in.flag() ? in.pick(kEnds) : in.in<std::int64_t>(-9, 9);
+  }
+
+  void integers() {
+    switch (in.in(0, 4)) {
+      case 0: {  // a position offset: rows offset .. offset + T - 1 of an 8-row table
+        const tg::LearnedPositions pos({.max_len = 8, .dim = 2, .dtype = tg::float64, .seed = 1});
+        const std::int64_t t = in.in(0, 3), offset = extreme();
+        const bool fits = offset >= 0 && offset <= 8 && t <= 8 - offset;
+        narrate("positions T {} offset {}: {}", t, offset, fits ? "fits" : "refused");
+        const Tensor x = tg::zeros({1, t, 2}, tg::float64);
+        if (!fits) return (void)expect_error<tg::ShapeError>("positions out of the table", [&] { pos.forward(x, offset); });
+        require(same_values(values(pos.forward(x, offset)), values(tg::slice(pos.table, 0, offset, offset + t))), "positions: wrong rows");
+        return;
+      }
+      case 1: {  // causal_mask with any offset against j <= i + offset in 128 bits
+        const std::int64_t q = in.in(0, 4), k = in.in(0, 4), offset = extreme();
+        const auto m = tg::causal_mask(q, k, offset).to_vector<bool>();
+        for (std::int64_t i = 0; i < q; ++i)
+          for (std::int64_t j = 0; j < k; ++j)
+            require(m[static_cast<std::size_t>(i * k + j)] == (static_cast<__int128>(j) <= static_cast<__int128>(i) + offset),
+                    "causal_mask({}, {}, {}) wrong at ({}, {})", q, k, offset, i, j);
+        return;
+      }
+      case 2: {  // a warm-up + cosine schedule, then a step
+        const std::int64_t warmup = extreme(), total = extreme(), step = extreme();
+        if (warmup < 0 || total < warmup) return (void)expect_error<tg::ValueError>("WarmupCosine", [&] { tg::WarmupCosine(1.0, warmup, total); });
+        const tg::WarmupCosine schedule(1.0, warmup, total, 0.1);
+        if (step < 0) return (void)expect_error<tg::ValueError>("WarmupCosine step", [&] { schedule(step); });
+        const double lr = schedule(step);
+        require(std::isfinite(lr) && lr >= 0 && lr <= 1.0 + 1e-12, "WarmupCosine({}, {})({}) = {}", warmup, total, step, lr);
+        return;
+      }
+      case 3: {  // an optimizer's step count from load_state, then a step
+        Tensor w = tg::ones({2}, tg::float64).set_requires_grad();
+        tg::AdamW opt({{"w", w}});
+        const std::int64_t steps = extreme();
+        if (steps < 0) return (void)expect_error<tg::ValueError>("load_state", [&] { opt.load_state(opt.state(), steps); });
+        opt.load_state(opt.state(), steps);
+        tg::backward(tg::sum(w * w));
+        if (steps == kMax) return (void)expect_error<tg::ValueError>("a step past the largest count", [&] { opt.step(); });
+        opt.step();
+        require(opt.steps() == steps + 1, "steps() {} after one step from {}", opt.steps(), steps);
+        return;
+      }
+      default: {  // generation lengths, top_k and windows
+        tg::Decoder model({.vocab = 5, .max_len = 6, .dim = 2, .heads = 1, .seed = 2});
+        model.eval();
+        const Tensor prompt = tg::tensor({{1, 2}}, tg::int64);
+        const tg::GenerateOptions o{.new_tokens = extreme(), .temperature = in.flag() ? 0.0 : 1.0, .top_k = extreme(), .window = extreme()};
+        narrate("generate new_tokens {} top_k {} window {}", o.new_tokens, o.top_k, o.window);
+        // Long runs are valid but slow: only the short ones run, the rest must fail before a step.
+        const bool valid_window = o.window == 0 || (o.window >= 3 && o.window <= 6);
+        const bool fits = o.new_tokens >= 0 && o.top_k >= 0 && valid_window && (o.window > 0 || o.new_tokens <= 4);
+        if (fits && o.new_tokens > 16) return;
+        if (!fits) {
+          const bool quick_refusal = o.new_tokens < 0 || o.top_k < 0 || !valid_window || o.new_tokens > kMax - 2 || o.window == 0;
+          if (quick_refusal) expect_error<tg::ValueError>("generate", [&] { model.generate(prompt, o); });
+          return;
+        }
+        require(model.generate(prompt, o).size(1) == 2 + o.new_tokens, "generate returned the wrong length");
+      }
+    }
+  }
+
+  // The first byte: odd for the config, 0 for the KV cache (as the seeds were written when these
+  // two were a flag), any other even value for the integers.
   void run() {
-    if (in.flag()) config();
-    else kv_cache();
+    const auto mode = in.in<std::uint8_t>(0, 255);
+    if (mode % 2 == 1) config();
+    else if (mode == 0) kv_cache();
+    else integers();
   }
 };
 

@@ -1,5 +1,5 @@
-// libFuzzer target for shape and view arithmetic: factories, arange, causal_mask and
-// broadcast_shapes on arbitrary integers, and chains of reshape/flatten/permute/transpose/slice/
+// libFuzzer target for shape and view arithmetic: factories, arange, causal_mask,
+// broadcast_shapes and attention's pair count on arbitrary integers, and chains of reshape/flatten/permute/transpose/slice/
 // narrow/select/expand/squeeze/unsqueeze/concat/stack/sum/mean/max/matmul on tensors whose
 // sizes range from 0 to 2^62 and INT64_MAX (zero-size, or expanded views of small storage).
 //
@@ -194,6 +194,47 @@ struct Fuzzer {
     }
     const Shape got = tg::broadcast_shapes(a, b);
     require(got == out, "broadcast_shapes({}, {}) gave {}, expected {}", a, b, got, out);
+  }
+
+  // attention() and scaled_dot_product_attention() on views whose sizes reach INT64_MAX: the
+  // [..., Q, K] pairs are counted (sizes with 0 counted as 1) and must fit int64 even where no
+  // path holds them, the output (and the weights) must be addressable, and D must be >= 1. A
+  // valid call runs only when its pairs are few (the values are 0: v is).
+  void attention() {
+    const Shape lead = in.flag() ? Shape{size()} : Shape{};
+    const std::int64_t q = size(), k = size(), d = in.in<std::int64_t>(0, 2), dv = size();
+    const bool weights = in.flag();
+    auto shape_of = [&](std::int64_t rows, std::int64_t cols) {
+      Shape s = lead;
+      s.push_back(rows);
+      s.push_back(cols);
+      return s;
+    };
+    const Shape qs = shape_of(q, d), ks = shape_of(k, d), vs = shape_of(k, dv);
+    for (const Shape* s : {&qs, &ks, &vs})
+      if (!addressable(*s, tg::float32)) return;  // the operands themselves cannot exist
+    auto view = [](const Shape& s) { return tg::expand(tg::zeros(Shape(s.size(), 1)), s); };
+    __int128 pairs = 1, work = 1;
+    for (std::int64_t n : shape_of(q, k)) {
+      pairs *= std::max<std::int64_t>(n, 1);
+      work *= n;
+      if (pairs > kMax) break;
+    }
+    const bool ok = d >= 1 && pairs <= kMax && addressable(shape_of(q, dv), tg::float32) && (!weights || addressable(shape_of(q, k), tg::float32));
+    // The result, and what the paths may hold besides: a copy of a strided operand (these are
+    // expanded views), per-query rows, the weights.
+    auto count = [](const Shape& s) {
+      __int128 n = 1;
+      for (std::int64_t x : s) n = std::min<__int128>(n * x, __int128{1} << 100);
+      return n;
+    };
+    const __int128 held = count(qs) + count(ks) + count(vs) + 2 * count(shape_of(q, 1)) + count(shape_of(q, dv)) + (weights ? count(shape_of(q, k)) : 0);
+    const Outcome want = !ok ? Outcome::error : work * (d + dv) <= kMaxWork && held <= kMaxWork ? Outcome::shape : Outcome::skip;
+    const Tensor qv = view(qs), kv = view(ks), vv = view(vs);
+    if (auto r = judge(weights ? "scaled_dot_product_attention" : "attention", want, shape_of(q, dv), tg::float32, [&] {
+          return weights ? tg::scaled_dot_product_attention(qv, kv, vv).output : tg::attention(qv, kv, vv);
+        }))
+      check_values("attention", *r, [](std::int64_t) { return 0.0; });
   }
 
   // ---- Chains ---------------------------------------------------------------------------
@@ -608,12 +649,14 @@ struct Fuzzer {
     require(same_values(values(g), count), "the leaf's gradient {} differs from the view counts {}", values(g), count);
   }
 
+  // 8 for attention (the seeds were written when the choice was 0-7: they keep their meaning).
   void run() {
-    switch (in.in(0, 7)) {
+    switch (in.in(0, 8)) {
       case 0: return factories();
       case 1: return arange();
       case 2: return causal_mask();
       case 3: return broadcast_shapes();
+      case 8: return attention();
       default: return chain();
     }
   }

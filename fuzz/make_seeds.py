@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the hand-made seeds of fuzz_tape, fuzz_shapes, fuzz_layer and fuzz_masked.
+"""Writes the hand-made seeds of fuzz_tape, fuzz_shapes, fuzz_layer, fuzz_masked and fuzz_checkpoint.
 
 Each seed spells out, in the order a target asks for them, the choices that lead to one case
 (FuzzedDataProvider reads integers and flags from the end of the input, most significant byte
@@ -285,8 +285,37 @@ def config(fields, bias=True, dtype=0, run=None):
     return s
 
 
+ENDS = [-2**63, -2**63 + 1, -2**62, -1, 0, 1, 2, 7, 2**31, 2**62, 2**63 - 2, 2**63 - 1]
+
+
+def extreme(s, v):  # fuzz_layer's extreme(): one of the ends, or a small value
+    if v in ENDS:
+        return s.flag(True).int(0, len(ENDS) - 1, ENDS.index(v))
+    return s.flag(False).int(-9, 9, v)
+
+
+def integers(case, *choices):  # fuzz_layer's integers(): mode byte 2, the case, then its choices
+    s = Seed().int(0, 255, 2).int(0, 4, case)
+    for kind, v in choices:
+        if kind == "x":
+            extreme(s, v)
+        elif kind == "flag":
+            s.flag(v)
+        else:
+            s.int(kind[0], kind[1], v)
+    return s
+
+
 def layer_seeds():
     seeds = {}
+    seeds["integers-position-offset-max"] = integers(0, ((0, 3), 2), ("x", 2**63 - 1))
+    seeds["integers-position-offset-min"] = integers(0, ((0, 3), 0), ("x", -2**63))
+    seeds["integers-causal-offset-max"] = integers(1, ((0, 4), 3), ((0, 4), 4), ("x", 2**63 - 1))
+    seeds["integers-causal-offset-min"] = integers(1, ((0, 4), 3), ((0, 4), 4), ("x", -2**63))
+    seeds["integers-schedule-ends"] = integers(2, ("x", 2**63 - 2), ("x", 2**63 - 1), ("x", 2**63 - 1))
+    seeds["integers-optimizer-last-step"] = integers(3, ("x", 2**63 - 1))
+    seeds["integers-generate-overflow"] = integers(4, ("x", 2**63 - 2), ("flag", True), ("x", 2**63 - 1), ("x", 4))
+    seeds["integers-generate-top-k"] = integers(4, ("x", 2), ("flag", False), ("x", 2**63 - 1), ("x", 0))
     #                query heads context head value out
     seeds["config-ok"] = config([4, 2, 0, 0, 0, 0], run=(2, 3, 2, 4, 4, False, True))
     seeds["config-self"] = config([4, 2, 0, 3, 1, 5], dtype=1, run=(1, 3, 2, 4, 4, True, True))
@@ -427,9 +456,53 @@ def masked_seeds():
     return seeds
 
 
+# ---- fuzz_checkpoint: a raw file, or a fragment repeated between a prefix and a suffix ----
+
+class Raw:  # the whole input is the file, then the mode flag (read from the end)
+    def __init__(self, file):
+        self.file = file
+
+    def data(self):
+        return self.file + bytes([0])
+
+
+def safetensors(header, data=b""):
+    h = header.encode()
+    return len(h).to_bytes(8, "little") + h + data
+
+
+def escaped(text):  # ConsumeRandomLengthString's form: backslashes doubled, then a terminator
+    return text.replace("\\", "\\\\").encode() + b"\\X"
+
+
+class Repeated:
+    def __init__(self, count, size, prefix, suffix, fragment):
+        self.front = escaped(prefix) + escaped(suffix) + fragment.encode()
+        self.tail = Seed().flag(True).int(0, 20000, count).int(0, 16, size)
+
+    def data(self):
+        return self.front + self.tail.data()
+
+
+def checkpoint_seeds():
+    entry = '"t%i":{"dtype":"F32","shape":[1],"data_offsets":[%b,%e]},'
+    last = '"end":{"dtype":"BOOL","shape":[0],"data_offsets":[0,0]}}'
+    return {
+        "valid": Raw(safetensors('{"__metadata__":{"step":"3"},"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}', bytes(8))),
+        "bools-and-ids": Raw(safetensors('{"m":{"dtype":"BOOL","shape":[2],"data_offsets":[8,10]},'
+                                         '"i":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}}', bytes(8) + bytes([1, 0]))),
+        "many-tensors": Repeated(20000, 4, "{", last, entry),
+        "many-keys-in-one-entry": Repeated(20000, 0, '{"a":{', '"dtype":"F32"}}', '"k%i":1,'),
+        "long-shape": Repeated(20000, 0, '{"a":{"dtype":"F32","data_offsets":[0,0],"shape":[', "0]}}", "1,"),
+        "many-metadata": Repeated(20000, 0, '{"__metadata__":{', '"z":"z"}}', '"k%i":"v",'),
+        "duplicate-late": Repeated(20000, 4, "{", '"t7":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}}', entry),
+    }
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "fuzz/corpus"
-    for target, seeds in (("tape", tape_seeds()), ("shapes", shape_seeds()), ("layer", layer_seeds()), ("masked", masked_seeds())):
+    for target, seeds in (("tape", tape_seeds()), ("shapes", shape_seeds()), ("layer", layer_seeds()), ("masked", masked_seeds()),
+                          ("checkpoint", checkpoint_seeds())):
         os.makedirs(os.path.join(out, target), exist_ok=True)
         for name, seed in seeds.items():
             with open(os.path.join(out, target, f"seed-{name}"), "wb") as f:

@@ -33,6 +33,13 @@ namespace {
 
 Shape leading(const Tensor& t) { return Shape(t.shape().begin(), t.shape().end() - 2); }
 
+Shape with_matrix(const Shape& batch, std::int64_t rows, std::int64_t cols) {
+  Shape s = batch;
+  s.push_back(rows);
+  s.push_back(cols);
+  return s;
+}
+
 // Validates q, k, v and bias; returns the scores' shape [..., Q, K].
 Shape check_attention(const AttentionArgs& a) {
   const DType dtype = check_same_float(a.op, "q", a.q, "k", a.k);
@@ -64,15 +71,14 @@ Shape check_attention(const AttentionArgs& a) {
       fail<ShapeError>("{}: argument 'bias' with shape {} must broadcast to the scores' shape {}", a.op,
                        shape_str(a.bias.shape()), shape_str(scores));
   }
+  check_countable(a.op, fmt::format("q {}, k {} and v {} give the scores", shape_str(a.q.shape()), shape_str(a.k.shape()),
+                                    shape_str(a.v.shape())).c_str(), scores);
+  // What will be allocated is checked before anything is computed.
+  check_shape(a.op, "the output [..., Q, Dv]", with_matrix(batch, a.q.size(-2), a.v.size(-1)), dtype);
+  if (a.need_weights) check_shape(a.op, "the weights [..., Q, K]", scores, dtype);
   return scores;  // the mask is checked by RowMasks
 }
 
-Shape with_matrix(const Shape& batch, std::int64_t rows, std::int64_t cols) {
-  Shape s = batch;
-  s.push_back(rows);
-  s.push_back(cols);
-  return s;
-}
 
 // C[K, N] += Wᵀ ⊛ X for whole [Q, K] weights W (dv = Aᵀ ⊛ dO, dk = dSᵀ ⊛ q): computed as
 // (Xᵀ W̃)ᵀ, the form oneDNN's bfloat16 gemm runs 1.7x faster than W̃ᵀ X̃ at Q = K = 2048 (it

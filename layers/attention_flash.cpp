@@ -409,14 +409,15 @@ template <class T> std::vector<Tensor> backward(const Saved& sv, const Tensor& g
   g.dbias = needs.size() > 3 && needs[3] && p.has_bias;
   const DType dtype = sv.q.dtype();
   const std::int64_t key_tiles = p.key_tiles();
-  const std::int64_t tile_cost = kTileK * p.q * (2 * p.d + 2 * p.dv);
+
   // Key-tile groups per batch entry, from the shape alone (each group sums its own dq, and the
   // groups' dq are added in order, so the bits must not depend on the threads): enough items
   // (batch entry, group) for the threads to share when there are few batch entries.
   const std::int64_t groups = std::clamp<std::int64_t>((kMinItems + p.bh - 1) / std::max<std::int64_t>(p.bh, 1), 1,
                                                        std::max<std::int64_t>(key_tiles, 1));
   const std::int64_t items = p.bh * groups;
-  int chunks = parallel_chunks(items, tile_cost * key_tiles / groups);
+  // A work item: its key tiles against every query, 2 (D + Dv) multiply-adds per pair
+  int chunks = parallel_chunks(items, cost_of({double(kTileK), double(p.q), 2.0 * double(p.d + p.dv), double(key_tiles) / double(groups)}));
 
   std::vector<Tensor> dq_buffers;
   if (g.dq)

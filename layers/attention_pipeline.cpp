@@ -183,7 +183,7 @@ struct Operands {
 // scores (B = 8, H = 8, Q = K = 128) the blocks tie with the whole tensors (13.1 and 13.7 ms),
 // at 0.5 MiB (B = 8, H = 4, Q = K = 64) they lose (0.90 and 0.87 ms: many small products
 // where one batched product per step did the work), at 32 and 64 MiB they win by 1.26-1.40x.
-bool attention_pipeline_pays(const Shape& scores_shape) { return 4 * shape_numel(scores_shape) >= (std::int64_t{8} << 20); }
+bool attention_pipeline_pays(const Shape& scores_shape) { return shape_numel(scores_shape) >= (std::int64_t{2} << 20); }  // 8 MiB of float32
 
 // A bias that needs a gradient would make the blocks hold dS whole, [..., Q, K] (dbias is summed
 // from it); the tiles sum it into the bias's shape instead.
@@ -278,8 +278,8 @@ AttentionResult attention_pipelined(const AttentionArgs& a, const Shape& scores_
               Tensor dq = want_ds && needs[0] ? zeros(with_matrix(batch, nq, d), DType::float32) : Tensor();
               float* dq_p = dq.defined() ? static_cast<float*>(mutable_data(dq)) : nullptr;
               const RowPointers upstream(d_weights, scores_shape);
-              const std::int64_t block_cost = blk.rows * nk * ((recompute ? 3 : 2) * d + 2 * dv);
-              parallel_for(blk.bh * groups, block_cost * blk.count / groups, [&](std::int64_t i0_, std::int64_t i1_) {
+              const std::int64_t cost = cost_of({double(blk.rows), double(nk), double((recompute ? 3 : 2) * d + 2 * dv), double(blk.count) / double(groups)});
+              parallel_for(blk.bh * groups, cost, [&](std::int64_t i0_, std::int64_t i1_) {
                 const auto size = static_cast<std::size_t>(blk.rows * nk);
                 std::vector<float> pack, buffer(dS.defined() ? 0 : size), a_buffer(recompute ? size : 0), delta;
                 std::vector<std::uint16_t> rounded_a(bf16 ? size : 0), rounded_ds(bf16 ? size : 0);

@@ -19,7 +19,9 @@ std::int64_t hidden_of(const FeedForwardConfig& c) {
   detail::check_field("FeedForward", "dim", c.dim);
   detail::check_field("FeedForward", "hidden", c.hidden, 0);
   detail::check_float_dtype("FeedForward", c.dtype);
-  return c.hidden == 0 ? detail::checked_product("FeedForward", "dim", c.dim, "4 (the default hidden width)", 4) : c.hidden;
+  if (c.hidden == 0 && c.dim > INT64_MAX / 4)
+    detail::fail<ValueError>("FeedForward: the default hidden width 4 * config.dim = 4 * {} overflows; give config.hidden", c.dim);
+  return c.hidden == 0 ? 4 * c.dim : c.hidden;
 }
 
 // y = x Phi(x) and its slope y' = Phi(x) + x phi(x) (Phi, phi: the standard normal cdf and

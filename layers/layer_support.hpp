@@ -23,6 +23,15 @@ inline std::int64_t checked_product(const char* layer, const char* a_name, std::
   return out;
 }
 
+// A tensor a config asks for, or a ValueError naming the config when it cannot be allocated.
+inline void check_config_shape(const char* layer, const char* what, const Shape& shape, DType dtype) {
+  try {
+    check_shape(layer, what, shape, dtype);
+  } catch (const ShapeError&) {
+    fail<ValueError>("{}: {} would have shape {} of {}, more than can be allocated", layer, what, shape_str(shape), dtype);
+  }
+}
+
 // A well-mixed seed for child `index` of a layer seeded with `seed` (splitmix64), so sibling
 // layers never draw the same numbers.
 constexpr std::uint64_t child_seed(std::uint64_t seed, std::uint64_t index) {

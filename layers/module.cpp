@@ -82,7 +82,9 @@ Tensor Module::parameter(std::string_view name) {
 
 std::int64_t Module::parameter_count() {
   std::int64_t n = 0;
-  for (const auto& p : named_parameters()) n += p.tensor.numel();
+  for (const auto& p : named_parameters())
+    if (__builtin_add_overflow(n, p.tensor.numel(), &n))
+      detail::fail<ValueError>("Module::parameter_count: the parameters hold more than {} elements in all", INT64_MAX);
   return n;
 }
 

@@ -123,6 +123,7 @@ MhaShapes check_mha(const char* op, const MhaActivations& a, const MhaParameters
     fail<ShapeError>("{}: B, Q and K must be >= 1, got B = {}, Q = {}, K = {} (query {}, context length {})", op, s.b, s.q, s.k,
                      shape_str(a.query.shape()), s.k);
   const Shape scores{s.b, heads, s.q, s.k};
+  check_countable(op, fmt::format("heads = {} gives the attention [B, heads, Q, K] =", heads).c_str(), scores);
   check_mask(op, "key_mask", m.key_mask, {s.b, s.k}, true);
   check_mask(op, "query_mask", m.query_mask, {s.b, s.q}, true);
   check_mask(op, "attention_mask", m.attention_mask, scores, false);

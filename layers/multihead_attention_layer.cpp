@@ -215,8 +215,14 @@ KVCache& KVCache::operator=(KVCache&& other) noexcept {
 void KVCache::append(const Tensor& k, const Tensor& v) {
   const std::int64_t n = k.size(1);
   if (length_ + n > capacity()) {
-    // Grow by doubling: each position is copied O(1) times on average.
-    const std::int64_t grown = std::max<std::int64_t>({2 * capacity(), length_ + n, 16});
+    // Grow by doubling: each position is copied O(1) times on average. Not past what can be
+    // allocated, while what is needed still can be.
+    std::int64_t grown = std::max<std::int64_t>({2 * capacity(), length_ + n, 16});
+    try {
+      detail::check_shape("KVCache", "buffer", {k.size(0), grown, std::max(k.size(2), v.size(2))}, k.dtype());
+    } catch (const ShapeError&) {
+      grown = length_ + n;
+    }
     k_ = reallocated(k_.defined() ? k_ : k, length_, grown);
     v_ = reallocated(v_.defined() ? v_ : v, length_, grown);
   }

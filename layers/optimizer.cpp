@@ -2,6 +2,7 @@
 #include "tapegrad/layers/optimizer.hpp"
 
 #include <cmath>
+#include <limits>
 #include <numbers>
 #include <map>
 #include <set>
@@ -27,7 +28,7 @@ void check_range(const char* kind, const char* name, double value, double low, d
 
 // The scalars of one Adam update, as the element type computes with them.
 template <class T> struct AdamScalars {
-  T decay, one_minus_beta1, beta2, one_minus_beta2, inv_sqrt_bias2, eps, step;
+  T decay, beta1, one_minus_beta1, beta2, one_minus_beta2, sqrt_bias2, eps, step;
   bool decoupled, l2;  // weight decay on p (AdamW) or on the gradient (Adam), each only when nonzero
 };
 
@@ -40,10 +41,11 @@ TAPEGRAD_SIMD_CLONES void adam_update(T* __restrict p, const T* __restrict grad,
   for (std::int64_t i = 0; i < n; ++i) {
     const T g = s.l2 ? grad[i] + p[i] * s.decay : grad[i];
     const T pi = s.decoupled ? p[i] * s.decay : p[i];
-    m[i] = m[i] + s.one_minus_beta1 * (g - m[i]);
+    m[i] = m[i] * s.beta1;
+    m[i] = m[i] + s.one_minus_beta1 * g;
     v[i] = v[i] * s.beta2;
     v[i] = v[i] + s.one_minus_beta2 * g * g;
-    p[i] = pi + s.step * m[i] / (std::sqrt(v[i]) * s.inv_sqrt_bias2 + s.eps);
+    p[i] = pi + s.step * m[i] / (std::sqrt(v[i]) / s.sqrt_bias2 + s.eps);
   }
 }
 
@@ -78,6 +80,12 @@ Optimizer::Optimizer(const char* kind, std::vector<NamedTensor> parameters, doub
 void Optimizer::set_learning_rate(double lr) {
   if (!(lr >= 0) || !std::isfinite(lr)) fail<ValueError>("{}: the learning rate must be finite and >= 0, got {}", kind_, lr);
   lr_ = lr;
+}
+
+void Optimizer::check_step_count() const {
+  if (steps_ == std::numeric_limits<std::int64_t>::max())
+    fail<ValueError>("{}::step: steps() is already {}, the largest count an int64 holds (from load_state); load a smaller count",
+                     kind_, steps_);
 }
 
 void Optimizer::zero_grad() {
@@ -127,6 +135,7 @@ SGD::SGD(std::vector<NamedTensor> parameters, const SgdOptions& options)
 }
 
 void SGD::step() {
+  check_step_count();
   NoGradGuard no_grad;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i].tensor;
@@ -158,6 +167,7 @@ Adam::Adam(const char* kind, std::vector<NamedTensor> parameters, const AdamOpti
 }
 
 void Adam::step() {
+  check_step_count();
   NoGradGuard no_grad;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i].tensor;
@@ -175,10 +185,11 @@ void Adam::step() {
       detail::visit_float(p.dtype(), "Adam::step", [&]<class T>(detail::Tag<T>) {
         const double decay = decoupled_ ? 1 - lr_ * options_.weight_decay : options_.weight_decay;
         const AdamScalars<T> s{static_cast<T>(decay),
+                               static_cast<T>(options_.beta1),
                                static_cast<T>(1 - options_.beta1),
                                static_cast<T>(options_.beta2),
                                static_cast<T>(1 - options_.beta2),
-                               static_cast<T>(1 / std::sqrt(bias2)),
+                               static_cast<T>(std::sqrt(bias2)),
                                static_cast<T>(options_.eps),
                                static_cast<T>(-lr_ / bias1),
                                decoupled_ && options_.weight_decay != 0,
@@ -194,10 +205,11 @@ void Adam::step() {
       if (decoupled_) mul_(p, 1 - lr_ * options_.weight_decay);
       else g = g + p * options_.weight_decay;
     }
-    lerp_(m, g, 1 - options_.beta1);  // m = b1 m + (1 - b1) g
-    mul_(v, options_.beta2);          // v = b2 v + (1 - b2) g^2
+    mul_(m, options_.beta1);  // m = b1 m + (1 - b1) g
+    add_(m, g, 1 - options_.beta1);
+    mul_(v, options_.beta2);  // v = b2 v + (1 - b2) g^2
     addcmul_(v, g, g, 1 - options_.beta2);
-    const Tensor denom = sqrt(v) * (1 / std::sqrt(bias2)) + options_.eps;
+    const Tensor denom = sqrt(v) / std::sqrt(bias2) + options_.eps;
     addcdiv_(p, m, denom, -lr_ / bias1);
   }
   ++steps_;
@@ -226,9 +238,11 @@ double clip_grad_norm(const std::vector<Tensor>& parameters, double max_norm) {
     });
   }
   const double total = std::sqrt(squares);
-  if (std::isfinite(total) && total > max_norm)
+  // PyTorch's rule: the factor max_norm / (total + 1e-6), applied when below 1.
+  const double factor = max_norm / (total + 1e-6);
+  if (std::isfinite(total) && factor < 1)
     for (const detail::TensorImpl* p : seen)
-      if (p->grad.defined()) mul_(p->grad, max_norm / total);
+      if (p->grad.defined()) mul_(p->grad, factor);
   return total;
 }
 

@@ -17,6 +17,7 @@ const PositionsConfig& checked(const char* layer, const PositionsConfig& c) {
   detail::check_field(layer, "dim", c.dim);
   detail::check_float_dtype(layer, c.dtype);
   detail::checked_product(layer, "max_len", c.max_len, "dim", c.dim);
+  detail::check_config_shape(layer, "the table [config.max_len, config.dim]", {c.max_len, c.dim}, c.dtype);
   return c;
 }
 
@@ -27,8 +28,9 @@ Tensor add_rows(const char* op, const Tensor& x, const Tensor& table, const Posi
   if (x.dtype() != c.dtype)
     detail::fail<DTypeError>("{}: argument 'x' is {} but the table is {} (config.dtype)", op, x.dtype(), c.dtype);
   if (offset < 0 || offset > c.max_len || x.size(1) > c.max_len - offset)
-    detail::fail<ShapeError>("{}: positions {} .. {} (offset {} + T = {}) must lie in [0, {}) (config.max_len)", op, offset,
-                             offset + x.size(1) - 1, offset, x.size(1), c.max_len);
+    // The message names offset and T, not offset + T - 1: for an offset near INT64_MAX that sum overflows.
+    detail::fail<ShapeError>("{}: the T = {} positions from offset {} must lie in [0, {}) (config.max_len)", op, x.size(1), offset,
+                             c.max_len);
   return x + slice(table, 0, offset, offset + x.size(1));
 }
 

@@ -168,6 +168,17 @@ Tensor Decoder::generate(const Tensor& prompt, const GenerateOptions& o) const {
   if (!(o.temperature >= 0) || !std::isfinite(o.temperature) || o.top_k < 0)
     detail::fail<ValueError>("{}: options.temperature must be finite and >= 0 and options.top_k >= 0, got {} and {}", op,
                              o.temperature, o.top_k);
+  // The result [B, T0 + new_tokens] must be possible before any step runs (with a window,
+  // new_tokens is bounded by nothing else).
+  std::int64_t total = 0;
+  if (__builtin_add_overflow(prompt.size(1), o.new_tokens, &total))
+    detail::fail<ValueError>("{}: the prompt's {} positions plus options.new_tokens = {} overflow int64", op, prompt.size(1), o.new_tokens);
+  try {
+    detail::check_shape(op, "the result [B, T0 + new_tokens]", {prompt.size(0), total}, DType::int64);
+  } catch (const ShapeError&) {
+    detail::fail<ValueError>("{}: the result [B, T0 + options.new_tokens] = [{}, {}] would be more than can be allocated", op,
+                             prompt.size(0), total);
+  }
   NoGradGuard no_grad;
   const std::int64_t batch = prompt.size(0), t0 = prompt.size(1), vocab = config_.vocab;
   std::vector<KVCache> caches(blocks.size());
@@ -197,7 +208,7 @@ Tensor Decoder::generate(const Tensor& prompt, const GenerateOptions& o) const {
   }
   std::vector<std::int64_t> out;
   for (const auto& r : rows) out.insert(out.end(), r.begin(), r.end());
-  return from_vector(std::span<const std::int64_t>(out), {batch, t0 + o.new_tokens});
+  return from_vector(std::span<const std::int64_t>(out), {batch, total});
 }
 
 std::vector<Tensor> Decoder::attention_weights(const Tensor& ids) const {

@@ -62,7 +62,7 @@ void product(const Tensor& a, const Tensor& b, const Tensor& c, MatmulPrecision 
 
 // A fresh contiguous tensor of `shape` (whose last dim is b's) holding a b, zeros when K = 0.
 Tensor product_into_new(const Tensor& a, const Tensor& b, const Shape& shape, MatmulPrecision precision) {
-  if (a.shape()[0] * b.shape()[1] == 0 || a.shape()[1] == 0) return zeros(shape, a.dtype());
+  if (a.shape()[0] == 0 || b.shape()[1] == 0 || a.shape()[1] == 0) return zeros(shape, a.dtype());
   Tensor c = new_tensor(shape, a.dtype(), "linear");
   product(a, b, as_matrix(c), precision);
   return c;

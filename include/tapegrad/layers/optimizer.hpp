@@ -50,6 +50,8 @@ class Optimizer {
   // rank-0 int64), listed in state() as "<slot>.<name>"; returns its index.
   std::size_t add_slot(const char* slot, bool counter = false);
   std::vector<Tensor>& slot(std::size_t index) { return slots_[index].second; }
+  // A step() calls this first: a count already at INT64_MAX (from load_state) cannot go up.
+  void check_step_count() const;
   const char* kind_;
   std::vector<NamedTensor> params_;
   double lr_;
@@ -116,10 +118,11 @@ class AdamW : public Adam {
   AdamW(std::vector<NamedTensor> parameters, const AdamWOptions& options = {});
 };
 
-// Scales every gradient by max_norm / total when the global L2 norm `total` of all gradients
-// (parameters without a gradient count as zero; a tensor listed twice counts once) exceeds
-// max_norm, and returns `total` (before clipping). A non-finite total leaves the gradients as they are: the caller sees it and can
-// skip the step.
+// Scales every gradient by max_norm / (total + 1e-6) when that factor is below 1, as PyTorch's
+// clip_grad_norm_ does, `total` being the global L2 norm of all gradients (parameters without a
+// gradient count as zero; a tensor listed twice counts once); returns `total` (before
+// clipping). A non-finite total leaves the gradients as they are (PyTorch would scale them by
+// 0 or NaN): the caller sees it and can skip the step.
 double clip_grad_norm(const std::vector<Tensor>& parameters, double max_norm);
 
 // Learning rate for step s (counted from 0): linear warm-up peak_lr (s + 1) / warmup while

@@ -1,4 +1,5 @@
 // Tensor storage and the cache of freed blocks behind it.
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <bit>
@@ -147,16 +148,19 @@ LocalBlocks* local_blocks() noexcept {
   return &blocks;
 }
 
-// Storage bytes in use and their high-water mark (memory_stats()). Relaxed: they are statistics,
-// and a peak raced by two allocations still ends at the larger of the two sums it saw.
+// Storage bytes in use and their high-water mark (memory_stats()). Two counters, not one
+// snapshot: an allocation raises `live` first and `peak` after, and a reset may race both, so
+// a reader takes the larger of the two as the peak, and a reset raises the peak again to what
+// is in use once it has stored it. Relaxed: they are statistics, ordered by nothing else.
 std::atomic<std::int64_t> live_bytes{0}, peak_bytes{0};
 
-void count_allocation(std::int64_t size) noexcept {
-  const std::int64_t now = live_bytes.fetch_add(size, std::memory_order_relaxed) + size;
+void raise_peak(std::int64_t now) noexcept {
   std::int64_t peak = peak_bytes.load(std::memory_order_relaxed);
   while (now > peak && !peak_bytes.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
   }
 }
+
+void count_allocation(std::int64_t size) noexcept { raise_peak(live_bytes.fetch_add(size, std::memory_order_relaxed) + size); }
 
 }  // namespace
 
@@ -207,9 +211,13 @@ void release_cached_memory() {
 }
 
 MemoryStats memory_stats() noexcept {
-  return {detail::live_bytes.load(std::memory_order_relaxed), detail::peak_bytes.load(std::memory_order_relaxed)};
+  const std::int64_t live = detail::live_bytes.load(std::memory_order_relaxed);
+  return {live, std::max(live, detail::peak_bytes.load(std::memory_order_relaxed))};
 }
 
-void reset_peak_memory() noexcept { detail::peak_bytes.store(detail::live_bytes.load(std::memory_order_relaxed), std::memory_order_relaxed); }
+void reset_peak_memory() noexcept {
+  detail::peak_bytes.store(detail::live_bytes.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  detail::raise_peak(detail::live_bytes.load(std::memory_order_relaxed));  // what a racing allocation added meanwhile
+}
 
 }  // namespace tapegrad

@@ -1,6 +1,8 @@
 // Tensors: factories, layout and views, conversion, printing, argument checks.
 #define BOOST_TEST_MODULE tensor
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -389,6 +391,32 @@ BOOST_AUTO_TEST_CASE(storage_moves_between_threads) {
   });
   freer.join();
   BOOST_TEST(tg::memory_stats().current_bytes == before);
+  tg::release_cached_memory();
+}
+
+BOOST_AUTO_TEST_CASE(memory_stats_keep_the_peak_above_the_current_use_under_contention) {
+  // Two threads allocate and free while a third resets the peak and takes snapshots: every
+  // snapshot has peak >= current, the one right after a reset included.
+  std::atomic<bool> stop{false};
+  auto churn = [&](std::uint64_t seed) {
+    tg::Generator gen(seed);
+    std::vector<Tensor> held(8);
+    while (!stop.load(std::memory_order_relaxed))
+      for (auto& t : held) t = tg::empty({static_cast<std::int64_t>(256 + gen.uniform() * 16384)});
+  };
+  std::thread a(churn, 1), b(churn, 2);
+  std::int64_t snapshots = 0, below = 0;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(400);
+  while (std::chrono::steady_clock::now() < end) {
+    if (snapshots % 2 == 0) tg::reset_peak_memory();
+    const tg::MemoryStats s = tg::memory_stats();
+    below += s.peak_bytes < s.current_bytes;
+    ++snapshots;
+  }
+  stop = true;
+  a.join();
+  b.join();
+  BOOST_TEST(below == 0, below << " of " << snapshots << " snapshots had peak_bytes < current_bytes");
   tg::release_cached_memory();
 }
 

@@ -177,8 +177,11 @@ struct MemoryStats {
   std::int64_t current_bytes = 0;
   std::int64_t peak_bytes = 0;
 };
+// Every snapshot has peak_bytes >= current_bytes, also while other threads allocate.
 MemoryStats memory_stats() noexcept;
-// Sets the peak to what is held now.
+// Starts the peak again from what is held now. With other threads allocating meanwhile, what
+// they allocate while the reset runs may count toward the old peak or the new one; once it has
+// returned, the peak is at least what is held, and grows with every allocation after it.
 void reset_peak_memory() noexcept;
 
 // A readable, summarised rendering: shape, dtype and values (numpy-style "..." past 1000

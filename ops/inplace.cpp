@@ -2,6 +2,8 @@
 // the storage they write.
 #include "tapegrad/ops/inplace.hpp"
 
+#include <cmath>
+
 #include "autodiff/node.hpp"
 #include "ops/kernel.hpp"
 
@@ -94,7 +96,13 @@ void addcdiv_(const Tensor& dst, const Tensor& a, const Tensor& b, double value)
 
 void lerp_(const Tensor& dst, const Tensor& end, double weight) {
   check_dst("lerp_", dst, true);
-  update(dst, [weight](auto d, auto e) { return d + static_cast<decltype(d)>(weight) * (e - d); },
+  // PyTorch's two forms, so that the result is PyTorch's and weight 1 gives `end` exactly.
+  update(dst,
+         [weight](auto d, auto e) {
+           using T = decltype(d);
+           const T w = static_cast<T>(weight);
+           return std::abs(w) < T(0.5) ? d + w * (e - d) : e - (e - d) * (T(1) - w);
+         },
          source("lerp_", "end", dst, end));
 }
 

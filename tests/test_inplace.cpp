@@ -33,6 +33,17 @@ BOOST_AUTO_TEST_CASE(each_update_computes_its_formula) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(lerp_takes_pytorchs_two_forms) {
+  // d + w (e - d) below 0.5, e - (e - d) (1 - w) from 0.5: at w = 1 the result is e exactly,
+  // where d + (e - d) rounds 1e16 + (1 - 1e16) to 0.
+  const Tensor d = tg::tensor({1e16, 1e16}, tg::float64), e = tg::tensor({1.0, 1.0}, tg::float64);
+  tg::lerp_(d, e, 1.0);
+  BOOST_TEST(d.to_vector<double>() == std::vector<double>({1.0, 1.0}));
+  const Tensor f = tg::tensor({0.1}, tg::float64);
+  tg::lerp_(f, tg::tensor({0.7}, tg::float64), 0.3);
+  BOOST_TEST(f.item() == 0.1 + 0.3 * (0.7 - 0.1));
+}
+
 BOOST_AUTO_TEST_CASE(sources_broadcast_and_views_are_written_through) {
   const Tensor m = tg::zeros({2, 3}, tg::float64);
   tg::add_(m, tg::tensor({1, 2, 3}, tg::float64));

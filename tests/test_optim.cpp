@@ -164,9 +164,22 @@ BOOST_AUTO_TEST_CASE(clip_grad_norm_scales_to_the_limit_and_reports_the_norm) {
   BOOST_TEST(tg::clip_grad_norm({a, b, unused}, 10.0) == 5.0);
   check_close(a.grad(), {3, 0}, 0, "below the limit: untouched");
   BOOST_TEST(tg::clip_grad_norm({a, b, unused}, 1.0) == 5.0);
-  check_close(a.grad(), {0.6, 0}, 1e-15, "scaled");
-  check_close(b.grad(), {0.8}, 1e-15, "scaled");
+  // PyTorch's factor, exactly: max_norm / (total + 1e-6), not max_norm / total.
+  const double factor = 1.0 / (5.0 + 1e-6);
+  BOOST_TEST(a.grad().to_vector<double>() == std::vector<double>({3.0 * factor, 0.0}));
+  BOOST_TEST(b.grad().to_vector<double>() == std::vector<double>({4.0 * factor}));
   check_throws<tg::ValueError>([&] { tg::clip_grad_norm({a}, 0.0); }, {"clip_grad_norm", "'max_norm'"});
+}
+
+BOOST_AUTO_TEST_CASE(clip_grad_norm_clips_from_max_norm_less_one_millionth) {
+  // A norm within 1e-6 below max_norm is clipped (the factor is below 1), one further below is not.
+  for (const double total : {1.0 - 5e-7, 1.0 - 2e-6}) {
+    Tensor a = tg::tensor({total}, tg::float64).set_requires_grad();
+    tg::backward(tg::sum(a * a) * 0.5);
+    BOOST_TEST(tg::clip_grad_norm({a}, 1.0) == total);
+    const double expected = total + 1e-6 > 1.0 ? total * (1.0 / (total + 1e-6)) : total;
+    BOOST_TEST(a.grad().item() == expected, "norm " << total << ": gradient " << a.grad().item() << ", expected " << expected);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(warmup_cosine_schedule) {

@@ -26,6 +26,8 @@ void mul_(const Tensor& dst, double factor);                                    
 void mul_(const Tensor& dst, const Tensor& src);                                      // dst *= src
 void addcmul_(const Tensor& dst, const Tensor& a, const Tensor& b, double value = 1.0);  // dst += value a b
 void addcdiv_(const Tensor& dst, const Tensor& a, const Tensor& b, double value = 1.0);  // dst += value a / b
-void lerp_(const Tensor& dst, const Tensor& end, double weight);                      // dst += weight (end - dst)
+// dst += weight (end - dst), as PyTorch evaluates it (end - (end - dst) (1 - weight) for a weight of
+// magnitude 0.5 or more, which gives end exactly at weight 1)
+void lerp_(const Tensor& dst, const Tensor& end, double weight);
 
 }  // namespace tapegrad

@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "autodiff/check.hpp"
-#include "autodiff/kernel.hpp"
+#include "autodiff/loops.hpp"
 
 namespace tapegrad {
 using detail::fail;

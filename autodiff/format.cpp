@@ -1,7 +1,7 @@
 // Human-readable rendering of a tensor, numpy style.
 #include <string>
 
-#include "autodiff/kernel.hpp"
+#include "autodiff/loops.hpp"
 
 namespace tapegrad {
 namespace {

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <limits>
 
-#include "autodiff/kernel.hpp"
+#include "autodiff/loops.hpp"
 #include "tapegrad/autodiff/tape.hpp"
 
 namespace tapegrad {

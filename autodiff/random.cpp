@@ -6,7 +6,7 @@
 #include <random>
 #include <utility>
 
-#include "autodiff/kernel.hpp"
+#include "autodiff/loops.hpp"
 
 namespace tapegrad {
 

@@ -6,7 +6,7 @@
 #include <unordered_map>
 
 #include "autodiff/check.hpp"
-#include "autodiff/kernel.hpp"
+#include "autodiff/loops.hpp"
 #include "autodiff/node.hpp"
 
 namespace tapegrad {

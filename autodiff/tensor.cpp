@@ -1,6 +1,6 @@
 // Tensor handle, storage and the argument checks every op shares.
 #include "autodiff/check.hpp"
-#include "autodiff/kernel.hpp"
+#include "autodiff/loops.hpp"
 #include "autodiff/node.hpp"
 #include "autodiff/tensor_impl.hpp"
 #include "tapegrad/autodiff/tape.hpp"

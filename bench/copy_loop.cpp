@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "autodiff/parallel.hpp"
+#include "runtime/parallel.hpp"
 #include "sections.hpp"
 
 namespace bench {

@@ -4,10 +4,10 @@
 
 #include <cmath>
 
-#include "autodiff/parallel.hpp"
+#include "runtime/parallel.hpp"
 #include "layers/layer_support.hpp"
-#include "ops/gelu_f32.hpp"
-#include "ops/kernel.hpp"
+#include "kernels/gelu_f32.hpp"
+#include "ops/op.hpp"
 #include "tapegrad/ops/dropout.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 

@@ -1,230 +1,237 @@
-// multihead_attention: projections, head split, the attention core, head merge, output
-// projection, and the suppression of queries that may attend to nothing.
+// The MultiHeadAttention layer and its KV cache.
 #include "tapegrad/layers/multihead_attention.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <string>
+#include <utility>
 
-#include "layers/attention_core.hpp"
-#include "layers/mha_detail.hpp"
-#include "ops/kernel.hpp"
-#include "ops/weighted_matmul.hpp"
-#include "tapegrad/ops/compare.hpp"
-#include "tapegrad/ops/elementwise.hpp"
-#include "tapegrad/ops/matmul.hpp"
+#include "autodiff/tensor_impl.hpp"
+#include "ops/multihead_attention_detail.hpp"
+#include "ops/op.hpp"
 #include "tapegrad/ops/view.hpp"
-#include "tapegrad/ops/where.hpp"
 
 namespace tapegrad {
-namespace detail {
 namespace {
+using detail::fail;
 
-void check_matrix(const char* op, const char* name, const Tensor& w, std::int64_t rows, DType dtype) {
-  check_floating(op, name, w);
-  if (w.dim() != 2 || (rows >= 0 && w.size(0) != rows))
-    fail<ShapeError>("{}: argument '{}' must be a matrix with {} rows, got shape {}", op, name,
-                     rows >= 0 ? fmt::format("{}", rows) : std::string("any number of"), shape_str(w.shape()));
-  if (w.dtype() != dtype)
-    fail<DTypeError>("{}: argument '{}' ({}) is {} but 'query' is {}; convert it with to()", op, name, shape_str(w.shape()),
-                     w.dtype(), dtype);
+constexpr const char* kLayer = "MultiHeadAttention";
+
+Tensor xavier(std::int64_t fan_in, std::int64_t fan_out, Generator& gen, DType dtype) {
+  // resolve() bounded both fans (each weight is allocatable), so the sum cannot overflow; it is
+  // taken in double all the same.
+  const double a = std::sqrt(6.0 / (static_cast<double>(fan_in) + static_cast<double>(fan_out)));
+  return rand({fan_in, fan_out}, gen, dtype, -a, a).set_requires_grad();
 }
 
-void check_vector(const char* op, const char* name, const Tensor& b, std::int64_t size, DType dtype) {
-  if (!b.defined()) return;
-  check_floating(op, name, b);
-  if (b.shape() != Shape{size})
-    fail<ShapeError>("{}: argument '{}' must have shape [{}], got {}", op, name, size, shape_str(b.shape()));
-  if (b.dtype() != dtype)
-    fail<DTypeError>("{}: argument '{}' ({}) is {} but 'query' is {}; convert it with to()", op, name, shape_str(b.shape()),
-                     b.dtype(), dtype);
-}
+// Validates every field before anything is computed from it, then fills in the defaults. A
+// config that cannot give a layer is a ValueError (DTypeError for the dtype) naming its fields:
+// nothing overflows further on, and no weight gets a shape that wraps around.
+MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
+  if (c.query_dim < 1) fail<ValueError>("{}: config.query_dim must be >= 1, got {}", kLayer, c.query_dim);
+  if (c.heads < 1) fail<ValueError>("{}: config.heads must be >= 1, got {}", kLayer, c.heads);
+  for (auto [field, value] : {std::pair{"context_dim", c.context_dim}, {"head_dim", c.head_dim}, {"value_head_dim", c.value_head_dim},
+                              {"out_dim", c.out_dim}})
+    if (value < 0) fail<ValueError>("{}: config.{} must be >= 1, or 0 for its default, got {}", kLayer, field, value);
+  if (!is_floating(c.dtype)) fail<DTypeError>("{}: config.dtype must be float32 or float64, got {}", kLayer, c.dtype);
 
-void check_mask(const char* op, const char* name, const Tensor& m, const Shape& shape, bool exact) {
-  if (!m.defined()) return;
-  check_dtype(op, name, m, DType::bool_);
-  const bool fits = exact ? m.shape() == shape : broadcast_args(op, "attention shape", shape, name, m.shape()) == shape;
-  if (!fits)
-    fail<ShapeError>("{}: argument '{}' must {} {}, got shape {}", op, name, exact ? "have shape" : "broadcast to",
-                     shape_str(shape), shape_str(m.shape()));
-}
+  std::string defaults;  // named in the messages below, which may concern a filled-in field
+  auto fill = [&](std::int64_t& field, std::int64_t value, const char* rule) {
+    if (field != 0) return;
+    field = value;
+    defaults += fmt::format("{}{}", defaults.empty() ? " (filled in: " : ", ", rule);
+  };
+  fill(c.context_dim, c.query_dim, "context_dim = query_dim");
+  if (c.head_dim == 0 && c.query_dim % c.heads != 0)
+    fail<ValueError>("{}: config.heads = {} must divide config.query_dim = {} when head_dim is not given", kLayer, c.heads,
+                     c.query_dim);
+  fill(c.head_dim, c.query_dim / c.heads, "head_dim = query_dim / heads");
+  fill(c.value_head_dim, c.head_dim, "value_head_dim = head_dim");
+  fill(c.out_dim, c.query_dim, "out_dim = query_dim");
+  if (!defaults.empty()) defaults += ")";
 
-}  // namespace
-
-Tensor split_heads(const Tensor& x, std::int64_t heads) {
-  return permute(reshape(x, {x.size(0), x.size(1), heads, x.size(2) / heads}), {0, 2, 1, 3});
-}
-
-Tensor rows_where(const Tensor& rows, const Tensor& x) {
-  return rows.defined() ? where(unsqueeze(rows, -1), x, scalar(0.0, x.dtype())) : x;
-}
-
-namespace {
-
-// Whether every row of x [B, L, C] that `rows` [B, L] leaves out is finite.
-bool left_out_rows_finite(const Tensor& rows, const Tensor& x) {
-  const bool* keep = static_cast<const bool*>(rows.raw_data());  // a fresh contiguous mask
-  return visit_float(x.dtype(), "multihead_attention", [&]<class T>(Tag<T>) {
-    const T* p = static_cast<const T*>(x.raw_data());
-    const std::int64_t len = x.size(1), c = x.size(2), s0 = x.strides()[0], s1 = x.strides()[1], s2 = x.strides()[2];
-    for (std::int64_t b = 0; b < x.size(0); ++b)
-      for (std::int64_t i = 0; i < len; ++i) {
-        if (keep[b * len + i]) continue;
-        const T* row = p + b * s0 + i * s1;
-        if (s2 == 1) {
-          if (!all_finite_run(row, c)) return false;
-          continue;
-        }
-        for (std::int64_t j = 0; j < c; ++j)
-          if (!std::isfinite(row[j * s2])) return false;
-      }
-    return true;
-  });
-}
-
-// x with the rows that `rows` leaves out set to 0 when one of them is not finite, else x.
-Tensor zero_left_out_rows(const Tensor& rows, const Tensor& x) {
-  return !rows.defined() || left_out_rows_finite(rows, x) ? x : rows_where(rows, x);
-}
-
-}  // namespace
-
-Tensor project(const Tensor& x, const Tensor& w, const Tensor& b) {
-  Tensor y = matmul(x, w);
-  return b.defined() ? add(y, b) : y;
-}
-
-MhaShapes check_mha(const char* op, const MhaActivations& a, const MhaParameters& p, const MhaMasks& m, std::int64_t heads,
-                    std::int64_t context_length) {
-  check_floating(op, "query", a.query);
-  const DType dtype = a.query.dtype();
-  if (a.query.dim() != 3) fail<ShapeError>("{}: argument 'query' must be [B, Q, Cq], got shape {}", op, shape_str(a.query.shape()));
-  if (heads < 1) fail<ValueError>("{}: argument 'heads' must be >= 1, got {}", op, heads);
-  MhaShapes s{op, a.query.size(0), a.query.size(1), context_length, heads, 0, 0, 0};
-  check_matrix(op, "w_q", p.w_q, a.query.size(2), dtype);
-  check_matrix(op, "w_k", p.w_k, -1, dtype);
-  check_matrix(op, "w_v", p.w_v, p.w_k.size(0), dtype);
-  if (p.w_k.size(1) != p.w_q.size(1))
-    fail<ShapeError>("{}: arguments 'w_q' {} and 'w_k' {} must project to the same width H*D", op, shape_str(p.w_q.shape()),
-                     shape_str(p.w_k.shape()));
-  for (auto [name, w] : {std::pair{"w_q", &p.w_q}, {"w_v", &p.w_v}})
-    if (w->size(1) % heads != 0)
-      fail<ShapeError>("{}: heads = {} must divide the projection width of '{}', shape {}", op, heads, name, shape_str(w->shape()));
-  s.d = p.w_q.size(1) / heads;
-  s.dv = p.w_v.size(1) / heads;
-  if (s.d < 1)
-    fail<ShapeError>("{}: the per-head query/key width D must be >= 1, got 'w_q' {} with heads = {}", op, shape_str(p.w_q.shape()),
-                     heads);
-  check_matrix(op, "w_o", p.w_o, p.w_v.size(1), dtype);
-  s.cout = p.w_o.size(1);
-  check_vector(op, "b_q", p.b_q, heads * s.d, dtype);
-  check_vector(op, "b_k", p.b_k, heads * s.d, dtype);
-  check_vector(op, "b_v", p.b_v, heads * s.dv, dtype);
-  check_vector(op, "b_o", p.b_o, s.cout, dtype);
-  if (s.b < 1 || s.q < 1 || s.k < 1)
-    fail<ShapeError>("{}: B, Q and K must be >= 1, got B = {}, Q = {}, K = {} (query {}, context length {})", op, s.b, s.q, s.k,
-                     shape_str(a.query.shape()), s.k);
-  const Shape scores{s.b, heads, s.q, s.k};
-  check_countable(op, fmt::format("heads = {} gives the attention [B, heads, Q, K] =", heads).c_str(), scores);
-  check_mask(op, "key_mask", m.key_mask, {s.b, s.k}, true);
-  check_mask(op, "query_mask", m.query_mask, {s.b, s.q}, true);
-  check_mask(op, "attention_mask", m.attention_mask, scores, false);
-  if (a.bias.defined()) {
-    check_floating(op, "bias", a.bias);
-    if (a.bias.dtype() != dtype)
-      fail<DTypeError>("{}: argument 'bias' is {} but 'query' is {}; convert it with to()", op, a.bias.dtype(), dtype);
-    if (broadcast_args(op, "attention shape", scores, "bias", a.bias.shape()) != scores)
-      fail<ShapeError>("{}: argument 'bias' must broadcast to {}, got shape {}", op, shape_str(scores), shape_str(a.bias.shape()));
-  }
-  return s;
-}
-
-AllowedPairs allowed_pairs(const MhaMasks& m, const MhaShapes& s, bool causal, std::int64_t causal_offset) {
-  AllowedPairs out;
-  out.mask = {m.attention_mask, m.key_mask, m.query_mask, causal, causal_offset};
-  if (out.mask.empty()) return out;
-  // active[b, i] = any over (h, j) and used[b, j] = any over (h, i) of the allowed pairs, row by
-  // row. Without an attention_mask the heads share their rows (one per query), and a row's
-  // allowed keys are the key mask's below the causal end: the row is active when its first
-  // allowed key is below the end, and the keys used are the allowed ones below the largest
-  // end of an active row. With an attention_mask, each row's keys are read.
-  const std::int64_t heads = m.attention_mask.defined() ? s.h : 1;
-  const RowMasks rows(s.op, out.mask, {s.b, heads, s.q, s.k});
-  out.active = zeros({s.b, s.q}, DType::bool_);
-  out.used = zeros({s.b, s.k}, DType::bool_);
-  bool* active = static_cast<bool*>(mutable_data(out.active));
-  bool* used = static_cast<bool*>(mutable_data(out.used));
-  for (std::int64_t b = 0; b < s.b; ++b) {
-    std::int64_t first_key = 0;  // the first key the key mask allows (s.k: none)
-    if (m.key_mask.defined()) {
-      const RowMask any_row = rows.row(b * heads * s.q);
-      while (first_key < s.k && !any_row.keys[first_key]) ++first_key;
+  std::int64_t hd = 0, hdv = 0;
+  if (__builtin_mul_overflow(c.heads, c.head_dim, &hd))
+    fail<ValueError>("{}: config.heads * config.head_dim = {} * {} overflows int64{}", kLayer, c.heads, c.head_dim, defaults);
+  if (__builtin_mul_overflow(c.heads, c.value_head_dim, &hdv))
+    fail<ValueError>("{}: config.heads * config.value_head_dim = {} * {} overflows int64{}", kLayer, c.heads, c.value_head_dim,
+                     defaults);
+  // Each weight must be a tensor tapegrad can allocate (its element and byte counts fit); that
+  // also bounds fan_in + fan_out.
+  struct Weight {
+    const char *name, *rows_fields, *cols_fields;
+    std::int64_t rows, cols;
+  };
+  const char* hd_fields = "config.heads * config.head_dim";
+  const char* hdv_fields = "config.heads * config.value_head_dim";
+  for (const Weight& w : {Weight{"w_q", "config.query_dim", hd_fields, c.query_dim, hd},
+                          Weight{"w_k", "config.context_dim", hd_fields, c.context_dim, hd},
+                          Weight{"w_v", "config.context_dim", hdv_fields, c.context_dim, hdv},
+                          Weight{"w_o", hdv_fields, "config.out_dim", hdv, c.out_dim}}) {
+    try {
+      detail::check_shape(kLayer, w.name, {w.rows, w.cols}, c.dtype);
+    } catch (const Error&) {
+      fail<ValueError>("{}: weight '{}' would have shape [{}, {}] = [{}, {}] of {}, more than can be allocated{}", kLayer, w.name,
+                       w.rows_fields, w.cols_fields, w.rows, w.cols, c.dtype, defaults);
     }
-    std::int64_t widest = 0;  // the largest causal end of an active row
-    for (std::int64_t r = b * heads * s.q; r < (b + 1) * heads * s.q; ++r) {
-      const RowMask row = rows.row(r);
-      bool* act = active + b * s.q + r % s.q;
-      if (row.pairs == nullptr) {
-        if (first_key < row.end) {
-          *act = true;
-          widest = std::max(widest, row.end);
-        }
-        continue;
-      }
-      for (std::int64_t j = 0; j < row.end; ++j)
-        if (row(j)) *act = used[b * s.k + j] = true;
-    }
-    for (std::int64_t j = 0; j < widest; ++j) used[b * s.k + j] |= !m.key_mask.defined() || rows.row(b * heads * s.q).keys[j];
   }
-  if (all(out.active)) out.active = Tensor();
-  if (all(out.used)) out.used = Tensor();
+  return c;
+}
+
+constexpr const char* kForward = "MultiHeadAttention::forward";
+constexpr const char* kDecode = "MultiHeadAttention::decode";
+
+// An input as the caller passed it: its argument name, and how it is used when that is not
+// obvious from the name.
+struct Input {
+  const char *name, *role;
+  const Tensor& tensor;
+};
+
+// The layer's inputs are checked against its config before anything else, so that a mismatch
+// is reported as what the caller passed (its rank, width or dtype) rather than as a weight the
+// caller never handed over (multihead_attention would blame w_q for a query of the wrong width).
+void check_input(const char* op, const Input& in, const char* width_field, std::int64_t width, DType dtype) {
+  const Tensor& x = in.tensor;
+  detail::check_floating(op, in.name, x);
+  if (x.dim() != 3 || x.size(0) < 1 || x.size(1) < 1)
+    fail<ShapeError>("{}: argument '{}'{} must be [B, L, config.{} = {}] with B, L >= 1, got shape {}", op, in.name, in.role,
+                     width_field, width, detail::shape_str(x.shape()));
+  if (x.size(2) != width)
+    fail<ShapeError>("{}: argument '{}'{} has width {} (shape {}) but the layer's config.{} is {}", op, in.name, in.role, x.size(2),
+                     detail::shape_str(x.shape()), width_field, width);
+  if (x.dtype() != dtype)
+    fail<DTypeError>("{}: argument '{}'{} is {} but the layer's config.dtype is {}; convert it with to()", op, in.name, in.role,
+                     x.dtype(), dtype);
+}
+
+AttentionResult run_forward(const MultiHeadAttention& layer, const Input& query, const Input& context, const MhaCall& call) {
+  const MultiHeadAttentionConfig& c = layer.config();
+  check_input(kForward, query, "query_dim", c.query_dim, c.dtype);
+  check_input(kForward, context, "context_dim", c.context_dim, c.dtype);
+  return detail::multihead_attention(kForward, {query.tensor, context.tensor, call.bias}, layer.weights(), call.masks,
+                                     c.heads, call.causal, call.causal_offset, call.need_weights);
+}
+
+// A fresh [B, capacity, width] buffer holding the first `length` positions of `buffer` (the
+// positions past them are not read: they were never written).
+Tensor reallocated(const Tensor& buffer, std::int64_t length, std::int64_t capacity) {
+  Tensor out = detail::new_tensor({buffer.size(0), capacity, buffer.size(2)}, buffer.dtype(), "KVCache");
+  if (length > 0) detail::copy_into(slice(out, 1, 0, length), slice(buffer, 1, 0, length));
   return out;
 }
 
-AttentionResult attend_projected(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const MhaParameters& p,
-                                 const AllowedPairs& allowed, const MhaShapes& s, bool need_weights) {
-  // Steps 3-5 in the attention core (one tape node), with the bias added to the scores; both
-  // paths read the masks row by row.
-  auto [heads_out, attention] = attention_core({s.op, q, k, v, bias, allowed.mask, need_weights});
-  // Step 6: concatenate heads in head order, then the output projection (one node).
-  Tensor output = merge_heads_project(s.op, heads_out, p.w_o, p.b_o);
-  // Step 7: a query with no allowed key in any head is exactly zero, b_o included (selected, so
-  // its gradient there is exactly zero too).
-  return {rows_where(allowed.active, output), attention};
+}  // namespace
+
+MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config) : config_(resolve(config)) {
+  const auto& c = config_;
+  Generator gen(c.seed);
+  const std::int64_t hd = c.heads * c.head_dim, hdv = c.heads * c.value_head_dim;
+  params_.w_q = xavier(c.query_dim, hd, gen, c.dtype);
+  params_.w_k = xavier(c.context_dim, hd, gen, c.dtype);
+  params_.w_v = xavier(c.context_dim, hdv, gen, c.dtype);
+  params_.w_o = xavier(hdv, c.out_dim, gen, c.dtype);
+  if (c.bias) {
+    params_.b_q = zeros({hd}, c.dtype).set_requires_grad();
+    params_.b_k = zeros({hd}, c.dtype).set_requires_grad();
+    params_.b_v = zeros({hdv}, c.dtype).set_requires_grad();
+    params_.b_o = zeros({c.out_dim}, c.dtype).set_requires_grad();
+  }
 }
 
-AttentionResult multihead_attention(const char* op, const MhaActivations& a, const MhaParameters& p, const MhaMasks& m,
-                                    std::int64_t heads, bool causal, std::int64_t causal_offset, bool need_weights) {
-  check_floating(op, "context", a.context);
-  if (a.context.dim() != 3)
-    fail<ShapeError>("{}: argument 'context' must be [B, K, Cctx], got shape {}", op, shape_str(a.context.shape()));
-  const MhaShapes s = check_mha(op, a, p, m, heads, a.context.size(1));
-  if (a.context.size(0) != s.b)
-    fail<ShapeError>("{}: arguments 'query' {} and 'context' {} must have the same batch size B", op, shape_str(a.query.shape()),
-                     shape_str(a.context.shape()));
-  if (a.context.size(2) != p.w_k.size(0))
-    fail<ShapeError>("{}: argument 'w_k' {} must have one row per context channel ('context' is {})", op, shape_str(p.w_k.shape()),
-                     shape_str(a.context.shape()));
-  if (a.context.dtype() != a.query.dtype())
-    fail<DTypeError>("{}: arguments 'query' ({}) and 'context' ({}) must have the same dtype", op, a.query.dtype(), a.context.dtype());
-  const AllowedPairs allowed = allowed_pairs(m, s, causal, causal_offset);
-  // Step 1, on zero rows for the queries that attend to nothing and the keys that no query
-  // attends to, when one of those rows holds a NaN or inf. Their values reach no output, but a
-  // non-finite one would reach the weight gradients: dw_q = query^T dq multiplies a query's row
-  // by its zero row of dq, and 0 * NaN is NaN. Selecting (not multiplying) drops the value and
-  // gives those rows exactly zero gradients. Finite rows times their zero rows of dq, dk, dv add
-  // nothing, so they are left as they are (no copy of the input: padding would cost one).
-  const Tensor query = zero_left_out_rows(allowed.active, a.query), context = zero_left_out_rows(allowed.used, a.context);
-  // Steps 1-2: each projection and its head split is one node.
-  const Tensor q = project_heads(op, query, p.w_q, p.b_q, heads);
-  const Tensor k = project_heads(op, context, p.w_k, p.b_k, heads);
-  const Tensor v = project_heads(op, context, p.w_v, p.b_v, heads);
-  return attend_projected(q, k, v, a.bias, p, allowed, s, need_weights);
+void MultiHeadAttention::visit(ModuleVisitor& v) {
+  v.parameter("w_q", params_.w_q);
+  v.parameter("w_k", params_.w_k);
+  v.parameter("w_v", params_.w_v);
+  v.parameter("w_o", params_.w_o);
+  if (!config_.bias) return;
+  v.parameter("b_q", params_.b_q);
+  v.parameter("b_k", params_.b_k);
+  v.parameter("b_v", params_.b_v);
+  v.parameter("b_o", params_.b_o);
 }
 
-}  // namespace detail
-
-AttentionResult multihead_attention(const MhaActivations& a, const MhaParameters& p, const MhaMasks& m, std::int64_t heads,
-                                    bool causal, std::int64_t causal_offset, bool need_weights) {
-  return detail::multihead_attention("multihead_attention", a, p, m, heads, causal, causal_offset, need_weights);
+AttentionResult MultiHeadAttention::forward(const Tensor& query, const Tensor& context, const Call& call) const {
+  return run_forward(*this, {"query", "", query}, {"context", "", context}, call);
 }
+
+AttentionResult MultiHeadAttention::forward(const Tensor& x, const Call& call) const {
+  return run_forward(*this, {"x", "", x}, {"x", " (the context too: forward(x) is self-attention)", x}, call);
+}
+
+AttentionResult MultiHeadAttention::decode(const Tensor& query, KVCache& cache, const Call& call) const {
+  NoGradGuard no_grad;
+  if (config_.context_dim != config_.query_dim)
+    fail<ValueError>("{}: incremental decoding is self-attention; this layer's config.context_dim {} differs from its "
+                     "config.query_dim {}",
+                     kDecode, config_.context_dim, config_.query_dim);
+  check_input(kDecode, {"query", "", query}, "query_dim", config_.query_dim, config_.dtype);
+  if (cache.k_.defined()) {
+    // A cache holds one batch of one layer's keys and values. An empty (cleared) cache with
+    // other buffers is re-made; a non-empty one must match.
+    const bool fits = cache.k_.size(0) == query.size(0) && cache.k_.size(2) == params_.w_k.size(1) &&
+                      cache.v_.size(2) == params_.w_v.size(1) && cache.k_.dtype() == query.dtype();
+    if (!fits && cache.length() > 0)
+      fail<ShapeError>("{}: argument 'cache' holds keys [{}, {}, {}] of {} from another batch or layer; 'query' is {} {} and this "
+                       "layer's keys are {} wide (clear() the cache to start over)",
+                       kDecode, cache.k_.size(0), cache.length(), cache.k_.size(2), cache.k_.dtype(), detail::shape_str(query.shape()),
+                       query.dtype(), params_.w_k.size(1));
+    if (!fits) cache.k_ = cache.v_ = Tensor();
+  }
+  const std::int64_t before = cache.length();
+  const MhaActivations a{query, Tensor(), call.bias};
+  const detail::MhaShapes s = detail::check_mha(kDecode, a, params_, call.masks, config_.heads, before + query.size(1));
+  cache.append(detail::project(query, params_.w_k, params_.b_k), detail::project(query, params_.w_v, params_.b_v));
+  // Unlike multihead_attention, the rows of inactive queries and unattended keys are kept: the
+  // new keys may serve later queries, and nothing here has a gradient.
+  const std::int64_t h = config_.heads;
+  return detail::attend_projected(detail::project_heads(kDecode, query, params_.w_q, params_.b_q, h),
+                                  detail::split_heads(cache.keys(), h), detail::split_heads(cache.values(), h), call.bias, params_,
+                                  detail::allowed_pairs(call.masks, s, /*causal=*/true, before), s,
+                                  call.need_weights);
+}
+
+KVCache::KVCache(const KVCache& other)
+    : k_(other.k_.defined() ? reallocated(other.k_, other.length_, other.capacity()) : Tensor()),
+      v_(other.v_.defined() ? reallocated(other.v_, other.length_, other.capacity()) : Tensor()),
+      length_(other.length_) {}
+
+KVCache& KVCache::operator=(const KVCache& other) {
+  if (this != &other) *this = KVCache(other);
+  return *this;
+}
+
+KVCache::KVCache(KVCache&& other) noexcept
+    : k_(std::move(other.k_)), v_(std::move(other.v_)), length_(std::exchange(other.length_, 0)) {}
+
+KVCache& KVCache::operator=(KVCache&& other) noexcept {
+  if (this == &other) return *this;
+  k_ = std::move(other.k_);  // a moved-from Tensor is undefined
+  v_ = std::move(other.v_);
+  length_ = std::exchange(other.length_, 0);
+  return *this;
+}
+
+void KVCache::append(const Tensor& k, const Tensor& v) {
+  const std::int64_t n = k.size(1);
+  if (length_ + n > capacity()) {
+    // Grow by doubling: each position is copied O(1) times on average. Not past what can be
+    // allocated, while what is needed still can be.
+    std::int64_t grown = std::max<std::int64_t>({2 * capacity(), length_ + n, 16});
+    try {
+      detail::check_shape("KVCache", "buffer", {k.size(0), grown, std::max(k.size(2), v.size(2))}, k.dtype());
+    } catch (const ShapeError&) {
+      grown = length_ + n;
+    }
+    k_ = reallocated(k_.defined() ? k_ : k, length_, grown);
+    v_ = reallocated(v_.defined() ? v_ : v, length_, grown);
+  }
+  detail::copy_into(slice(k_, 1, length_, length_ + n), k);
+  detail::copy_into(slice(v_, 1, length_, length_ + n), v);
+  length_ += n;
+}
+
+Tensor KVCache::keys() const { return slice(k_, 1, 0, length_); }
+Tensor KVCache::values() const { return slice(v_, 1, 0, length_); }
 
 }  // namespace tapegrad

@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-#include "ops/kernel.hpp"
+#include "ops/op.hpp"
 
 namespace tapegrad {
 namespace {

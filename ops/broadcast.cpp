@@ -2,7 +2,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "ops/kernel.hpp"
+#include "ops/op.hpp"
 #include "tapegrad/ops/reduction.hpp"
 #include "tapegrad/ops/view.hpp"
 

@@ -1,5 +1,5 @@
 // Explicit dtype conversion; between floating dtypes the gradient is converted back.
-#include "ops/kernel.hpp"
+#include "ops/op.hpp"
 #include "tapegrad/ops/cast.hpp"
 
 namespace tapegrad {

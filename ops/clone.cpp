@@ -1,7 +1,7 @@
 // clone: a recorded copy into fresh storage.
 #include "tapegrad/ops/clone.hpp"
 
-#include "ops/kernel.hpp"
+#include "ops/op.hpp"
 
 namespace tapegrad {
 

@@ -1,5 +1,5 @@
 // Comparisons and boolean logic. Results are bool tensors and are never recorded on the tape.
-#include "ops/kernel.hpp"
+#include "ops/op.hpp"
 #include "tapegrad/ops/compare.hpp"
 
 namespace tapegrad {

@@ -1,7 +1,7 @@
 // dropout: a seeded keep-mask, forward and backward both selecting through it.
 #include "tapegrad/ops/dropout.hpp"
 
-#include "ops/kernel.hpp"
+#include "ops/op.hpp"
 
 namespace tapegrad {
 namespace {

@@ -1,6 +1,6 @@
 // add, sub, mul, div: forward and backward side by side. Shapes broadcast; each backward sums
 // the gradient back over the dims its input was broadcast along (sum_to).
-#include "ops/kernel.hpp"
+#include "ops/op.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 
 namespace tapegrad {

@@ -6,9 +6,9 @@
 // fast_math.hpp, float32 GELU the kernels of gelu_f32.cpp; float64 keeps the std:: functions.
 #include <cmath>
 
-#include "ops/fast_math.hpp"
-#include "ops/gelu_f32.hpp"
-#include "ops/kernel.hpp"
+#include "kernels/fast_math.hpp"
+#include "kernels/gelu_f32.hpp"
+#include "ops/op.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 
 namespace tapegrad {

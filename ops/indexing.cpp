@@ -11,7 +11,7 @@
 // gradient of every copy of a repeated id lands on (and adds into) the same element of x.
 #include "tapegrad/ops/indexing.hpp"
 
-#include "ops/kernel.hpp"
+#include "ops/op.hpp"
 
 namespace tapegrad {
 namespace {

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "autodiff/node.hpp"
-#include "ops/kernel.hpp"
+#include "ops/op.hpp"
 
 namespace tapegrad {
 namespace {

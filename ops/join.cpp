@@ -1,5 +1,5 @@
 // concat and stack: copies into one new tensor; each input's gradient is its slice of g.
-#include "ops/kernel.hpp"
+#include "ops/op.hpp"
 #include "tapegrad/ops/join.hpp"
 #include "tapegrad/ops/view.hpp"
 

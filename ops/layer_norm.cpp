@@ -12,8 +12,8 @@
 #include <cmath>
 #include <vector>
 
-#include "autodiff/parallel.hpp"
-#include "ops/kernel.hpp"
+#include "runtime/parallel.hpp"
+#include "ops/op.hpp"
 
 namespace tapegrad {
 namespace {

@@ -13,9 +13,9 @@
 #include <algorithm>
 #include <vector>
 
-#include "autodiff/parallel.hpp"
-#include "ops/kernel.hpp"
-#include "ops/matmul_kernels.hpp"
+#include "runtime/parallel.hpp"
+#include "ops/op.hpp"
+#include "kernels/matmul.hpp"
 #include "tapegrad/ops/view.hpp"
 
 namespace tapegrad {

@@ -13,9 +13,9 @@
 #include <limits>
 #include <type_traits>
 
-#include "autodiff/parallel.hpp"
-#include "ops/kernel.hpp"
-#include "ops/softmax_kernels.hpp"
+#include "runtime/parallel.hpp"
+#include "ops/op.hpp"
+#include "kernels/softmax_rows.hpp"
 
 namespace tapegrad {
 namespace {

@@ -11,8 +11,8 @@
 #include <cmath>
 #include <limits>
 
-#include "ops/kernel.hpp"
-#include "ops/softmax_kernels.hpp"
+#include "ops/op.hpp"
+#include "kernels/softmax_rows.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 
 namespace tapegrad {

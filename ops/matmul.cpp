@@ -1,6 +1,6 @@
 // matmul: validation, batch broadcasting, the choice of back end, and the backward.
-#include "ops/kernel.hpp"
-#include "ops/matmul_kernels.hpp"
+#include "ops/op.hpp"
+#include "kernels/matmul.hpp"
 #include "tapegrad/ops/matmul.hpp"
 #include "tapegrad/ops/view.hpp"
 

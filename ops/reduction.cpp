@@ -4,7 +4,7 @@
 #include <cstring>
 #include <limits>
 
-#include "ops/kernel.hpp"
+#include "ops/op.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/reduction.hpp"
 #include "tapegrad/ops/view.hpp"

@@ -4,7 +4,7 @@
 #include <numeric>
 #include <optional>
 
-#include "ops/kernel.hpp"
+#include "ops/op.hpp"
 #include "tapegrad/ops/view.hpp"
 
 namespace tapegrad {

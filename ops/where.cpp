@@ -1,5 +1,5 @@
 // where / masked_fill: the selected values get the gradient, the others get zero.
-#include "ops/kernel.hpp"
+#include "ops/op.hpp"
 #include "tapegrad/ops/view.hpp"
 #include "tapegrad/ops/where.hpp"
 

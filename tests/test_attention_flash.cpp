@@ -7,7 +7,7 @@
 #include <boost/test/data/test_case.hpp>
 #include <limits>
 
-#include "layers/attention_core.hpp"
+#include "ops/attention_core.hpp"
 #include "support.hpp"
 
 namespace tg = tapegrad;

@@ -5,7 +5,7 @@
 
 #include <tapegrad/tapegrad.hpp>
 
-#include "layers/attention_mask.hpp"
+#include "kernels/attention_mask.hpp"
 
 namespace tg = tapegrad;
 using tg::Tensor;

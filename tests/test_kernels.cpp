@@ -16,8 +16,8 @@
 
 #include <tapegrad/tapegrad.hpp>
 
-#include "ops/gelu_f32.hpp"
-#include "ops/weighted_matmul.hpp"
+#include "kernels/gelu_f32.hpp"
+#include "kernels/weighted_matmul.hpp"
 
 namespace tg = tapegrad;
 using tg::Tensor;

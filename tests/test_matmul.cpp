@@ -4,7 +4,7 @@
 #include <boost/test/data/monomorphic.hpp>
 #include <boost/test/data/test_case.hpp>
 
-#include "ops/matmul_kernels.hpp"
+#include "kernels/matmul.hpp"
 #include "reference.hpp"
 #include "support.hpp"
 

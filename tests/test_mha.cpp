@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <limits>
 
-#include "layers/mha_detail.hpp"
+#include "ops/multihead_attention_detail.hpp"
 #include "mha_support.hpp"
 
 namespace tg = tapegrad;

@@ -14,10 +14,10 @@
 
 #include <tapegrad/tapegrad.hpp>
 
-#include "autodiff/parallel.hpp"
-#include "autodiff/thread_choice.hpp"
-#include "autodiff/thread_pool.hpp"
-#include "ops/matmul_kernels.hpp"
+#include "runtime/parallel.hpp"
+#include "runtime/thread_choice.hpp"
+#include "runtime/thread_pool.hpp"
+#include "kernels/matmul.hpp"
 
 namespace tg = tapegrad;
 using tg::detail::parallel_chunks;

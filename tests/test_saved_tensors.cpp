@@ -10,7 +10,7 @@
 #include <functional>
 #include <numeric>
 
-#include "layers/attention_core.hpp"
+#include "ops/attention_core.hpp"
 #include "support.hpp"
 #include "write_after_record.hpp"
 

@@ -1,60 +1,99 @@
-// Multi-head attention (docs/semantics.md §6) as a function, and the MultiHeadAttention layer
-// with a KV cache (§7).
-//
-// Call site, with designated initializers for the three groups of inputs:
-//   auto [out, attn] = tg::multihead_attention(
-//       {.query = x, .context = memory},
-//       {.w_q = wq, .w_k = wk, .w_v = wv, .w_o = wo, .b_o = bo},
-//       {.key_mask = padding},
-//       /*heads=*/4, /*causal=*/true);
+// The MultiHeadAttention layer: owns w_q, w_k, w_v, w_o (and optional biases), initialised from
+// a seed, and calls multihead_attention. Self-attention and cross-attention (a context of
+// another width) both work. A KVCache turns it into an incremental decoder.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "tapegrad/autodiff/tensor.hpp"
-#include "tapegrad/layers/attention.hpp"
+#include "tapegrad/layers/module.hpp"
+#include "tapegrad/ops/multihead_attention.hpp"
 
 namespace tapegrad {
 
-struct MhaActivations {
-  Tensor query;    // [B, Q, Cq]
-  Tensor context;  // [B, K, Cctx]
-  Tensor bias{};   // optional additive floating bias, broadcastable to [B, H, Q, K]
+struct MultiHeadAttentionConfig {
+  std::int64_t query_dim = 0;       // Cq (required)
+  std::int64_t heads = 1;           // H
+  std::int64_t context_dim = 0;     // Cctx; 0 means query_dim (self-attention)
+  std::int64_t head_dim = 0;        // D; 0 means query_dim / heads
+  std::int64_t value_head_dim = 0;  // Dv; 0 means head_dim
+  std::int64_t out_dim = 0;         // Cout; 0 means query_dim
+  bool bias = true;                 // b_q, b_k, b_v, b_o
+  DType dtype = float32;
+  std::uint64_t seed = 0;
 };
 
-struct MhaParameters {
-  Tensor w_q;  // [Cq, H*D]
-  Tensor w_k;  // [Cctx, H*D]
-  Tensor w_v;  // [Cctx, H*Dv]
-  Tensor w_o;  // [H*Dv, Cout]
-  Tensor b_q{}, b_k{}, b_v{}, b_o{};  // optional: [H*D], [H*D], [H*Dv], [Cout]
+// Keys and values of the positions decoded so far, for one layer and one batch. Appending is
+// amortised O(1) per position: storage grows by doubling and is never re-copied per step.
+//
+// A copy is deep: it gets buffers of its own holding the cached positions, so decoding on a copy
+// (to branch a beam, say) leaves the original exactly as it was. Copying costs one pass over the
+// cached keys and values. A move takes the buffers and leaves the source empty (length 0, no
+// storage), ready for a new sequence.
+class KVCache {
+ public:
+  KVCache() = default;
+  KVCache(const KVCache& other);
+  KVCache& operator=(const KVCache& other);
+  KVCache(KVCache&& other) noexcept;
+  KVCache& operator=(KVCache&& other) noexcept;
+  ~KVCache() = default;
+
+  std::int64_t length() const noexcept { return length_; }
+  std::int64_t capacity() const noexcept { return k_.defined() ? k_.size(1) : 0; }
+  // Forgets every position but keeps the storage for the next sequence of the same shape.
+  void clear() noexcept { length_ = 0; }
+
+ private:
+  friend class MultiHeadAttention;
+  void append(const Tensor& k, const Tensor& v);  // [B, n, H*D], [B, n, H*Dv]
+  Tensor keys() const;                            // views [B, length, H*D]
+  Tensor values() const;
+  Tensor k_, v_;  // [B, capacity, width]
+  std::int64_t length_ = 0;
 };
 
-struct MhaMasks {  // all optional, bool, True = allowed
-  Tensor key_mask{};        // [B, K]
-  Tensor query_mask{};      // [B, Q]
-  Tensor attention_mask{};  // broadcastable to [B, H, Q, K]
+// Per-call options of MultiHeadAttention::forward and decode.
+struct MhaCall {
+  MhaMasks masks{};
+  Tensor bias{};  // additive, broadcastable to [B, H, Q, K]
+  bool causal = false;
+  std::int64_t causal_offset = 0;
+  bool need_weights = false;  // true: also return the attention weights [B, H, Q, K]
 };
 
-// Returns output [B, Q, Cout] and attention [B, H, Q, K]. With need_weights = false the
-// attention is left undefined and is never formed: the heads run fused, block by block over the
-// keys (memory O(B H Q) on top of the activations instead of O(B H Q K)); the output and every
-// gradient are the same up to float rounding.
-//  1. q = query w_q (+ b_q), k = context w_k (+ b_k), v = context w_v (+ b_v)
-//  2. head h owns channels [h*D, (h+1)*D) of q and k, [h*Dv, (h+1)*Dv) of v
-//  3. scores = q k^T / sqrt(D) + bias
-//  4. allowed = key_mask[b,j] & query_mask[b,i] & attention_mask[b,h,i,j]
-//               (& j <= i + causal_offset when causal, for any Q, K and signed offset)
-//  5. attention = masked_softmax(scores, allowed)
-//  6. output = concat_h(attention_h v_h) w_o (+ b_o)
-//  7. a query with no allowed key in any head gets output exactly 0 (after b_o)
-// A query with no allowed key in any head, a key no query may attend to in any head, and a masked
-// bias entry have no effect on any output or gradient, whatever they hold (NaN and +-inf
-// included); their own gradients are exactly 0.
-// B, Q, K >= 1 and heads >= 1; D != Dv and Cq, Cctx, Cout all different are fine.
-AttentionResult multihead_attention(const MhaActivations& activations, const MhaParameters& parameters,
-                                    const MhaMasks& masks = {}, std::int64_t heads = 1, bool causal = false,
-                                    std::int64_t causal_offset = 0, bool need_weights = true);
+class MultiHeadAttention : public Module {
+ public:
+  // Weights are Xavier-uniform, U(-a, a) with a = sqrt(6 / (fan_in + fan_out)), drawn from
+  // Generator(seed) in the order w_q, w_k, w_v, w_o; biases start at zero (as PyTorch's
+  // MultiheadAttention initialises its input projection).
+  explicit MultiHeadAttention(const MultiHeadAttentionConfig& config);
+
+  using Call = MhaCall;
+
+  AttentionResult forward(const Tensor& query, const Tensor& context, const Call& call) const;
+  AttentionResult forward(const Tensor& query, const Tensor& context) const { return forward(query, context, Call{}); }
+  // Self-attention, forward(x, x, call): forward(x, {.causal = true}) is a causal layer.
+  AttentionResult forward(const Tensor& x, const Call& call = Call{}) const;  // errors name 'x'
+  // Each input is checked against the config first: a query or context of the wrong rank,
+  // width or dtype is reported as such (against config.query_dim, context_dim or dtype).
+
+  // Incremental causal self-attention: projects `query` [B, n, Cq] (n new positions), appends
+  // their keys and values to `cache`, and attends over every cached position with
+  // causal_offset = the cache length before this call (call.causal/causal_offset are ignored;
+  // masks and bias must cover all cached keys). Equal to the full causal forward over the
+  // whole sequence. Decoding is inference: it records nothing on the tape.
+  AttentionResult decode(const Tensor& query, KVCache& cache, const Call& call = Call{}) const;
+
+  // Parameters, named "w_q", "w_k", "w_v", "w_o" and, with config.bias, "b_q", "b_k", "b_v",
+  // "b_o". They are leaves that require grad; update them in place (ops/inplace.hpp).
+  void visit(ModuleVisitor& v) override;
+  const MhaParameters& weights() const noexcept { return params_; }
+  const MultiHeadAttentionConfig& config() const noexcept { return config_; }
+
+ private:
+  MultiHeadAttentionConfig config_;
+  MhaParameters params_;
+};
 
 }  // namespace tapegrad

@@ -14,7 +14,7 @@
 #include "tapegrad/layers/layer_norm.hpp"
 #include "tapegrad/layers/linear.hpp"
 #include "tapegrad/layers/module.hpp"
-#include "tapegrad/layers/multihead_attention_layer.hpp"
+#include "tapegrad/layers/multihead_attention.hpp"
 #include "tapegrad/layers/positions.hpp"
 
 namespace tapegrad {

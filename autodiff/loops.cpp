@@ -1,0 +1,38 @@
+// The loop engine's out-of-line pieces and the copy helpers every layer above uses.
+#include "autodiff/loops.hpp"
+
+namespace tapegrad::detail {
+
+Dims8 broadcast_strides(const Tensor& t, const Shape& shape) {
+  Dims8 out(shape.size(), 0);
+  const std::size_t lead = shape.size() - t.shape().size();
+  for (std::size_t i = 0; i < t.shape().size(); ++i)
+    out[lead + i] = t.shape()[i] == 1 && shape[lead + i] != 1 ? 0 : t.strides()[i];
+  return out;
+}
+
+Dims8 batch_strides(const Tensor& t, std::span<const std::int64_t> batch) {
+  Dims8 out(batch.size(), 0);
+  const std::size_t own = t.shape().size() - 2, lead = batch.size() - own;
+  for (std::size_t i = 0; i < own; ++i)
+    out[lead + i] = t.shape()[i] == 1 && batch[lead + i] != 1 ? 0 : t.strides()[i];
+  return out;
+}
+
+void copy_into(const Tensor& dst, const Tensor& src) {
+  visit_any(dst.dtype(), [&]<class T>(Tag<T>) { map_into<T, T>(dst, [](T v) { return v; }, src); });
+}
+
+Tensor copy_of(const Tensor& t) {
+  Tensor out = new_tensor(t.shape(), t.dtype());
+  copy_into(out, t);
+  return out;
+}
+
+Tensor add_same_shape(const Tensor& a, const Tensor& b) {
+  Tensor out = new_tensor(a.shape(), a.dtype());
+  visit_float(a.dtype(), "backward", [&]<class T>(Tag<T>) { map_into<T, T, T>(out, [](T x, T y) { return x + y; }, a, b); });
+  return out;
+}
+
+}  // namespace tapegrad::detail

@@ -1,0 +1,64 @@
+// Internal: which (query, key) pairs may attend, described rather than materialised. Attention
+// kernels (the weights path and the fused path) ask for one row's mask at a time; nothing of
+// size [B, H, Q, K] or [B, 1, Q, K] is ever built from the masks.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "autodiff/loops.hpp"
+
+namespace tapegrad::detail {
+
+// The pairs allowed are those that every given part allows. Scores are [..., Q, K]; key_mask and
+// query_mask refer to the first leading dim of the scores as the batch B (the scores of
+// multihead_attention are [B, H, Q, K]).
+struct AttentionMask {
+  Tensor allowed{};                // optional bool, broadcasts to [..., Q, K]
+  Tensor key_mask{};               // optional bool [B, K]
+  Tensor query_mask{};             // optional bool [B, Q]
+  bool causal = false;             // key j is allowed for query i only if j <= i + causal_offset
+  std::int64_t causal_offset = 0;
+
+  bool empty() const noexcept { return !allowed.defined() && !key_mask.defined() && !query_mask.defined() && !causal; }
+};
+
+// One row of the mask: query i of one [..., Q, K] slice. Keys at j >= end are never allowed
+// (causal); below end, key j is allowed when keys (if any) and pairs (if any) allow it.
+struct RowMask {
+  std::int64_t end = 0;                 // 0 for a masked query
+  const bool* keys = nullptr;           // contiguous [K] row of key_mask, or null
+  const bool* pairs = nullptr;          // the row of `allowed`, read as pairs[j * pairs_stride], or null
+  std::int64_t pairs_stride = 0;
+
+  bool dense() const noexcept { return keys == nullptr && pairs == nullptr; }  // all of [0, end) allowed
+  bool operator()(std::int64_t j) const noexcept {
+    return j < end && (keys == nullptr || keys[j]) && (pairs == nullptr || pairs[j * pairs_stride]);
+  }
+};
+
+// Row lookup for scores of a given shape. Validates the parts against that shape (ShapeError /
+// DTypeError naming `op`) and makes the bool tensors contiguous once, up front. Cheap to copy
+// between threads: row() is const and allocation-free.
+class RowMasks {
+ public:
+  RowMasks(const char* op, const AttentionMask& mask, const Shape& scores_shape);
+  // r numbers the rows of the scores in row-major order over [..., Q].
+  RowMask row(std::int64_t r) const noexcept;
+  bool empty() const noexcept { return empty_; }
+  // `saved` and the bool tensors that a node's backward reads through row(): all of them for a
+  // backward that makes the weights again from the masks (the fused paths), or with ends_only
+  // only what a row's end depends on (the query mask), for one that reads the weights and asks
+  // the masks only how far each row goes. A write into one of them before backward is refused.
+  std::vector<Tensor> saved_with(std::vector<Tensor> saved, bool ends_only = false) const;
+
+ private:
+  Shape shape_;            // the scores' shape
+  std::int64_t q_ = 0, k_ = 0, rows_per_batch_ = 0;  // rows_per_batch_: slices [Q, K] per batch entry
+  bool empty_ = true, causal_ = false;
+  std::int64_t offset_ = 0;
+  Tensor keys_, queries_, allowed_;
+  Dims8 allowed_strides_;  // broadcast strides of `allowed` against the scores' shape
+};
+
+}  // namespace tapegrad::detail

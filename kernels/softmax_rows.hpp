@@ -1,0 +1,267 @@
+// Internal: the masked softmax kernels, shared by the masked_softmax op and the attention core
+// (which records one node for the whole attention and calls these directly), and the row
+// pieces that log_softmax and cross_entropy build on: the row walk and the masked maximum.
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "autodiff/loops.hpp"
+#include "kernels/fast_math.hpp"
+
+namespace tapegrad::detail {
+
+// Checks (scores floating, allowed bool and broadcastable to scores without enlarging it) and
+// names `op` and the arguments in any error.
+void check_softmax_args(const char* op, const char* scores_name, const Tensor& scores, const char* allowed_name,
+                        const Tensor& allowed);
+// A fresh contiguous tensor of the weights; records nothing.
+Tensor masked_softmax_forward(const Tensor& scores, const Tensor& allowed);
+// dS = A * (dA - rowsum(A * dA)) for contiguous A; dA may have any layout. Records nothing.
+Tensor masked_softmax_backward(const Tensor& weights, const Tensor& grad_weights);
+
+// Calls row(r, s, ss, mask, ms) for each row r (row-major number) over the last dim of s
+// (rank >= 1, element type T): the row's K scores are s[j * ss]; mask is null when `allowed` is
+// undefined (everything allowed), else the row's broadcast mask, mask[j * ms]. Scores are read
+// through their strides: a transposed or broadcast view is not copied.
+template <class T, class Row> void for_each_row(const Tensor& scores, const Tensor& allowed, Row&& row) {
+  const Shape& shape = scores.shape();
+  const std::size_t rank = shape.size();
+  const Shape row_number = contiguous_strides(Shape(shape.begin(), shape.end() - 1));
+  const Dims8 m_strides = allowed.defined() ? broadcast_strides(allowed, shape) : Dims8(rank, 0);
+  StridedLoop<3> rows(shape.data(), rank - 1, {row_number.data(), scores.strides().data(), m_strides.data()});
+  const T* ps = static_cast<const T*>(scores.raw_data());
+  const bool* pm = allowed.defined() ? static_cast<const bool*>(allowed.raw_data()) : nullptr;
+  const std::int64_t ss = scores.strides()[rank - 1], ms = m_strides[rank - 1];
+  rows.for_each_run([&](const auto& off, std::int64_t n, const auto& inner) {
+    for (std::int64_t t = 0; t < n; ++t)
+      row(off[0] + t * inner[0], ps + off[1] + t * inner[1], ss, pm ? pm + off[2] + t * inner[2] : nullptr, ms);
+  });
+}
+
+// The maximum m over a row's allowed scores (NaN skipped). The row is `empty` when no entry is
+// allowed or every allowed score is -inf: softmax gives it zeros, log_softmax -inf.
+template <class T> struct MaskedMax {
+  T m = -std::numeric_limits<T>::infinity();
+  bool empty = true;
+};
+template <class T>
+MaskedMax<T> masked_max(const T* s, std::int64_t ss, std::int64_t k, const bool* mask, std::int64_t ms) {
+  MaskedMax<T> r;
+  bool any = false, nan = false;
+  for (std::int64_t j = 0; j < k; ++j) {
+    if (mask != nullptr && !mask[j * ms]) continue;
+    any = true;
+    if (std::isnan(s[j * ss])) nan = true;
+    else if (s[j * ss] > r.m) r.m = s[j * ss];
+  }
+  r.empty = !any || (!nan && r.m == -std::numeric_limits<T>::infinity());
+  return r;
+}
+
+// log Z = log sum over allowed j of exp(s_j - m), in double, for a row that is not empty.
+// Every exponent is <= 0, so nothing overflows; NaN and +inf scores make it NaN.
+template <class T>
+double masked_log_sum_exp(const T* s, std::int64_t ss, std::int64_t k, const bool* mask, std::int64_t ms, T m) {
+  double z = 0;
+  for (std::int64_t j = 0; j < k; ++j)
+    if (mask == nullptr || mask[j * ms]) z += std::exp(static_cast<double>(s[j * ss] - m));
+  return std::log(z);
+}
+
+// exp for the softmax loops: float's call-free exp_flush_f32 (exactly 0 below -87.3, NaN
+// stays NaN; within 1.3 ulp above), so that a loop over it vectorises; double is std::exp.
+template <class T> [[gnu::always_inline]] inline T softmax_exp(T x) {
+  if constexpr (std::is_same_v<T, float>) return exp_flush_f32(x);
+  else return std::exp(x);
+}
+
+// sum over j < n of f(j), in f's type, over 16 explicit lanes (element j goes to lane j % 16)
+// that meet at the end: the loop vectorises with the lanes in registers, the many partial sums
+// make a float sum much more accurate than one running total, and the order of the additions
+// depends on n alone (not on the vector width). (`omp simd reduction` kept its lanes in memory
+// under GCC 12, a store-to-load chain per vector: the backward row sum ran 4x slower.)
+// With `ahead` (the next row's scores, prefetch_next below), each block of 16 elements also
+// asks for the cache line at ahead + 16 j elements.
+template <class F> [[gnu::always_inline]] inline auto simd_sum(std::int64_t n, F&& f, const void* ahead = nullptr) {
+  using T = decltype(f(0));
+  constexpr std::int64_t kLanes = 16;
+  T lane[kLanes] = {};
+  std::int64_t j = 0;
+  const char* next = static_cast<const char*>(ahead);
+  for (; j + kLanes <= n; j += kLanes) {
+    if (next != nullptr) __builtin_prefetch(next + j * static_cast<std::int64_t>(sizeof(T)), 0, 3);
+    for (std::int64_t l = 0; l < kLanes; ++l) lane[l] += f(j + l);
+  }
+  for (std::int64_t l = 0; j + l < n; ++l) lane[l] += f(j + l);
+  T total = 0;
+  for (std::int64_t l = 0; l < kLanes; ++l) total += lane[l];
+  return total;
+}
+
+// A bool mask read as bytes: GCC vectorises a select on a byte load, not on a bool load.
+inline const unsigned char* as_bytes(const bool* p) noexcept { return reinterpret_cast<const unsigned char*>(p); }
+
+// Where each row of a tensor read as `shape` ([..., Q, K], broadcasting) starts, and the stride
+// along K. Rows of a contiguous tensor of that shape start every K elements; other layouts
+// unravel the row number over [..., Q].
+struct RowPointers {
+  const std::byte* base = nullptr;
+  Shape shape;
+  Dims8 strides;
+  std::int64_t k = 0, stride = 0;
+  bool packed = false;
+  std::int64_t first = 0;  // packed: the row that base holds (a buffer of a block of rows)
+
+  RowPointers(const Tensor& t, const Shape& shape_) : shape(shape_), k(shape_.back()) {
+    if (!t.defined()) return;
+    base = static_cast<const std::byte*>(t.raw_data());
+    packed = t.shape() == shape && t.is_contiguous();
+    strides = broadcast_strides(t, shape);
+    stride = strides[shape.size() - 1];
+  }
+  // Rows first, first + 1, ... of `shape`, packed at `rows` (row stride K).
+  template <class T> static RowPointers block(const T* rows, const Shape& shape_, std::int64_t first_row) {
+    RowPointers p(Tensor(), shape_);
+    p.base = reinterpret_cast<const std::byte*>(rows);
+    p.packed = true;
+    p.stride = 1;
+    p.first = first_row;
+    return p;
+  }
+  template <class T> const T* row(std::int64_t r) const noexcept {
+    if (base == nullptr) return nullptr;
+    if (packed) return reinterpret_cast<const T*>(base) + (r - first) * k;
+    std::int64_t offset = 0;
+    for (std::size_t d = shape.size() - 1; d-- > 0;) {
+      offset += (r % shape[d]) * strides[d];
+      r /= shape[d];
+    }
+    return reinterpret_cast<const T*>(base) + offset;
+  }
+};
+
+// The softmax of one row, in three pieces below: load_row, softmax_loaded, or both at once in
+// softmax_in_place. Over the allowed keys of a[0, end); a[end, k) and the other keys get 0.
+// Same rules as masked_max: NaN scores are skipped by the maximum but propagate, and a row with
+// no allowed key or only -inf allowed scores is all zeros. The keys that the mask forbids are
+// first set to -inf, so that the loops after it are plain float loops (they vectorise): -inf
+// changes no maximum, marks no NaN, and exp(-inf - m) is 0 for every m but -inf. m = -inf
+// happens only with a NaN score and no finite one; that row takes the loop that asks the mask.
+//
+// Short rows (causal ends) would spend their time in the scalar tail of each loop: the loops
+// run to `stop`, end rounded up to a multiple of kRowPad (within k), over -inf entries that
+// behave exactly like masked keys.
+inline constexpr std::int64_t kRowPad = 16;
+inline std::int64_t padded_end(std::int64_t end, std::int64_t k) noexcept {
+  return std::min(k, (end + kRowPad - 1) / kRowPad * kRowPad);
+}
+
+// The row after row r of `rows` when it is in the same thread's range and contiguous, else
+// null: softmax_loaded asks for its cache lines while it computes the exponentials of row r (a
+// line per 16 elements), so that it arrives during that computation. Without it a row read from
+// beyond the core's caches cost its transfer plus its computation: the load pass found nothing
+// in flight, as the exponential pass touches only the row already in L1.
+// (Asking for the next row's mask bytes too made no difference.)
+template <class T> const void* prefetch_next(const RowPointers& rows, std::int64_t r, std::int64_t stop) noexcept {
+  return r + 1 < stop && rows.stride == 1 ? rows.row<T>(r + 1) : nullptr;
+}
+
+// x where the mask byte (or bool) is set, else -inf; x is computed unconditionally, so that a
+// loop of these vectorises.
+template <class M, class T> [[gnu::always_inline]] inline T select(M allowed, T x) {
+  return allowed ? x : -std::numeric_limits<T>::infinity();
+}
+
+template <class T> struct RowMax {
+  T m;
+  bool nan;
+};
+// {m, false} for the maximum m of a row a[0, end) just written; a row with no entry above
+// -FLT_MAX is read again, for its exact maximum and whether it holds a NaN.
+template <class T> RowMax<T> row_max_checked(const T* a, std::int64_t end, T m) {
+  if (m > std::numeric_limits<T>::lowest()) return {m, false};
+  m = -std::numeric_limits<T>::infinity();
+  bool nan = false;
+  for (std::int64_t j = 0; j < end; ++j) {
+    nan |= a[j] != a[j];
+    m = a[j] > m ? a[j] : m;
+  }
+  return {m, nan};
+}
+
+// Writes a[j] = load(j) for j < end (load gives -inf at masked keys) and returns their maximum
+// and whether one is NaN, in one pass: the caller's scaling, bias and mask fuse into it.
+// The loop carries the maximum alone: a NaN flag and an "above -inf" flag per element made
+// it twice the work, and with a mask byte read GCC then vectorised it at a quarter of the
+// vector width with its lanes in memory. Whether the row holds a NaN matters only when no
+// entry is above -inf (an empty row or a NaN row), and only then, or when the maximum is at
+// or below -FLT_MAX (OpenMP starts each lane's maximum at the type's lowest value, which Clang
+// takes to be -FLT_MAX rather than -inf), is the written row read again. The maximum never
+// picks a NaN, and its value does not depend on the order of the comparisons.
+template <class T, class Load> [[gnu::always_inline]] inline RowMax<T> load_row(T* a, std::int64_t end, Load load) {
+  constexpr T kMinusInf = -std::numeric_limits<T>::infinity();
+  T m = kMinusInf;
+#pragma omp simd reduction(max : m)
+  for (std::int64_t j = 0; j < end; ++j) {
+    const T v = load(j);
+    a[j] = v;
+    m = v > m ? v : m;
+  }
+  return row_max_checked(a, end, m);
+}
+
+// The rest of the softmax of a row that load_row wrote; allowed(j) is asked only in a NaN row.
+// `ahead`: the next row's scores (prefetch_next), asked for during the exponentials. Returns
+// the sum l of exp(x - m) (0 for a row of zeros, NaN for a NaN row).
+template <class T, class Allowed>
+[[gnu::always_inline]] inline T softmax_loaded(T* a, std::int64_t end, std::int64_t k, RowMax<T> max, Allowed allowed,
+                                               const void* ahead = nullptr) {
+  constexpr T kMinusInf = -std::numeric_limits<T>::infinity();
+  const std::int64_t stop = padded_end(end, k);
+  std::fill(a + end, a + stop, kMinusInf);
+  const T m = max.m;
+  if (m == kMinusInf && !max.nan) {  // nothing allowed, or only -inf
+    std::fill_n(a, k, T(0));
+    return T(0);
+  }
+  auto ok = [&](std::int64_t j) { return j < end && allowed(j); };
+  // s - m <= 0: no overflow; +inf - inf = NaN propagates
+  const T z = m == kMinusInf
+                  ? simd_sum(stop, [&](std::int64_t j) { return a[j] = ok(j) ? softmax_exp<T>(a[j] - m) : T(0); })
+                  : simd_sum(stop, [&](std::int64_t j) { return a[j] = softmax_exp<T>(a[j] - m); }, ahead);
+  const T inv = T(1) / z;
+  if (z == z)
+    for (std::int64_t j = 0; j < stop; ++j) a[j] *= inv;
+  else  // a NaN row: NaN at the allowed keys, and the others stay exact zeros
+    for (std::int64_t j = 0; j < stop; ++j) a[j] = ok(j) ? a[j] * inv : T(0);
+  std::fill(a + stop, a + k, T(0));
+  return z;
+}
+
+// Softmax in place over the allowed keys of a[0, end) (dense: all of them).
+template <class T, class Allowed>
+[[gnu::always_inline]] inline void softmax_in_place(T* a, std::int64_t end, std::int64_t k, bool dense, Allowed allowed) {
+  const RowMax<T> max = dense ? load_row(a, end, [&](std::int64_t j) { return a[j]; })
+                              : load_row(a, end, [&](std::int64_t j) { return select(allowed(j), a[j]); });
+  softmax_loaded(a, end, k, max, allowed);
+}
+
+// One row of the softmax backward, out = factor * A * (dA - sum(A * dA)) over [0, end), with
+// dA_j = grad(j); out[end, k) = 0 (A is 0 there, so the loops may run on to padded_end).
+template <class T, class Grad>
+[[gnu::always_inline]] inline void softmax_backward_row(const T* a, std::int64_t end, std::int64_t k, T factor, T* out,
+                                                        Grad grad) {
+  // Entries with A_j = 0 (masked, empty rows) contribute nothing and get exactly 0, even when
+  // their upstream gradient is not finite (0 * inf would be NaN).
+  const std::int64_t stop = padded_end(end, k);
+  const T d = simd_sum(stop, [&](std::int64_t j) { return a[j] != T(0) ? a[j] * grad(j) : T(0); });
+  for (std::int64_t j = 0; j < stop; ++j) out[j] = a[j] == T(0) ? T(0) : factor * (a[j] * (grad(j) - d));
+  std::fill(out + stop, out + k, T(0));
+}
+
+}  // namespace tapegrad::detail

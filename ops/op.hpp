@@ -1,0 +1,41 @@
+// Internal: what every op source shares on top of the loop engine: recording a one-output op,
+// broadcasting argument shapes, and the reduction that undoes a broadcast.
+#pragma once
+
+#include <initializer_list>
+#include <span>
+
+#include "autodiff/loops.hpp"
+#include "tapegrad/autodiff/tape.hpp"
+
+namespace tapegrad::detail {
+
+// Sums g over the dims that broadcasting added or stretched, giving a tensor of `shape`
+// (the backward of every broadcasting op).
+Tensor sum_to(const Tensor& g, const Shape& shape);
+
+
+// Records a one-output op (see record_op); the backward is only wrapped in a std::function when
+// the op is actually recorded. `saved` lists exactly the tensors the backward captures (and so
+// reads): the op table's in-place test fails for an op that leaves one out.
+template <class Backward>
+void record(const char* name, std::initializer_list<Tensor> inputs, Tensor& out, std::initializer_list<Tensor> saved,
+            Backward&& backward) {
+  const std::span<const Tensor> in(inputs.begin(), inputs.size());
+  if (should_record(in))
+    record_op(name, in, std::span<Tensor>(&out, 1), std::forward<Backward>(backward),
+              std::span<const Tensor>(saved.begin(), saved.size()));
+}
+
+// The multi-index of row-major position `flat` in `shape` (error messages name positions so).
+inline Shape unravel_index(std::int64_t flat, const Shape& shape) {
+  Shape at(shape.size());
+  for (std::size_t d = shape.size(); d-- > 0; flat /= shape[d]) at[d] = flat % shape[d];
+  return at;
+}
+
+// The broadcast shape of two arguments, or a ShapeError naming both arguments and shapes.
+Shape broadcast_args(const char* op, const char* a_name, const Shape& a, const char* b_name,
+                     const Shape& b);
+
+}  // namespace tapegrad::detail

@@ -1,0 +1,477 @@
+// Safetensors checkpoints (see checkpoint.hpp for the format and the guarantees).
+//
+// nlohmann-json reads the header (safetensors_header.cpp) and escapes strings when writing it;
+// it is private to these files, so no public header and no consumer of the installed library
+// sees it. The reader never
+// trusts a number from the file before checking it against the file's real size, so a corrupt or
+// hostile file costs at most its own size in memory and ends in a FormatError.
+#include "tapegrad/train/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <set>
+#include <string_view>
+#include <system_error>
+#include <unordered_map>
+#include <utility>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "autodiff/check.hpp"
+#include "autodiff/tensor_impl.hpp"
+#include "train/safetensors_header.hpp"
+#include "tapegrad/autodiff/tape.hpp"
+#include "tapegrad/ops/inplace.hpp"
+#include "tapegrad/ops/view.hpp"
+
+// The format is little-endian and tensors are copied byte for byte; a big-endian port would need
+// byte swapping here, which no target of this library needs today (x86-64, AArch64).
+static_assert(std::endian::native == std::endian::little, "safetensors I/O assumes a little-endian host");
+
+namespace tapegrad {
+namespace {
+using detail::fail;
+using detail::printable;
+using detail::shape_str;
+using detail::valid_utf8;
+namespace fs = std::filesystem;
+
+constexpr std::uint64_t kLengthBytes = 8;
+// The reference implementation refuses larger headers (to bound JSON parsing); refusing them too
+// means every file this reader accepts is readable there as well.
+constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
+// Reads of the data section gather small tensors into pieces of this size.
+constexpr std::uint64_t kReadPiece = std::uint64_t{1} << 20;
+
+std::string errno_text(int err) { return std::generic_category().message(err); }
+
+void check_path(const char* fn, const fs::path& path) {
+  if (path.empty()) fail<ValueError>("{}: argument 'path' must name a file, got an empty path", fn);
+  if (!path.has_filename())
+    fail<ValueError>("{}: argument 'path' must name a file, got '{}', which ends in a directory separator", fn,
+                     path.string());
+}
+
+class Fd {
+ public:
+  explicit Fd(int fd) noexcept : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const noexcept { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// ---- Writing ---------------------------------------------------------------------------------
+
+// The temporary a save writes before renaming it over the destination. Until commit() it is
+// removed when this object dies, on every path out of save, exceptions included.
+class TempFile {
+ public:
+  TempFile(const char* fn, const fs::path& final_path) : fn_(fn), final_(final_path) {
+    static std::atomic<std::uint64_t> counter{0};
+    const fs::path dir = final_path.has_parent_path() ? final_path.parent_path() : fs::path(".");
+    // A hidden name next to the destination (rename() is atomic only within one filesystem),
+    // short enough for NAME_MAX whatever the destination's name; O_EXCL makes it ours alone.
+    const std::string base = final_path.filename().string().substr(0, 100);
+    int err = 0;
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      const auto tick = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+      path_ = dir / fmt::format(".{}.{}-{}-{:x}.tmp", base, ::getpid(), counter.fetch_add(1), tick & 0xFFFFFF);
+      // 0666 less the umask: the permissions any newly created file would get.
+      fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+      if (fd_ >= 0) return;
+      err = errno;
+      if (err != EEXIST) break;
+    }
+    fail<IOError>("{}: cannot create a temporary file next to '{}' (as '{}'): {}", fn_, final_.string(),
+                  path_.string(), errno_text(err));
+  }
+  ~TempFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(path_.c_str());
+  }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+
+  void write_all(const void* data, std::size_t n) {
+    const auto* p = static_cast<const char*>(data);
+    while (n > 0) {
+      const ssize_t w = ::write(fd_, p, std::min<std::size_t>(n, std::size_t{1} << 30));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) fail_io("writing", w < 0 ? errno : EIO);
+      p += w;
+      n -= static_cast<std::size_t>(w);
+    }
+  }
+
+  // fsync, close, rename over the destination, then sync the directory so the rename itself
+  // survives a power loss.
+  void commit() {
+    while (::fsync(fd_) != 0)
+      if (errno != EINTR) fail_io("syncing", errno);
+    const int fd = std::exchange(fd_, -1);
+    if (::close(fd) != 0 && errno != EINTR) fail_io("closing", errno);
+    if (::rename(path_.c_str(), final_.c_str()) != 0) fail_io("renaming", errno);
+    committed_ = true;
+    const fs::path dir = final_.has_parent_path() ? final_.parent_path() : fs::path(".");
+    Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    const int err = dfd.get() < 0 || ::fsync(dfd.get()) != 0 ? errno : 0;
+    // EINVAL: the filesystem has no directory sync; there is nothing more to do.
+    if (err != 0 && err != EINVAL && err != EINTR)
+      fail<IOError>("{}: '{}' was written completely and renamed into place, but syncing its directory '{}' "
+                    "failed ({}); the new file may not survive a power loss",
+                    fn_, final_.string(), dir.string(), errno_text(err));
+  }
+
+ private:
+  [[noreturn]] void fail_io(const char* what, int err) const {
+    fail<IOError>("{}: could not save '{}': {} the temporary '{}' failed: {}; the temporary was removed and '{}' "
+                  "was left as it was",
+                  fn_, final_.string(), what, path_.string(), errno_text(err), final_.string());
+  }
+
+  const char* fn_;
+  fs::path final_, path_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+// Gathers small writes into large ones (the role fwrite's buffer plays); big tensors go straight
+// through without a copy.
+class BufferedWriter {
+ public:
+  explicit BufferedWriter(TempFile& file) : file_(file) { buffer_.reserve(kCapacity); }
+  void append(const void* data, std::size_t n) {
+    if (buffer_.size() + n > kCapacity) flush();
+    if (n >= kCapacity) return file_.write_all(data, n);
+    const auto* p = static_cast<const char*>(data);
+    buffer_.insert(buffer_.end(), p, p + n);
+  }
+  void flush() {
+    if (!buffer_.empty()) file_.write_all(buffer_.data(), buffer_.size());
+    buffer_.clear();
+  }
+
+ private:
+  static constexpr std::size_t kCapacity = std::size_t{1} << 20;
+  TempFile& file_;
+  std::vector<char> buffer_;
+};
+
+std::string json_string(const std::string& s) { return nlohmann::json(s).dump(); }
+
+[[noreturn]] void fail_header_size(const char* fn, std::size_t count, std::uint64_t bytes, const char* at_least) {
+  fail<ValueError>("{}: the header for {} tensors would take {}{} bytes, more than the format's limit of {}; save "
+                   "them in several files",
+                   fn, count, at_least, bytes, kMaxHeaderBytes);
+}
+
+void save_impl(const char* fn, const fs::path& path, const std::vector<NamedTensor>& tensors,
+               const std::map<std::string, std::string>& metadata) {
+  check_path(fn, path);
+  std::unordered_map<std::string_view, std::size_t> seen;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const std::string& name = tensors[i].name;
+    if (name.empty()) fail<ValueError>("{}: tensors[{}] has an empty name; every tensor needs a name", fn, i);
+    if (!valid_utf8(name))
+      fail<ValueError>("{}: tensors[{}] has the name '{}', which is not valid UTF-8 (safetensors headers are JSON)", fn,
+                       i, printable(name));
+    if (name == "__metadata__")
+      fail<ValueError>("{}: tensors[{}] is named '__metadata__', which the format reserves for the metadata", fn, i);
+    if (auto [it, fresh] = seen.emplace(name, i); !fresh)
+      fail<ValueError>("{}: tensors[{}] and tensors[{}] are both named '{}'; names must be unique", fn, it->second, i,
+                       printable(name));
+    if (!tensors[i].tensor.defined())
+      fail<ValueError>("{}: tensor '{}' (tensors[{}]) is an undefined tensor", fn, printable(name), i);
+  }
+  for (const auto& [key, value] : metadata) {
+    if (!valid_utf8(key)) fail<ValueError>("{}: metadata key '{}' is not valid UTF-8", fn, printable(key));
+    if (!valid_utf8(value))
+      fail<ValueError>("{}: metadata value of key '{}' is not valid UTF-8 ('{}')", fn, printable(key), printable(value));
+  }
+
+  // Escaping only lengthens strings, so this bound refuses an oversized header before building it.
+  std::uint64_t at_least = 2;
+  for (const auto& t : tensors) at_least += t.name.size() + 3;
+  for (const auto& [key, value] : metadata) at_least += key.size() + value.size() + 6;
+  if (at_least > kMaxHeaderBytes) fail_header_size(fn, tensors.size(), at_least, "at least ");
+
+  auto byte_size = [&](std::size_t i) {
+    return static_cast<std::uint64_t>(tensors[i].tensor.numel()) * itemsize(tensors[i].tensor.dtype());
+  };
+
+  // Bytes by decreasing element size, stable: with the header padded to 8 bytes, every tensor then
+  // starts at a multiple of its own element size in the file, without gaps (the format allows none).
+  std::vector<std::size_t> layout(tensors.size());
+  for (std::size_t i = 0; i < layout.size(); ++i) layout[i] = i;
+  std::stable_sort(layout.begin(), layout.end(),
+                   [&](std::size_t a, std::size_t b) {
+                     return itemsize(tensors[a].tensor.dtype()) > itemsize(tensors[b].tensor.dtype());
+                   });
+  std::vector<std::uint64_t> begin(tensors.size());
+  std::uint64_t offset = 0;
+  for (std::size_t i : layout) {
+    begin[i] = offset;
+    offset += byte_size(i);
+  }
+
+  // Written by hand (nlohmann only escapes the strings) so the tensors keep the caller's order.
+  std::string header = "{";
+  if (!metadata.empty()) {
+    header += "\"__metadata__\":{";
+    bool first = true;
+    for (const auto& [key, value] : metadata) {
+      header += fmt::format("{}{}:{}", first ? "" : ",", json_string(key), json_string(value));
+      first = false;
+    }
+    header += "}";
+  }
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i].tensor;
+    header += fmt::format("{}{}:{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
+                          header.size() > 1 ? "," : "", json_string(tensors[i].name), detail::safetensors_code(t.dtype()),
+                          fmt::join(t.shape(), ","), begin[i], begin[i] + byte_size(i));
+  }
+  header += "}";
+  header.append((kLengthBytes - header.size() % kLengthBytes) % kLengthBytes, ' ');
+  if (header.size() > kMaxHeaderBytes) fail_header_size(fn, tensors.size(), header.size(), "");
+
+  TempFile file(fn, path);
+  BufferedWriter out(file);
+  const std::uint64_t length = header.size();
+  out.append(&length, sizeof length);
+  out.append(header.data(), header.size());
+  // One row-major copy at a time (only strided views need one), made without recording.
+  const NoGradGuard no_grad;
+  for (std::size_t i : layout) {
+    if (byte_size(i) == 0) continue;
+    const Tensor row_major = contiguous(tensors[i].tensor);
+    out.append(row_major.raw_data(), static_cast<std::size_t>(byte_size(i)));
+  }
+  out.flush();
+  file.commit();
+}
+
+// ---- Reading ---------------------------------------------------------------------------------
+
+class Reader {
+ public:
+  Reader(const char* fn, const fs::path& path) : fn_(fn), path_(path.string()), fd_(open_file(fn, path)) {
+    struct stat st {};
+    if (::fstat(fd_.get(), &st) != 0) io_fail("cannot stat", errno);
+    if (!S_ISREG(st.st_mode)) fail<IOError>("{}: '{}' is not a regular file", fn_, path_);
+    size_ = static_cast<std::uint64_t>(st.st_size);
+  }
+  Reader(const Reader&) = delete;
+  Reader& operator=(const Reader&) = delete;
+
+  SafetensorsFile read() {
+    if (size_ < kLengthBytes)
+      format_fail("the file is {} bytes long, shorter than the 8-byte header length every safetensors file starts "
+                  "with (truncated?)",
+                  size_);
+    std::uint64_t n = 0;
+    read_at(0, &n, sizeof n);
+    if (n > kMaxHeaderBytes)
+      format_fail("the header length field says {} bytes, more than the format's limit of {} (corrupt file?)", n,
+                  kMaxHeaderBytes);
+    if (n > size_ - kLengthBytes)
+      format_fail("the header length field says {} bytes, but only {} bytes follow it (truncated?)", n,
+                  size_ - kLengthBytes);
+    data_start_ = kLengthBytes + n;
+    data_size_ = size_ - data_start_;
+    std::string text(n, '\0');
+    read_at(kLengthBytes, text.data(), n);
+
+    // JSON allows no raw NUL, but nlohmann's parser takes one as the end of its input and would
+    // ignore whatever follows it.
+    if (const auto nul = text.find('\0'); nul != std::string::npos)
+      format_fail("the header holds a NUL byte at header offset {}, which JSON does not allow", nul);
+    detail::SafetensorsHeader header;
+    if (const std::string problem = detail::read_safetensors_header(text, data_size_, header); !problem.empty())
+      format_fail("{}", problem);
+    text = std::string();  // the header's text is not needed any more: free it before the data comes
+
+    SafetensorsFile file;
+    file.metadata = std::move(header.metadata);
+    file.tensors.reserve(header.tensors.size());
+    for (detail::TensorSpec& s : header.tensors) file.tensors.push_back({std::move(s.name), empty(s.shape, s.dtype)});
+    read_data(header.tensors, file.tensors);
+    return file;
+  }
+
+ private:
+  // The tensors' bytes, in the order they lie in the file (the header checked that they cover it
+  // exactly once): tensors of kReadPiece bytes or more read straight into their storage, runs of
+  // smaller ones a piece at a time through one buffer, so that many small tensors cost a few
+  // large reads rather than one system call each.
+  void read_data(const std::vector<detail::TensorSpec>& specs, std::vector<NamedTensor>& tensors) const {
+    std::vector<std::size_t> order(specs.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return specs[a].begin < specs[b].begin; });
+    std::vector<char> piece;
+    for (std::size_t i = 0; i < order.size();) {
+      const detail::TensorSpec& first = specs[order[i]];
+      if (first.end - first.begin >= kReadPiece) {
+        read_at(data_start_ + first.begin, detail::mutable_data(tensors[order[i]].tensor), first.end - first.begin);
+        check_bools(tensors[order[i]]);
+        ++i;
+        continue;
+      }
+      std::size_t j = i;
+      while (j < order.size() && specs[order[j]].end - first.begin <= kReadPiece) ++j;
+      piece.resize(static_cast<std::size_t>(specs[order[j - 1]].end - first.begin));
+      read_at(data_start_ + first.begin, piece.data(), piece.size());
+      for (; i < j; ++i) {
+        const detail::TensorSpec& s = specs[order[i]];
+        if (s.end == s.begin) continue;
+        std::memcpy(detail::mutable_data(tensors[order[i]].tensor), piece.data() + (s.begin - first.begin), s.end - s.begin);
+        check_bools(tensors[order[i]]);
+      }
+    }
+  }
+
+  template <class... Args> [[noreturn]] void format_fail(fmt::format_string<Args...> f, Args&&... args) const {
+    fail<FormatError>("{}: '{}' is not a valid safetensors file: {}", fn_, path_,
+                      fmt::format(f, std::forward<Args>(args)...));
+  }
+  [[noreturn]] void io_fail(const char* what, int err) const {
+    fail<IOError>("{}: {} '{}': {}", fn_, what, path_, errno_text(err));
+  }
+
+  static int open_file(const char* fn, const fs::path& path) {
+    check_path(fn, path);
+    // O_NONBLOCK: opening a FIFO must not hang; it is refused as not a regular file.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (const int err = errno; fd < 0) fail<IOError>("{}: cannot open '{}': {}", fn, path.string(), errno_text(err));
+    return fd;
+  }
+
+  // Exactly n bytes at `offset`. Every range asked for lies inside the size fstat gave, so a short
+  // read means the file shrank while being read.
+  void read_at(std::uint64_t offset, void* out, std::uint64_t n) const {
+    auto* p = static_cast<char*>(out);
+    while (n > 0) {
+      const ssize_t r = ::pread(fd_.get(), p, std::min<std::uint64_t>(n, std::uint64_t{1} << 30), static_cast<off_t>(offset));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) io_fail("cannot read", errno);
+      if (r == 0)
+        fail<IOError>("{}: '{}' ended at byte {} while reading it, before the {} bytes it had when opened; was it "
+                      "changed while being read?",
+                      fn_, path_, offset, size_);
+      p += r;
+      offset += static_cast<std::uint64_t>(r);
+      n -= static_cast<std::uint64_t>(r);
+    }
+  }
+
+  // A bool byte other than 0 or 1 is not a value a C++ bool may hold.
+  void check_bools(const NamedTensor& t) const {
+    if (t.tensor.dtype() != bool_) return;
+    const auto* p = static_cast<const unsigned char*>(t.tensor.raw_data());
+    for (std::int64_t i = 0; i < t.tensor.numel(); ++i)
+      if (p[i] > 1) format_fail("tensor '{}' (BOOL) holds byte {} at element {}; booleans must be 0 or 1", printable(t.name), p[i], i);
+  }
+
+  const char* fn_;
+  std::string path_;
+  Fd fd_;
+  std::uint64_t size_ = 0, data_start_ = 0, data_size_ = 0;
+};
+
+}  // namespace
+
+Tensor SafetensorsFile::find(const std::string& name) const {
+  for (const auto& t : tensors)
+    if (t.name == name) return t.tensor;
+  return {};
+}
+
+void save_safetensors(const fs::path& path, const std::vector<NamedTensor>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  save_impl("save_safetensors", path, tensors, metadata);
+}
+
+SafetensorsFile load_safetensors(const fs::path& path) { return Reader("load_safetensors", path).read(); }
+
+void save(Module& module, const fs::path& path, const std::map<std::string, std::string>& metadata) {
+  save_impl("save", path, module.named_parameters(), metadata);
+}
+
+std::map<std::string, std::string> load(Module& module, const fs::path& path) {
+  SafetensorsFile file = Reader("load", path).read();
+  const std::vector<NamedTensor> params = module.named_parameters();
+
+  std::unordered_map<std::string_view, const Tensor*> in_file;
+  for (const auto& t : file.tensors) in_file.emplace(t.name, &t.tensor);
+  auto describe = [](const Tensor& t) { return fmt::format("{} {}", t.dtype(), shape_str(t.shape())); };
+
+  // Every problem is collected before anything is written, so a checkpoint that does not fit
+  // leaves the module exactly as it was, and one message shows the whole difference.
+  std::vector<std::string> problems;
+  std::set<std::string_view> in_module;
+  for (const auto& [name, p] : params) {
+    if (!in_module.insert(name).second) {
+      problems.push_back(fmt::format("the module has two parameters named '{}'", name));
+      continue;
+    }
+    if (!p.defined()) {
+      problems.push_back(fmt::format("'{}': the module's parameter is an undefined tensor", name));
+      continue;
+    }
+    const auto it = in_file.find(name);
+    if (it == in_file.end()) {
+      problems.push_back(fmt::format("missing '{}': the module has {}, the file has no tensor of that name", name,
+                                     describe(p)));
+    } else {
+      const Tensor& t = *it->second;
+      if (t.dtype() != p.dtype())
+        problems.push_back(fmt::format("'{}': dtype {} in the module, {} ({}) in the file", name, p.dtype(), t.dtype(),
+                                       detail::safetensors_code(t.dtype())));
+      if (t.shape() != p.shape())
+        problems.push_back(fmt::format("'{}': shape {} in the module, {} in the file", name, shape_str(p.shape()),
+                                       shape_str(t.shape())));
+    }
+    // What copy_ would refuse, found now rather than after other parameters were written.
+    if (!p.is_leaf())
+      problems.push_back(fmt::format("'{}': the module's parameter is the output of a recorded op whose graph is "
+                                     "alive; parameters must be leaves",
+                                     name));
+    for (std::size_t d = 0; d < p.shape().size(); ++d)
+      if (p.strides()[d] == 0 && p.shape()[d] > 1) {
+        problems.push_back(fmt::format("'{}': the module's parameter is an expanded view (strides {}), which cannot "
+                                       "be written in place",
+                                       name, shape_str(p.strides())));
+        break;
+      }
+  }
+  for (const auto& t : file.tensors)
+    if (!in_module.contains(t.name))
+      problems.push_back(fmt::format("unexpected '{}': the file has {}, the module has no parameter of that name",
+                                     printable(t.name), describe(t.tensor)));
+  if (!problems.empty())
+    fail<ValueError>("load: '{}' does not fit the module ({} problem{}; no parameter was changed):\n  {}",
+                     path.string(), problems.size(), problems.size() == 1 ? "" : "s", fmt::join(problems, "\n  "));
+
+  for (const auto& [name, p] : params) copy_(p, *in_file.at(name));
+  return std::move(file.metadata);
+}
+
+}  // namespace tapegrad

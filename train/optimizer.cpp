@@ -1,0 +1,265 @@
+// Optimizers, gradient clipping and the warm-up + cosine schedule (see optimizer.hpp).
+#include "tapegrad/train/optimizer.hpp"
+
+#include <cmath>
+#include <limits>
+#include <numbers>
+#include <map>
+#include <set>
+
+#include "autodiff/check.hpp"
+#include "autodiff/loops.hpp"
+#include "autodiff/tensor_impl.hpp"
+#include "tapegrad/autodiff/tape.hpp"
+#include "tapegrad/ops/elementwise.hpp"
+#include "tapegrad/ops/inplace.hpp"
+#include "tapegrad/ops/reduction.hpp"
+
+namespace tapegrad {
+namespace {
+using detail::fail;
+using detail::shape_str;
+
+void check_range(const char* kind, const char* name, double value, double low, double high, bool high_open) {
+  const bool ok = value >= low && (high_open ? value < high : value <= high);
+  if (!ok)
+    fail<ValueError>("{}: option '{}' must be in [{}, {}{}, got {}", kind, name, low, high, high_open ? ")" : "]", value);
+}
+
+// The scalars of one Adam update, as the element type computes with them.
+template <class T> struct AdamScalars {
+  T decay, beta1, one_minus_beta1, beta2, one_minus_beta2, sqrt_bias2, eps, step;
+  bool decoupled, l2;  // weight decay on p (AdamW) or on the gradient (Adam), each only when nonzero
+};
+
+// One pass over a contiguous parameter: the same per-element arithmetic, in the same order, as
+// the sequence of in-place ops in Adam::step's general path.
+template <class T>
+TAPEGRAD_SIMD_CLONES void adam_update(T* __restrict p, const T* __restrict grad, T* __restrict m, T* __restrict v, std::int64_t n,
+                                      const AdamScalars<T> s) {
+#pragma omp simd
+  for (std::int64_t i = 0; i < n; ++i) {
+    const T g = s.l2 ? grad[i] + p[i] * s.decay : grad[i];
+    const T pi = s.decoupled ? p[i] * s.decay : p[i];
+    m[i] = m[i] * s.beta1;
+    m[i] = m[i] + s.one_minus_beta1 * g;
+    v[i] = v[i] * s.beta2;
+    v[i] = v[i] + s.one_minus_beta2 * g * g;
+    p[i] = pi + s.step * m[i] / (std::sqrt(v[i]) / s.sqrt_bias2 + s.eps);
+  }
+}
+
+template <class T> TAPEGRAD_SIMD_CLONES double sum_of_squares(const T* g, std::int64_t n) {
+  double total = 0;
+#pragma omp simd reduction(+ : total)
+  for (std::int64_t i = 0; i < n; ++i) total += static_cast<double>(g[i]) * static_cast<double>(g[i]);
+  return total;
+}
+
+}  // namespace
+
+Optimizer::Optimizer(const char* kind, std::vector<NamedTensor> parameters, double lr)
+    : kind_(kind), params_(std::move(parameters)), lr_(0) {
+  set_learning_rate(lr);
+  std::set<std::string> names;
+  std::map<const detail::TensorImpl*, std::string> seen;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const auto& [name, t] = params_[i];
+    if (name.empty() || !names.insert(name).second)
+      fail<ValueError>("{}: parameter {} has {} name '{}'; names must be unique and non-empty", kind, i,
+                       name.empty() ? "an empty" : "a repeated", name);
+    detail::check_floating(kind, name.c_str(), t);
+    if (const auto [it, fresh] = seen.emplace(t.impl(), name); !fresh)
+      fail<ValueError>("{}: parameters '{}' and '{}' are the same tensor; list a shared parameter once", kind, it->second, name);
+    if (!t.requires_grad() || !t.is_leaf())
+      fail<GraphError>("{}: parameter '{}' (shape {}) must be a leaf that requires grad{}", kind, name,
+                       shape_str(t.shape()), t.is_leaf() ? "; call set_requires_grad()" : ", not the output of an op");
+  }
+}
+
+void Optimizer::set_learning_rate(double lr) {
+  if (!(lr >= 0) || !std::isfinite(lr)) fail<ValueError>("{}: the learning rate must be finite and >= 0, got {}", kind_, lr);
+  lr_ = lr;
+}
+
+void Optimizer::check_step_count() const {
+  if (steps_ == std::numeric_limits<std::int64_t>::max())
+    fail<ValueError>("{}::step: steps() is already {}, the largest count an int64 holds (from load_state); load a smaller count",
+                     kind_, steps_);
+}
+
+void Optimizer::zero_grad() {
+  for (auto& p : params_) p.tensor.zero_grad();
+}
+
+std::size_t Optimizer::add_slot(const char* name, bool counter) {
+  std::vector<Tensor> zeros;
+  for (const auto& p : params_)
+    zeros.push_back(counter ? tapegrad::zeros({}, DType::int64) : tapegrad::zeros(p.tensor.shape(), p.tensor.dtype()));
+  slots_.emplace_back(name, std::move(zeros));
+  return slots_.size() - 1;
+}
+
+std::vector<NamedTensor> Optimizer::state() const {
+  std::vector<NamedTensor> out;
+  for (const auto& [slot, tensors] : slots_)
+    for (std::size_t i = 0; i < params_.size(); ++i) out.push_back({std::string(slot) + "." + params_[i].name, tensors[i]});
+  return out;
+}
+
+void Optimizer::load_state(const std::vector<NamedTensor>& state, std::int64_t steps) {
+  if (steps < 0) fail<ValueError>("{}::load_state: argument 'steps' must be >= 0, got {}", kind_, steps);
+  const std::vector<NamedTensor> mine = this->state();
+  if (state.size() != mine.size())
+    fail<ValueError>("{}::load_state: expected {} state tensors, got {}", kind_, mine.size(), state.size());
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    const auto& [name, t] = state[i];
+    if (name != mine[i].name)
+      fail<ValueError>("{}::load_state: state tensor {} is '{}', expected '{}'", kind_, i, name, mine[i].name);
+    detail::check_defined(fmt::format("{}::load_state", kind_).c_str(), name.c_str(), t);
+    if (t.shape() != mine[i].tensor.shape() || t.dtype() != mine[i].tensor.dtype())
+      fail<ShapeError>("{}::load_state: state tensor '{}' must be {} {}, got {} {}", kind_, name,
+                       mine[i].tensor.dtype(), shape_str(mine[i].tensor.shape()), t.dtype(), shape_str(t.shape()));
+  }
+  for (std::size_t i = 0; i < mine.size(); ++i) copy_(mine[i].tensor, state[i].tensor);
+  steps_ = steps;
+}
+
+SGD::SGD(std::vector<NamedTensor> parameters, const SgdOptions& options)
+    : Optimizer("SGD", std::move(parameters), options.lr), options_(options) {
+  check_range(kind_, "momentum", options.momentum, 0, 1, true);
+  check_range(kind_, "weight_decay", options.weight_decay, 0, INFINITY, true);
+  if (options.nesterov && options.momentum == 0)
+    fail<ValueError>("SGD: option 'nesterov' needs momentum > 0, got momentum = 0");
+  if (options.momentum > 0) velocity_ = add_slot("momentum");
+}
+
+void SGD::step() {
+  check_step_count();
+  NoGradGuard no_grad;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i].tensor;
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    if (options_.weight_decay != 0) g = g + p * options_.weight_decay;
+    if (options_.momentum > 0) {
+      const Tensor& v = slot(velocity_)[i];
+      mul_(v, options_.momentum);  // v = momentum v + g
+      add_(v, g);
+      g = options_.nesterov ? g + v * options_.momentum : v;
+    }
+    add_(p, g, -lr_);
+  }
+  ++steps_;
+}
+
+Adam::Adam(std::vector<NamedTensor> parameters, const AdamOptions& options) : Adam("Adam", std::move(parameters), options, false) {}
+
+Adam::Adam(const char* kind, std::vector<NamedTensor> parameters, const AdamOptions& options, bool decoupled)
+    : Optimizer(kind, std::move(parameters), options.lr), options_(options), decoupled_(decoupled) {
+  check_range(kind_, "beta1", options.beta1, 0, 1, true);
+  check_range(kind_, "beta2", options.beta2, 0, 1, true);
+  check_range(kind_, "weight_decay", options.weight_decay, 0, INFINITY, true);
+  if (!(options.eps > 0) || !std::isfinite(options.eps)) fail<ValueError>("{}: option 'eps' must be finite and > 0, got {}", kind_, options.eps);
+  exp_avg_ = add_slot("exp_avg");
+  exp_avg_sq_ = add_slot("exp_avg_sq");
+  step_ = add_slot("step", /*counter=*/true);
+}
+
+void Adam::step() {
+  check_step_count();
+  NoGradGuard no_grad;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i].tensor;
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    const Tensor& count = slot(step_)[i];
+    const double t = count.item() + 1;
+    fill_(count, t);
+    const double bias1 = 1 - std::pow(options_.beta1, t), bias2 = 1 - std::pow(options_.beta2, t);
+    const Tensor& m = slot(exp_avg_)[i];
+    const Tensor& v = slot(exp_avg_sq_)[i];
+    const bool fused = p.is_contiguous() && g.is_contiguous() && m.is_contiguous() && v.is_contiguous() &&
+                       !g.shares_storage_with(p) && g.shape() == p.shape();
+    if (fused) {
+      detail::visit_float(p.dtype(), "Adam::step", [&]<class T>(detail::Tag<T>) {
+        const double decay = decoupled_ ? 1 - lr_ * options_.weight_decay : options_.weight_decay;
+        const AdamScalars<T> s{static_cast<T>(decay),
+                               static_cast<T>(options_.beta1),
+                               static_cast<T>(1 - options_.beta1),
+                               static_cast<T>(options_.beta2),
+                               static_cast<T>(1 - options_.beta2),
+                               static_cast<T>(std::sqrt(bias2)),
+                               static_cast<T>(options_.eps),
+                               static_cast<T>(-lr_ / bias1),
+                               decoupled_ && options_.weight_decay != 0,
+                               !decoupled_ && options_.weight_decay != 0};
+        auto* pm = static_cast<T*>(detail::mutable_data(m));
+        auto* pv = static_cast<T*>(detail::mutable_data(v));
+        adam_update<T>(static_cast<T*>(detail::mutable_data(p)), static_cast<const T*>(g.raw_data()), pm, pv, p.numel(), s);
+      });
+      for (const Tensor* t : {&p, &m, &v}) detail::bump_version(*t);
+      continue;
+    }
+    if (options_.weight_decay != 0) {
+      if (decoupled_) mul_(p, 1 - lr_ * options_.weight_decay);
+      else g = g + p * options_.weight_decay;
+    }
+    mul_(m, options_.beta1);  // m = b1 m + (1 - b1) g
+    add_(m, g, 1 - options_.beta1);
+    mul_(v, options_.beta2);  // v = b2 v + (1 - b2) g^2
+    addcmul_(v, g, g, 1 - options_.beta2);
+    const Tensor denom = sqrt(v) / std::sqrt(bias2) + options_.eps;
+    addcdiv_(p, m, denom, -lr_ / bias1);
+  }
+  ++steps_;
+}
+
+AdamW::AdamW(std::vector<NamedTensor> parameters, const AdamWOptions& o)
+    : Adam("AdamW", std::move(parameters), {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay}, true) {}
+
+double clip_grad_norm(const std::vector<Tensor>& parameters, double max_norm) {
+  if (!(max_norm > 0) || !std::isfinite(max_norm))
+    fail<ValueError>("clip_grad_norm: argument 'max_norm' must be finite and > 0, got {}", max_norm);
+  NoGradGuard no_grad;
+  double squares = 0;
+  std::set<const detail::TensorImpl*> seen;
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    detail::check_defined("clip_grad_norm", fmt::format("parameters[{}]", i).c_str(), parameters[i]);
+    if (!seen.insert(parameters[i].impl()).second) continue;  // a tied parameter counts once
+    const Tensor g = parameters[i].grad();
+    if (!g.defined()) continue;
+    if (!g.is_contiguous()) {
+      squares += sum(g.to(DType::float64) * g.to(DType::float64)).item();
+      continue;
+    }
+    detail::visit_float(g.dtype(), "clip_grad_norm", [&]<class T>(detail::Tag<T>) {
+      squares += sum_of_squares<T>(static_cast<const T*>(g.raw_data()), g.numel());
+    });
+  }
+  const double total = std::sqrt(squares);
+  // PyTorch's rule: the factor max_norm / (total + 1e-6), applied when below 1.
+  const double factor = max_norm / (total + 1e-6);
+  if (std::isfinite(total) && factor < 1)
+    for (const detail::TensorImpl* p : seen)
+      if (p->grad.defined()) mul_(p->grad, factor);
+  return total;
+}
+
+WarmupCosine::WarmupCosine(double peak_lr, std::int64_t warmup, std::int64_t total, double final_lr)
+    : peak_(peak_lr), final_(final_lr), warmup_(warmup), total_(total) {
+  if (!(peak_lr >= 0) || !std::isfinite(peak_lr) || !(final_lr >= 0) || !std::isfinite(final_lr))
+    fail<ValueError>("WarmupCosine: learning rates must be finite and >= 0, got peak_lr = {}, final_lr = {}", peak_lr, final_lr);
+  if (warmup < 0 || total < warmup)
+    fail<ValueError>("WarmupCosine: expected 0 <= warmup <= total, got warmup = {}, total = {}", warmup, total);
+}
+
+double WarmupCosine::operator()(std::int64_t step) const {
+  if (step < 0) fail<ValueError>("WarmupCosine: argument 'step' must be >= 0, got {}", step);
+  if (step < warmup_) return peak_ * static_cast<double>(step + 1) / static_cast<double>(warmup_);
+  if (step >= total_) return final_;
+  const double progress = static_cast<double>(step - warmup_) / static_cast<double>(std::max<std::int64_t>(total_ - warmup_, 1));
+  return final_ + (peak_ - final_) * 0.5 * (1 + std::cos(std::numbers::pi * progress));
+}
+
+}  // namespace tapegrad

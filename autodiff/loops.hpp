@@ -19,21 +19,12 @@
 #include <vector>
 
 #include "autodiff/check.hpp"
+#include "runtime/cpu.hpp"
 #include "runtime/parallel.hpp"
 #include "autodiff/small_vec.hpp"
 #include "autodiff/tensor_impl.hpp"
 
 namespace tapegrad::detail {
-
-// Hot loops are compiled once per x86-64 level and picked at run time by the CPU that runs them
-// (GCC's function multiversioning): the build targets baseline x86-64 (SSE2) and must never
-// assume the build machine's CPU, yet AVX2+FMA and AVX-512 machines each get their own code.
-// Clang cannot multiversion templates, so there (and off x86-64) a loop is compiled once.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define TAPEGRAD_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define TAPEGRAD_SIMD_CLONES
-#endif
 
 template <class T> struct Tag { using type = T; };
 
@@ -75,6 +66,10 @@ template <class D, class S> D convert(S v) {
     return static_cast<D>(v);
   }
 }
+
+// The broadcast shape of two arguments, or a ShapeError naming both arguments and shapes.
+Shape broadcast_args(const char* op, const char* a_name, const Shape& a, const char* b_name,
+                     const Shape& b);
 
 // Strides of `t` read as if it had been broadcast to `shape` (0 on new and stretched dims).
 // The caller has checked that t broadcasts to shape.
@@ -175,9 +170,9 @@ class StridedLoop {
 // One innermost run with unit output stride: out[i] = f(in_0[i or 0], ...), where bit k of
 // Mask says input k advances with i (stride 1) rather than staying put (stride 0, a broadcast
 // operand: a bias row, a scalar per row). Both index forms are compile-time, so the loop is a
-// plain contiguous loop the compiler vectorises, once per instruction set (TAPEGRAD_SIMD_CLONES).
+// plain contiguous loop the compiler vectorises, once per instruction set (TAPEGRAD_CPU_CLONES).
 template <unsigned Mask, std::size_t... K, class Out, class F, class... In>
-TAPEGRAD_SIMD_CLONES void unit_run(std::index_sequence<K...>, Out* __restrict o, std::int64_t n, const F& f,
+TAPEGRAD_CPU_CLONES void unit_run(std::index_sequence<K...>, Out* __restrict o, std::int64_t n, const F& f,
                                    const In*... p) {
   for (std::int64_t i = 0; i < n; ++i) o[i] = f(p[(Mask >> K & 1u) ? i : 0]...);
 }

@@ -13,7 +13,7 @@ namespace tapegrad::detail {
 
 // The bytes behind one or more tensors. Up to kInlineBytes live inside the Storage object itself
 // (one allocation for a small tensor); larger buffers are 64-byte aligned and come from a cache
-// of freed blocks (storage.cpp), so repeated shapes reuse memory instead of faulting in fresh
+// of freed blocks (runtime/block_cache.hpp), so repeated shapes reuse memory instead of faulting in fresh
 // pages every call.
 struct Storage {
   static constexpr std::size_t kInlineBytes = 64;

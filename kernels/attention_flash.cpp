@@ -35,13 +35,11 @@
 #include <type_traits>
 #include <vector>
 
+#include "runtime/cpu.hpp"
 #include "runtime/parallel.hpp"
-#include "ops/attention_core.hpp"
 #include "kernels/attention_operands.hpp"
+#include "kernels/attention_paths.hpp"
 #include "kernels/attention_tiles.hpp"
-#include "ops/op.hpp"
-#include "tapegrad/ops/matmul.hpp"
-#include "tapegrad/ops/view.hpp"
 
 namespace tapegrad::detail {
 namespace {
@@ -221,16 +219,9 @@ void forward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t i0, std::in
   }
 }
 
-// float32 tiles, compiled for each vector width and picked at run time (the build machine's CPU
-// is never assumed): the tiles' own loops (mask, maximum, exp, sums, dS, the roundings) are
-// inlined into each clone (flatten); built for baseline x86-64 they ran 4 floats at a time.
-// Clang refuses flatten on a multiversioned function, so there they build once.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define TAPEGRAD_TILE_CLONES [[gnu::target_clones("avx512f", "avx2", "default"), gnu::flatten]]
-#else
-#define TAPEGRAD_TILE_CLONES
-#endif
-TAPEGRAD_TILE_CLONES void forward_tile_f32(const Problem<float>& p, std::int64_t bh,
+// float32 tiles for each vector width, the tiles' own loops (mask, maximum, exp, sums, dS, the
+// roundings) inlined into each version.
+TAPEGRAD_CPU_CLONES_FLATTENED void forward_tile_f32(const Problem<float>& p, std::int64_t bh,
                                                                                        std::int64_t i0, std::int64_t nq, float* out,
                                                                                        float* lse, ForwardScratch<float>& w) {
   forward_tile<float>(p, bh, i0, nq, out, lse, w);
@@ -351,8 +342,8 @@ void backward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t j0, std::i
   if (g.dv) std::copy(w.dv.begin(), w.dv.end(), g.dv_p + (bh * p.k + j0) * dv);
 }
 
-// float32 clones, as forward_tile_f32.
-TAPEGRAD_TILE_CLONES void backward_tile_f32(
+// float32 for each vector width, as forward_tile_f32.
+TAPEGRAD_CPU_CLONES_FLATTENED void backward_tile_f32(
     const Problem<float>& p, std::int64_t bh, std::int64_t j0, std::int64_t nk, const float* lse, const float* delta,
     const Matrices<float>& d_out, const Bf16Matrices& d_out_b, const Gradients<float>& g, float* dq, float* dbias,
     BackwardScratch<float>& w) {
@@ -366,22 +357,15 @@ void backward_tile_any(const Problem<T>& p, std::int64_t bh, std::int64_t j0, st
   else backward_tile<T>(p, bh, j0, nk, lse, delta, d_out, d_out_b, g, dq, dbias, w);
 }
 
-// The node: the forward has run; this recomputes what it needs from q, k, v, O and L.
+// What the backward recomputes the rest from: q, k, v, O and L.
 struct Saved {
   Tensor q, k, v, bias, out, lse;
   RowMasks masks;
-  Shape scores, q_shape, k_shape, v_shape;
+  Shape scores;
   bool bf16 = false;  // the forward's products were bfloat16: so are the backward's
 };
 
-Shape with_matrix(const Shape& batch, std::int64_t rows, std::int64_t cols) {
-  Shape s = batch;
-  s.push_back(rows);
-  s.push_back(cols);
-  return s;
-}
-
-template <class T> std::vector<Tensor> backward(const Saved& sv, const Tensor& grad_out, const std::vector<bool>& needs) {
+template <class T> AttentionGrads backward(const Saved& sv, const Tensor& grad_out, const std::vector<bool>& needs) {
   const Problem<T> p(sv.q, sv.k, sv.v, sv.bias, sv.masks, sv.scores, sv.bf16);
   const Shape batch(sv.scores.begin(), sv.scores.end() - 2);
   const Tensor go = matrix_ready(grad_out);
@@ -461,28 +445,36 @@ template <class T> std::vector<Tensor> backward(const Saved& sv, const Tensor& g
       }
   });
 
-  std::vector<Tensor> grads(4);
+  AttentionGrads grads;  // dq and dk are scaled: the tiles multiply by s as they sum
   if (g.dq) {
-    Tensor dq = dq_buffers[0];
-    for (std::size_t i = 1; i < dq_buffers.size(); ++i) dq = add_same_shape(dq, dq_buffers[i]);
-    grads[0] = sum_to(dq, sv.q_shape);
+    grads.dq = dq_buffers[0];
+    for (std::size_t i = 1; i < dq_buffers.size(); ++i) grads.dq = add_same_shape(grads.dq, dq_buffers[i]);
   }
-  if (g.dk) grads[1] = sum_to(dk, sv.k_shape);
-  if (g.dv) grads[2] = sum_to(dv, sv.v_shape);
+  grads.dk = dk;
+  grads.dv = dv;
   if (g.dbias) {
-    Tensor db = dbias_buffers[0];
-    for (std::size_t i = 1; i < dbias_buffers.size(); ++i) db = add_same_shape(db, dbias_buffers[i]);
-    grads[3] = db;
+    grads.dbias = dbias_buffers[0];
+    for (std::size_t i = 1; i < dbias_buffers.size(); ++i) grads.dbias = add_same_shape(grads.dbias, dbias_buffers[i]);
   }
   return grads;
 }
 
+class FlashBackward final : public AttentionBackward {
+ public:
+  explicit FlashBackward(Saved sv) : sv_(std::move(sv)) {}
+  AttentionGrads operator()(const Tensor& d_out, const Tensor&, const std::vector<bool>& needs) const override {
+    if (!d_out.defined()) return {};
+    return visit_float(sv_.q.dtype(), "attention", [&]<class T>(Tag<T>) { return backward<T>(sv_, d_out, needs); });
+  }
+
+ private:
+  Saved sv_;
+};
+
 }  // namespace
 
-Tensor flash_attention(const AttentionArgs& a, const Shape& scores_shape) {
-  Saved sv{matrix_ready(a.q), matrix_ready(a.k), matrix_ready(a.v), a.bias, Tensor(), Tensor(),
-           RowMasks(a.op, a.mask, scores_shape), scores_shape, a.q.shape(), a.k.shape(), a.v.shape(),
-           a.q.dtype() == DType::float32 && matmul_precision() == MatmulPrecision::bfloat16};
+AttentionRun flash_attention(const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks, bool bf16) {
+  Saved sv{matrix_ready(a.q), matrix_ready(a.k), matrix_ready(a.v), a.bias, Tensor(), Tensor(), masks, scores_shape, bf16};
   const Shape batch(scores_shape.begin(), scores_shape.end() - 2);
   const std::int64_t q_len = scores_shape[scores_shape.size() - 2];
   const DType dtype = a.q.dtype();
@@ -507,20 +499,11 @@ Tensor flash_attention(const AttentionArgs& a, const Shape& scores_shape) {
       }
     });
   });
-  Tensor output = sv.out;
-  const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias};
-  if (!should_record(inputs)) return output;
-  std::vector<Tensor> outputs{output};
-  std::vector<Tensor> saved = sv.masks.saved_with({a.q, a.k, a.v, output});
-  if (a.bias.defined()) saved.push_back(a.bias);
-  sv.out = output.detach();
-  record_op(a.op, inputs, outputs,
-            [sv = std::move(sv)](std::span<const Tensor> g, const std::vector<bool>& needs) {
-              if (!g[0].defined()) return std::vector<Tensor>(4);
-              return visit_float(sv.q.dtype(), "attention", [&]<class T>(Tag<T>) { return backward<T>(sv, g[0], needs); });
-            },
-            saved);
-  return outputs[0];
+  AttentionRun run{sv.out, Tensor(), masks.saved_with({a.q, a.k, a.v, sv.out}), nullptr};
+  if (a.bias.defined()) run.saved.push_back(a.bias);
+  sv.out = sv.out.detach();
+  run.backward = std::make_shared<FlashBackward>(std::move(sv));
+  return run;
 }
 
 }  // namespace tapegrad::detail

@@ -1,8 +1,7 @@
 #include "kernels/attention_mask.hpp"
 
 #include "autodiff/check.hpp"
-#include "ops/op.hpp"
-#include "tapegrad/ops/view.hpp"
+#include "autodiff/loops.hpp"
 
 namespace tapegrad::detail {
 
@@ -21,7 +20,7 @@ RowMasks::RowMasks(const char* op, const AttentionMask& m, const Shape& scores_s
     if (rank < 3 || t.shape() != Shape{batch, width})
       fail<ShapeError>("{}: argument '{}' must have shape [B, {}] = [{}, {}] for scores {}, got {}", op, name,
                        width == k_ ? "K" : "Q", batch, width, shape_str(shape_), shape_str(t.shape()));
-    return contiguous(t);
+    return t.is_contiguous() ? t : copy_of(t);
   };
   keys_ = batch_rows("key_mask", m.key_mask, k_);
   queries_ = batch_rows("query_mask", m.query_mask, q_);

@@ -13,7 +13,7 @@
 #include "runtime/parallel.hpp"
 #include "autodiff/tensor_impl.hpp"
 #include "kernels/attention_tiles.hpp"
-#include "ops/op.hpp"
+#include "autodiff/loops.hpp"
 #include "kernels/matmul.hpp"
 
 namespace tapegrad::detail {

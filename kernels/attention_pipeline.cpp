@@ -51,15 +51,12 @@
 #include <cmath>
 #include <vector>
 
-#include "runtime/parallel.hpp"
-#include "ops/attention_core.hpp"
 #include "kernels/attention_operands.hpp"
+#include "kernels/attention_paths.hpp"
 #include "kernels/attention_softmax.hpp"
 #include "kernels/attention_tiles.hpp"
-#include "ops/op.hpp"
 #include "kernels/weighted_matmul.hpp"
-#include "tapegrad/ops/elementwise.hpp"
-#include "tapegrad/ops/matmul.hpp"
+#include "runtime/parallel.hpp"
 
 namespace tapegrad::detail {
 namespace {
@@ -83,13 +80,6 @@ constexpr std::int64_t kFusedBlockBytes = 2 << 20;
 // ([..., K, D] each): the fused path, there for its memory, asks for fewer (B H = 4, L = 2048:
 // 8 MiB less at the peak of forward + backward, a third of it).
 constexpr std::int64_t kMinItems = 8, kFusedMinItems = 4;
-
-Shape with_matrix(const Shape& batch, std::int64_t rows, std::int64_t cols) {
-  Shape s = batch;
-  s.push_back(rows);
-  s.push_back(cols);
-  return s;
-}
 
 // A zeroed [batch..., rows, cols] output whose leading dims (and rows) are laid out in the order
 // of q's, when q's leading dims are the batch's and positive and q is dense along its last dim:
@@ -177,25 +167,159 @@ struct Operands {
   }
 };
 
+// The backward of either use of the blocks: it keeps q, k, v (as the products read them), the
+// masks, and A (weights path) or O, the bias and the rows' m and log l (fused path).
+class PipelineBackward final : public AttentionBackward {
+ public:
+  PipelineBackward(Tensor q_, Tensor k_, Tensor v_, Tensor bias_, Tensor a_, Tensor o_, Tensor stats_, RowMasks masks_, double scale_,
+                   Shape scores_, Blocks blk_, std::int64_t dv_, bool bf16_)
+      : q(std::move(q_)), k(std::move(k_)), v(std::move(v_)), bias(std::move(bias_)), A(std::move(a_)), O(std::move(o_)),
+        stats(std::move(stats_)), masks(std::move(masks_)), scale(scale_), scores_shape(std::move(scores_)),
+        batch(scores_shape.begin(), scores_shape.end() - 2), blk(blk_), dv(dv_), bf16(bf16_) {}
+
+  AttentionGrads operator()(const Tensor& d_out, const Tensor& d_weights, const std::vector<bool>& needs) const override {
+    const std::int64_t nq = blk.nq, nk = blk.nk;
+    const bool want_dv = needs[2] && d_out.defined();
+    const bool want_ds = (needs[0] || needs[1] || needs[3]) && (d_out.defined() || d_weights.defined());
+    if (!want_dv && !want_ds) return {};
+    const bool recompute = !A.defined();  // the fused path (dO is then defined)
+    // As in the forward, whatever the precision where backward() runs; making A again
+    // reads q and k whatever the gradients asked for.
+    // dq = dS ⊛ k reads k; v only enters dO vᵀ, a plain product
+    const Operands op(q, k, v, bias, masks, scores_shape, scale, bf16, recompute || (want_ds && needs[1]),
+                      recompute || (want_ds && needs[0]), want_ds && d_out.defined(), want_ds && needs[0], false);
+    const std::int64_t d = op.d;
+    const Tensor go = d_out.defined() ? matrix_ready(d_out) : Tensor();
+    const Matrices<float> gs = go.defined() ? Matrices<float>(go, batch) : Matrices<float>();
+    const Bf16Matrices gb = bf16 && go.defined() ? Bf16Matrices(go, batch) : Bf16Matrices();
+    const float* a_f = recompute ? nullptr : static_cast<const float*>(A.raw_data());
+    const Matrices<float> os = recompute ? Matrices<float>(O, batch) : Matrices<float>();
+    const float* st = recompute ? static_cast<const float*>(stats.raw_data()) : nullptr;
+    // The 1/sqrt(D) goes on dS when the bias needs no gradient, else on dq and dk.
+    const float factor = static_cast<float>(needs[3] ? 1.0 : scale);
+    // dbias needs dS whole; else each block's dS lives in the block's buffer only.
+    const Tensor dS = want_ds && needs[3] ? new_tensor(scores_shape, DType::float32, "attention") : Tensor();
+    float* ds_all = dS.defined() ? static_cast<float*>(mutable_data(dS)) : nullptr;
+    const std::int64_t min_items = recompute ? kFusedMinItems : kMinItems;
+    const std::int64_t groups = std::clamp<std::int64_t>((min_items + blk.bh - 1) / std::max<std::int64_t>(blk.bh, 1), 1, std::max<std::int64_t>(blk.count, 1));
+    std::vector<Tensor> dk_parts, dv_parts;
+    std::vector<float*> dk_p, dv_p;
+    for (std::int64_t i = 0; i < groups; ++i) {
+      if (want_ds && needs[1]) dk_p.push_back(static_cast<float*>(mutable_data(dk_parts.emplace_back(zeros(with_matrix(batch, nk, d), DType::float32)))));
+      if (want_dv) dv_p.push_back(static_cast<float*>(mutable_data(dv_parts.emplace_back(zeros(with_matrix(batch, nk, dv), DType::float32)))));
+    }
+    Tensor dq = want_ds && needs[0] ? zeros(with_matrix(batch, nq, d), DType::float32) : Tensor();
+    float* dq_p = dq.defined() ? static_cast<float*>(mutable_data(dq)) : nullptr;
+    const RowPointers upstream(d_weights, scores_shape);
+    const std::int64_t cost = cost_of({double(blk.rows), double(nk), double((recompute ? 3 : 2) * d + 2 * dv), double(blk.count) / double(groups)});
+    parallel_for(blk.bh * groups, cost, [&](std::int64_t i0_, std::int64_t i1_) {
+      const auto size = static_cast<std::size_t>(blk.rows * nk);
+      std::vector<float> pack, buffer(dS.defined() ? 0 : size), a_buffer(recompute ? size : 0), delta;
+      std::vector<std::uint16_t> rounded_a(bf16 ? size : 0), rounded_ds(bf16 ? size : 0);
+      for (std::int64_t item = i0_; item < i1_; ++item) {
+        const std::int64_t b = item / groups, group = item % groups;
+        for (std::int64_t t = group; t < blk.count; t += groups) {
+          const std::int64_t i0 = t * blk.rows, n = blk.size(t), r0 = b * nq + i0;
+          const std::int64_t end = Blocks::key_end(masks, r0, n, nk);
+          // Rows of A and dS: the weights' or the whole dS's (stride K), else buffers of
+          // the keys below the block's end
+          const std::int64_t ld = recompute && !dS.defined() ? end : nk;
+          float* ds = ds_all != nullptr ? ds_all + r0 * nk : buffer.data();
+          const float* go_blk = go.defined() ? gs[b] + i0 * gs.ld : nullptr;
+          const float* a_blk = recompute ? a_buffer.data() : a_f + r0 * nk;
+          if (recompute) {
+            // S again, dA = dO vᵀ (not finite where a masked key's v is, never read there),
+            // then one pass: P = exp((x - m) - log l), dS = P (dA - Δ) with Δ = rowsum(dO O)
+            op.scores_product(b, i0, n, end, a_buffer.data(), ld);
+            if (want_ds) {
+              if (bf16) tiles::scores_bf16(n, end, dv, 1.0f, gb.rows(gs, b).from(i0), op.vb.rows(op.vs, b), ds, ld);
+              else gemm(false, true, n, end, dv, 1.0f, go_blk, gs.ld, op.vs[b], op.vs.ld, 0.0f, ds, ld);
+            }
+            // Δ from P dA in the pass instead when dbias is asked for: the gradient of a
+            // bias constant along rows is 0, a cancellation that O's rounding would spoil
+            // under bfloat16 (as for the tiles, docs/gradients.md)
+            delta.resize(static_cast<std::size_t>(dS.defined() ? 0 : n));
+            for (std::int64_t r = 0; r < n && !dS.defined(); ++r) {
+              const float* o_r = os[b] + (i0 + r) * os.ld;
+              const float* g_r = go_blk + r * gs.ld;
+              double sum = 0;  // in double, as the weights path's rowsum(A dA) is not
+              for (std::int64_t c = 0; c < dv; ++c) sum += static_cast<double>(o_r[c]) * static_cast<double>(g_r[c]);
+              delta[static_cast<std::size_t>(r)] = static_cast<float>(sum);
+            }
+            attention_softmax_recompute_rows(a_buffer.data(), op.bias, op.scale, masks, st + 2 * r0, dS.defined() ? nullptr : delta.data(), want_ds ? ds : nullptr,
+                                             factor, bf16 ? rounded_a.data() : nullptr, bf16 && want_ds ? rounded_ds.data() : nullptr, ld, r0,
+                                             r0 + n);
+          } else if (bf16 && want_dv) {
+            for (std::int64_t r = 0; r < n; ++r) round_bf16_weights(a_blk + r * nk, rounded_a.data() + r * nk, end);
+          }
+          // dv += Aᵀ ⊛ dO
+          if (want_dv) {
+            float* out = dv_p[static_cast<std::size_t>(group)] + b * nk * dv;
+            if (bf16) tiles::weighted_gemm_bf16(true, end, dv, n, 1.0f, a_blk, rounded_a.data(), ld, gb.rows(gs, b).from(i0), out, dv);
+            else weighted_gemm<float>(true, end, dv, n, 1.0f, a_blk, ld, go_blk, gs.ld, out, dv, pack);
+          }
+          if (!want_ds) continue;
+          if (!recompute) {
+            // dA = dO vᵀ into the dS buffer (not finite where a masked key's v is, never
+            // read there), then dS over it, the upstream dA added on the fly
+            if (go_blk != nullptr) {
+              if (bf16) tiles::scores_bf16(n, end, dv, 1.0f, gb.rows(gs, b).from(i0), op.vb.rows(op.vs, b), ds, nk);
+              else gemm(false, true, n, end, dv, 1.0f, go_blk, gs.ld, op.vs[b], op.vs.ld, 0.0f, ds, nk);
+            }
+            const RowPointers da = go_blk != nullptr ? RowPointers::block(ds, scores_shape, r0) : RowPointers(Tensor(), scores_shape);
+            attention_softmax_backward_rows(a_blk, da, upstream, factor, masks, ds, bf16 ? rounded_ds.data() : nullptr, r0, r0 + n);
+          }
+          // dq = dS ⊛ k,  dk += dSᵀ ⊛ q
+          float* dk_out = dk_p.empty() ? nullptr : dk_p[static_cast<std::size_t>(group)] + b * nk * d;
+          if (bf16) {
+            if (dq_p != nullptr) tiles::weighted_gemm_bf16(false, n, d, end, 1.0f, ds, rounded_ds.data(), ld, op.kb.rows(op.ks, b), dq_p + r0 * d, d);
+            if (dk_out != nullptr) tiles::weighted_gemm_bf16(true, end, d, n, 1.0f, ds, rounded_ds.data(), ld, op.qb.rows(op.qs, b).from(i0), dk_out, d);
+          } else {
+            if (dq_p != nullptr) weighted_gemm<float>(false, n, d, end, 1.0f, ds, ld, op.ks[b], op.ks.ld, dq_p + r0 * d, d, pack, op.k_finite);
+            if (dk_out != nullptr) weighted_gemm<float>(true, end, d, n, 1.0f, ds, ld, op.qs[b] + i0 * op.qs.ld, op.qs.ld, dk_out, d, pack);
+          }
+        }
+      }
+    });
+    // The groups' parts added in order into the first (each element the same sum, in the
+    // same order, as adding whole parts), holding no more buffer.
+    auto summed = [](const std::vector<Tensor>& parts) {
+      float* t = static_cast<float*>(mutable_data(parts[0]));
+      const auto count = static_cast<std::int64_t>(parts.size());
+      parallel_for(parts[0].numel(), count, [&](std::int64_t e0, std::int64_t e1) {
+        for (std::int64_t i = 1; i < count; ++i) {
+          const float* p = static_cast<const float*>(parts[static_cast<std::size_t>(i)].raw_data());
+          for (std::int64_t e = e0; e < e1; ++e) t[e] += p[e];
+        }
+      });
+      return parts[0];
+    };
+    // With dbias asked for, the factor 1/sqrt(D) is left to the caller (after the sums).
+    AttentionGrads grads;
+    grads.scaled = !needs[3];
+    if (want_dv) grads.dv = summed(dv_parts);
+    grads.dbias = dS;
+    grads.dq = dq;
+    if (!dk_parts.empty()) grads.dk = summed(dk_parts);
+    return grads;
+  }
+
+ private:
+  Tensor q, k, v, bias, A, O, stats;
+  RowMasks masks;
+  double scale;
+  Shape scores_shape, batch;
+  Blocks blk;
+  std::int64_t dv;
+  bool bf16;
+};
+
 }  // namespace
 
-// Measured forward + backward on one thread (CPU time, the benchmark's layer): at 4 MiB of
-// scores (B = 8, H = 8, Q = K = 128) the blocks tie with the whole tensors (13.1 and 13.7 ms),
-// at 0.5 MiB (B = 8, H = 4, Q = K = 64) they lose (0.90 and 0.87 ms: many small products
-// where one batched product per step did the work), at 32 and 64 MiB they win by 1.26-1.40x.
-bool attention_pipeline_pays(const Shape& scores_shape) { return shape_numel(scores_shape) >= (std::int64_t{2} << 20); }  // 8 MiB of float32
-
-// A bias that needs a gradient would make the blocks hold dS whole, [..., Q, K] (dbias is summed
-// from it); the tiles sum it into the bias's shape instead.
-bool attention_fused_blocks_pay(const AttentionArgs& a, const Shape& scores_shape) {
-  return a.q.dtype() == DType::float32 && attention_pipeline_pays(scores_shape) && !(a.bias.defined() && a.bias.requires_grad());
-}
-
-AttentionResult attention_pipelined(const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks, double scale,
-                                    std::int64_t block_rows) {
+AttentionRun attention_pipelined(const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks, double scale, bool bf16,
+                                 bool keep, std::int64_t block_rows) {
   const Shape batch(scores_shape.begin(), scores_shape.end() - 2);
-  const Blocks blk(scores_shape, block_rows, !a.need_weights);
-  const bool bf16 = matmul_precision() == MatmulPrecision::bfloat16, keep = a.need_weights;
+  const Blocks blk(scores_shape, block_rows, !keep);
   const std::int64_t nq = blk.nq, nk = blk.nk, dv = a.v.size(-1);
   const Tensor q = matrix_ready(a.q), k = matrix_ready(a.k), v = matrix_ready(a.v);
   // O = A ⊛ v reads v; k only enters q kᵀ, which is a plain product
@@ -226,150 +350,16 @@ AttentionResult attention_pipelined(const AttentionArgs& a, const Shape& scores_
       else weighted_gemm<float>(false, n, dv, end, 1.0f, s, ld, op.vs[b], op.vs.ld, o_blk, os.ld, pack, op.v_finite);
     }
   });
-  const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias};
-  if (!should_record(inputs)) return {output, weights};
-  std::vector<Tensor> outputs{output};
-  if (keep) outputs.push_back(weights);
   // The weights path reads A, the fused one makes it again from the masks and the bias; O is
   // read for Δ = rowsum(dO O) unless dbias is asked for (Δ then comes from P dA).
-  std::vector<Tensor> saved = masks.saved_with({a.q, a.k, a.v}, /*ends_only=*/keep);
+  AttentionRun run{output, weights, masks.saved_with({a.q, a.k, a.v}, /*ends_only=*/keep), nullptr};
   const bool bias_grad = a.bias.defined() && a.bias.requires_grad();
-  if (keep) saved.push_back(weights);
-  if (!keep && !bias_grad) saved.push_back(outputs[0]);
-  if (!keep && a.bias.defined()) saved.push_back(a.bias);
-  record_op(a.op, inputs, outputs,
-            [q, k, v, bias = keep ? Tensor() : a.bias, q_shape = a.q.shape(), k_shape = a.k.shape(), v_shape = a.v.shape(),
-             bias_shape = a.bias.defined() ? a.bias.shape() : Shape{}, A = keep ? weights.detach() : Tensor(),
-             O = keep ? Tensor() : outputs[0].detach(), stats, masks, scale, scores_shape, batch, blk, dv,
-             bf16](std::span<const Tensor> g, const std::vector<bool>& needs) {
-              const Tensor& d_out = g[0];
-              const Tensor d_weights = g.size() > 1 ? g[1] : Tensor();
-              const std::int64_t nq = blk.nq, nk = blk.nk;
-              std::vector<Tensor> grads(4);
-              const bool want_dv = needs[2] && d_out.defined();
-              const bool want_ds = (needs[0] || needs[1] || needs[3]) && (d_out.defined() || d_weights.defined());
-              if (!want_dv && !want_ds) return grads;
-              const bool recompute = !A.defined();  // the fused path (dO is then defined)
-              // As in the forward, whatever the precision where backward() runs; making A again
-              // reads q and k whatever the gradients asked for.
-              // dq = dS ⊛ k reads k; v only enters dO vᵀ, a plain product
-              const Operands op(q, k, v, bias, masks, scores_shape, scale, bf16, recompute || (want_ds && needs[1]),
-                                recompute || (want_ds && needs[0]), want_ds && d_out.defined(), want_ds && needs[0], false);
-              const std::int64_t d = op.d;
-              const Tensor go = d_out.defined() ? matrix_ready(d_out) : Tensor();
-              const Matrices<float> gs = go.defined() ? Matrices<float>(go, batch) : Matrices<float>();
-              const Bf16Matrices gb = bf16 && go.defined() ? Bf16Matrices(go, batch) : Bf16Matrices();
-              const float* a_f = recompute ? nullptr : static_cast<const float*>(A.raw_data());
-              const Matrices<float> os = recompute ? Matrices<float>(O, batch) : Matrices<float>();
-              const float* st = recompute ? static_cast<const float*>(stats.raw_data()) : nullptr;
-              // The 1/sqrt(D) goes on dS when the bias needs no gradient, else on dq and dk.
-              const float factor = static_cast<float>(needs[3] ? 1.0 : scale);
-              // dbias needs dS whole; else each block's dS lives in the block's buffer only.
-              const Tensor dS = want_ds && needs[3] ? new_tensor(scores_shape, DType::float32, "attention") : Tensor();
-              float* ds_all = dS.defined() ? static_cast<float*>(mutable_data(dS)) : nullptr;
-              const std::int64_t min_items = recompute ? kFusedMinItems : kMinItems;
-              const std::int64_t groups = std::clamp<std::int64_t>((min_items + blk.bh - 1) / std::max<std::int64_t>(blk.bh, 1), 1, std::max<std::int64_t>(blk.count, 1));
-              std::vector<Tensor> dk_parts, dv_parts;
-              std::vector<float*> dk_p, dv_p;
-              for (std::int64_t i = 0; i < groups; ++i) {
-                if (want_ds && needs[1]) dk_p.push_back(static_cast<float*>(mutable_data(dk_parts.emplace_back(zeros(with_matrix(batch, nk, d), DType::float32)))));
-                if (want_dv) dv_p.push_back(static_cast<float*>(mutable_data(dv_parts.emplace_back(zeros(with_matrix(batch, nk, dv), DType::float32)))));
-              }
-              Tensor dq = want_ds && needs[0] ? zeros(with_matrix(batch, nq, d), DType::float32) : Tensor();
-              float* dq_p = dq.defined() ? static_cast<float*>(mutable_data(dq)) : nullptr;
-              const RowPointers upstream(d_weights, scores_shape);
-              const std::int64_t cost = cost_of({double(blk.rows), double(nk), double((recompute ? 3 : 2) * d + 2 * dv), double(blk.count) / double(groups)});
-              parallel_for(blk.bh * groups, cost, [&](std::int64_t i0_, std::int64_t i1_) {
-                const auto size = static_cast<std::size_t>(blk.rows * nk);
-                std::vector<float> pack, buffer(dS.defined() ? 0 : size), a_buffer(recompute ? size : 0), delta;
-                std::vector<std::uint16_t> rounded_a(bf16 ? size : 0), rounded_ds(bf16 ? size : 0);
-                for (std::int64_t item = i0_; item < i1_; ++item) {
-                  const std::int64_t b = item / groups, group = item % groups;
-                  for (std::int64_t t = group; t < blk.count; t += groups) {
-                    const std::int64_t i0 = t * blk.rows, n = blk.size(t), r0 = b * nq + i0;
-                    const std::int64_t end = Blocks::key_end(masks, r0, n, nk);
-                    // Rows of A and dS: the weights' or the whole dS's (stride K), else buffers of
-                    // the keys below the block's end
-                    const std::int64_t ld = recompute && !dS.defined() ? end : nk;
-                    float* ds = ds_all != nullptr ? ds_all + r0 * nk : buffer.data();
-                    const float* go_blk = go.defined() ? gs[b] + i0 * gs.ld : nullptr;
-                    const float* a_blk = recompute ? a_buffer.data() : a_f + r0 * nk;
-                    if (recompute) {
-                      // S again, dA = dO vᵀ (not finite where a masked key's v is, never read there),
-                      // then one pass: P = exp((x - m) - log l), dS = P (dA - Δ) with Δ = rowsum(dO O)
-                      op.scores_product(b, i0, n, end, a_buffer.data(), ld);
-                      if (want_ds) {
-                        if (bf16) tiles::scores_bf16(n, end, dv, 1.0f, gb.rows(gs, b).from(i0), op.vb.rows(op.vs, b), ds, ld);
-                        else gemm(false, true, n, end, dv, 1.0f, go_blk, gs.ld, op.vs[b], op.vs.ld, 0.0f, ds, ld);
-                      }
-                      // Δ from P dA in the pass instead when dbias is asked for: the gradient of a
-                      // bias constant along rows is 0, a cancellation that O's rounding would spoil
-                      // under bfloat16 (as for the tiles, docs/gradients.md)
-                      delta.resize(static_cast<std::size_t>(dS.defined() ? 0 : n));
-                      for (std::int64_t r = 0; r < n && !dS.defined(); ++r) {
-                        const float* o_r = os[b] + (i0 + r) * os.ld;
-                        const float* g_r = go_blk + r * gs.ld;
-                        double sum = 0;  // in double, as the weights path's rowsum(A dA) is not
-                        for (std::int64_t c = 0; c < dv; ++c) sum += static_cast<double>(o_r[c]) * static_cast<double>(g_r[c]);
-                        delta[static_cast<std::size_t>(r)] = static_cast<float>(sum);
-                      }
-                      attention_softmax_recompute_rows(a_buffer.data(), op.bias, op.scale, masks, st + 2 * r0, dS.defined() ? nullptr : delta.data(), want_ds ? ds : nullptr,
-                                                       factor, bf16 ? rounded_a.data() : nullptr, bf16 && want_ds ? rounded_ds.data() : nullptr, ld, r0,
-                                                       r0 + n);
-                    } else if (bf16 && want_dv) {
-                      for (std::int64_t r = 0; r < n; ++r) round_bf16_weights(a_blk + r * nk, rounded_a.data() + r * nk, end);
-                    }
-                    // dv += Aᵀ ⊛ dO
-                    if (want_dv) {
-                      float* out = dv_p[static_cast<std::size_t>(group)] + b * nk * dv;
-                      if (bf16) tiles::weighted_gemm_bf16(true, end, dv, n, 1.0f, a_blk, rounded_a.data(), ld, gb.rows(gs, b).from(i0), out, dv);
-                      else weighted_gemm<float>(true, end, dv, n, 1.0f, a_blk, ld, go_blk, gs.ld, out, dv, pack);
-                    }
-                    if (!want_ds) continue;
-                    if (!recompute) {
-                      // dA = dO vᵀ into the dS buffer (not finite where a masked key's v is, never
-                      // read there), then dS over it, the upstream dA added on the fly
-                      if (go_blk != nullptr) {
-                        if (bf16) tiles::scores_bf16(n, end, dv, 1.0f, gb.rows(gs, b).from(i0), op.vb.rows(op.vs, b), ds, nk);
-                        else gemm(false, true, n, end, dv, 1.0f, go_blk, gs.ld, op.vs[b], op.vs.ld, 0.0f, ds, nk);
-                      }
-                      const RowPointers da = go_blk != nullptr ? RowPointers::block(ds, scores_shape, r0) : RowPointers(Tensor(), scores_shape);
-                      attention_softmax_backward_rows(a_blk, da, upstream, factor, masks, ds, bf16 ? rounded_ds.data() : nullptr, r0, r0 + n);
-                    }
-                    // dq = dS ⊛ k,  dk += dSᵀ ⊛ q
-                    float* dk_out = dk_p.empty() ? nullptr : dk_p[static_cast<std::size_t>(group)] + b * nk * d;
-                    if (bf16) {
-                      if (dq_p != nullptr) tiles::weighted_gemm_bf16(false, n, d, end, 1.0f, ds, rounded_ds.data(), ld, op.kb.rows(op.ks, b), dq_p + r0 * d, d);
-                      if (dk_out != nullptr) tiles::weighted_gemm_bf16(true, end, d, n, 1.0f, ds, rounded_ds.data(), ld, op.qb.rows(op.qs, b).from(i0), dk_out, d);
-                    } else {
-                      if (dq_p != nullptr) weighted_gemm<float>(false, n, d, end, 1.0f, ds, ld, op.ks[b], op.ks.ld, dq_p + r0 * d, d, pack, op.k_finite);
-                      if (dk_out != nullptr) weighted_gemm<float>(true, end, d, n, 1.0f, ds, ld, op.qs[b] + i0 * op.qs.ld, op.qs.ld, dk_out, d, pack);
-                    }
-                  }
-                }
-              });
-              // The groups' parts added in order into the first (each element the same sum, in the
-              // same order, as adding whole parts), holding no more buffer.
-              auto summed = [](const std::vector<Tensor>& parts) {
-                float* t = static_cast<float*>(mutable_data(parts[0]));
-                const auto count = static_cast<std::int64_t>(parts.size());
-                parallel_for(parts[0].numel(), count, [&](std::int64_t e0, std::int64_t e1) {
-                  for (std::int64_t i = 1; i < count; ++i) {
-                    const float* p = static_cast<const float*>(parts[static_cast<std::size_t>(i)].raw_data());
-                    for (std::int64_t e = e0; e < e1; ++e) t[e] += p[e];
-                  }
-                });
-                return parts[0];
-              };
-              auto scaled = [&](Tensor t) { return needs[3] ? mul(t, scale) : t; };
-              if (want_dv) grads[2] = sum_to(summed(dv_parts), v_shape);
-              if (dS.defined()) grads[3] = sum_to(dS, bias_shape);
-              if (dq.defined()) grads[0] = scaled(sum_to(dq, q_shape));
-              if (!dk_parts.empty()) grads[1] = scaled(sum_to(summed(dk_parts), k_shape));
-              return grads;
-            },
-            saved);
-  return {outputs[0], keep ? outputs[1] : Tensor()};
+  if (keep) run.saved.push_back(weights);
+  if (!keep && !bias_grad) run.saved.push_back(output);
+  if (!keep && a.bias.defined()) run.saved.push_back(a.bias);
+  run.backward = std::make_shared<PipelineBackward>(q, k, v, keep ? Tensor() : a.bias, keep ? weights.detach() : Tensor(),
+                                                    keep ? Tensor() : output.detach(), stats, masks, scale, scores_shape, blk, dv, bf16);
+  return run;
 }
 
 }  // namespace tapegrad::detail

@@ -9,8 +9,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "runtime/cpu.hpp"
 #include "runtime/parallel.hpp"
-#include "ops/op.hpp"
+#include "autodiff/loops.hpp"
 #include "kernels/matmul.hpp"
 #include "kernels/softmax_rows.hpp"
 
@@ -121,14 +122,14 @@ template <class T>
 // float32, the common case, is compiled for each vector width and picked at run time for the
 // CPU at hand (the build machine's CPU is never assumed); the templates above are inlined into
 // each clone.
-[[gnu::target_clones("avx512f", "avx2", "default")]] void forward_rows_f32(const RowPointers& scores, const RowPointers& bias,
+TAPEGRAD_CPU_CLONES void forward_rows_f32(const RowPointers& scores, const RowPointers& bias,
                                                                            float scale, const RowMasks& masks, float* weights,
                                                                            std::uint16_t* rounded, std::int64_t first,
                                                                            std::int64_t begin, std::int64_t stop, float* stats) {
   forward_rows<float>(scores, bias, scale, masks, weights, rounded, first, begin, stop, stats);
 }
 
-[[gnu::target_clones("avx512f", "avx2", "default")]] void recompute_rows_f32(float* s, const RowPointers& bias, float scale,
+TAPEGRAD_CPU_CLONES void recompute_rows_f32(float* s, const RowPointers& bias, float scale,
                                                                              const RowMasks& masks, const float* stats,
                                                                              const float* delta, float* da, float factor,
                                                                              std::uint16_t* rounded_p, std::uint16_t* rounded_ds,
@@ -136,7 +137,7 @@ template <class T>
   recompute_rows(s, bias, scale, masks, stats, delta, da, factor, rounded_p, rounded_ds, ld, begin, stop);
 }
 
-[[gnu::target_clones("avx512f", "avx2", "default")]] void backward_rows_f32(const float* weights, const RowPointers& ga,
+TAPEGRAD_CPU_CLONES void backward_rows_f32(const float* weights, const RowPointers& ga,
                                                                             const RowPointers& gb, float factor,
                                                                             const RowMasks& masks, float* out,
                                                                             std::int64_t first, bool one_row,

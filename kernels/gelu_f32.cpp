@@ -35,6 +35,7 @@
 // before the product, so -inf * 0 does not make a NaN), and the slope is 1 at inf and 0 at
 // -inf (x phi(x) uses the clamped x, as phi is 0 there anyway).
 #include "kernels/gelu_f32.hpp"
+#include "runtime/cpu.hpp"
 
 #include <bit>
 #include <cmath>
@@ -155,8 +156,7 @@ template <Mode M> void run_scalar(const float* g, const float* x, float* y, floa
 
 // ---- AVX-512: 16 lanes, one vpermps per coefficient, vscalefps for 2^n ----
 
-#define TAPEGRAD_AVX512 __attribute__((target("avx512f")))
-#define TAPEGRAD_AVX512_INLINE __attribute__((target("avx512f"), always_inline)) inline
+#define TAPEGRAD_AVX512_INLINE TAPEGRAD_TARGET_AVX512 __attribute__((always_inline)) inline
 
 TAPEGRAD_AVX512_INLINE __m512 poly_exp512(__m512 r) {
   __m512 p = _mm512_set1_ps(kExp[6]);
@@ -199,7 +199,7 @@ TAPEGRAD_AVX512_INLINE void body512(const float* g, const float* x, float* y, fl
   }
 }
 
-template <Mode M> TAPEGRAD_AVX512 void run512(const float* g, const float* x, float* y, float* s, std::int64_t n) {
+template <Mode M> TAPEGRAD_TARGET_AVX512 void run512(const float* g, const float* x, float* y, float* s, std::int64_t n) {
   __m512 tab[8];
   for (int i = 0; i < 7; ++i) tab[i] = _mm512_load_ps(kMills[i]);
   tab[7] = _mm512_load_ps(kCentre);
@@ -213,8 +213,7 @@ template <Mode M> TAPEGRAD_AVX512 void run512(const float* g, const float* x, fl
 
 // ---- AVX2 + FMA: 8 lanes, a 16-entry lookup as two vpermps and a blend ----
 
-#define TAPEGRAD_AVX2 __attribute__((target("avx2,fma")))
-#define TAPEGRAD_AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) inline
+#define TAPEGRAD_AVX2_INLINE TAPEGRAD_TARGET_AVX2 __attribute__((always_inline)) inline
 
 // table[j mod 16]; `high` has bit 3 of j in its sign bit.
 TAPEGRAD_AVX2_INLINE __m256 lookup256(const float* table, __m256i j, __m256 high) {
@@ -268,7 +267,7 @@ template <Mode M> TAPEGRAD_AVX2_INLINE void body256(const float* g, const float*
   }
 }
 
-template <Mode M> TAPEGRAD_AVX2 void run256(const float* g, const float* x, float* y, float* s, std::int64_t n) {
+template <Mode M> TAPEGRAD_TARGET_AVX2 void run256(const float* g, const float* x, float* y, float* s, std::int64_t n) {
   std::int64_t i = 0;
   for (; i + 8 <= n; i += 8) body256<M>(g + (M == Mode::backward ? i : 0), x + i, y + i, s + (M == Mode::slope ? i : 0));
   run_scalar<M>(g + (M == Mode::backward ? i : 0), x + i, y + i, s + (M == Mode::slope ? i : 0), n - i);

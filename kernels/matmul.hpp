@@ -12,6 +12,12 @@
 
 namespace tapegrad::detail {
 
+// a @ b for a [..., M, K] and b [..., K, N] of one floating dtype (checked by the caller), batch
+// dims broadcast (ShapeError "matmul: ..." when they do not, or the result is too large): a
+// fresh contiguous result. float64 on matmul_f64, float32 on matmul_dnnl (bfloat16 products
+// with bf16), which hands small ones to matmul_rows. Records nothing.
+Tensor product(const Tensor& a, const Tensor& b, bool bf16);
+
 // float32 on oneDNN; with `bf16` the operands are rounded to bfloat16 first and accumulated in
 // float32. The only file that sees oneDNN. Small single-row products go to matmul_rows instead.
 void matmul_dnnl(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16);

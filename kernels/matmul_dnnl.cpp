@@ -5,7 +5,7 @@
 // no copy); 2. build the primitive once per layout and keep it in a per-thread LRU cache; 3. wrap
 // the three buffers in dnnl::memory and execute. oneDNN always runs on one OpenMP thread here: a
 // product that its size repays on more threads is cut into that many pieces (a batch dim, or
-// bands of rows), which tapegrad's own workers run (autodiff/thread_pool.hpp says why).
+// bands of rows), which tapegrad's own workers run (runtime/; docs/performance-notes.md says why).
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -20,15 +20,13 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
-#include "runtime/parallel.hpp"
-#include "runtime/thread_choice.hpp"
-#include "runtime/thread_pool.hpp"
-#include "ops/op.hpp"
+#include "autodiff/loops.hpp"
 #include "kernels/matmul.hpp"
-#include "tapegrad/ops/view.hpp"
+#include "runtime/cpu.hpp"
+#include "runtime/parallel.hpp"
 
 // OpenMP's per-thread setting, which oneDNN reads (declared here rather than through <omp.h>,
-// as in autodiff/parallel.cpp).
+// as in runtime/parallel.cpp).
 extern "C" {
 void omp_set_num_threads(int n);
 int omp_get_max_threads(void);
@@ -210,17 +208,11 @@ template <class Out> inline Out rounded_as(float f) {
   else return std::bit_cast<float>(std::uint32_t{bits} << 16);
 }
 
-// The contiguous conversion loops, compiled for AVX-512 (x86-64-v4), AVX2 (v3) and plain x86-64 and chosen when
-// the program starts (the build machine's CPU says nothing about the one it runs on).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define TAPEGRAD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define TAPEGRAD_CLONES
-#endif
-TAPEGRAD_CLONES void round_run(const float* src, std::uint16_t* dst, std::int64_t n) {
+// The contiguous conversion loops, for each vector width.
+TAPEGRAD_CPU_CLONES void round_run(const float* src, std::uint16_t* dst, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) dst[i] = rounded_as<std::uint16_t>(src[i]);
 }
-TAPEGRAD_CLONES void round_run(const float* src, float* dst, std::int64_t n) {
+TAPEGRAD_CPU_CLONES void round_run(const float* src, float* dst, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) dst[i] = rounded_as<float>(src[i]);
 }
 
@@ -525,9 +517,13 @@ void matmul_dnnl(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   if (!bf16 && (macs <= kLoopMacs || (c.shape()[rank - 2] == 1 && macs <= kRowMacs))) return matmul_rows(a, b, c);
   if (rank <= DNNL_MAX_NDIMS) return run(a, b, c, bf16);
   // Past oneDNN's rank limit: fold the batch dims into one.
-  NoGradGuard no_grad;
   const std::int64_t m = c.shape()[rank - 2], n = c.shape()[rank - 1], k = a.shape()[rank - 1];
   Shape batch(c.shape().begin(), c.shape().end() - 2);
+  const std::int64_t count = shape_numel(batch);
+  // A contiguous tensor as [count, rows, cols] (a view).
+  auto as_batch = [&](const Tensor& x, std::int64_t rows, std::int64_t cols) {
+    return make_view(x, {count, rows, cols}, contiguous_strides({count, rows, cols}), 0, "matmul");
+  };
   auto fold = [&](const Tensor& x, std::int64_t rows, std::int64_t cols) {
     Shape full = batch;
     full.push_back(rows);
@@ -535,9 +531,10 @@ void matmul_dnnl(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
     // c fits, but an operand broadcast to c's batch dims may not (K much larger than N or M).
     check_shape("matmul", "an operand broadcast to the result's batch dims (rank past oneDNN's limit), shape", full,
                 x.dtype());
-    return reshape(copy_of(expand(x, full)), {-1, rows, cols});
+    const Dims8 s = broadcast_strides(x, full);
+    return as_batch(copy_of(make_view(x, full, Shape(s.begin(), s.end()), x.offset(), "matmul")), rows, cols);
   };
-  run(fold(a, m, k), fold(b, k, n), reshape(c, {-1, m, n}), bf16);
+  run(fold(a, m, k), fold(b, k, n), as_batch(c, m, n), bf16);
 }
 
 void gemm_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
@@ -568,7 +565,7 @@ inline std::uint16_t to_bf16_finite(float f) {
   return static_cast<std::uint16_t>(mag >= 0x7f800000u ? special : finite);
 }
 
-TAPEGRAD_CLONES std::uint32_t round_operand_row(const float* src, std::uint16_t* dst, std::int64_t n) {
+TAPEGRAD_CPU_CLONES std::uint32_t round_operand_row(const float* src, std::uint16_t* dst, std::int64_t n) {
   std::uint32_t bad = 0;
   for (std::int64_t i = 0; i < n; ++i) {
     const std::uint32_t u = std::bit_cast<std::uint32_t>(src[i]);
@@ -578,13 +575,12 @@ TAPEGRAD_CLONES std::uint32_t round_operand_row(const float* src, std::uint16_t*
   }
   return bad;
 }
-TAPEGRAD_CLONES void round_weights_run(const float* src, std::uint16_t* dst, std::int64_t n) {
+TAPEGRAD_CPU_CLONES void round_weights_run(const float* src, std::uint16_t* dst, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) dst[i] = to_bf16_finite(src[i]);
 }
-TAPEGRAD_CLONES void widen_run(const std::uint16_t* src, float* dst, std::int64_t n) {
+TAPEGRAD_CPU_CLONES void widen_run(const std::uint16_t* src, float* dst, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) dst[i] = widen(src[i]);
 }
-#undef TAPEGRAD_CLONES
 
 // The [rows, cols] block at src (row stride ld) widened into dense float32 scratch.
 const float* widened(const std::uint16_t* src, std::int64_t rows, std::int64_t cols, std::int64_t ld, int which) {

@@ -6,7 +6,7 @@
 #include <memory>
 #include <new>
 
-#include "ops/op.hpp"
+#include "autodiff/loops.hpp"
 #include "kernels/matmul.hpp"
 
 namespace tapegrad::detail {

@@ -9,7 +9,7 @@
 #include <array>
 #include <cstring>
 
-#include "ops/op.hpp"
+#include "autodiff/loops.hpp"
 #include "kernels/matmul.hpp"
 
 namespace tapegrad::detail {
@@ -92,10 +92,7 @@ void row_times_matrix(const float* a, std::int64_t ak, const float* b, std::int6
 // starts, with every loop inlined into each version (the build machine's CPU is never assumed).
 // No multiply is fused into an add (CMakeLists.txt): every version and every loop gives a sum
 // the same bits.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-[[gnu::target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), gnu::flatten]]
-#endif
-void matmul_rows(const Tensor& a, const Tensor& b, const Tensor& c) {
+TAPEGRAD_CPU_CLONES_FLATTENED void matmul_rows(const Tensor& a, const Tensor& b, const Tensor& c) {
   const std::size_t r = c.shape().size();
   const std::int64_t n = c.shape()[r - 1], k = a.shape()[r - 1];
   // The batch dims and their strides on the stack: this serves tiny products, where the

@@ -12,9 +12,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "ops/op.hpp"
+#include "autodiff/loops.hpp"
 #include "kernels/matmul.hpp"
-#include "tapegrad/ops/matmul.hpp"
 
 namespace tapegrad::detail {
 namespace {
@@ -43,8 +42,8 @@ template <class T> [[gnu::always_inline]] inline bool span_finite(const T* p, st
   for (std::int64_t l = 0; l < kLanes; ++l) bad |= lane[l];
   return bad == 0;
 }
-TAPEGRAD_SIMD_CLONES bool span_finite_f32(const float* p, std::int64_t n) { return span_finite(p, n); }
-TAPEGRAD_SIMD_CLONES bool span_finite_f64(const double* p, std::int64_t n) { return span_finite(p, n); }
+TAPEGRAD_CPU_CLONES bool span_finite_f32(const float* p, std::int64_t n) { return span_finite(p, n); }
+TAPEGRAD_CPU_CLONES bool span_finite_f64(const double* p, std::int64_t n) { return span_finite(p, n); }
 
 template <class T> bool all_finite(const Tensor& x) {
   const T* p = static_cast<const T*>(x.raw_data());
@@ -121,10 +120,9 @@ bool all_finite_values(const Tensor& x) {
 }
 
 Tensor weighted_matmul(const Tensor& w, const Tensor& x) {
-  NoGradGuard no_grad;  // a kernel: the caller records the op it is part of
   return visit_float(x.dtype(), "weighted_matmul", [&]<class T>(Tag<T>) {
-    if (all_finite<T>(x)) return matmul(w, x);
-    Tensor c = matmul(w, finite_part<T>(x));
+    if (all_finite<T>(x)) return product(w, x, false);
+    Tensor c = product(w, finite_part<T>(x), false);
     if (c.numel() > 0) add_non_finite<T>(w, x, c);
     return c;
   });

@@ -4,7 +4,6 @@
 #include <functional>
 #include <set>
 
-#include "autodiff/tensor_impl.hpp"
 
 #include "autodiff/check.hpp"
 

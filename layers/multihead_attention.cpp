@@ -6,9 +6,10 @@
 #include <string>
 #include <utility>
 
-#include "autodiff/tensor_impl.hpp"
+#include "autodiff/check.hpp"
 #include "ops/multihead_attention_detail.hpp"
-#include "ops/op.hpp"
+#include "tapegrad/autodiff/tape.hpp"
+#include "tapegrad/ops/inplace.hpp"
 #include "tapegrad/ops/view.hpp"
 
 namespace tapegrad {
@@ -116,8 +117,9 @@ AttentionResult run_forward(const MultiHeadAttention& layer, const Input& query,
 // A fresh [B, capacity, width] buffer holding the first `length` positions of `buffer` (the
 // positions past them are not read: they were never written).
 Tensor reallocated(const Tensor& buffer, std::int64_t length, std::int64_t capacity) {
-  Tensor out = detail::new_tensor({buffer.size(0), capacity, buffer.size(2)}, buffer.dtype(), "KVCache");
-  if (length > 0) detail::copy_into(slice(out, 1, 0, length), slice(buffer, 1, 0, length));
+  const NoGradGuard no_grad;
+  Tensor out = empty({buffer.size(0), capacity, buffer.size(2)}, buffer.dtype());
+  if (length > 0) copy_(slice(out, 1, 0, length), slice(buffer, 1, 0, length));
   return out;
 }
 
@@ -226,8 +228,9 @@ void KVCache::append(const Tensor& k, const Tensor& v) {
     k_ = reallocated(k_.defined() ? k_ : k, length_, grown);
     v_ = reallocated(v_.defined() ? v_ : v, length_, grown);
   }
-  detail::copy_into(slice(k_, 1, length_, length_ + n), k);
-  detail::copy_into(slice(v_, 1, length_, length_ + n), v);
+  const NoGradGuard no_grad;
+  copy_(slice(k_, 1, length_, length_ + n), k);
+  copy_(slice(v_, 1, length_, length_ + n), v);
   length_ += n;
 }
 

@@ -1,28 +1,26 @@
-// scaled_dot_product_attention and causal_mask. The attention is one tape node; its backward,
-// derived in docs/gradients.md, walks the forward in reverse:
+// scaled_dot_product_attention, attention and causal_mask. One attention call is one tape node;
+// its backward, derived in docs/gradients.md, walks the forward in reverse:
 //   forward                          backward
 //   S = q k^T / sqrt(D) (+ bias)     dq = dS k / sqrt(D),  dk = dS^T q / sqrt(D),  dbias = dS
 //   A = masked_softmax(S, mask)      dS = A * (dA - rowsum(A * dA))
 //   O = A v                          dA = dO v^T + (upstream gradient of A),  dv = A^T dO
-// The scaling, the bias, the mask and the softmax are one pass over the scores
-// (attention_softmax.cpp), and the mask is asked for row by row, never materialised. Scores too
-// large for the cache go through these steps a block of rows at a time instead
-// (attention_pipeline.cpp), so that no step streams them through main memory.
+// This file computes it plainly (weights_path below): whole-tensor products, and one pass over
+// the scores for the scaling, the bias, the mask (asked for row by row, never materialised) and
+// the softmax. That is the reference. Larger shapes, bfloat16 products and calls that need no
+// weights take a fast path of kernels/ (attention_paths.hpp says which pays when), tested
+// against this one; every path records its node here.
 // Masked keys and empty rows have weights exactly 0, and so have their dS. The four products by
 // A or dS (O, dv, dq, dk) are weighted_matmul, where a zero weight contributes nothing: a NaN or
 // inf in a masked key's k or v, or in an empty row's q, cannot reach any output or gradient
 // (a plain matmul would add 0 * NaN = NaN). dA = dO v^T needs no such care: it is NaN at a masked
-// key whose v is, but masked_softmax_backward never reads dA where A = 0.
-// Under a bfloat16 matmul precision (float32) the same steps run on bfloat16 products with the
-// same rules (attention_bf16 below), and so does the fused path.
+// key whose v is, but the softmax backward never reads dA where A = 0.
+#include <array>
 #include <cmath>
 
-#include "ops/attention_core.hpp"
-#include "kernels/attention_operands.hpp"
-#include "kernels/attention_tiles.hpp"
-#include "ops/op.hpp"
 #include "kernels/attention_softmax.hpp"
 #include "kernels/weighted_matmul.hpp"
+#include "ops/attention_core.hpp"
+#include "ops/op.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/matmul.hpp"
 #include "tapegrad/ops/view.hpp"
@@ -32,13 +30,6 @@ namespace detail {
 namespace {
 
 Shape leading(const Tensor& t) { return Shape(t.shape().begin(), t.shape().end() - 2); }
-
-Shape with_matrix(const Shape& batch, std::int64_t rows, std::int64_t cols) {
-  Shape s = batch;
-  s.push_back(rows);
-  s.push_back(cols);
-  return s;
-}
 
 // Validates q, k, v and bias; returns the scores' shape [..., Q, K].
 Shape check_attention(const AttentionArgs& a) {
@@ -79,144 +70,8 @@ Shape check_attention(const AttentionArgs& a) {
   return scores;  // the mask is checked by RowMasks
 }
 
-
-// C[K, N] += Wᵀ ⊛ X for whole [Q, K] weights W (dv = Aᵀ ⊛ dO, dk = dSᵀ ⊛ q): computed as
-// (Xᵀ W̃)ᵀ, the form oneDNN's bfloat16 gemm runs 1.7x faster than W̃ᵀ X̃ at Q = K = 2048 (it
-// streams the wide operand by rows), then the non-finite elements of X added back as
-// weighted_gemm_bf16 does.
-void transposed_weighted_bf16(std::int64_t q, std::int64_t k, std::int64_t n, const float* w, const std::uint16_t* wb,
-                              const tiles::RoundedRows& x, float* c) {
-  if (q == 0 || k == 0 || n == 0) return;
-  thread_local std::vector<float> t;
-  t.resize(static_cast<std::size_t>(n * k));
-  gemm_bf16(true, false, n, k, q, 1.0f, x.bits, x.ld_bits, wb, k, 0.0f, t.data(), k);
-  constexpr std::int64_t kBlock = 32;  // both sides of the transpose stay in L1
-  for (std::int64_t j0 = 0; j0 < k; j0 += kBlock)
-    for (std::int64_t i0 = 0; i0 < n; i0 += kBlock)
-      for (std::int64_t j = j0; j < std::min(k, j0 + kBlock); ++j)
-        for (std::int64_t i = i0; i < std::min(n, i0 + kBlock); ++i) c[j * n + i] += t[static_cast<std::size_t>(i * k + j)];
-  if (x.any_bad(q)) tiles::add_non_finite(true, k, n, q, 1.0f, w, k, x.x, x.ld, x.bad, c, n);
-}
-
-// The weights path under a bfloat16 matmul precision (float32 only, scores too small for
-// attention_pipeline.cpp's blocks): the same forward and
-// backward as attention_core's, with every product on bfloat16 operands rounded once per call
-// (q, k, v, dO) or written rounded by the softmax passes themselves (A, dS) next to their
-// float32 values, so no product pays a pass over the [..., Q, K] weights. The products are the
-// fused path's tile products (attention_tiles.hpp) on whole matrices, one batch entry at a
-// time: zero weights and non-finite operands are handled exactly as there.
-AttentionResult attention_bf16(const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks, double scale) {
-  const Shape batch(scores_shape.begin(), scores_shape.end() - 2);
-  const std::int64_t bh = shape_numel(batch), nq = scores_shape[scores_shape.size() - 2], nk = scores_shape.back();
-  const std::int64_t d = a.q.size(-1), dv = a.v.size(-1);
-  const Tensor q = matrix_ready(a.q), k = matrix_ready(a.k), v = matrix_ready(a.v);
-  const Matrices<float> qs(q, batch), ks(k, batch), vs(v, batch);
-  const Bf16Matrices qb(q, batch), kb(k, batch), vb(v, batch);
-  const auto pairs = static_cast<std::size_t>(shape_numel(scores_shape));
-  auto rounded_weights = std::make_shared<Storage>(pairs * sizeof(std::uint16_t));
-  auto* ab = reinterpret_cast<std::uint16_t*>(rounded_weights->data);
-  const Tensor weights = new_tensor(scores_shape, DType::float32, a.op);
-  const Tensor output = zeros(with_matrix(batch, nq, dv), DType::float32);
-  float* w = static_cast<float*>(mutable_data(weights));
-  float* o = static_cast<float*>(mutable_data(output));
-  // S = q kᵀ (scaled in the softmax pass), A = masked_softmax(S) and its rounded copy, O = A ⊛ v
-  parallel_for(bh, nq * nk * d, [&](std::int64_t b0, std::int64_t b1) {
-    for (std::int64_t b = b0; b < b1; ++b)
-      tiles::scores_bf16(nq, nk, d, 1.0f, qb.rows(qs, b), kb.rows(ks, b), w + b * nq * nk, nk);
-  });
-  attention_softmax_forward(weights, scale, a.bias, masks, weights, ab);
-  parallel_for(bh, nq * nk * dv, [&](std::int64_t b0, std::int64_t b1) {
-    for (std::int64_t b = b0; b < b1; ++b)
-      tiles::weighted_gemm_bf16(false, nq, dv, nk, 1.0f, w + b * nq * nk, ab + b * nq * nk, nk, vb.rows(vs, b), o + b * nq * dv, dv);
-  });
-  const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias};
-  if (!should_record(inputs)) return {output, weights};
-  std::vector<Tensor> outputs{output, weights};
-  record_op(a.op, inputs, outputs,
-            [q, k, v, qs_shape = a.q.shape(), ks_shape = a.k.shape(), vs_shape = a.v.shape(),
-             bias_shape = a.bias.defined() ? a.bias.shape() : Shape{}, A = weights.detach(), rounded_weights, masks, scale, batch, nq, nk, d,
-             dv, bh](std::span<const Tensor> g, const std::vector<bool>& needs) {
-              const Tensor& d_out = g[0];
-              const Tensor& d_weights = g[1];
-              std::vector<Tensor> grads(4);
-              const Matrices<float> qs(q, batch), ks(k, batch), vs(v, batch);
-              const Bf16Matrices qb(q, batch), kb(k, batch), vb(v, batch);
-              const float* a_f = static_cast<const float*>(A.raw_data());
-              const auto* a_b = reinterpret_cast<const std::uint16_t*>(rounded_weights->data);
-              const Tensor go = d_out.defined() ? matrix_ready(d_out) : Tensor();
-              const Matrices<float> gs = go.defined() ? Matrices<float>(go, batch) : Matrices<float>();
-              const Bf16Matrices gb = go.defined() ? Bf16Matrices(go, batch) : Bf16Matrices();
-              // dv = Aᵀ ⊛ dO
-              if (needs[2] && go.defined()) {
-                Tensor dv_full = zeros(with_matrix(batch, nk, dv), DType::float32);
-                float* out = static_cast<float*>(mutable_data(dv_full));
-                parallel_for(bh, nq * nk * dv, [&](std::int64_t b0, std::int64_t b1) {
-                  for (std::int64_t b = b0; b < b1; ++b)
-                    transposed_weighted_bf16(nq, nk, dv, a_f + b * nq * nk, a_b + b * nq * nk, gb.rows(gs, b), out + b * nk * dv);
-                });
-                grads[2] = sum_to(dv_full, vs_shape);
-              }
-              if (!(needs[0] || needs[1] || needs[3])) return grads;
-              // dA = dO vᵀ + upstream dA (read only where A != 0), summed inside the softmax pass
-              Tensor dA;
-              if (go.defined()) {
-                dA = new_tensor(with_matrix(batch, nq, nk), DType::float32, "attention");
-                float* out = static_cast<float*>(mutable_data(dA));
-                parallel_for(bh, nq * nk * dv, [&](std::int64_t b0, std::int64_t b1) {
-                  for (std::int64_t b = b0; b < b1; ++b)
-                    tiles::scores_bf16(nq, nk, dv, 1.0f, gb.rows(gs, b), vb.rows(vs, b), out + b * nq * nk, nk);
-                });
-              }
-              if (!dA.defined() && !d_weights.defined()) return grads;
-              const double factor = needs[3] ? 1.0 : scale;
-              auto rounded_ds = std::make_shared<Storage>(static_cast<std::size_t>(bh * nq * nk) * sizeof(std::uint16_t));
-              auto* ds_b = reinterpret_cast<std::uint16_t*>(rounded_ds->data);
-              // dS in float32 too only for dbias, or where an inf or NaN in q or k is added back
-              // by its float32 weight; else only rounded (a [..., Q, K] float32 pass saved).
-              const bool float_ds = needs[3] || (needs[0] && kb.any_bad()) || (needs[1] && qb.any_bad());
-              const Tensor dS = attention_softmax_backward(A, dA, d_weights, masks, factor, ds_b, float_ds);  // zero where masked
-              const float* ds_f = float_ds ? static_cast<const float*>(dS.raw_data()) : nullptr;
-              auto ds_at = [&](std::int64_t b) { return ds_f != nullptr ? ds_f + b * nq * nk : nullptr; };
-              if (needs[3]) grads[3] = sum_to(dS, bias_shape);
-              auto scaled = [&](Tensor t) { return needs[3] ? mul(t, scale) : t; };
-              // dq = dS ⊛ k,  dk = dSᵀ ⊛ q
-              if (needs[0]) {
-                Tensor dq = zeros(with_matrix(batch, nq, d), DType::float32);
-                float* out = static_cast<float*>(mutable_data(dq));
-                parallel_for(bh, nq * nk * d, [&](std::int64_t b0, std::int64_t b1) {
-                  for (std::int64_t b = b0; b < b1; ++b)
-                    tiles::weighted_gemm_bf16(false, nq, d, nk, 1.0f, ds_at(b), ds_b + b * nq * nk, nk, kb.rows(ks, b), out + b * nq * d, d);
-                });
-                grads[0] = scaled(sum_to(dq, qs_shape));
-              }
-              if (needs[1]) {
-                Tensor dk = zeros(with_matrix(batch, nk, d), DType::float32);
-                float* out = static_cast<float*>(mutable_data(dk));
-                parallel_for(bh, nq * nk * d, [&](std::int64_t b0, std::int64_t b1) {
-                  for (std::int64_t b = b0; b < b1; ++b)
-                    transposed_weighted_bf16(nq, nk, d, ds_at(b), ds_b + b * nq * nk, qb.rows(qs, b), out + b * nk * d);
-                });
-                grads[1] = scaled(sum_to(dk, ks_shape));
-              }
-              return grads;
-            },
-            masks.saved_with({a.q, a.k, a.v, weights}, /*ends_only=*/true));
-  return {outputs[0], outputs[1]};
-}
-
-}  // namespace
-
-AttentionResult attention_core(const AttentionArgs& a) {
-  const Shape scores_shape = check_attention(a);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(a.q.size(-1)));
-  if (!a.need_weights) {
-    if (!attention_fused_blocks_pay(a, scores_shape)) return {flash_attention(a, scores_shape), Tensor()};
-    return attention_pipelined(a, scores_shape, RowMasks(a.op, a.mask, scores_shape), scale);
-  }
-  const RowMasks masks(a.op, a.mask, scores_shape);
-  if (a.q.dtype() == DType::float32 && attention_pipeline_pays(scores_shape)) return attention_pipelined(a, scores_shape, masks, scale);
-  if (a.q.dtype() == DType::float32 && matmul_precision() == MatmulPrecision::bfloat16)
-    return attention_bf16(a, scores_shape, masks, scale);
+// The plain path, as the table above says it.
+AttentionResult weights_path(const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks, double scale) {
   Tensor weights, output;
   {
     NoGradGuard no_grad;  // the pieces are not recorded: the node below is the whole attention
@@ -259,6 +114,42 @@ AttentionResult attention_core(const AttentionArgs& a) {
             },
             masks.saved_with({a.q, a.k, a.v, weights}, /*ends_only=*/true));
   return {outputs[0], outputs[1]};
+}
+
+// A fast path's node: its forward has run; the backward hands the upstream gradients to the
+// path and finishes what it returns (the sums over broadcast dims, the factor 1/sqrt(D) where
+// the path left it).
+AttentionResult record_fast(const AttentionArgs& a, AttentionRun run, double scale) {
+  const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias};
+  if (!should_record(inputs)) return {run.output, run.weights};
+  std::vector<Tensor> outputs{run.output};
+  if (run.weights.defined()) outputs.push_back(run.weights);
+  record_op(a.op, inputs, outputs,
+            [backward = run.backward, shapes = std::array<Shape, 4>{a.q.shape(), a.k.shape(), a.v.shape(), a.bias.defined() ? a.bias.shape() : Shape{}},
+             scale](std::span<const Tensor> g, const std::vector<bool>& needs) {
+              const AttentionGrads r = (*backward)(g[0], g.size() > 1 ? g[1] : Tensor(), needs);
+              auto finish = [&](const Tensor& t, std::size_t i, bool times_scale) {
+                if (!t.defined() || !needs[i]) return Tensor();
+                const Tensor summed = sum_to(t, shapes[i]);
+                return times_scale ? mul(summed, scale) : summed;
+              };
+              return std::vector<Tensor>{finish(r.dq, 0, !r.scaled), finish(r.dk, 1, !r.scaled), finish(r.dv, 2, false),
+                                         finish(r.dbias, 3, false)};
+            },
+            run.saved);
+  return {outputs[0], run.weights.defined() ? outputs[1] : Tensor()};
+}
+
+}  // namespace
+
+AttentionResult attention_core(const AttentionArgs& a, std::optional<AttentionPath> path, std::int64_t block_rows) {
+  const Shape scores_shape = check_attention(a);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(a.q.size(-1)));
+  const RowMasks masks(a.op, a.mask, scores_shape);
+  const bool bf16 = a.q.dtype() == DType::float32 && matmul_precision() == MatmulPrecision::bfloat16;
+  const AttentionPath taken = path ? *path : attention_path(a, scores_shape, bf16);
+  if (taken == AttentionPath::weights) return weights_path(a, scores_shape, masks, scale);
+  return record_fast(a, run_attention(taken, a, scores_shape, masks, scale, bf16, block_rows), scale);
 }
 
 }  // namespace detail

@@ -30,24 +30,3 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
 }
 
 }  // namespace tapegrad
-
-namespace tapegrad::detail {
-
-Shape broadcast_args(const char* op, const char* a_name, const Shape& x, const char* b_name,
-                     const Shape& y) {
-  if (x == y) return x;
-  const std::size_t n = std::max(x.size(), y.size());
-  Shape out(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::int64_t p = i + x.size() >= n ? x[i + x.size() - n] : 1;
-    const std::int64_t q = i + y.size() >= n ? y[i + y.size() - n] : 1;
-    if (p != q && p != 1 && q != 1)
-      fail<ShapeError>("{}: argument '{}' with shape {} does not broadcast with argument '{}' with "
-                       "shape {} (dim {} from the end: {} vs {})",
-                       op, b_name, shape_str(y), a_name, shape_str(x), n - i, q, p);
-    out[i] = p == 1 ? q : p;
-  }
-  return out;
-}
-
-}  // namespace tapegrad::detail

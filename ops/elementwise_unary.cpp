@@ -3,12 +3,15 @@
 // say which of input and output the derivative reads, so only those are kept on the tape (and
 // read by the backward loop). `cost` is the price per element relative to a copy, which decides
 // when a loop is split over threads. float32 exp and tanh use the vectorisable functions of
-// fast_math.hpp, float32 GELU the kernels of gelu_f32.cpp; float64 keeps the std:: functions.
+// fast_math.hpp; float64 keeps the std:: functions. GELU, which keeps its slope, is written out
+// at the end.
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/fast_math.hpp"
 #include "kernels/gelu_f32.hpp"
 #include "ops/op.hpp"
+#include "runtime/parallel.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 
 namespace tapegrad {
@@ -76,43 +79,6 @@ struct Relu {
   template <class T> T f(T x) const { return x < T(0) ? T(0) : x; }  // NaN stays NaN, as in PyTorch
   template <class T> T df(T x, T) const { return x > T(0) ? T(1) : T(0); }  // 0 at the kink, as PyTorch
 };
-// GELU in its exact (erf) form, x Phi(x). The generic form serves float64; float32 takes the
-// kernels of gelu_f32.cpp (gelu below).
-struct Gelu {
-  static constexpr const char* name = "gelu";
-  static constexpr bool uses_x = true, uses_y = false;
-  static constexpr std::int64_t cost = 10;
-  // Only float64 comes here (float32 takes gelu_f32 below).
-  template <class T> T f(T x) const { return x * static_cast<T>(normal_cdf(x)); }
-  // (x Phi(x))' = Phi(x) + x phi(x), phi the normal density
-  template <class T> T df(T x, T) const { return static_cast<T>(normal_cdf(x) + x * normal_pdf(x)); }
-};
-
-// float32 GELU (gelu_f32.cpp) takes about twice exp's time per element. Its kernels want
-// contiguous arrays, so a strided x or upstream gradient is copied first.
-constexpr std::int64_t kGeluF32Cost = 6;
-
-Tensor gelu_f32(const Tensor& x) {
-  Tensor y = new_tensor(x.shape(), x.dtype(), "gelu");
-  {
-    const Tensor xc = x.is_contiguous() ? x : copy_of(x);
-    const auto* px = static_cast<const float*>(xc.raw_data());
-    float* py = static_cast<float*>(mutable_data(y));
-    parallel_for(xc.numel(), kGeluF32Cost, [&](std::int64_t b, std::int64_t e) { detail::gelu_f32(px + b, py + b, e - b); });
-  }
-  // dx = g (Phi(x) + x phi(x))
-  record("gelu", {x}, y, {x}, [x](std::span<const Tensor> g, const std::vector<bool>&) {
-    const Tensor xc = x.is_contiguous() ? x : copy_of(x), gc = g[0].is_contiguous() ? g[0] : copy_of(g[0]);
-    Tensor dx = new_tensor(gc.shape(), gc.dtype(), "gelu");
-    const auto* px = static_cast<const float*>(xc.raw_data());
-    const auto* pg = static_cast<const float*>(gc.raw_data());
-    float* pd = static_cast<float*>(mutable_data(dx));
-    parallel_for(xc.numel(), kGeluF32Cost, [&](std::int64_t b, std::int64_t e) { gelu_backward_f32(pg + b, px + b, pd + b, e - b); });
-    return std::vector<Tensor>{dx};
-  });
-  return y;
-}
-
 // Whether op's derivative reads x (an op may say so per instance, as pow does).
 template <class Op> bool reads_x(const Op& op) {
   if constexpr (requires { op.reads_x(); }) return Op::uses_x && op.reads_x();
@@ -161,9 +127,35 @@ Tensor pow(const Tensor& x, double exponent) {
 }
 Tensor tanh(const Tensor& x) { return unary<Tanh>(x); }
 Tensor relu(const Tensor& x) { return unary<Relu>(x); }
+// GELU in its exact (erf) form, y = x Phi(x) (Phi, phi: the standard normal cdf and density):
+// float32 on the kernels of gelu_f32.cpp, float64 with the std:: functions. Recorded, the
+// forward also makes the slope y' = Phi(x) + x phi(x) (one exponential gives both) and the node
+// keeps it instead of x, so the backward is one multiply. dx = g (Phi(x) + x phi(x))
 Tensor gelu(const Tensor& x) {
-  check_floating(Gelu::name, "x", x);
-  return x.dtype() == float32 ? gelu_f32(x) : unary<Gelu>(x);
+  check_floating("gelu", "x", x);
+  const bool keep_slope = should_record({&x, 1});
+  const Tensor xc = x.is_contiguous() ? x : copy_of(x);
+  Tensor y = new_tensor(x.shape(), x.dtype(), "gelu"), slope = keep_slope ? new_tensor(x.shape(), x.dtype(), "gelu") : Tensor();
+  visit_float(x.dtype(), "gelu", [&]<class T>(Tag<T>) {
+    const T* px = static_cast<const T*>(xc.raw_data());
+    T* py = static_cast<T*>(mutable_data(y));
+    T* ps = keep_slope ? static_cast<T*>(mutable_data(slope)) : nullptr;
+    // float32 takes about twice exp's time per element, float64 (erf and exp) about ten times.
+    parallel_for(xc.numel(), std::is_same_v<T, float> ? 6 : 10, [&](std::int64_t b, std::int64_t e) {
+      if constexpr (std::is_same_v<T, float>) {
+        if (keep_slope) gelu_slope_f32(px + b, py + b, ps + b, e - b);
+        else gelu_f32(px + b, py + b, e - b);
+      } else {
+        for (std::int64_t i = b; i < e; ++i) {
+          const double cdf = normal_cdf(px[i]);
+          py[i] = px[i] * cdf;
+          if (keep_slope) ps[i] = cdf + px[i] * normal_pdf(px[i]);
+        }
+      }
+    });
+  });
+  record("gelu", {x}, y, {slope}, [slope](std::span<const Tensor> g, const std::vector<bool>&) { return std::vector<Tensor>{g[0] * slope}; });
+  return y;
 }
 
 }  // namespace tapegrad

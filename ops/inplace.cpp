@@ -5,25 +5,26 @@
 #include <cmath>
 
 #include "autodiff/node.hpp"
+#include "kernels/optimizer_loops.hpp"
 #include "ops/op.hpp"
 
 namespace tapegrad {
 namespace {
 using namespace detail;
 
-void check_dst(const char* op, const Tensor& dst, bool floating) {
-  if (floating) check_floating(op, "dst", dst);
-  else check_defined(op, "dst", dst);
+void check_dst(const char* op, const Tensor& dst, bool floating, const char* name = "dst") {
+  if (floating) check_floating(op, name, dst);
+  else check_defined(op, name, dst);
   if (const Node* n = live_node(*dst.impl()))
-    fail<GraphError>("{}: argument 'dst' (shape {}) is the output of recorded op {}, whose graph is still alive; "
+    fail<GraphError>("{}: argument '{}' (shape {}) is the output of recorded op {}, whose graph is still alive; "
                      "in-place updates apply to leaves (parameters, gradients, optimizer state) or tensors made "
                      "under NoGradGuard",
-                     op, shape_str(dst.shape()), n->name);
+                     op, name, shape_str(dst.shape()), n->name);
   for (std::size_t d = 0; d < dst.shape().size(); ++d)
     if (dst.strides()[d] == 0 && dst.shape()[d] > 1)
-      fail<ShapeError>("{}: argument 'dst' (shape {}, strides {}) is an expanded view whose elements share memory; "
+      fail<ShapeError>("{}: argument '{}' (shape {}, strides {}) is an expanded view whose elements share memory; "
                        "write into the unexpanded tensor",
-                       op, shape_str(dst.shape()), shape_str(dst.strides()));
+                       op, name, shape_str(dst.shape()), shape_str(dst.strides()));
 }
 
 // A source operand, broadcast to dst and of dst's dtype. When it shares memory with dst in a
@@ -104,6 +105,39 @@ void lerp_(const Tensor& dst, const Tensor& end, double weight) {
            return std::abs(w) < T(0.5) ? d + w * (e - d) : e - (e - d) * (T(1) - w);
          },
          source("lerp_", "end", dst, end));
+}
+
+void adam_update_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamStep& s) {
+  const char* op = "adam_update_";
+  for (auto [name, t] : {std::pair{"param", &param}, {"exp_avg", &exp_avg}, {"exp_avg_sq", &exp_avg_sq}}) check_dst(op, *t, true, name);
+  check_floating(op, "grad", grad);
+  for (auto [name, t] : {std::pair{"grad", &grad}, {"exp_avg", &exp_avg}, {"exp_avg_sq", &exp_avg_sq}})
+    if (t->shape() != param.shape() || t->dtype() != param.dtype())
+      fail<ShapeError>("{}: argument '{}' must be {} {} as 'param' is, got {} {}", op, name, param.dtype(), shape_str(param.shape()),
+                       t->dtype(), shape_str(t->shape()));
+  if (!(s.step >= 1)) fail<ValueError>("{}: the step count t must be >= 1, got {}", op, s.step);
+  // One pass over contiguous arrays that share no memory; anything else runs on copies, which
+  // go back afterwards (every input read before anything is written).
+  const Tensor* all[] = {&param, &grad, &exp_avg, &exp_avg_sq};
+  bool direct = true;
+  for (std::size_t i = 0; i < 4; ++i) {
+    direct = direct && all[i]->is_contiguous();
+    for (std::size_t j = 0; j < i; ++j) direct = direct && !all[i]->shares_storage_with(*all[j]);
+  }
+  const Tensor p = direct ? param : copy_of(param), g = direct ? grad : copy_of(grad);
+  const Tensor m = direct ? exp_avg : copy_of(exp_avg), v = direct ? exp_avg_sq : copy_of(exp_avg_sq);
+  const double bias1 = 1 - std::pow(s.beta1, s.step), bias2 = 1 - std::pow(s.beta2, s.step);
+  visit_float(param.dtype(), op, [&]<class T>(Tag<T>) {
+    const double decay = s.decoupled ? 1 - s.lr * s.weight_decay : s.weight_decay;
+    const AdamScalars<T> k{static_cast<T>(decay), static_cast<T>(s.beta1), static_cast<T>(1 - s.beta1), static_cast<T>(s.beta2),
+                           static_cast<T>(1 - s.beta2), static_cast<T>(std::sqrt(bias2)), static_cast<T>(s.eps),
+                           static_cast<T>(-s.lr / bias1), s.decoupled && s.weight_decay != 0, !s.decoupled && s.weight_decay != 0};
+    adam_update(static_cast<T*>(mutable_data(p)), static_cast<const T*>(g.raw_data()), static_cast<T*>(mutable_data(m)),
+                static_cast<T*>(mutable_data(v)), p.numel(), k);
+  });
+  if (!direct)
+    for (auto [dst, src] : {std::pair{&param, &p}, {&exp_avg, &m}, {&exp_avg_sq, &v}}) copy_into(*dst, *src);
+  for (const Tensor* t : {&param, &exp_avg, &exp_avg_sq}) bump_version(*t);
 }
 
 }  // namespace tapegrad

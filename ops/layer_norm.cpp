@@ -48,7 +48,7 @@ struct Normalised {
 
 // Rows [r0, r1) of the contiguous x into y, and their (mu, rstd) into stats.
 template <class T>
-TAPEGRAD_SIMD_CLONES void normalise_rows(const T* px, T* py, const double* pw, const double* pb, double* stats, std::int64_t r0,
+TAPEGRAD_CPU_CLONES void normalise_rows(const T* px, T* py, const double* pw, const double* pb, double* stats, std::int64_t r0,
                                          std::int64_t r1, std::int64_t e, double eps) {
   for (std::int64_t r = r0; r < r1; ++r) {
     const T* __restrict xr = px + r * e;
@@ -98,7 +98,7 @@ constexpr std::int64_t kBlockRows = 32;
 
 // dx for rows [r0, r1), and their sums of g * xhat and g added into dw and db.
 template <class T>
-TAPEGRAD_SIMD_CLONES void backward_rows(const T* px, const T* pg, T* pd, const double* pw, const double* st, double* __restrict dw,
+TAPEGRAD_CPU_CLONES void backward_rows(const T* px, const T* pg, T* pd, const double* pw, const double* st, double* __restrict dw,
                                         double* __restrict db, std::int64_t r0, std::int64_t r1, std::int64_t e) {
   for (std::int64_t r = r0; r < r1; ++r) {
     const double mu = st[2 * r], rstd = st[2 * r + 1];

@@ -68,7 +68,7 @@ Tensor product_into_new(const Tensor& a, const Tensor& b, const Shape& shape, Ma
   return c;
 }
 
-template <class T> TAPEGRAD_SIMD_CLONES void add_to_rows(T* py, const T* pb, std::int64_t r0, std::int64_t r1, std::int64_t cols) {
+template <class T> TAPEGRAD_CPU_CLONES void add_to_rows(T* py, const T* pb, std::int64_t r0, std::int64_t r1, std::int64_t cols) {
   for (std::int64_t r = r0; r < r1; ++r) {
     T* __restrict row = py + r * cols;
 #pragma omp simd
@@ -88,7 +88,7 @@ void add_rows(const Tensor& y, const Tensor& bias) {
   });
 }
 
-template <class T> TAPEGRAD_SIMD_CLONES void sum_rows(double* __restrict acc, const T* pg, std::int64_t rows, std::int64_t cols) {
+template <class T> TAPEGRAD_CPU_CLONES void sum_rows(double* __restrict acc, const T* pg, std::int64_t rows, std::int64_t cols) {
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* __restrict row = pg + r * cols;
 #pragma omp simd

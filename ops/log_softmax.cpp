@@ -13,6 +13,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "runtime/cpu.hpp"
 #include "runtime/parallel.hpp"
 #include "ops/op.hpp"
 #include "kernels/softmax_rows.hpp"
@@ -84,12 +85,12 @@ template <class T>
 }
 
 // float32 compiled for each vector width, picked at run time for the CPU at hand.
-[[gnu::target_clones("avx512f", "avx2", "default")]] void forward_rows_f32(const RowPointers& x, const RowPointers& mask,
+TAPEGRAD_CPU_CLONES void forward_rows_f32(const RowPointers& x, const RowPointers& mask,
                                                                            float* out, std::int64_t begin, std::int64_t stop) {
   forward_rows<float>(x, mask, out, begin, stop);
 }
 
-[[gnu::target_clones("avx512f", "avx2", "default")]] void backward_rows_f32(const float* y, const RowPointers& grad, float* dx,
+TAPEGRAD_CPU_CLONES void backward_rows_f32(const float* y, const RowPointers& grad, float* dx,
                                                                             std::int64_t begin, std::int64_t stop) {
   backward_rows<float>(y, grad, dx, begin, stop);
 }

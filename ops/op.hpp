@@ -34,8 +34,4 @@ inline Shape unravel_index(std::int64_t flat, const Shape& shape) {
   return at;
 }
 
-// The broadcast shape of two arguments, or a ShapeError naming both arguments and shapes.
-Shape broadcast_args(const char* op, const char* a_name, const Shape& a, const char* b_name,
-                     const Shape& b);
-
 }  // namespace tapegrad::detail

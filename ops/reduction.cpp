@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 
+#include "kernels/optimizer_loops.hpp"
 #include "ops/op.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/reduction.hpp"
@@ -43,7 +44,7 @@ Plan plan_reduction(const char* op, const Tensor& x, const Dims& dims, bool keep
 // vectorise (the compiler may not reorder a single chain of float additions itself); they
 // meet at the end, so the order of a row's additions depends on n alone.
 template <class Acc, class T, class Combine>
-TAPEGRAD_SIMD_CLONES Acc fold_row(Acc a, const T* v, std::int64_t n, const Combine& combine) {
+TAPEGRAD_CPU_CLONES Acc fold_row(Acc a, const T* v, std::int64_t n, const Combine& combine) {
   constexpr std::int64_t kLanes = 16;
   std::int64_t i = 0;
   if (n >= kLanes) {
@@ -70,7 +71,7 @@ template <> struct Vec32<double> { typedef double type __attribute__((vector_siz
 template <class T> T max_combine(T a, T v) { return ((a != a) | (a >= v)) ? a : v; }
 
 template <class T>
-TAPEGRAD_SIMD_CLONES T max_row(T a, const T* v, std::int64_t n) {
+TAPEGRAD_CPU_CLONES T max_row(T a, const T* v, std::int64_t n) {
   using V = typename Vec32<T>::type;
   constexpr std::int64_t kWidth = sizeof(V) / sizeof(T), kChains = 4, kStep = kChains * kWidth;
   std::int64_t i = 0;
@@ -91,7 +92,7 @@ TAPEGRAD_SIMD_CLONES T max_row(T a, const T* v, std::int64_t n) {
 
 // A run along a kept dim: each accumulator takes one element (reducing a leading dim).
 template <class Acc, class T, class Combine>
-TAPEGRAD_SIMD_CLONES void fold_columns(Acc* __restrict a, const T* v, std::int64_t n, const Combine& combine) {
+TAPEGRAD_CPU_CLONES void fold_columns(Acc* __restrict a, const T* v, std::int64_t n, const Combine& combine) {
   for (std::int64_t i = 0; i < n; ++i) a[i] = combine(a[i], static_cast<Acc>(v[i]));
 }
 
@@ -101,7 +102,7 @@ TAPEGRAD_SIMD_CLONES void fold_columns(Acc* __restrict a, const T* v, std::int64
 // (8-byte accumulators for a 4-byte float) made a leading-dim sum half as fast as a copy.
 inline constexpr std::int64_t kColumnRows = 8;
 template <class Acc, class T, class Combine>
-TAPEGRAD_SIMD_CLONES void fold_column_block(Acc* __restrict a, const T* v, std::int64_t stride, std::int64_t n,
+TAPEGRAD_CPU_CLONES void fold_column_block(Acc* __restrict a, const T* v, std::int64_t stride, std::int64_t n,
                                             const Combine& combine) {
   for (std::int64_t i = 0; i < n; ++i) {
     Acc s = a[i];
@@ -216,7 +217,7 @@ Tensor fold(const Tensor& x, const Plan& p, Acc init, Combine combine, Row row) 
 
 // One reduced row (max over the last dim): d[i] = g where v[i] == m, else 0; returns how many.
 template <class T>
-TAPEGRAD_SIMD_CLONES std::int64_t place_row(T* __restrict d, const T* v, std::int64_t n, T m, T g) {
+TAPEGRAD_CPU_CLONES std::int64_t place_row(T* __restrict d, const T* v, std::int64_t n, T m, T g) {
   std::int64_t count = 0;
   for (std::int64_t i = 0; i < n; ++i) {
     const bool hit = v[i] == m;
@@ -228,7 +229,7 @@ TAPEGRAD_SIMD_CLONES std::int64_t place_row(T* __restrict d, const T* v, std::in
 
 // A run along a kept dim (max over a leading dim): one element per slice.
 template <class T>
-TAPEGRAD_SIMD_CLONES void place_columns(T* __restrict d, std::int64_t* __restrict ties, const T* v, const T* m, const T* g,
+TAPEGRAD_CPU_CLONES void place_columns(T* __restrict d, std::int64_t* __restrict ties, const T* v, const T* m, const T* g,
                                         std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) {
     const bool hit = v[i] == m[i];
@@ -332,6 +333,12 @@ Tensor max(const Tensor& x, const Dims& dims, bool keepdim) {
 }
 
 Tensor sum(const Tensor& x) { return sum(x, {}, false); }
+
+double sum_of_squares(const Tensor& x) {
+  check_floating("sum_of_squares", "x", x);
+  const Tensor c = x.is_contiguous() ? x : copy_of(x);
+  return visit_float(c.dtype(), "sum_of_squares", [&]<class T>(Tag<T>) { return detail::sum_of_squares(static_cast<const T*>(c.raw_data()), c.numel()); });
+}
 Tensor mean(const Tensor& x) { return mean(x, {}, false); }
 Tensor max(const Tensor& x) { return max(x, {}, false); }
 

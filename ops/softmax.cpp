@@ -10,6 +10,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "runtime/cpu.hpp"
 #include "runtime/parallel.hpp"
 #include "ops/op.hpp"
 #include "kernels/softmax_rows.hpp"
@@ -54,13 +55,13 @@ template <class T>
 }
 
 // float32 compiled for each vector width, picked at run time for the CPU at hand.
-[[gnu::target_clones("avx512f", "avx2", "default")]] void forward_rows_f32(const RowPointers& scores, const RowPointers& mask,
+TAPEGRAD_CPU_CLONES void forward_rows_f32(const RowPointers& scores, const RowPointers& mask,
                                                                            float* weights, std::int64_t begin,
                                                                            std::int64_t stop) {
   forward_rows<float>(scores, mask, weights, begin, stop);
 }
 
-[[gnu::target_clones("avx512f", "avx2", "default")]] void backward_rows_f32(const float* weights, const RowPointers& grad,
+TAPEGRAD_CPU_CLONES void backward_rows_f32(const float* weights, const RowPointers& grad,
                                                                             float* out, std::int64_t begin,
                                                                             std::int64_t stop) {
   backward_rows<float>(weights, grad, out, begin, stop);

@@ -1,4 +1,6 @@
-// Internal: tapegrad's own loops, on its workers (thread_pool.hpp).
+// Internal: what the library outside runtime/ calls to run work on several threads: loops
+// (parallel_for), and for work that cuts itself into pieces (oneDNN's split products) the
+// workers and ThreadChoice behind them.
 #pragma once
 
 #include <cstdint>
@@ -41,5 +43,27 @@ inline std::int64_t cost_of(std::initializer_list<double> factors) {
 
 // How many chunks parallel_for would use for n * cost units of work (1 when it stays serial).
 int parallel_chunks(std::int64_t n, std::int64_t cost) noexcept;
+
+// ---- Work that cuts itself into pieces ---------------------------------------------------
+
+// Runs task(data, i) for every i in [0, count), on the calling thread and on up to
+// min(threads, count) - 1 workers (started the first time they are needed), and returns when all
+// have finished. Tasks must not throw (a throw ends the program). For one thread or one task,
+// when another thread is already running a job, when called from a task, or for more than 256
+// tasks, the tasks run in order on the calling thread, and pool_run returns false (true: the
+// workers were offered the tasks).
+bool pool_run(int threads, int count, void (*task)(void*, int), void* data) noexcept;
+
+// Seconds on a monotonic clock.
+double now_seconds() noexcept;
+// The thread count for the next run of work `key` (its kind: shape, layout...), which the size
+// rule gives `wanted` > 1 threads: `wanted`, or 1 while the team has lately been slower
+// (thread_choice.hpp); `start` = now_seconds() before the run. Then what the run took.
+int choose_threads(std::uint64_t key, int wanted, double start);
+void record_threads(std::uint64_t key, int threads, double start, double one_thread_estimate = 0);
+
+// Mixes v into a key (FNV-1a over 64-bit words).
+constexpr std::uint64_t mix_key(std::uint64_t key, std::uint64_t v) noexcept { return (key ^ v) * 0x100000001b3ULL; }
+inline constexpr std::uint64_t kKeySeed = 0xcbf29ce484222325ULL;
 
 }  // namespace tapegrad::detail

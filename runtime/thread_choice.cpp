@@ -1,5 +1,7 @@
 #include "runtime/thread_choice.hpp"
 
+#include "runtime/parallel.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <mutex>

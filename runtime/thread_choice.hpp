@@ -94,18 +94,4 @@ class ThreadChoice {
   int busy_verdicts_ = 0;  // trials in a row that found the team kBusyRatio slower
 };
 
-// The process-wide instance behind the helpers below, locked.
-// Seconds on a monotonic clock.
-double now_seconds() noexcept;
-
-// The process-wide instance, locked; `start` = now_seconds() before the run.
-int choose_threads(std::uint64_t key, int wanted, double start);
-void record_threads(std::uint64_t key, int threads, double start, double one_thread_estimate = 0);
-
-// Mixes v into a key (FNV-1a over 64-bit words).
-constexpr std::uint64_t mix_key(std::uint64_t key, std::uint64_t v) noexcept {
-  return (key ^ v) * 0x100000001b3ULL;
-}
-inline constexpr std::uint64_t kKeySeed = 0xcbf29ce484222325ULL;
-
 }  // namespace tapegrad::detail

@@ -1,5 +1,7 @@
 #include "runtime/thread_pool.hpp"
 
+#include "runtime/parallel.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>

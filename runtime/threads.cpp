@@ -1,14 +1,15 @@
-// Thread count: one process-wide setting that each parallel operation reads when it starts
-// (tapegrad's loops, and the products, which ops/matmul_dnnl.cpp cuts into one piece per thread).
+// set_num_threads / num_threads (tapegrad/runtime/threads.hpp) over the runtime's thread count.
 #include "tapegrad/runtime/threads.hpp"
 
-#include "autodiff/check.hpp"
+#include <fmt/format.h>
+
 #include "runtime/parallel.hpp"
+#include "tapegrad/autodiff/error.hpp"
 
 namespace tapegrad {
 
 void set_num_threads(int n) {
-  if (n < 1) detail::fail<ValueError>("set_num_threads: argument 'n' must be >= 1, got {}", n);
+  if (n < 1) throw ValueError(fmt::format("set_num_threads: argument 'n' must be >= 1, got {}", n));
   detail::set_max_threads(n);
 }
 

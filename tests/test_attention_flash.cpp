@@ -92,23 +92,11 @@ Problem make(const Case& c, tg::DType dtype) {
   return p;
 }
 
-// The [..., Q, K] scores' shape of attention(q, k, v).
-Shape scores_shape(const Tensor& q, const Tensor& k, const Tensor& v) {
-  auto lead = [](const Tensor& x) { return Shape(x.shape().begin(), x.shape().end() - 2); };
-  Shape s = tg::broadcast_shapes(tg::broadcast_shapes(lead(q), lead(k)), lead(v));
-  s.push_back(q.size(-2));
-  s.push_back(k.size(-2));
-  return s;
-}
-
 // The fused path (float32) on the weights path's blocks of block_rows rows, which attention_core
 // takes for large scores only.
 tg::AttentionResult fused_blocks(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
                                          const tg::detail::AttentionMask& mask, std::int64_t block_rows) {
-  const Shape scores = scores_shape(q, k, v);
-  const tg::detail::RowMasks masks("attention", mask, scores);
-  return tg::detail::attention_pipelined({"attention", q, k, v, bias, mask, false}, scores, masks,
-                                         1 / std::sqrt(static_cast<double>(q.size(-1))), block_rows);
+  return tg::detail::attention_core({"attention", q, k, v, bias, mask, false}, tg::detail::AttentionPath::fused_blocks, block_rows);
 }
 
 // Output and the gradients of q, k, v (and bias) through one path; block_rows > 0: the fused path
@@ -562,9 +550,7 @@ std::vector<std::vector<double>> run_weights(const Problem& p, std::int64_t bloc
   const tg::detail::AttentionArgs args{"attention", q, k, v, bias, p.parts, true};
   Shape scores{q.size(0), q.size(1), q.size(2), k.size(2)};
   if (v.dim() > q.dim()) scores.insert(scores.begin(), v.size(0));
-  const tg::detail::RowMasks masks("attention", p.parts, scores);
-  const auto r = block_rows == 0 ? tg::detail::attention_core(args)
-                                 : tg::detail::attention_pipelined(args, scores, masks, 1 / std::sqrt(static_cast<double>(q.size(-1))), block_rows);
+  const auto r = block_rows == 0 ? tg::detail::attention_core(args) : tg::detail::attention_core(args, tg::detail::AttentionPath::pipelined, block_rows);
   const Tensor d_weights = tg::randn(scores, 77, tg::float64).to(r.weights.dtype());
   tg::backward({r.output, r.weights}, {p.d_out, d_weights});
   std::vector<std::vector<double>> out{values(r.output), values(r.weights), values(q.grad()), values(k.grad()), values(v.grad())};
@@ -640,8 +626,7 @@ BOOST_AUTO_TEST_CASE(head_split_inputs_give_a_head_interleaved_output) {
   compare(p, 2e-5, 2e-4, "fused path, head split", 16);
   for (bool weights : {true, false}) {
     const tg::detail::AttentionArgs args{"attention", p.q, p.k, p.v, Tensor(), p.parts, weights};
-    const Shape scores{2, 3, 40, 33};
-    const auto r = tg::detail::attention_pipelined(args, scores, tg::detail::RowMasks("attention", p.parts, scores), 1 / std::sqrt(8.0), 16);
+    const auto r = tg::detail::attention_core(args, weights ? tg::detail::AttentionPath::pipelined : tg::detail::AttentionPath::fused_blocks, 16);
     BOOST_TEST(r.output.strides() == (Shape{40 * 3 * 5, 5, 3 * 5, 1}), "need_weights " << weights);
     const Tensor merged = tg::reshape(tg::permute(r.output, {0, 2, 1, 3}), {80, 15});
     BOOST_TEST(merged.raw_data() == r.output.raw_data(), "need_weights " << weights << ": the merge copied");

@@ -75,8 +75,7 @@ Case attention_case(const PathCase& p) {
             const tg::detail::AttentionArgs args{"attention", q, k, v, bias, mask, weights};
             tg::AttentionResult out;
             if (p.path == Path::pipelined || p.path == Path::pipelined_bf16 || p.path == Path::fused_blocks || p.path == Path::fused_blocks_bf16) {
-              const Shape scores{B, H, Q, K};
-              out = tg::detail::attention_pipelined(args, scores, tg::detail::RowMasks("attention", mask, scores), 1 / std::sqrt(double(D)), 4);
+              out = tg::detail::attention_core(args, weights ? tg::detail::AttentionPath::pipelined : tg::detail::AttentionPath::fused_blocks, 4);
             } else {
               out = tg::detail::attention_core(args);
             }

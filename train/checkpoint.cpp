@@ -30,7 +30,6 @@
 #include <nlohmann/json.hpp>
 
 #include "autodiff/check.hpp"
-#include "autodiff/tensor_impl.hpp"
 #include "train/safetensors_header.hpp"
 #include "tapegrad/autodiff/tape.hpp"
 #include "tapegrad/ops/inplace.hpp"
@@ -318,6 +317,17 @@ class Reader {
   }
 
  private:
+  // A fresh tensor's bytes, to fill (data<T>() for its dtype: the pointer the public API hands out).
+  static void* bytes_of(const Tensor& t) {
+    switch (t.dtype()) {
+      case float32: return t.data<float>();
+      case float64: return t.data<double>();
+      case bool_: return t.data<bool>();
+      case int64: return t.data<std::int64_t>();
+    }
+    return nullptr;
+  }
+
   // The tensors' bytes, in the order they lie in the file (the header checked that they cover it
   // exactly once): tensors of kReadPiece bytes or more read straight into their storage, runs of
   // smaller ones a piece at a time through one buffer, so that many small tensors cost a few
@@ -330,7 +340,7 @@ class Reader {
     for (std::size_t i = 0; i < order.size();) {
       const detail::TensorSpec& first = specs[order[i]];
       if (first.end - first.begin >= kReadPiece) {
-        read_at(data_start_ + first.begin, detail::mutable_data(tensors[order[i]].tensor), first.end - first.begin);
+        read_at(data_start_ + first.begin, bytes_of(tensors[order[i]].tensor), first.end - first.begin);
         check_bools(tensors[order[i]]);
         ++i;
         continue;
@@ -342,7 +352,7 @@ class Reader {
       for (; i < j; ++i) {
         const detail::TensorSpec& s = specs[order[i]];
         if (s.end == s.begin) continue;
-        std::memcpy(detail::mutable_data(tensors[order[i]].tensor), piece.data() + (s.begin - first.begin), s.end - s.begin);
+        std::memcpy(bytes_of(tensors[order[i]].tensor), piece.data() + (s.begin - first.begin), s.end - s.begin);
         check_bools(tensors[order[i]]);
       }
     }

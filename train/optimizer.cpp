@@ -8,8 +8,6 @@
 #include <set>
 
 #include "autodiff/check.hpp"
-#include "autodiff/loops.hpp"
-#include "autodiff/tensor_impl.hpp"
 #include "tapegrad/autodiff/tape.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/inplace.hpp"
@@ -24,36 +22,6 @@ void check_range(const char* kind, const char* name, double value, double low, d
   const bool ok = value >= low && (high_open ? value < high : value <= high);
   if (!ok)
     fail<ValueError>("{}: option '{}' must be in [{}, {}{}, got {}", kind, name, low, high, high_open ? ")" : "]", value);
-}
-
-// The scalars of one Adam update, as the element type computes with them.
-template <class T> struct AdamScalars {
-  T decay, beta1, one_minus_beta1, beta2, one_minus_beta2, sqrt_bias2, eps, step;
-  bool decoupled, l2;  // weight decay on p (AdamW) or on the gradient (Adam), each only when nonzero
-};
-
-// One pass over a contiguous parameter: the same per-element arithmetic, in the same order, as
-// the sequence of in-place ops in Adam::step's general path.
-template <class T>
-TAPEGRAD_SIMD_CLONES void adam_update(T* __restrict p, const T* __restrict grad, T* __restrict m, T* __restrict v, std::int64_t n,
-                                      const AdamScalars<T> s) {
-#pragma omp simd
-  for (std::int64_t i = 0; i < n; ++i) {
-    const T g = s.l2 ? grad[i] + p[i] * s.decay : grad[i];
-    const T pi = s.decoupled ? p[i] * s.decay : p[i];
-    m[i] = m[i] * s.beta1;
-    m[i] = m[i] + s.one_minus_beta1 * g;
-    v[i] = v[i] * s.beta2;
-    v[i] = v[i] + s.one_minus_beta2 * g * g;
-    p[i] = pi + s.step * m[i] / (std::sqrt(v[i]) / s.sqrt_bias2 + s.eps);
-  }
-}
-
-template <class T> TAPEGRAD_SIMD_CLONES double sum_of_squares(const T* g, std::int64_t n) {
-  double total = 0;
-#pragma omp simd reduction(+ : total)
-  for (std::int64_t i = 0; i < n; ++i) total += static_cast<double>(g[i]) * static_cast<double>(g[i]);
-  return total;
 }
 
 }  // namespace
@@ -171,46 +139,13 @@ void Adam::step() {
   NoGradGuard no_grad;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i].tensor;
-    Tensor g = p.grad();
+    const Tensor g = p.grad();
     if (!g.defined()) continue;
     const Tensor& count = slot(step_)[i];
     const double t = count.item() + 1;
     fill_(count, t);
-    const double bias1 = 1 - std::pow(options_.beta1, t), bias2 = 1 - std::pow(options_.beta2, t);
-    const Tensor& m = slot(exp_avg_)[i];
-    const Tensor& v = slot(exp_avg_sq_)[i];
-    const bool fused = p.is_contiguous() && g.is_contiguous() && m.is_contiguous() && v.is_contiguous() &&
-                       !g.shares_storage_with(p) && g.shape() == p.shape();
-    if (fused) {
-      detail::visit_float(p.dtype(), "Adam::step", [&]<class T>(detail::Tag<T>) {
-        const double decay = decoupled_ ? 1 - lr_ * options_.weight_decay : options_.weight_decay;
-        const AdamScalars<T> s{static_cast<T>(decay),
-                               static_cast<T>(options_.beta1),
-                               static_cast<T>(1 - options_.beta1),
-                               static_cast<T>(options_.beta2),
-                               static_cast<T>(1 - options_.beta2),
-                               static_cast<T>(std::sqrt(bias2)),
-                               static_cast<T>(options_.eps),
-                               static_cast<T>(-lr_ / bias1),
-                               decoupled_ && options_.weight_decay != 0,
-                               !decoupled_ && options_.weight_decay != 0};
-        auto* pm = static_cast<T*>(detail::mutable_data(m));
-        auto* pv = static_cast<T*>(detail::mutable_data(v));
-        adam_update<T>(static_cast<T*>(detail::mutable_data(p)), static_cast<const T*>(g.raw_data()), pm, pv, p.numel(), s);
-      });
-      for (const Tensor* t : {&p, &m, &v}) detail::bump_version(*t);
-      continue;
-    }
-    if (options_.weight_decay != 0) {
-      if (decoupled_) mul_(p, 1 - lr_ * options_.weight_decay);
-      else g = g + p * options_.weight_decay;
-    }
-    mul_(m, options_.beta1);  // m = b1 m + (1 - b1) g
-    add_(m, g, 1 - options_.beta1);
-    mul_(v, options_.beta2);  // v = b2 v + (1 - b2) g^2
-    addcmul_(v, g, g, 1 - options_.beta2);
-    const Tensor denom = sqrt(v) / std::sqrt(bias2) + options_.eps;
-    addcdiv_(p, m, denom, -lr_ / bias1);
+    adam_update_(p, g, slot(exp_avg_)[i], slot(exp_avg_sq_)[i],
+                 {lr_, options_.beta1, options_.beta2, options_.eps, options_.weight_decay, decoupled_, t});
   }
   ++steps_;
 }
@@ -224,25 +159,20 @@ double clip_grad_norm(const std::vector<Tensor>& parameters, double max_norm) {
   NoGradGuard no_grad;
   double squares = 0;
   std::set<const detail::TensorImpl*> seen;
+  std::vector<Tensor> grads;
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     detail::check_defined("clip_grad_norm", fmt::format("parameters[{}]", i).c_str(), parameters[i]);
     if (!seen.insert(parameters[i].impl()).second) continue;  // a tied parameter counts once
-    const Tensor g = parameters[i].grad();
-    if (!g.defined()) continue;
-    if (!g.is_contiguous()) {
-      squares += sum(g.to(DType::float64) * g.to(DType::float64)).item();
-      continue;
+    if (const Tensor g = parameters[i].grad(); g.defined()) {
+      squares += sum_of_squares(g);
+      grads.push_back(g);
     }
-    detail::visit_float(g.dtype(), "clip_grad_norm", [&]<class T>(detail::Tag<T>) {
-      squares += sum_of_squares<T>(static_cast<const T*>(g.raw_data()), g.numel());
-    });
   }
   const double total = std::sqrt(squares);
   // PyTorch's rule: the factor max_norm / (total + 1e-6), applied when below 1.
   const double factor = max_norm / (total + 1e-6);
   if (std::isfinite(total) && factor < 1)
-    for (const detail::TensorImpl* p : seen)
-      if (p->grad.defined()) mul_(p->grad, factor);
+    for (const Tensor& g : grads) mul_(g, factor);
   return total;
 }
 

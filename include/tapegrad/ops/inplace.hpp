@@ -30,4 +30,15 @@ void addcdiv_(const Tensor& dst, const Tensor& a, const Tensor& b, double value 
 // magnitude 0.5 or more, which gives end exactly at weight 1)
 void lerp_(const Tensor& dst, const Tensor& end, double weight);
 
+// One Adam (or AdamW) step of one parameter, in place: the update tapegrad's Adam and AdamW run
+// for each parameter, in one pass (docs/training.md has the formula and its order). param, grad,
+// exp_avg and exp_avg_sq have one shape and floating dtype; every input is read before anything
+// is written, whatever shares memory with what.
+struct AdamStep {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  bool decoupled = false;  // AdamW: param *= 1 - lr weight_decay first; else weight_decay param joins grad
+  double step = 1;         // t: the updates of this parameter so far, this one included (>= 1)
+};
+void adam_update_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamStep& s);
+
 }  // namespace tapegrad

@@ -21,4 +21,8 @@ Tensor mean(const Tensor& x, const Dims& dims, bool keepdim = false);
 Tensor max(const Tensor& x);
 Tensor max(const Tensor& x, const Dims& dims, bool keepdim = false);
 
+// The sum of x's squared elements (floating), accumulated in float64 whatever x's dtype: a
+// norm's square (clip_grad_norm sums it over the gradients). Not recorded.
+double sum_of_squares(const Tensor& x);
+
 }  // namespace tapegrad

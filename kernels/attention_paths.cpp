@@ -1,0 +1,39 @@
+// Which attention path a call takes, and running the fast ones (attention_paths.hpp).
+#include "kernels/attention_paths.hpp"
+
+namespace tapegrad::detail {
+namespace {
+
+// float32 scores of 8 MiB and more: past the cache, whole-tensor passes stream them through
+// memory, and blocks of rows that stay in cache win (docs/performance-notes.md has the
+// crossover as measured).
+bool blocks_pay(const AttentionArgs& a, const Shape& scores_shape) {
+  return a.q.dtype() == DType::float32 && shape_numel(scores_shape) >= (std::int64_t{2} << 20);
+}
+
+}  // namespace
+
+AttentionPath attention_path(const AttentionArgs& a, const Shape& scores_shape, bool bf16) {
+  if (!a.need_weights) {
+    // A bias that needs a gradient would make the blocks hold dS whole, [..., Q, K] (dbias is
+    // summed from it); the tiles sum it into the bias's shape instead.
+    const bool bias_grad = a.bias.defined() && a.bias.requires_grad();
+    return blocks_pay(a, scores_shape) && !bias_grad ? AttentionPath::fused_blocks : AttentionPath::tiles;
+  }
+  if (blocks_pay(a, scores_shape)) return AttentionPath::pipelined;
+  return bf16 ? AttentionPath::weights_bf16 : AttentionPath::weights;
+}
+
+AttentionRun run_attention(AttentionPath path, const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks, double scale,
+                           bool bf16, std::int64_t block_rows) {
+  switch (path) {
+    case AttentionPath::weights_bf16: return attention_bf16(a, scores_shape, masks, scale);
+    case AttentionPath::pipelined: return attention_pipelined(a, scores_shape, masks, scale, bf16, true, block_rows);
+    case AttentionPath::fused_blocks: return attention_pipelined(a, scores_shape, masks, scale, bf16, false, block_rows);
+    case AttentionPath::tiles: return flash_attention(a, scores_shape, masks, bf16);
+    case AttentionPath::weights: break;
+  }
+  throw std::logic_error("run_attention: the weights path runs in ops/attention.cpp");
+}
+
+}  // namespace tapegrad::detail

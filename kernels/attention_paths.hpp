@@ -1,0 +1,83 @@
+// Internal: attention's fast paths, and the one function that says when each pays.
+// ops/attention.cpp runs the plain weights path itself (the reference every fast path is tested
+// against) and records the tape node for all of them; a fast path here computes the forward and,
+// given the upstream gradients, the backward's gradients, recording nothing.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kernels/attention_mask.hpp"
+
+namespace tapegrad::detail {
+
+// Validated arguments of one attention call.
+struct AttentionArgs {
+  const char* op;  // for error messages and the node's name
+  Tensor q, k, v;
+  Tensor bias;         // optional, floating, broadcasts to [..., Q, K]
+  AttentionMask mask;  // which (query, key) pairs may attend; empty: all
+  // false: only the output is wanted (a fused path, which never holds the [..., Q, K] weights;
+  // the result's weights are then undefined).
+  bool need_weights = true;
+};
+
+// batch + [rows, cols]: the shape of a [..., rows, cols] operand or result.
+inline Shape with_matrix(const Shape& batch, std::int64_t rows, std::int64_t cols) {
+  Shape s = batch;
+  s.push_back(rows);
+  s.push_back(cols);
+  return s;
+}
+
+enum class AttentionPath {
+  weights,         // whole-tensor products and softmax passes (ops/attention.cpp): the reference
+  weights_bf16,    // the same steps on bfloat16 products (attention_bf16.cpp)
+  pipelined,       // the weights path in blocks of query rows that stay in cache (attention_pipeline.cpp)
+  tiles,           // fused: an online softmax over tiles of keys, no weights kept (attention_flash.cpp)
+  fused_blocks,    // fused on the pipelined path's blocks, each block's weights made again in backward
+};
+
+// The path a call takes. With need_weights: the weights path, or in blocks when the float32
+// scores are too large for the cache (8 MiB and up: whole-tensor passes would stream them through
+// memory), or on bfloat16 products under that precision. Without: the tiles, or the blocks for
+// large float32 scores when the bias needs no gradient (dbias would make the blocks hold dS whole).
+// `bf16`: float32 operands under a bfloat16 matmul precision.
+AttentionPath attention_path(const AttentionArgs& args, const Shape& scores_shape, bool bf16);
+
+// A fast path's gradients of q, k, v and the bias, as the node's backward finishes them: dq, dk
+// and dv in the scores' batch shape [batch..., rows, width] (summed to each input's own shape
+// after), dbias in the scores' shape or already the bias's; dq and dk hold the factor 1/sqrt(D)
+// unless `scaled` is false (then it multiplies them after the sums). Undefined where not needed.
+struct AttentionGrads {
+  Tensor dq, dk, dv, dbias;
+  bool scaled = true;
+};
+
+// What a fast path's backward keeps (detached tensors only, so the node does not hold itself).
+class AttentionBackward {
+ public:
+  virtual ~AttentionBackward() = default;
+  // d_out and d_weights may be undefined (no gradient reached that output); needs: q, k, v, bias.
+  virtual AttentionGrads operator()(const Tensor& d_out, const Tensor& d_weights, const std::vector<bool>& needs) const = 0;
+};
+
+struct AttentionRun {
+  Tensor output, weights;     // weights undefined on the fused paths
+  std::vector<Tensor> saved;  // every tensor the backward reads, for the node's version check
+  std::shared_ptr<const AttentionBackward> backward;
+};
+
+// Runs a fast path (not `weights`) on validated arguments, their masks and 1/sqrt(D).
+// block_rows > 0: the pipelined paths' blocks of that many rows (tests ask for small ones).
+AttentionRun run_attention(AttentionPath path, const AttentionArgs& args, const Shape& scores_shape, const RowMasks& masks, double scale,
+                           bool bf16, std::int64_t block_rows = 0);
+
+// The fast paths, one file each.
+AttentionRun attention_bf16(const AttentionArgs& args, const Shape& scores_shape, const RowMasks& masks, double scale);
+AttentionRun attention_pipelined(const AttentionArgs& args, const Shape& scores_shape, const RowMasks& masks, double scale, bool bf16,
+                                 bool keep_weights, std::int64_t block_rows);
+AttentionRun flash_attention(const AttentionArgs& args, const Shape& scores_shape, const RowMasks& masks, bool bf16);
+
+}  // namespace tapegrad::detail

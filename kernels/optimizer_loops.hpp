@@ -1,0 +1,23 @@
+// Internal: the optimizers' loops over contiguous arrays, one version per vector width.
+#pragma once
+
+#include <cstdint>
+
+namespace tapegrad::detail {
+
+// The scalars of one Adam update, as the element type computes with them.
+template <class T> struct AdamScalars {
+  T decay, beta1, one_minus_beta1, beta2, one_minus_beta2, sqrt_bias2, eps, step;
+  bool decoupled, l2;  // weight decay on p (AdamW) or on the gradient (Adam), each only when nonzero
+};
+
+// Per element, in this order: g (+ decay p when l2); p * decay when decoupled; m = m b1 then
+// + (1 - b1) g; v = v b2 then + (1 - b2) g g; p + step m / (sqrt(v) / sqrt_bias2 + eps).
+void adam_update(float* p, const float* grad, float* m, float* v, std::int64_t n, const AdamScalars<float>& s);
+void adam_update(double* p, const double* grad, double* m, double* v, std::int64_t n, const AdamScalars<double>& s);
+
+// The sum of the squares of n elements, in double.
+double sum_of_squares(const float* x, std::int64_t n);
+double sum_of_squares(const double* x, std::int64_t n);
+
+}  // namespace tapegrad::detail

@@ -1,0 +1,106 @@
+# The house's include rules (docs/architecture.md), checked over every source of the library,
+# its public headers and the examples. A file that includes what its room may not fails, with
+# the file, the line and the rule.
+#   cmake -DROOT=<source dir> -P tools/check_includes.cmake
+#
+# Rooms, bottom up, and the project headers each may include ("room/" is any header there):
+#   runtime    runtime/, its public headers and the error types (tapegrad/autodiff/error.hpp)
+#   autodiff   autodiff/ and runtime's entry points
+#   kernels    kernels/, autodiff/ and runtime's entry points
+#   ops        ops/, kernels/ (not kernels' own private headers), autodiff/, runtime's entry points
+#   layers     layers/, the public headers, autodiff/check.hpp (errors), and the one door into
+#              ops that the KV cache's decode uses, ops/multihead_attention_detail.hpp
+#   train      train/, the public headers, autodiff/check.hpp
+#   public headers (include/tapegrad/<room>/): public headers of their own room and those below
+#   examples   the public headers (<tapegrad/...>) and examples/support/
+# Outside headers: oneDNN in kernels/matmul_dnnl.cpp alone, nlohmann-json in train/ alone.
+cmake_minimum_required(VERSION 3.25)
+if(NOT ROOT)
+  message(FATAL_ERROR "usage: cmake -DROOT=<source dir> -P check_includes.cmake")
+endif()
+
+set(entry_runtime "runtime/parallel.hpp" "runtime/block_cache.hpp" "runtime/cpu.hpp")
+set(private_kernels "kernels/attention_tiles.hpp" "kernels/attention_operands.hpp")
+set(allowed_runtime "runtime/" "tapegrad/runtime/" "tapegrad/autodiff/error.hpp")
+set(allowed_autodiff "autodiff/" ${entry_runtime} "tapegrad/autodiff/" "tapegrad/runtime/")
+set(allowed_kernels "kernels/" "autodiff/" ${entry_runtime} "tapegrad/autodiff/" "tapegrad/runtime/")
+set(allowed_ops "ops/" "kernels/" "autodiff/" ${entry_runtime} "tapegrad/autodiff/" "tapegrad/ops/" "tapegrad/runtime/")
+set(allowed_layers "layers/" "tapegrad/" "autodiff/check.hpp" "ops/multihead_attention_detail.hpp")
+set(allowed_train "train/" "tapegrad/" "autodiff/check.hpp")
+set(allowed_public_autodiff "tapegrad/autodiff/")
+set(allowed_public_runtime "tapegrad/runtime/")
+set(allowed_public_ops "tapegrad/autodiff/" "tapegrad/ops/")
+set(allowed_public_layers "tapegrad/autodiff/" "tapegrad/ops/" "tapegrad/layers/" "tapegrad/runtime/")
+set(allowed_public_train "tapegrad/autodiff/" "tapegrad/ops/" "tapegrad/layers/" "tapegrad/train/")
+set(allowed_examples "tapegrad/" "support/" "examples/support/")
+
+set(problems "")
+set(checked 0)
+
+# check(<room key> <files...>): every quoted or bracketed include of each file against the room.
+function(check room)
+  set(allowed ${allowed_${room}})
+  foreach(file IN LISTS ARGN)
+    file(RELATIVE_PATH rel "${ROOT}" "${file}")
+    file(STRINGS "${file}" lines REGEX "^[ \t]*#[ \t]*include")
+    foreach(line IN LISTS lines)
+      string(REGEX MATCH "[\"<]([^\">]+)[\">]" _ "${line}")
+      set(header "${CMAKE_MATCH_1}")
+      # Outside headers: only the two libraries with a home are checked.
+      if(header MATCHES "^oneapi/dnnl/|^dnnl")
+        if(NOT rel STREQUAL "kernels/matmul_dnnl.cpp")
+          list(APPEND problems "${rel}: includes ${header}; oneDNN is called from kernels/matmul_dnnl.cpp alone")
+        endif()
+        continue()
+      endif()
+      if(header MATCHES "^nlohmann/")
+        if(NOT rel MATCHES "^train/")
+          list(APPEND problems "${rel}: includes ${header}; nlohmann-json is train/'s alone")
+        endif()
+        continue()
+      endif()
+      if(NOT header MATCHES "^(runtime|autodiff|kernels|ops|layers|train|tapegrad|support|examples)/")
+        continue()  # the standard library, fmt, Boost, CLI11, PLplot...
+      endif()
+      set(ok FALSE)
+      foreach(prefix IN LISTS allowed)
+        string(LENGTH "${prefix}" n)
+        string(SUBSTRING "${header}" 0 ${n} head)
+        if(head STREQUAL prefix)
+          set(ok TRUE)
+        endif()
+      endforeach()
+      if(ok AND header IN_LIST private_kernels AND NOT rel MATCHES "^kernels/")
+        set(ok FALSE)
+      endif()
+      if(ok AND header MATCHES "^runtime/" AND NOT header IN_LIST entry_runtime AND NOT rel MATCHES "^runtime/")
+        set(ok FALSE)
+      endif()
+      if(NOT ok)
+        list(JOIN allowed ", " allowed_text)
+        list(APPEND problems "${rel}: includes ${header}, which ${room} may not (it may: ${allowed_text})")
+      endif()
+    endforeach()
+    math(EXPR checked "${checked} + 1")
+  endforeach()
+  set(problems "${problems}" PARENT_SCOPE)
+  set(checked ${checked} PARENT_SCOPE)
+endfunction()
+
+foreach(room runtime autodiff kernels ops layers train)
+  file(GLOB files "${ROOT}/${room}/*.cpp" "${ROOT}/${room}/*.hpp")
+  check(${room} ${files})
+endforeach()
+foreach(room autodiff runtime ops layers train)
+  file(GLOB files "${ROOT}/include/tapegrad/${room}/*.hpp")
+  check(public_${room} ${files})
+endforeach()
+file(GLOB_RECURSE files "${ROOT}/examples/*.cpp" "${ROOT}/examples/*.hpp")
+check(examples ${files})
+
+list(LENGTH problems count)
+if(count GREATER 0)
+  list(JOIN problems "\n  " text)
+  message(FATAL_ERROR "${count} include(s) break the house's rules (docs/architecture.md):\n  ${text}")
+endif()
+message(STATUS "house_includes: ${checked} files, every include within its room's rules")

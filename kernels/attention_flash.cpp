@@ -11,8 +11,8 @@
 //   acc = c acc + P ⊛ v                                dS = P (dP - Δ),  Δ_i = rowsum(dO_i O_i)
 //   last tile: O = acc / l,  keep m and log l         dbias += dS,  dq += s dS ⊛ k,  dk += s dSᵀ ⊛ q
 //
-// ⊛ is the product in which a zero weight contributes nothing, as ops/weighted_matmul.cpp
-// (tiles::weighted_gemm, layers/attention_tiles.hpp): the tile of v, dO, k or q is copied with
+// ⊛ is the product in which a zero weight contributes nothing, as kernels/weighted_matmul.cpp
+// (tiles::weighted_gemm, kernels/attention_tiles.hpp): the tile of v, dO, k or q is copied with
 // its non-finite elements set to 0, multiplied, and each non-finite element is added back only
 // where its weight is nonzero. A NaN in a masked key's k or v, or in an empty row's q or dO, so
 // reaches no output or gradient. A row with no allowed key, or whose allowed scores are all -inf,

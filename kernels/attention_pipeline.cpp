@@ -2,8 +2,7 @@
 // attention.cpp's (formulas there and in docs/gradients.md), but each block's scores go from the
 // product that writes them through the softmax pass into the products that read them while they
 // are still in cache. Done in whole-tensor steps, each of the [..., Q, K] passes streams main
-// memory (32 MiB of scores at B = 4, H = 8, Q = K = 512), whose bandwidth a second core barely
-// raises, while the products speed up ~1.8x.
+// memory, whose bandwidth a second core barely raises, while the products speed up nearly 2x.
 //
 //   forward, per block of rows             backward, per block of rows
 //   S = q kᵀ                               dv += Aᵀ ⊛ dO
@@ -14,7 +13,7 @@
 // are the tile products of the fused path (attention_tiles.hpp), so zero weights and non-finite
 // operands follow the same rules. Products stop at the block's last causal key (rounded up to
 // the softmax loops' padding): A and dS are 0 past it. Under a bfloat16 matmul precision the
-// products are those tiles' bfloat16 ones, as attention.cpp's attention_bf16: q, k, v and dO
+// products are those tiles' bfloat16 ones, as attention_bf16.cpp's: q, k, v and dO
 // rounded once per call, A and dS rounded by the softmax passes as they write a block's rows
 // (the backward rounds its block of A again rather than keep a [..., Q, K] bfloat16 copy).
 //
@@ -31,14 +30,8 @@
 //
 // (docs/gradients.md §8.1 derives Δ = rowsum(A dA)). The forward does less than the weights
 // path's (no [..., Q, K] write); the backward does one product more (S) and one pass over the
-// block in cache, and reads no A from memory. On the benchmark's layer (causal with key padding,
-// K = 2048 and 4096, one and two threads, the machine loaded) forward 1.06-1.30x the weights
-// path's speed, forward + backward 0.95-1.15x (medians; best CPU time on one thread 0.98-1.10x):
-// the backward alone about even, the extra product costing about what the A traffic did. (A
-// first version, the weights path's own softmax and softmax-backward passes on its full-width
-// blocks of 64 rows at K = 4096, gave forward + backward 0.90x there; the one pass, buffers as
-// wide as the causal end and 128 rows made up the difference.) With a
-// bias that needs a gradient dS would be held whole, [..., Q, K] (dbias sums it): that case, as
+// block in cache, and reads no A from memory (docs/performance-notes.md compares the two). With
+// a bias that needs a gradient dS would be held whole, [..., Q, K] (dbias sums it): that case, as
 // float64 and scores too small for the blocks, takes the tiles of attention_flash.cpp instead
 // (the tests still reach it here: Δ is then rowsum(P dA), as the weights path's).
 //
@@ -67,18 +60,15 @@ using tiles::weighted_gemm;
 // A block's float32 scores stay in L2 between the product that writes them and the passes that
 // read them: at most kBlockRows rows (the backward's products by Aᵀ and dSᵀ sum over the rows of
 // a block: fewer than ~64 and their accumulators' traffic shows) and at most kBlockBytes of
-// scores. Measured on the long shape (K = 2048), forward + backward: 32 rows 116 ms, 64 rows
-// 89 ms, 128 rows 88 ms; the large shape (K = 512): 64 or 128 rows 99 ms, 256 rows 103 ms.
+// scores (docs/performance-notes.md has the sizes tried).
 constexpr std::int64_t kBlockRows = 128, kBlockBytes = 1 << 20;
 // The fused path's buffers hold a block's rows up to its last causal key only (half the row on
 // average under a causal mask), and its backward runs more steps on each block: its blocks are
-// larger. Measured forward + backward on the long shape (K = 4096, causal, one thread): 64
-// rows 256-262 ms, 128 rows 249-253 ms; K = 2048: 128 rows 66-72 ms, 256 rows 67-77 ms.
+// larger.
 constexpr std::int64_t kFusedBlockBytes = 2 << 20;
 // Batch entries fewer than this split their blocks into groups (fixed by the shape, not the
 // threads) so that the backward has work for every thread. Each group holds its own dk and dv
-// ([..., K, D] each): the fused path, there for its memory, asks for fewer (B H = 4, L = 2048:
-// 8 MiB less at the peak of forward + backward, a third of it).
+// ([..., K, D] each): the fused path, there for its memory, asks for fewer.
 constexpr std::int64_t kMinItems = 8, kFusedMinItems = 4;
 
 // A zeroed [batch..., rows, cols] output whose leading dims (and rows) are laid out in the order

@@ -1,7 +1,7 @@
 // Internal: float32 GELU, x Phi(x) (Phi, phi: the standard normal cdf and density), over
 // contiguous arrays, with explicit AVX-512 and AVX2 code picked at run time and a scalar path
 // that computes the same formula operation by operation, so every path gives the same bits
-// (ops/gelu_f32.cpp has the formula and its measured error).
+// (kernels/gelu_f32.cpp has the formula and its measured error).
 #pragma once
 
 #include <cmath>

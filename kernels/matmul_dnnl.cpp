@@ -53,15 +53,9 @@ dnnl::stream& cpu_stream() {
   return stream;
 }
 
-// Each thread a product uses must have this many multiply-adds (about 8 us of work at the 250
-// GFLOP/s one core reaches here), so a second thread starts from 2^21. Handing a piece to an
-// awake worker costs a few microseconds; below this it is a fair part of what the split saves.
-// (With OpenMP's team the rule was 2^24: oneDNN split tiny products over it, and on a machine
-// where other processes held the cores tapegrad_bench --only threads measured them 100-5,000
-// times slower on 2 threads, README "Threads". With tapegrad's workers, 2^20 made train_sort's
-// 2-thread step 1.47-1.57x its 1-thread speed instead of 1.29-1.31x, builds run in turn; the
-// small attention shape took 0.45-0.77 ms on 2 threads against 0.60-0.68, its products' thread
-// choices settling differently from run to run.)
+// Each thread a product uses must have this many multiply-adds (a few microseconds of work on
+// one core), so a second thread starts from 2^21: handing a piece to an awake worker costs a few
+// microseconds, a fair part of what a smaller split would save (docs/performance-notes.md).
 constexpr double kMacsPerThread = 1 << 20;
 
 // A product's rows are cut into bands of at least this many rows (split_plan says why).
@@ -194,16 +188,19 @@ void append(std::vector<std::int64_t>& key, const Layout& l) {
   key.insert(key.end(), l.strides.begin(), l.strides.end());
 }
 
-// Rounds to nearest even, keeping NaN a (quiet) NaN. Branch-free so that loops over it vectorise.
-inline std::uint16_t to_bf16(float f) {
-  const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
-  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const std::uint32_t quiet = (u >> 16) | 0x40u;
-  return static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+// The bfloat16 bits of f, rounded to nearest even; a NaN stays a (quiet) NaN, an infinity one.
+// Saturate: a finite f past bfloat16's largest finite (3.39e38) becomes that value rather than an
+// infinity (the attention products' rule: a finite operand stays finite). Selects, no branches,
+// so that the loops over it vectorise.
+template <bool Saturate> inline std::uint16_t to_bf16(float f) {
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(f), mag = u & 0x7fffffffu;
+  std::uint32_t out = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  if constexpr (Saturate) out = mag < 0x7f800000u && (out & 0x7fffu) == 0x7f80u ? ((u >> 16) & 0x8000u) | 0x7f7fu : out;
+  return static_cast<std::uint16_t>(mag > 0x7f800000u ? (u >> 16) | 0x40u : out);
 }
 
 template <class Out> inline Out rounded_as(float f) {
-  const std::uint16_t bits = to_bf16(f);
+  const std::uint16_t bits = to_bf16<false>(f);
   if constexpr (std::is_same_v<Out, std::uint16_t>) return bits;
   else return std::bit_cast<float>(std::uint32_t{bits} << 16);
 }
@@ -554,29 +551,18 @@ namespace {
 // bfloat16 bits back to float32 (exact).
 inline float widen(std::uint16_t bits) { return std::bit_cast<float>(std::uint32_t{bits} << 16); }
 
-// Rounded to nearest even, but a finite value never becomes an infinity (values past bfloat16's
-// largest finite, 3.39e38, saturate there): a finite input must stay finite for the products'
-// poison rules. NaN stays a (quiet) NaN, infinities stay.
-inline std::uint16_t to_bf16_finite(float f) {
-  const std::uint32_t u = std::bit_cast<std::uint32_t>(f), mag = u & 0x7fffffffu, sign = (u >> 16) & 0x8000u;
-  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const std::uint32_t special = mag > 0x7f800000u ? (u >> 16) | 0x40u : (u >> 16);  // NaN quiet, inf as is
-  const std::uint32_t finite = (rounded & 0x7fffu) == 0x7f80u ? sign | 0x7f7fu : rounded;
-  return static_cast<std::uint16_t>(mag >= 0x7f800000u ? special : finite);
-}
-
 TAPEGRAD_CPU_CLONES std::uint32_t round_operand_row(const float* src, std::uint16_t* dst, std::int64_t n) {
   std::uint32_t bad = 0;
   for (std::int64_t i = 0; i < n; ++i) {
     const std::uint32_t u = std::bit_cast<std::uint32_t>(src[i]);
     const std::uint32_t non_finite = (u & 0x7f800000u) == 0x7f800000u;
     bad |= non_finite;
-    dst[i] = non_finite ? std::uint16_t{0} : to_bf16_finite(src[i]);
+    dst[i] = non_finite ? std::uint16_t{0} : to_bf16<true>(src[i]);
   }
   return bad;
 }
 TAPEGRAD_CPU_CLONES void round_weights_run(const float* src, std::uint16_t* dst, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) dst[i] = to_bf16_finite(src[i]);
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = to_bf16<true>(src[i]);
 }
 TAPEGRAD_CPU_CLONES void widen_run(const std::uint16_t* src, float* dst, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) dst[i] = widen(src[i]);

@@ -23,10 +23,9 @@ constexpr std::int64_t kKeptPanel = std::int64_t{1} << 19;
 
 // This thread's packing panel `which` (0 for A, 1 for B) of n doubles: 64-byte aligned, as C's
 // rows are, so that the gemm's vector loads never straddle two cache lines (from malloc their
-// alignment followed the heap's layout, and train_sort's float64 step took 85 or 109 ms depending
-// on where they fell). Kept and reused up to kKeptPanel, so that a panel is not mapped and
-// faulted in afresh at every call; a larger one lives in `once` for this call only. (Taken from
-// the tensor storage cache instead, the same step's median was 113 ms against 89.)
+// alignment followed the heap's layout, and so did the speed). Kept and reused up to kKeptPanel,
+// so that a panel is not mapped and faulted in afresh at every call; a larger one lives in
+// `once` for this call only.
 double* panel(int which, std::int64_t n, std::unique_ptr<double[], Aligned>& once) {
   if (n > kKeptPanel) {
     once.reset(new (kPanelAlign) double[static_cast<std::size_t>(n)]);

@@ -2,8 +2,7 @@
 //
 // Two kinds of product come here. Decoding with a KV cache multiplies one query row by a key
 // matrix that is one position longer at every step: each step is a layout oneDNN has not seen,
-// and creating its primitive cost about 100 us, against well under a microsecond for the
-// arithmetic of a short cache. And tiny products (a few thousand multiply-adds, as in a small
+// and creating its primitive costs a hundred times the arithmetic of a short cache. And tiny products (a few thousand multiply-adds, as in a small
 // attention layer) cost more in oneDNN's per-call bookkeeping than in arithmetic. These loops
 // need no preparation, so their cost is the arithmetic.
 #include <array>
@@ -32,7 +31,7 @@ constexpr std::int64_t kPackRows = 4, kPackMax = 1 << 14;
 
 // c[0, W) = sum over i of a[i] b[i, 0, W), the W sums held in one vector (registers) throughout.
 // Written with GCC's vector type: left to itself the vectoriser turned this loop into W scalar
-// multiply-adds (4.5x slower on an [8, 16] x [16, 16] product).
+// multiply-adds, several times slower.
 typedef float Floats16 __attribute__((vector_size(64)));
 typedef float Floats8 __attribute__((vector_size(32)));
 template <std::size_t W> struct FloatsOf;

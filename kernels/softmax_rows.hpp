@@ -84,7 +84,7 @@ template <class T> [[gnu::always_inline]] inline T softmax_exp(T x) {
 // that meet at the end: the loop vectorises with the lanes in registers, the many partial sums
 // make a float sum much more accurate than one running total, and the order of the additions
 // depends on n alone (not on the vector width). (`omp simd reduction` kept its lanes in memory
-// under GCC 12, a store-to-load chain per vector: the backward row sum ran 4x slower.)
+// under GCC 12, a store-to-load chain per vector, several times slower.)
 // With `ahead` (the next row's scores, prefetch_next below), each block of 16 elements also
 // asks for the cache line at ahead + 16 j elements.
 template <class F> [[gnu::always_inline]] inline auto simd_sum(std::int64_t n, F&& f, const void* ahead = nullptr) {

@@ -91,8 +91,8 @@ TransformerBlock::TransformerBlock(const TransformerBlockConfig& config)
 
 // Sequences up to this length fit one tile of the fused attention path for every head, and
 // there its per-head tile products (thousands of small gemm calls per training step) cost more
-// than the weights path's batched products: train_sort's step took 5.4 ms fused and 4.3 ms
-// with the weights path. The weights ([B, H, T, T], small at this length) are then dropped.
+// than the weights path's batched products (docs/performance-notes.md). The weights ([B, H, T,
+// T], small at this length) are then dropped.
 constexpr std::int64_t kWeightsPathMaxLength = 32;
 
 Tensor TransformerBlock::forward(const Tensor& x, const Tensor& key_mask, Tensor* attention) const {

@@ -28,7 +28,7 @@ Tensor project(const Tensor& x, const Tensor& w, const Tensor& b);
 // [B, L, H*W] -> [B, H, L, W]: a view.
 Tensor split_heads(const Tensor& x, std::int64_t heads);
 
-// Steps 1-2 as one tape node (layers/mha_projections.cpp): x [B, L, C] w [C, H*W] (+ b [H*W]),
+// Steps 1-2 as one tape node (ops/multihead_attention_projections.cpp): x [B, L, C] w [C, H*W] (+ b [H*W]),
 // returned as [B, H, L, W], a view of the [B, L, H*W] product. Follows the matmul precision.
 Tensor project_heads(const char* op, const Tensor& x, const Tensor& w, const Tensor& b, std::int64_t heads);
 // Step 6 as one tape node: o [B, H, Q, Dv] with its heads concatenated, times w [H*Dv, Cout]

@@ -24,8 +24,7 @@ constexpr std::size_t kCacheLimit = std::size_t{2} << 30;    // at most 2 GiB ke
 // Every block (all but the few bytes a Storage holds inline) comes from the cache below, not
 // only the large ones whose fresh pages cost faults: glibc merges its lists of small free chunks
 // whenever a block of 1 KiB or more is asked for, so a step's few mid-sized tensors slowed the
-// hundreds of small allocations (shapes, nodes) around them. Caching the blocks below 64 KiB
-// too took a toy attention step from 26.8 to 23.0 us (one thread).
+// hundreds of small allocations (shapes, nodes) around them.
 //
 // Sizes from kClassesFrom are rounded up to one of four classes per power of two (at most 25%
 // slack), so a block freed by one op fits the next op of a similar size; smaller ones to 64 bytes.
@@ -95,8 +94,7 @@ BlockCache& cache() {
 }
 
 // Each thread keeps a few freed blocks of each size below 64 KiB for itself, in front of the
-// shared cache: with every block going through the shared cache's lock, two threads training
-// at once took 82 us a toy step each instead of 43. A block freed on another thread than the
+// shared cache, whose lock two threads training at once would otherwise fight over. A block freed on another thread than the
 // one that took it joins the freeing thread's blocks; a thread's blocks go to the shared cache
 // when it exits.
 constexpr std::size_t kLocalBelow = std::size_t{64} << 10;

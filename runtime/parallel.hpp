@@ -17,7 +17,7 @@ void set_max_threads(int n) noexcept;
 
 // Below this many elements (times the per-element cost) a loop stays on the calling thread:
 // handing chunks to an awake worker costs a few microseconds, which is what ~32k float copies
-// take (a sleeping one takes ~80 us to start; thread_choice.hpp weighs that).
+// take (a sleeping one takes longer to start; thread_choice.hpp weighs that).
 inline constexpr std::int64_t kParallelGrain = 1 << 15;
 
 // Calls body(begin, end) on disjoint chunks covering [0, n), in parallel when n * cost is at

@@ -33,8 +33,8 @@ void ThreadChoice::judge_team(const Arms& a, double now) noexcept {
   // A team's first run also starts its threads (and a product's first run touches fresh
   // memory): it alone does not say the machine is busy.
   if (a.runs[0] < 1 || a.runs[1] < 2) return;
-  // Work this short proves nothing about the machine: waking a sleeping worker alone (~0.1 ms)
-  // makes its team run slower than one thread.
+  // Work this short proves nothing about the machine: waking a sleeping worker alone makes its
+  // team run slower than one thread.
   if (a.last[0] < kJudgeFrom) return;
   // The latest runs, not the running means: a load that has just come must start the hold now.
   // Two such verdicts in a row (of any kinds) start a hold: one slow run of the team can be a
@@ -79,9 +79,7 @@ void ThreadChoice::record(std::uint64_t key, int threads, double seconds, double
   decide(a, a.runs[a.current] == 0 || a.seconds[arm] < kSwitchMargin * a.seconds[a.current] ? arm : a.current);
   // One thread tried and the team kept: the team's present pace is its pace now. Measured
   // against a best run from calmer moments, every later run of it would look "slowed" and ask
-  // for a trial again, and each trial moves the work's data to one core and back (on the
-  // attention benchmark's small shape a kind flipped between the two on every call, each run
-  // 46 us on either instead of 25 on the team).
+  // for a trial again, and each trial moves the work's data to one core and back.
   if (arm == 0 && a.current == 1) a.best_team = a.seconds[1];
 }
 

@@ -47,16 +47,13 @@ class ThreadChoice {
   // The team, this many times slower than one thread, says the machine cannot give it; a
   // team merely too small for its work (waking it costs a few microseconds) stays below.
   static constexpr double kBusyRatio = 1.5;
-  // Seconds: only work that takes one thread at least this long can start a hold. A worker that
-  // has gone to sleep costs ~0.1 ms to wake (the futex call, then the scheduler), which made the
-  // team of a 0.1 ms loop 1.6x slower than one thread on an idle machine: such verdicts started
-  // holds, in which every kind ran on one thread (2-thread attention steps at their 1-thread
-  // time in one benchmark run of three), and the one trial per hold found the worker asleep again.
+  // Seconds: only work that takes one thread at least this long can start a hold. Waking a
+  // worker that has gone to sleep costs a good part of a shorter run, so its team looks slow on
+  // an idle machine too, and such verdicts held every kind on one thread.
   static constexpr double kJudgeFrom = 1e-3;
-  // Seconds. A trial of the team on a busy machine costs more than its run: the woken worker
-  // then spins on the core the caller needs (with OpenMP's team, which spun for milliseconds, a
-  // train_sort step took 9.3 ms instead of 6.3 with trials every 10-80 ms). Longer holds cost
-  // only speed-up when the machine has become idle again.
+  // Seconds. A trial of the team on a busy machine costs more than its run (the woken worker
+  // spins on the core the caller needs); longer holds cost only speed-up when the machine has
+  // become idle again.
   static constexpr double kFirstHold = 0.05;
   static constexpr double kMaxHold = 2.0;
 

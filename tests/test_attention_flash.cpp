@@ -1,8 +1,8 @@
-// The fused attention path (attention_core with need_weights = false, layers/attention_flash.cpp)
+// The fused attention path (attention_core with need_weights = false, kernels/attention_flash.cpp)
 // against the weights path: outputs and every gradient, across masks given by parts, causal
 // offsets, Q != K, bias shapes, non-finite masked keys and sequences spanning several tiles;
 // and float64 gradchecks of the fused path alone. Then the weights path in blocks of rows
-// (layers/attention_pipeline.cpp) against the weights path on whole tensors.
+// (kernels/attention_pipeline.cpp) against the weights path on whole tensors.
 #define BOOST_TEST_MODULE attention_flash
 #include <boost/test/data/test_case.hpp>
 #include <limits>
@@ -536,7 +536,7 @@ BOOST_AUTO_TEST_CASE(poison_in_allowed_rows_reaches_the_same_outputs) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
-// The weights path in blocks of query rows (layers/attention_pipeline.cpp), which attention_core
+// The weights path in blocks of query rows (kernels/attention_pipeline.cpp), which attention_core
 // takes for float32 scores of 8 MiB and more, asked for here directly with small blocks so that
 // small problems span many of them: against the whole-tensor weights path (attention_core on
 // these small shapes), with an upstream gradient of the weights too, exact and bfloat16.

@@ -167,7 +167,7 @@ BOOST_AUTO_TEST_CASE(float32_exp_and_tanh_within_a_few_ulp) {
 }
 
 // GELU = x Phi(x), Phi(x) = 0.5 (1 + erf(x / sqrt 2)); the reference is float64 with std::erfc
-// (which keeps the left tail's precision). Bounds (ops/gelu_f32.cpp has the measured ones): Phi
+// (which keeps the left tail's precision). Bounds (kernels/gelu_f32.cpp has the measured ones): Phi
 // within 1.2e-7 absolute, so GELU within 1.2e-7 |x| plus its own rounding; for -10 <= x < 0,
 // GELU within 3e-7 relative (Phi's 2.1e-7 and the product's rounding); the derivative
 // Phi + x phi within 1.5e-7 (1 + |x|) plus rounding.

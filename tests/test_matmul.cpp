@@ -39,7 +39,7 @@ std::vector<Case> cases() {
       {"attention-like", {2, 4, 16, 8}, {2, 4, 8, 16}, false, true},
       {"rank 13 (past oneDNN's limit)", {2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 4}, {2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 5, 4, 2}, false, true},
       {"256 square", {256, 256}, {256, 256}},
-      // One row per matrix: the plain loops of ops/matmul_rows.cpp, both of their forms.
+      // One row per matrix: the plain loops of kernels/matmul_rows.cpp, both of their forms.
       {"one row, batched, b transposed", {3, 1, 20}, {3, 20, 7}, false, true},
       {"one row, broadcast batch", {2, 1, 1, 9}, {4, 9, 33}},
       // Several rows in the plain loops: 16 columns, then 8, then 3 one by one; b transposed is

@@ -102,7 +102,7 @@ BOOST_DATA_TEST_CASE(gradcheck_every_input_and_parameter, bdata::make(grid()), c
   tg::clear_tape();
 }
 
-// The two projection nodes alone (layers/mha_projections.cpp), against float64 central
+// The two projection nodes alone (ops/multihead_attention_projections.cpp), against float64 central
 // differences and against the same steps as separate ops, on contiguous and strided inputs
 // (a transposed x, w and w_o, a strided bias, the head outputs in any layout).
 struct ProjectionCase {
@@ -611,7 +611,7 @@ BOOST_AUTO_TEST_CASE(every_config_field_is_validated_before_use) {
 }
 
 BOOST_AUTO_TEST_CASE(long_one_token_decoding_equals_the_full_causal_forward) {
-  // One token per step runs the single-row products as plain loops (ops/matmul_rows.cpp), on
+  // One token per step runs the single-row products as plain loops (kernels/matmul_rows.cpp), on
   // cache views whose strides change as the cache grows (16, 32, 64 positions): every step's
   // output is the full forward's row within float32 rounding.
   tg::MultiHeadAttention layer({.query_dim = 32, .heads = 4, .seed = 5});

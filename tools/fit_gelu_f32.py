@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fits the coefficient tables of ops/gelu_f32.cpp (python3 with mpmath; prints C++).
+"""Fits the coefficient tables of kernels/gelu_f32.cpp (python3 with mpmath; prints C++).
 
 P(r) ~ e^r / sqrt(2 pi) on |r| <= ln 2 / 2, and the Mills ratio M(a) = Phi(-a) / phi(a) on the
 16 intervals of a = |x| indexed by bits(a + 1) >> 21 (mod 16), each as a degree-6 polynomial

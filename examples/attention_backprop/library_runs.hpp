@@ -19,7 +19,7 @@ struct LibraryRun {
 // L = sum(out * R): out, attention and the gradients of every input and parameter.
 LibraryRun run_multihead_attention(const Problem& p, tapegrad::DType dtype);
 
-// The attention node alone (layers/attention.cpp, one tape node) on the staged q, k, v and the
+// The attention node alone (ops/attention.cpp, one tape node) on the staged q, k, v and the
 // bias expanded to [B, H, Q, K]: multihead_attention with identity projections and no projection
 // biases, fed the staged upstream gradient of `merged`. Its gradients are the node's dq, dk, dv
 // and dS (the gradient of a full-shape bias is dS itself).

@@ -51,7 +51,7 @@ Vars forward(const Problem& p, Var replaced, const Tensor& value) {
     set(static_cast<Var>(x), [&] { return p.given[x]; });
   const Tensor zero = tg::scalar(0.0, tg::float64);
   auto project = [&](Var x, Var w, Var b) { return tg::add(tg::matmul(at(v, x), at(v, w)), at(v, b)); };
-  // Step 0: selection (not multiplication), as layers/multihead_attention.cpp does.
+  // Step 0: selection (not multiplication), as ops/multihead_attention.cpp does.
   set(Var::query_sel, [&] { return tg::where(p.active, at(v, Var::query), zero); });
   set(Var::context_sel, [&] { return tg::where(p.used, at(v, Var::context), zero); });
   // Steps 1-2: projections, then head h takes channels [h*D, (h+1)*D).

@@ -1,5 +1,5 @@
 // Multi-head attention recomputed in float64 as a chain of stages built from tapegrad's public
-// ops, following the steps of layers/multihead_attention.cpp. Any named intermediate can be
+// ops, following the steps of ops/multihead_attention.cpp. Any named intermediate can be
 // replaced by a given tensor, so that it becomes a leaf: the tape then gives dL/dX for it, and
 // central differences of L as a function of X alone estimate the same quantity independently.
 #pragma once
@@ -47,7 +47,7 @@ struct Problem {
   Tensor key_mask, query_mask, attention_mask;  // as passed to multihead_attention (optional)
   bool causal = false;
   std::int64_t causal_offset = 0;
-  // Derived from the masks, as layers/multihead_attention.cpp's allowed_pairs does.
+  // Derived from the masks, as ops/multihead_attention.cpp's allowed_pairs does.
   Tensor allowed;                  // bool [B, H, Q, K]
   Tensor active, used;             // bool [B, Q, 1] and [B, K, 1]
   std::vector<bool> allowed_host;  // [B, H, Q, K]

@@ -1,0 +1,17 @@
+# The include check can fail: a tree with one layer reaching into kernels/ and one kernel into
+# ops/ must be refused, naming both files.
+#   cmake -DCHECKER=tools/check_includes.cmake -DWORK=<scratch dir> -P check_house_rules.cmake
+file(REMOVE_RECURSE "${WORK}")
+file(WRITE "${WORK}/layers/bad_layer.cpp" "#include \"kernels/matmul.hpp\"\n#include \"tapegrad/ops/matmul.hpp\"\n")
+file(WRITE "${WORK}/kernels/bad_kernel.cpp" "#include \"ops/op.hpp\"\n#include \"autodiff/loops.hpp\"\n")
+file(WRITE "${WORK}/ops/fine.cpp" "#include \"kernels/matmul.hpp\"\n#include \"runtime/parallel.hpp\"\n")
+execute_process(COMMAND ${CMAKE_COMMAND} -DROOT=${WORK} -P ${CHECKER} RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_VARIABLE out)
+if(rc EQUAL 0)
+  message(FATAL_ERROR "the include check accepted a layer that includes kernels/matmul.hpp")
+endif()
+foreach(expected "layers/bad_layer.cpp: includes kernels/matmul.hpp" "kernels/bad_kernel.cpp: includes ops/op.hpp" "2 include(s)")
+  string(FIND "${err}" "${expected}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "the include check's report lacks '${expected}':\n${err}")
+  endif()
+endforeach()

@@ -7,7 +7,6 @@
 // hold at least), per tensor.
 #include <malloc.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -48,25 +47,8 @@ class Model : public tg::Module {
   std::vector<ManyParameters> blocks;
 };
 
-std::int64_t status_kb(const char* field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(field, 0) == 0) return std::stoll(line.substr(std::string(field).size() + 1));
-  return -1;
-}
-
 // Peak resident bytes of one load_safetensors(path) in a fresh process, above what it held before.
-double load_peak_bytes(const std::filesystem::path& path) {
-  std::error_code error;
-  const auto self = std::filesystem::read_symlink("/proc/self/exe", error);
-  if (error) return -1;
-  FILE* pipe = popen(fmt::format("'{}' --checkpoint-rss '{}'", self.string(), path.string()).c_str(), "r");
-  double bytes = -1;
-  if (pipe == nullptr || std::fscanf(pipe, "%lf", &bytes) != 1) bytes = -1;
-  if (pipe != nullptr) pclose(pipe);
-  return bytes;
-}
+double load_peak_bytes(const std::filesystem::path& path) { return run_self(fmt::format("--checkpoint-rss '{}'", path.string())); }
 
 }  // namespace
 

@@ -54,24 +54,8 @@ struct Setup {
   }
 };
 
-std::int64_t status_kb(const char* field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(field, 0) == 0) return std::stoll(line.substr(std::string(field).size() + 1));
-  return -1;
-}
-
 double resident_mib(std::int64_t len, bool need_weights, bool backward, int threads) {
-  std::error_code error;
-  const auto self = std::filesystem::read_symlink("/proc/self/exe", error);
-  if (error) return -1;
-  const std::string cmd = fmt::format("'{}' --rss-peak {} {} {} {}", self.string(), len, int(need_weights), int(backward), threads);
-  FILE* pipe = popen(cmd.c_str(), "r");
-  double mib = -1;
-  if (pipe == nullptr || std::fscanf(pipe, "%lf", &mib) != 1) mib = -1;
-  if (pipe != nullptr) pclose(pipe);
-  return mib;
+  return run_self(fmt::format("--rss-peak {} {} {} {}", len, int(need_weights), int(backward), threads));
 }
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {

@@ -42,6 +42,11 @@ void section_train(Report& report, const Options& options);
 // Saving and loading checkpoints of 1k to 100k tensors: time per tensor and resident memory.
 void section_checkpoint(Report& report, const Options& options);
 
+// A field of /proc/self/status in kB ("VmRSS:", "VmHWM:"), or -1.
+std::int64_t status_kb(const char* field);
+// This program run again with `args` (a hidden child option), and the number it prints, or -1.
+double run_self(const std::string& args);
+
 // The fused section's child process: prints the resident MiB one call adds at its peak.
 int fused_rss_child(long long len, bool need_weights, bool backward, int threads);
 // The checkpoint section's child process: prints the resident bytes one load of `path` adds at its peak.

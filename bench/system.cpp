@@ -1,4 +1,6 @@
 #include <algorithm>
+#include <cstdio>
+#include <filesystem>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -44,6 +46,25 @@ std::string isa_name(dnnl::cpu_isa isa) {
 }
 
 }  // namespace
+
+std::int64_t status_kb(const char* field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(field, 0) == 0) return std::stoll(line.substr(std::string(field).size() + 1));
+  return -1;
+}
+
+double run_self(const std::string& args) {
+  std::error_code error;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (error) return -1;
+  FILE* pipe = popen(fmt::format("'{}' {}", self.string(), args).c_str(), "r");
+  double value = -1;
+  if (pipe == nullptr || std::fscanf(pipe, "%lf", &value) != 1) value = -1;
+  if (pipe != nullptr) pclose(pipe);
+  return value;
+}
 
 void section_system(Report& report, const Options& options) {
   const auto [model, features] = cpu();

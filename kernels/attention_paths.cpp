@@ -14,6 +14,9 @@ bool blocks_pay(const AttentionArgs& a, const Shape& scores_shape) {
 }  // namespace
 
 AttentionPath attention_path(const AttentionArgs& a, const Shape& scores_shape, bool bf16) {
+  // No scores, no work: the fast paths keep per-matrix bookkeeping, and [2^49, 0, 0] would
+  // ask them for 2^49 entries of it.
+  if (shape_numel(scores_shape) == 0) return AttentionPath::weights;
   if (!a.need_weights) {
     // A bias that needs a gradient would make the blocks hold dS whole, [..., Q, K] (dbias is
     // summed from it); the tiles sum it into the bias's shape instead.

@@ -148,7 +148,11 @@ AttentionResult attention_core(const AttentionArgs& a, std::optional<AttentionPa
   const RowMasks masks(a.op, a.mask, scores_shape);
   const bool bf16 = a.q.dtype() == DType::float32 && matmul_precision() == MatmulPrecision::bfloat16;
   const AttentionPath taken = path ? *path : attention_path(a, scores_shape, bf16);
-  if (taken == AttentionPath::weights) return weights_path(a, scores_shape, masks, scale);
+  if (taken == AttentionPath::weights) {
+    AttentionResult r = weights_path(a, scores_shape, masks, scale);
+    if (!a.need_weights) r.weights = Tensor();  // as on the fused paths
+    return r;
+  }
   return record_fast(a, run_attention(taken, a, scores_shape, masks, scale, bf16, block_rows), scale);
 }
 

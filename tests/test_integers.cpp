@@ -90,6 +90,20 @@ BOOST_AUTO_TEST_CASE(fused_attention_over_empty_batches_of_long_sequences) {
   BOOST_TEST(q.grad().numel() == 0);
 }
 
+BOOST_AUTO_TEST_CASE(attention_over_a_huge_batch_of_empty_matrices_does_no_work) {
+  // 2^46 batch entries with no query and no key (views of one element): no scores, so no path
+  // may keep anything per batch entry (the fused tiles asked for 2^46 offsets, 512 TiB).
+  const std::int64_t n = std::int64_t{1} << 46;
+  const Tensor q = tg::expand(tg::zeros({1, 1, 1}), {n, 0, 1}).set_requires_grad(), k = tg::expand(tg::zeros({1, 1, 1}), {n, 0, 1});
+  const Tensor v = tg::expand(tg::zeros({1, 1, 1}), {n, 0, 1});
+  const Tensor out = tg::attention(q, k, v);
+  BOOST_TEST((out.shape() == tg::Shape{n, 0, 1}));
+  const tg::AttentionResult r = tg::scaled_dot_product_attention(q, k, v);
+  BOOST_TEST((r.weights.shape() == tg::Shape{n, 0, 0}));
+  tg::backward({out}, {tg::zeros({n, 0, 1})});
+  BOOST_TEST((q.grad().shape() == tg::Shape{n, 0, 1}));
+}
+
 BOOST_AUTO_TEST_CASE(generation_lengths_past_int64_or_memory_are_refused_at_once) {
   tg::Decoder model({.vocab = 5, .max_len = 8, .dim = 4, .heads = 1});
   const Tensor prompt = tg::tensor({{1, 2}}, tg::int64);

@@ -38,4 +38,5 @@
 #include "tapegrad/layers/positions.hpp"
 #include "tapegrad/layers/transformer.hpp"
 #include "tapegrad/train/checkpoint.hpp"
+#include "tapegrad/train/data.hpp"
 #include "tapegrad/train/optimizer.hpp"

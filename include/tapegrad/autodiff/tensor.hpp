@@ -13,6 +13,9 @@
 #include <type_traits>
 #include <vector>
 
+// fmt::print("{}", t.shape()) prints [3, 4]: a Shape is a std::vector, which fmt/ranges.h formats.
+#include <fmt/ranges.h>
+
 #include "tapegrad/autodiff/dtype.hpp"
 
 namespace tapegrad {

@@ -1,11 +1,13 @@
-# The smoke test of tapegrad_bench: runs a --quick subset with --json and checks the document
-# main.cpp describes: its top-level keys, the facts, and for every table its fields, a row
-# holding every column key, and a time cell's four keys with a positive median.
+# The smoke test of tapegrad_bench: runs a --quick subset with --json and --markdown and checks
+# the document main.cpp describes: its top-level keys, the facts, and for every table its fields,
+# a row holding every column key, and a time cell's four keys with a positive median; then that
+# the Markdown page has the command, every section's heading and every table's title and header.
 #   cmake -DBENCH=path/to/tapegrad_bench -DOUT=file.json -P check_json.cmake
 set(sections system overhead softmax fused decode checkpoint)
 list(JOIN sections "," only)
-file(REMOVE ${OUT})  # a document left by an earlier run must not pass for this one's
-execute_process(COMMAND ${BENCH} --quick --threads 1 --only ${only} --json ${OUT} RESULT_VARIABLE rc OUTPUT_QUIET)
+set(page ${OUT}.md)
+file(REMOVE ${OUT} ${page})  # documents left by an earlier run must not pass for this one's
+execute_process(COMMAND ${BENCH} --quick --threads 1 --only ${only} --json ${OUT} --markdown ${page} RESULT_VARIABLE rc OUTPUT_QUIET)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "tapegrad_bench exited with ${rc}")
 endif()
@@ -66,5 +68,23 @@ get(resident tables fused rows 0 resident_forward_backward_mib)
 if(NOT resident GREATER 0)
   message(FATAL_ERROR "fused: the child process reported ${resident} MiB")
 endif()
+file(READ ${page} markdown)
+macro(expect text)
+  string(FIND "${markdown}" "${text}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "the Markdown page lacks '${text}'")
+  endif()
+endmacro()
+expect("--markdown ${page}` on ")
+get(cpu facts cpu)
+expect("| cpu | ${cpu} |")
+foreach(section ${sections})
+  expect("\n## ${section}\n")
+endforeach()
+foreach(table ${tables})
+  get(title tables ${table} title)
+  string(REPLACE "|" "\\|" title "${title}")
+  expect("**${title}**\n\n| ")
+endforeach()
 list(JOIN tables ", " names)
-message(STATUS "tapegrad_bench JSON: format, run, facts and tables ${names} as documented")
+message(STATUS "tapegrad_bench JSON: format, run, facts and tables ${names} as documented; the Markdown page has them all")

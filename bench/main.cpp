@@ -34,13 +34,22 @@ namespace {
 struct Section {
   const char* name;
   void (*run)(bench::Report&, const bench::Options&);
+  const char* about;  // for the Markdown page
 };
 
 constexpr Section kSections[] = {
-    {"system", bench::section_system},   {"matmul", bench::section_matmul},     {"overhead", bench::section_overhead},
-    {"kernels", bench::section_kernels}, {"softmax", bench::section_softmax},   {"attention", bench::section_attention},
-    {"fused", bench::section_fused},     {"bf16", bench::section_bf16},         {"decode", bench::section_decode},
-    {"threads", bench::section_threads}, {"train", bench::section_train},       {"checkpoint", bench::section_checkpoint},
+    {"system", bench::section_system, "The machine, and the two references the other sections are held to: a copy loop's bandwidth and oneDNN's own float32 matmul throughput."},
+    {"matmul", bench::section_matmul, "tapegrad::matmul against the raw oneDNN primitive on the same shapes, a naive loop, and bfloat16 products."},
+    {"overhead", bench::section_overhead, "The tape's fixed cost: a recorded op on a tiny tensor, forward and backward."},
+    {"kernels", bench::section_kernels, "Elementwise ops and reductions against a copy of the same bytes on the same threads."},
+    {"softmax", bench::section_softmax, "The public softmax ops against a copy of the same bytes, and against memory bandwidth."},
+    {"attention", bench::section_attention, "The MultiHeadAttention layer on the weights path, toy to long shapes, against the sum of its products at oneDNN's throughput (the roofline)."},
+    {"fused", bench::section_fused, "The fused path (need_weights = false) against the weights path on long sequences: time and peak memory."},
+    {"bf16", bench::section_bf16, "bfloat16 products against float32: speed-ups, and the error against float64."},
+    {"decode", bench::section_decode, "KV-cache decoding: the cost of one token as the cache grows, and generation's tokens per second."},
+    {"threads", bench::section_threads, "Each operation on 1 thread against 2, alone and next to a process that keeps a core busy."},
+    {"train", bench::section_train, "A training step of train_sort's model: time per step and where it goes."},
+    {"checkpoint", bench::section_checkpoint, "Saving and loading checkpoints of 1k to 100k tensors: time per tensor and resident memory."},
 };
 
 }  // namespace
@@ -48,7 +57,7 @@ constexpr Section kSections[] = {
 int main(int argc, char** argv) {
   CLI::App app{"tapegrad's benchmarks, one run: times, throughputs, peak memory and ratios against oneDNN and a copy loop"};
   std::vector<std::string> only;
-  std::string json;
+  std::string json, markdown;
   bench::Options options;
   std::vector<long long> rss_peak;
   app.add_option("--threads", options.threads, "thread counts, comma-separated; each section runs at each (default: tapegrad's default)")
@@ -58,6 +67,7 @@ int main(int argc, char** argv) {
   for (const auto& s : kSections) names += std::string(names.empty() ? "" : ",") + s.name;
   app.add_option("--only", only, "comma-separated sections to run (default: all): " + names)->delimiter(',');
   app.add_option("--json", json, "also write every number to this file");
+  app.add_option("--markdown", markdown, "also write every table as one Markdown page (docs/benchmarks.md)");
   app.add_flag("--quick", options.quick, "small sizes and few runs: checks that the benchmark runs");
   // The fused section's child process (resident memory of one call in a fresh process).
   app.add_option("--rss-peak", rss_peak)->expected(4)->group("");
@@ -86,10 +96,15 @@ int main(int argc, char** argv) {
   std::vector<std::string> ran;
   for (const auto& s : kSections)
     if (only.empty() || std::find(only.begin(), only.end(), s.name) != only.end()) {
-      report.begin(s.name);
+      report.begin(s.name, s.about);
       s.run(report, options);
       ran.emplace_back(s.name);
     }
   if (!json.empty())
     report.write_json(json, nlohmann::json{{"threads", options.threads}, {"quick", options.quick}, {"sections", ran}}.dump());
+  if (!markdown.empty()) {
+    std::string command = "./build/bench/tapegrad_bench";
+    for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
+    report.write_markdown(markdown, command);
+  }
 }

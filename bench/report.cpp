@@ -96,6 +96,24 @@ void Table::note(std::string text) {
   notes_.push_back(std::move(text));
 }
 
+std::string Table::markdown() const {
+  auto escaped = [](std::string s) {
+    for (std::size_t at = s.find('|'); at != std::string::npos; at = s.find('|', at + 2)) s.replace(at, 1, "\\|");
+    return s;
+  };
+  std::string out = fmt::format("**{}**\n\n|", escaped(title_));
+  for (const auto& c : columns_) out += fmt::format(" {} |", escaped(c.header));
+  out += "\n|";
+  for (std::size_t i = 0; i < columns_.size(); ++i) out += i == 0 ? " --- |" : " ---: |";
+  for (const auto& r : rows_) {
+    out += "\n|";
+    for (std::size_t i = 0; i < r.size(); ++i) out += fmt::format(" {} |", escaped(render(r[i], columns_[i])));
+  }
+  out += "\n";
+  for (const auto& n : notes_) out += fmt::format("\n- {}", escaped(n));
+  return out + (notes_.empty() ? "" : "\n");
+}
+
 std::string Table::json() const {
   nlohmann::json t{{"section", section_}, {"title", title_}, {"notes", notes_}};
   t["columns"] = nlohmann::json::array();
@@ -114,6 +132,8 @@ void Report::fact(const std::string& key, const std::string& label, const Cell& 
   fmt::print("{}: {}{}{}\n", label, render(value, plain), unit.empty() ? "" : " ", unit);
   std::fflush(stdout);
   facts_.emplace_back(key, value);
+  fact_labels_.push_back(label);
+  fact_units_.push_back(unit);
 }
 
 Table& Report::table(std::string id, std::string title, std::vector<Column> columns) {
@@ -132,6 +152,32 @@ void Report::write_json(const std::string& path, const std::string& run) const {
   std::ofstream f(path);
   if (!f) throw std::runtime_error(fmt::format("cannot write {}", path));
   f << out.dump(2) << "\n";
+}
+
+void Report::write_markdown(const std::string& path, const std::string& command) const {
+  const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  std::string out = fmt::format(
+      "# Benchmarks\n\n"
+      "Written by `{}` on {:04}-{:02}-{:02} {:02}:{:02} UTC; every figure below is from that one run, and the\n"
+      "ratios compare figures measured side by side in it (the references just before the rows that use\n"
+      "them). `./dev bench` writes this page again; `docs/performance-notes.md` has the measurements behind\n"
+      "the design choices, this page what the code does now.\n\n| the run | |\n| --- | --- |\n",
+      command, utc.tm_year + 1900, utc.tm_mon + 1, utc.tm_mday, utc.tm_hour, utc.tm_min);
+  for (std::size_t i = 0; i < facts_.size(); ++i) {
+    const Column plain{facts_[i].first, fact_labels_[i], 2, 0};
+    out += fmt::format("| {} | {}{}{} |\n", fact_labels_[i], render(facts_[i].second, plain), fact_units_[i].empty() ? "" : " ", fact_units_[i]);
+  }
+  for (const auto& [section, about] : sections_) {
+    out += fmt::format("\n## {}\n", section);
+    if (!about.empty()) out += fmt::format("\n{}\n", about);
+    for (const auto& t : tables_)
+      if (t->section() == section) out += fmt::format("\n{}", t->markdown());
+  }
+  std::ofstream f(path);
+  if (!f) throw std::runtime_error(fmt::format("cannot write {}", path));
+  f << out;
 }
 
 double peak_mib_of(const std::function<void()>& f) {

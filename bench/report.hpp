@@ -54,7 +54,9 @@ class Table {
   // A line printed under the table (and kept in the JSON as a note).
   void note(std::string text);
   const std::string& id() const { return id_; }
+  const std::string& section() const { return section_; }
   std::string json() const;
+  std::string markdown() const;  // the title, the rows as a Markdown table, the notes
 
  private:
   std::string section_, id_, title_;
@@ -65,17 +67,25 @@ class Table {
 
 class Report {
  public:
-  // Sections add their tables under the section last begun.
-  void begin(const std::string& section) { section_ = section; }
+  // Sections add their tables under the section last begun; `about` says what it measures.
+  void begin(const std::string& section, const std::string& about = "") {
+    section_ = section;
+    sections_.emplace_back(section, about);
+  }
   // A fact about the run (CPU, oneDNN's ISA): printed at once, kept for the JSON under `key`.
   void fact(const std::string& key, const std::string& label, const Cell& value, const std::string& unit = "");
   Table& table(std::string id, std::string title, std::vector<Column> columns);
   // Writes the document main.cpp describes to path; `run` holds the options of the run.
   void write_json(const std::string& path, const std::string& run) const;
+  // Writes every fact and table as one Markdown page (docs/benchmarks.md), headed by the command
+  // that ran and its date.
+  void write_markdown(const std::string& path, const std::string& command) const;
 
  private:
   std::string section_;
+  std::vector<std::pair<std::string, std::string>> sections_;  // name, what it measures
   std::vector<std::pair<std::string, Cell>> facts_;
+  std::vector<std::string> fact_labels_, fact_units_;
   std::vector<std::unique_ptr<Table>> tables_;
 };
 

@@ -9,12 +9,16 @@ the second half, -100 elsewhere), same step (cross-entropy, backward, clip to no
 3e-3). Prints the step, forward, backward and update times that section prints: median of 30
 steps after 10 of warm-up.
 
-    /usr/bin/python3 bench/torch_train.py [--threads N] [--json FILE]
+    /usr/bin/python3 bench/torch_train.py [--threads N] [--json FILE] [--markdown PAGE]
+
+--markdown appends the table to PAGE (./dev bench: docs/benchmarks.md, right after
+tapegrad_bench wrote it), under one heading for every run of this script.
 
 Debian's python3-torch installs for /usr/bin/python3 only; CI never runs this.
 """
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -96,6 +100,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--json", metavar="FILE")
+    p.add_argument("--markdown", metavar="PAGE", help="append the table to this Markdown page")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     print(f"PyTorch {torch.__version__}, train_sort's model, {args.threads} thread(s); milliseconds per step (median of 30)")
@@ -109,6 +114,32 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"torch": torch.__version__, "threads": args.threads, "rows": rows}, f, indent=2)
+    if args.markdown:
+        append_markdown(args.markdown, args.threads, rows)
+
+
+HEADING = "## train against PyTorch"
+
+
+def append_markdown(path, threads, rows):
+    with open(path) as f:
+        page = f.read()
+    out = []
+    if HEADING not in page:
+        out += ["", HEADING, "",
+                "The same model, batch and step in PyTorch eager (`bench/torch_train.py`, another process, run",
+                "after the sections above; compare with the `train` section's rows at the same thread count)."]
+    # Debian's PyTorch takes its products from whichever libblas.so.3 the alternatives system
+    # points at, and the reference BLAS is far slower than OpenBLAS: the page names it.
+    blas = os.path.realpath("/usr/lib/x86_64-linux-gnu/libblas.so.3")
+    out += ["", f"**PyTorch {torch.__version__} (BLAS: `{blas}`), train_sort's model, {threads} thread(s): ms, median of 30 steps (min-max)**", "",
+            "| dtype | tokens/s | step ms | forward ms | backward ms | update ms |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        out.append(f"| {r['dtype']} | {r['tokens_per_s']:.0f} | {r['step_ms']:.2f} ({r['step_min_ms']:.2f}-{r['step_max_ms']:.2f}) | "
+                   f"{r['forward_ms']:.2f} | {r['backward_ms']:.2f} | {r['update_ms']:.2f} |")
+    with open(path, "a") as f:
+        f.write("\n".join(out) + "\n")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "threads (0: the default)")->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) tg::set_num_threads(threads);
+  fmt::print("fit_mlp: {} thread(s) (--threads N to choose)\n", tg::num_threads());
   constexpr int kPoints = 64, kHidden = 16, kSteps = 3000;
   constexpr double kLearningRate = 0.1;
 

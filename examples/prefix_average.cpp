@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "threads (0: the default)")->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) tg::set_num_threads(threads);
+  fmt::print("prefix_average: {} thread(s) (--threads N to choose)\n", tg::num_threads());
   const bool colour = isatty(fileno(stdout)) != 0 || force_colour;
   const std::vector<double> v{3, -1, 4, 1, -5, 9};
   auto [out, weights] = run(v);

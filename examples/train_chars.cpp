@@ -40,21 +40,6 @@ struct Options {
   double temperature = 0.8;
 };
 
-// The characters of the text (bytes), sorted: token i is alphabet[i].
-struct Alphabet {
-  std::string chars;
-  std::int64_t id(char c) const {
-    const auto at = chars.find(c);
-    if (at == std::string::npos) throw std::invalid_argument(fmt::format("character {:?} is not in the model's alphabet", c));
-    return static_cast<std::int64_t>(at);
-  }
-  std::vector<std::int64_t> encode(const std::string& s) const {
-    std::vector<std::int64_t> out;
-    for (char c : s) out.push_back(id(c));
-    return out;
-  }
-};
-
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error("cannot read " + path);
@@ -64,23 +49,21 @@ std::string read_file(const std::string& path) {
 }
 
 // The model's shape, kept in the checkpoint's metadata so that --generate can rebuild it.
-std::map<std::string, std::string> describe(const Options& o, const Alphabet& a, std::int64_t steps_done) {
-  std::string codes;
-  for (unsigned char c : a.chars) codes += (codes.empty() ? "" : ",") + std::to_string(c);
-  return {{"example", "train_chars"}, {"alphabet", codes},
+std::map<std::string, std::string> describe(const Options& o, const tg::CharVocab& vocab, std::int64_t steps_done) {
+  return {{"example", "train_chars"}, {"alphabet", vocab.to_codes()},
           {"context", std::to_string(o.context)}, {"dim", std::to_string(o.dim)},
           {"heads", std::to_string(o.heads)},     {"layers", std::to_string(o.layers)},
           {"steps", std::to_string(steps_done)}};
 }
 
-tg::Decoder make_model(const Options& o, const Alphabet& a) {
-  return tg::Decoder({.vocab = static_cast<std::int64_t>(a.chars.size()), .max_len = o.context,
+tg::Decoder make_model(const Options& o, const tg::CharVocab& vocab) {
+  return tg::Decoder({.vocab = vocab.size(), .max_len = o.context,
                       .dim = o.dim, .heads = o.heads, .layers = o.layers, .dropout = o.dropout,
                       .positions = tg::PositionKind::sinusoidal, .seed = o.seed});
 }
 
 // Reads the shape and the alphabet back from a checkpoint's metadata into `o`.
-Alphabet restore_description(Options& o, const std::string& path) {
+tg::CharVocab restore_description(Options& o, const std::string& path) {
   const auto meta = tg::load_safetensors(path).metadata;
   auto field = [&](const char* key) {
     const auto it = meta.find(key);
@@ -91,23 +74,7 @@ Alphabet restore_description(Options& o, const std::string& path) {
   o.dim = std::stoll(field("dim"));
   o.heads = std::stoll(field("heads"));
   o.layers = std::stoll(field("layers"));
-  Alphabet a;
-  std::stringstream codes(field("alphabet"));
-  for (std::string code; std::getline(codes, code, ',');) a.chars.push_back(static_cast<char>(std::stoi(code)));
-  return a;
-}
-
-// `count` random windows of context + 1 tokens from text[begin, end): inputs and next-token targets.
-std::pair<Tensor, Tensor> windows(const std::vector<std::int64_t>& text, std::size_t begin, std::size_t end, std::int64_t count,
-                                  std::int64_t context, tg::Generator& gen) {
-  std::vector<std::int64_t> x, y;
-  const auto span = static_cast<double>(end - begin - static_cast<std::size_t>(context) - 1);
-  for (std::int64_t b = 0; b < count; ++b) {
-    const std::size_t at = begin + static_cast<std::size_t>(gen.uniform() * span);
-    x.insert(x.end(), text.begin() + static_cast<std::ptrdiff_t>(at), text.begin() + static_cast<std::ptrdiff_t>(at) + context);
-    y.insert(y.end(), text.begin() + static_cast<std::ptrdiff_t>(at) + 1, text.begin() + static_cast<std::ptrdiff_t>(at) + context + 1);
-  }
-  return {tg::from_vector(std::span<const std::int64_t>(x), {count, context}), tg::from_vector(std::span<const std::int64_t>(y), {count, context})};
+  return tg::CharVocab::from_codes(field("alphabet"));
 }
 
 // Mean cross-entropy over consecutive windows covering the validation text, 64 windows per
@@ -124,39 +91,35 @@ double validation_loss(const tg::Decoder& model, const std::vector<std::int64_t>
       x.insert(x.end(), text.begin() + static_cast<std::ptrdiff_t>(at), text.begin() + static_cast<std::ptrdiff_t>(at + c));
       y.insert(y.end(), text.begin() + static_cast<std::ptrdiff_t>(at + 1), text.begin() + static_cast<std::ptrdiff_t>(at + c + 1));
     }
-    const Tensor logits = model.forward(tg::from_vector(std::span<const std::int64_t>(x), {rows, context}));
-    total += tg::cross_entropy(logits, tg::from_vector(std::span<const std::int64_t>(y), {rows, context})).item() * static_cast<double>(rows);
+    const Tensor logits = model.forward(tg::from_vector(x, {rows, context}));
+    total += tg::cross_entropy(logits, tg::from_vector(y, {rows, context})).item() * static_cast<double>(rows);
     windows += rows;
   }
   return total / static_cast<double>(windows);
 }
 
-std::string generate(const tg::Decoder& model, const Alphabet& a, const Options& o, double temperature) {
-  const auto ids = a.encode(o.prompt);
-  const Tensor prompt = tg::from_vector(std::span<const std::int64_t>(ids), {1, static_cast<std::int64_t>(ids.size())});
-  const auto out = model.generate(prompt, {.new_tokens = o.tokens, .temperature = temperature, .top_k = o.top_k, .seed = o.seed,
-                                           .window = o.context})
-                       .to_vector<std::int64_t>();
-  std::string text;
-  for (auto id : out) text += a.chars[static_cast<std::size_t>(id)];
-  return text;
+std::string generate(const tg::Decoder& model, const tg::CharVocab& vocab, const Options& o, double temperature) {
+  const auto ids = vocab.encode(o.prompt);
+  const Tensor prompt = tg::from_vector(ids, {1, static_cast<std::int64_t>(ids.size())});
+  return vocab.decode(model.generate(prompt, {.new_tokens = o.tokens, .temperature = temperature, .top_k = o.top_k, .seed = o.seed,
+                                              .window = o.context}));
 }
 
-void show_samples(const tg::Decoder& model, const Alphabet& a, const Options& o) {
+void show_samples(const tg::Decoder& model, const tg::CharVocab& vocab, const Options& o) {
   const auto started = std::chrono::steady_clock::now();
-  const std::string greedy = generate(model, a, o, 0.0);
+  const std::string greedy = generate(model, vocab, o, 0.0);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   fmt::print("\n--- greedy ({} tokens, {:.0f} tokens/s with the KV cache) ---\n{}\n", o.tokens, o.tokens / seconds, greedy);
-  fmt::print("\n--- temperature {}, top-k {} ---\n{}\n", o.temperature, o.top_k, generate(model, a, o, o.temperature));
+  fmt::print("\n--- temperature {}, top-k {} ---\n{}\n", o.temperature, o.top_k, generate(model, vocab, o, o.temperature));
 }
 
-void attention_figure(const tg::Decoder& model, const Alphabet& a, const Options& o, const std::vector<std::int64_t>& text,
+void attention_figure(const tg::Decoder& model, const tg::CharVocab& vocab, const Options& o, const std::vector<std::int64_t>& text,
                       std::size_t at) {
   const std::int64_t t = std::min<std::int64_t>(o.context, 32);
   std::vector<std::int64_t> ids(text.begin() + static_cast<std::ptrdiff_t>(at), text.begin() + static_cast<std::ptrdiff_t>(at) + t);
-  const Tensor weights = model.attention_weights(tg::from_vector(std::span<const std::int64_t>(ids), {1, t})).back();
-  std::string shown;
-  for (auto id : ids) shown += a.chars[static_cast<std::size_t>(id)] == '\n' ? ' ' : a.chars[static_cast<std::size_t>(id)];
+  const Tensor weights = model.attention_weights(tg::from_vector(ids, {1, t})).back();
+  std::string shown = vocab.decode(ids);
+  std::replace(shown.begin(), shown.end(), '\n', ' ');
   std::vector<ex::Heatmap> panels;
   for (std::int64_t h = 0; h < o.heads; ++h) {
     panels.push_back(ex::causal_attention_map(fmt::format("head {}", h),
@@ -197,29 +160,22 @@ int main(int argc, char** argv) try {
   const std::string model_path = o.out + "/model.safetensors", optimizer_path = o.out + "/optimizer.safetensors";
 
   if (o.generate_only) {
-    const Alphabet a = restore_description(o, model_path);
-    tg::Decoder model = make_model(o, a);
+    const tg::CharVocab vocab = restore_description(o, model_path);
+    tg::Decoder model = make_model(o, vocab);
     tg::load(model, model_path);
     model.eval();
-    show_samples(model, a, o);
+    show_samples(model, vocab, o);
     return 0;
   }
 
   const std::string raw = read_file(o.text);
-  Alphabet a;
-  if (o.resume) {
-    a = restore_description(o, model_path);
-  } else {
-    a.chars = raw;
-    std::sort(a.chars.begin(), a.chars.end());
-    a.chars.erase(std::unique(a.chars.begin(), a.chars.end()), a.chars.end());
-  }
-  const std::vector<std::int64_t> text = a.encode(raw);
+  const tg::CharVocab vocab = o.resume ? restore_description(o, model_path) : tg::CharVocab(raw);
+  const std::vector<std::int64_t> text = vocab.encode(raw);
   const std::size_t split = text.size() * 9 / 10;
   if (text.size() - split < static_cast<std::size_t>(o.context) + 2)
     throw std::runtime_error(fmt::format("{} is too short for windows of {} characters", o.text, o.context));
 
-  tg::Decoder model = make_model(o, a);
+  tg::Decoder model = make_model(o, vocab);
   tg::AdamW opt(model.named_parameters(), {.lr = o.lr, .weight_decay = 0.01});
   std::int64_t done = 0;
   if (o.resume) {
@@ -230,14 +186,14 @@ int main(int argc, char** argv) try {
   }
   const std::int64_t total = done + o.steps;
   const tg::WarmupCosine schedule(o.lr, std::min<std::int64_t>(100, total / 10), total, o.lr / 10);
-  fmt::print("train_chars: {} characters ({} distinct) from {}; {} parameters; steps {} to {}; {} thread(s)\n", text.size(), a.chars.size(),
+  fmt::print("train_chars: {} characters ({} distinct) from {}; {} parameters; steps {} to {}; {} thread(s)\n", text.size(), vocab.size(),
              o.text, model.parameter_count(), done, total, tg::num_threads());
 
   tg::Generator gen(o.seed + static_cast<std::uint64_t>(done));
   ex::Series train_curve{"training", {}, {}}, validation_curve{"validation", {}, {}};
   ex::Progress progress(o.steps);
   for (std::int64_t step = done; step < total; ++step) {
-    const auto [x, y] = windows(text, 0, split, o.batch, o.context, gen);
+    const auto [x, y] = tg::random_windows(std::span(text).first(split), o.batch, o.context, gen);
     const Tensor loss = tg::cross_entropy(model.forward(x), y);
     tg::backward(loss);
     tg::clip_grad_norm(model.parameters(), 1.0);
@@ -259,14 +215,14 @@ int main(int argc, char** argv) try {
   model.eval();
   const double val = validation_loss(model, text, split, o.context);
   fmt::print("validation loss {:.4f} nats = {:.3f} bits per character (uniform over the alphabet: {:.3f} bits)\n", val,
-             val / std::log(2.0), std::log2(static_cast<double>(a.chars.size())));
-  tg::save(model, model_path, describe(o, a, total));
+             val / std::log(2.0), std::log2(static_cast<double>(vocab.size())));
+  tg::save(model, model_path, describe(o, vocab, total));
   auto state = opt.state();
   tg::save_safetensors(optimizer_path, state, {{"steps", std::to_string(total)}});
   if (!train_curve.x.empty())
     ex::plot_lines(o.out + "/loss.png", {"train_chars: cross-entropy per character", "step", "nats", {train_curve, validation_curve}, true});
-  attention_figure(model, a, o, text, split);
-  show_samples(model, a, o);
+  attention_figure(model, vocab, o, text, split);
+  show_samples(model, vocab, o);
   fmt::print("\nwrote {0}/loss.png, {0}/attention.png, {0}/model.safetensors, {0}/optimizer.safetensors\n", o.out);
   return 0;
 } catch (const std::exception& e) {

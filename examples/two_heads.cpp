@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "threads (0: the default)")->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) tg::set_num_threads(threads);
+  fmt::print("two_heads: {} thread(s) (--threads N to choose)\n", tg::num_threads());
   // B = 1, Q = 2, K = 3, heads = 2, D = Dv = 1.
   const tg::MhaActivations act{.query = tg::tensor({{{1, 1}, {1, 1}}}, tg::float64),
                                .context = tg::tensor({{{0, 1, 2, 1}, {1, 0, 4, 4}, {100, 100, 99, 99}}}, tg::float64)};

@@ -2,7 +2,7 @@
 // the ends of int64 wherever a layer or the training stack takes one (see integers()).
 //
 // Config: every field from negative through zero to INT64_MAX. An oracle written here from the
-// documented rules (header and README) says whether the constructor must throw (a ValueError,
+// documented rules (header and docs/api.md) says whether the constructor must throw (a ValueError,
 // or a DTypeError for the dtype); a layer that builds must run forward and backward on a small
 // input with finite results of the right shapes and Xavier-bounded weights. Layers whose weights
 // would need much memory are not built.

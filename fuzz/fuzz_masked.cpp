@@ -1,5 +1,5 @@
-// libFuzzer target for the guarantee that masked entries have no effect (README, "Masked keys
-// really have no effect"): NaN, +-inf and huge values placed where attention may not look must
+// libFuzzer target for the guarantee that masked entries have no effect (docs/semantics.md
+// §13, "Masked keys really have no effect"): NaN, +-inf and huge values placed where attention may not look must
 // leave every output and every gradient exactly as they are with zeros there.
 //
 // Each input builds one problem, runs it twice (poisoned, and with the same entries replaced by

@@ -50,7 +50,7 @@ std::int64_t ravel(const Shape& at, const Shape& s) {
   return i;
 }
 
-// Documented conversions (README, "NaN and infinities"): what full(shape, v, dtype) must hold.
+// Documented conversions (docs/semantics.md §11): what full(shape, v, dtype) must hold.
 double converted(double v, tg::DType dtype) {
   switch (dtype) {
     case tg::DType::float64: return v;

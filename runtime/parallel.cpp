@@ -53,7 +53,7 @@ int max_threads() noexcept {
   if (n > 0) return n;
   // One thread unless OMP_NUM_THREADS asks for more: a library takes the cores its program
   // gives it, and on a machine where other processes hold the cores a second thread gains
-  // nothing (README, "Threads"). More threads are an explicit choice.
+  // nothing (docs/threads.md). More threads are an explicit choice.
   static const int fallback = std::getenv("OMP_NUM_THREADS") ? std::max(1, omp_get_max_threads()) : 1;
   return fallback;
 }

@@ -5,7 +5,7 @@
 // second thread pays on an idle machine. When another process holds a core, the same split can
 // cost more than the serial run: a task that a worker has taken waits for the scheduler to give
 // that worker its core back, and the workers' spinning takes time from the other process
-// (README, "Threads"). So tapegrad measures: each kind of work (a product's layout, a loop's call site and size class) keeps a running
+// (docs/threads.md). So tapegrad measures: each kind of work (a product's layout, a loop's call site and size class) keeps a running
 // time for one thread and for the team and runs the faster one.
 // - A loop's team run also times its chunks one by one; their sum is what one thread would
 //   have taken, so every team run weighs both choices.

@@ -1,13 +1,15 @@
-# Fails unless the README's code block that follows the marker line "<!-- training-loop -->" is
-# exactly the text between "// README:begin" and "// README:end" in the example, so the loop the
-# README shows is the one that is compiled and run.
+# Fails unless the README's code block that follows the marker line "<!-- MARKER -->" is exactly
+# the text between "// README:begin" and "// README:end" in the example, so the code the README
+# shows is the code that is compiled and run.
+#   cmake -DREADME=README.md -DMARKER=training-loop -DEXAMPLE=examples/readme_training.cpp -P check_readme_block.cmake
 file(READ "${README}" readme)
 file(READ "${EXAMPLE}" example)
-string(FIND "${readme}" "<!-- training-loop -->\n```cpp\n" at)
+set(opening "<!-- ${MARKER} -->\n```cpp\n")
+string(FIND "${readme}" "${opening}" at)
 if(at EQUAL -1)
-  message(FATAL_ERROR "${README}: no '<!-- training-loop -->' marker followed by a ```cpp block")
+  message(FATAL_ERROR "${README}: no '<!-- ${MARKER} -->' marker followed by a ```cpp block")
 endif()
-string(LENGTH "<!-- training-loop -->\n```cpp\n" skip)
+string(LENGTH "${opening}" skip)
 math(EXPR at "${at} + ${skip}")
 string(SUBSTRING "${readme}" ${at} -1 rest)
 string(FIND "${rest}" "```\n" end)
@@ -19,5 +21,5 @@ math(EXPR b "${b} + ${skip}")
 math(EXPR len "${e} - ${b}")
 string(SUBSTRING "${example}" ${b} ${len} compiled)
 if(NOT shown STREQUAL compiled)
-  message(FATAL_ERROR "The README's training loop differs from ${EXAMPLE} (between README:begin and README:end); copy one to the other")
+  message(FATAL_ERROR "The README's block after '<!-- ${MARKER} -->' differs from ${EXAMPLE} (between README:begin and README:end); copy one to the other")
 endif()

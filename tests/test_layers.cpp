@@ -318,7 +318,7 @@ BOOST_AUTO_TEST_CASE(a_decoder_round_trips_through_a_checkpoint) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
-// The README's "Adding a layer" example, as written there.
+// The "Adding a layer" example of docs/api.md, as written there.
 namespace {
 struct Gated : tg::Module {
   Gated(std::int64_t dim, std::uint64_t seed, tg::DType dtype = tg::float32)

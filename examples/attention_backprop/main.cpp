@@ -142,6 +142,7 @@ int main(int argc, char** argv) try {
   app.add_flag("--no-color", no_color, "plain numbers, no ANSI colours (also when stdout is not a terminal)");
   app.add_flag("--no-files", no_files, "do not write the PNG figures");
   CLI11_PARSE(app, argc, argv);
+  fmt::print("attention_backprop: {} thread(s) (OMP_NUM_THREADS or tg::set_num_threads to choose)\n", tg::num_threads());
   o.colour = !no_color && isatty(fileno(stdout)) != 0;
   o.files = !no_files;
   if (o.show_batch >= o.batch || o.show_head >= o.heads) throw std::invalid_argument("--show-batch / --show-head out of range");

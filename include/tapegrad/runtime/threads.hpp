@@ -7,11 +7,11 @@ namespace tapegrad {
 // Sets the thread count for the whole process: it applies to work started from any thread,
 // from the next operation on. n >= 1. Each operation uses at most n threads, and only as many
 // as its size repays: products below about 10 microseconds of work and small loops run on
-// the calling thread (README, "Threads").
+// the calling thread (docs/threads.md).
 void set_num_threads(int n);
 // The current setting. Until set_num_threads is called: OMP_NUM_THREADS when that is set, else
 // 1. More threads pay off for products, loops and training steps of a few hundred microseconds
-// and more on an idle machine (README, "Threads"). Results have the same bits on any count
+// and more on an idle machine (docs/threads.md). Results have the same bits on any count
 // (tests/test_parallel.cpp, tests/test_kernels.cpp).
 int num_threads() noexcept;
 

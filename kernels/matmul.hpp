@@ -66,7 +66,7 @@ int dnnl_threads_for(double macs) noexcept;
 // for tiny products the loops cost less than a call into oneDNN.
 void matmul_rows(const Tensor& a, const Tensor& b, const Tensor& c);
 
-// float64: tapegrad's own cache-blocked kernel.
+// float64 on OpenBLAS's dgemm, split for threads as float32 products are.
 void matmul_f64(const Tensor& a, const Tensor& b, const Tensor& c);
 
 }  // namespace tapegrad::detail

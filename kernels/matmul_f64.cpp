@@ -1,87 +1,189 @@
-// float64 matmul. oneDNN has no float64 matmul on CPU, and float64 exists here for exact
-// gradient checks and references, so this favours clarity over peak speed: each batch's A and
-// B are packed into contiguous row-major panels, then C += A[i, k] * B[k, :] runs over
-// contiguous rows (which the compiler vectorises), in k-blocks that keep B's rows in cache.
+// float64 products on OpenBLAS's dgemm: oneDNN has no float64 matmul on the CPU, and float64 is
+// what gradient checks and reference runs compute in. Each matrix of the batch is one
+// cblas_dgemm on the operands in place: a matrix with unit stride along its rows or its columns
+// is a plain or a transposed one, which dgemm reads as it is; any other layout is copied first.
+// OpenBLAS runs on the calling thread only. A product that its size repays on more threads is
+// cut into batch entries, or into bands of rows that start at multiples of 16 (dgemm's kernels
+// take rows 2 to 16 at a time, so each row keeps the bits it has in the whole product), on
+// tapegrad's workers: the result does not depend on the thread count.
+#include <cblas.h>
+
 #include <algorithm>
-#include <memory>
-#include <new>
+#include <climits>
+#include <vector>
 
 #include "autodiff/loops.hpp"
 #include "kernels/matmul.hpp"
+#include "runtime/parallel.hpp"
 
 namespace tapegrad::detail {
 namespace {
 
-constexpr std::int64_t kBlockK = 128;
-constexpr std::align_val_t kPanelAlign{64};
-struct Aligned {
-  void operator()(double* p) const noexcept { ::operator delete[](p, kPanelAlign); }
+constexpr std::int64_t kBandRows = 16;
+
+// OpenBLAS's own threads stay idle: tapegrad's workers split the work, and a second team would
+// fight them for the cores. (This is process-wide, as OpenBLAS's setting is.)
+void one_blas_thread() {
+  static const bool once = [] {
+    openblas_set_num_threads(1);
+    return true;
+  }();
+  (void)once;
+}
+
+// A [rows, cols] matrix as dgemm reads it: transposed or not, with its leading dimension.
+struct Operand {
+  CBLAS_TRANSPOSE trans = CblasNoTrans;
+  std::int64_t ld = 0;
 };
 
-// Panels of up to this many doubles (4 MiB) are kept per thread between calls.
-constexpr std::int64_t kKeptPanel = std::int64_t{1} << 19;
-
-// This thread's packing panel `which` (0 for A, 1 for B) of n doubles: 64-byte aligned, as C's
-// rows are, so that the gemm's vector loads never straddle two cache lines (from malloc their
-// alignment followed the heap's layout, and so did the speed). Kept and reused up to kKeptPanel,
-// so that a panel is not mapped and faulted in afresh at every call; a larger one lives in
-// `once` for this call only.
-double* panel(int which, std::int64_t n, std::unique_ptr<double[], Aligned>& once) {
-  if (n > kKeptPanel) {
-    once.reset(new (kPanelAlign) double[static_cast<std::size_t>(n)]);
-    return once.get();
+// dgemm's form of a matrix with these sizes and strides, when it has one (ld >= 1, unit stride
+// along one dim, and the other stride past that dim's extent).
+bool as_blas(std::int64_t rows, std::int64_t cols, std::int64_t rs, std::int64_t cs, Operand& out) {
+  if ((cols == 1 || cs == 1) && (rows == 1 || rs >= std::max<std::int64_t>(cols, 1))) {
+    out = {CblasNoTrans, rows == 1 ? std::max<std::int64_t>(cols, 1) : rs};
+    return true;
   }
-  thread_local std::unique_ptr<double[], Aligned> panels[2];
-  thread_local std::int64_t sizes[2] = {0, 0};
-  if (sizes[which] < n) {
-    panels[which].reset(new (kPanelAlign) double[static_cast<std::size_t>(n)]);
-    sizes[which] = n;
+  if ((rows == 1 || rs == 1) && (cols == 1 || cs >= std::max<std::int64_t>(rows, 1))) {
+    out = {CblasTrans, cols == 1 ? std::max<std::int64_t>(rows, 1) : cs};
+    return true;
   }
-  return panels[which].get();
+  return false;
 }
 
-// Copies the [rows, cols] matrix at p (strides rs, cs) into dst, row-major.
-void pack(const double* p, std::int64_t rows, std::int64_t cols, std::int64_t rs, std::int64_t cs, double* dst) {
-  for (std::int64_t i = 0; i < rows; ++i)
-    for (std::int64_t j = 0; j < cols; ++j) dst[i * cols + j] = p[i * rs + j * cs];
+Operand operand_of(const Tensor& t) {
+  const std::size_t r = t.shape().size();
+  Operand o;
+  as_blas(t.shape()[r - 2], t.shape()[r - 1], t.strides()[r - 2], t.strides()[r - 1], o);
+  return o;
 }
 
-void gemm(const double* a, const double* b, double* c, std::int64_t m, std::int64_t k, std::int64_t n) {
-  std::fill(c, c + m * n, 0.0);
-  for (std::int64_t k0 = 0; k0 < k; k0 += kBlockK) {
-    const std::int64_t k1 = std::min(k, k0 + kBlockK);
-    for (std::int64_t i = 0; i < m; ++i) {
-      double* __restrict row = c + i * n;
-      for (std::int64_t kk = k0; kk < k1; ++kk) {
-        const double aik = a[i * k + kk];
-        const double* __restrict brow = b + kk * n;
-        for (std::int64_t j = 0; j < n; ++j) row[j] += aik * brow[j];
-      }
+bool fits_blas(const Tensor& t) {
+  const std::size_t r = t.shape().size();
+  Operand o;
+  return as_blas(t.shape()[r - 2], t.shape()[r - 1], t.strides()[r - 2], t.strides()[r - 1], o) && o.ld <= INT_MAX;
+}
+
+// Element offset of batch entry `f` (row-major over `batch`) for strides broadcast to it.
+std::int64_t batch_offset(std::int64_t f, std::span<const std::int64_t> batch, const Dims8& strides) {
+  std::int64_t off = 0;
+  for (std::size_t d = batch.size(); d-- > 0;) {
+    off += (f % batch[d]) * strides[d];
+    f /= batch[d];
+  }
+  return off;
+}
+
+struct Product {
+  const double *a, *b;
+  double* c;
+  Operand oa, ob;
+  std::int64_t m, n, k;
+  std::span<const std::int64_t> batch;
+  Dims8 sa, sb, sc;
+  std::int64_t count;      // batch entries
+  std::int64_t a_row = 0;  // a's stride from one row to the next (for bands)
+
+  // Rows [i0, i1) of batch entry f.
+  void rows(std::int64_t f, std::int64_t i0, std::int64_t i1) const {
+    const double* pa = a + batch_offset(f, batch, sa) + i0 * a_row;
+    double* pc = c + batch_offset(f, batch, sc) + i0 * n;
+    cblas_dgemm(CblasRowMajor, oa.trans, ob.trans, static_cast<int>(i1 - i0), static_cast<int>(n), static_cast<int>(k), 1.0, pa,
+                static_cast<int>(oa.ld), b + batch_offset(f, batch, sb), static_cast<int>(ob.ld), 0.0, pc, static_cast<int>(n));
+  }
+  // Piece i of `pieces`: a range of batch entries, or of a single matrix's bands of rows.
+  void piece(int i, int pieces) const {
+    if (count > 1) {
+      for (std::int64_t f = count * i / pieces; f < count * (i + 1) / pieces; ++f) rows(f, 0, m);
+      return;
     }
+    const std::int64_t bands = (m + kBandRows - 1) / kBandRows;
+    const std::int64_t i0 = bands * i / pieces * kBandRows, i1 = std::min(m, bands * (i + 1) / pieces * kBandRows);
+    if (i0 < i1) rows(0, i0, i1);
+  }
+};
+
+// Products whose sizes pass dgemm's int: blocks of at most kBlock in each dim, packed into dense
+// buffers, the blocks along K summed in order. Only tensors of many GiB (or views) get here.
+void blocked(const Tensor& a, const Tensor& b, const Tensor& c, std::span<const std::int64_t> batch) {
+  constexpr std::int64_t kBlock = 1024;
+  const std::size_t r = c.shape().size();
+  const std::int64_t m = c.shape()[r - 2], n = c.shape()[r - 1], k = a.shape()[r - 1];
+  const std::int64_t ar = a.strides()[r - 2], ac = a.strides()[r - 1], br = b.strides()[r - 2], bc = b.strides()[r - 1];
+  const Dims8 sa = batch_strides(a, batch), sb = batch_strides(b, batch), sc = batch_strides(c, batch);
+  std::vector<double> pa(kBlock * kBlock), pb(kBlock * kBlock), pc(kBlock * kBlock);
+  const auto* base_a = static_cast<const double*>(a.raw_data());
+  const auto* base_b = static_cast<const double*>(b.raw_data());
+  auto* base_c = static_cast<double*>(mutable_data(c));
+  for (std::int64_t f = 0; f < shape_numel(Shape(batch.begin(), batch.end())); ++f) {
+    const double *fa = base_a + batch_offset(f, batch, sa), *fb = base_b + batch_offset(f, batch, sb);
+    double* fc = base_c + batch_offset(f, batch, sc);
+    for (std::int64_t i0 = 0; i0 < m; i0 += kBlock)
+      for (std::int64_t j0 = 0; j0 < n; j0 += kBlock) {
+        const std::int64_t mb = std::min(kBlock, m - i0), nb = std::min(kBlock, n - j0);
+        std::fill(pc.begin(), pc.end(), 0.0);
+        for (std::int64_t k0 = 0; k0 < k; k0 += kBlock) {
+          const std::int64_t kb = std::min(kBlock, k - k0);
+          for (std::int64_t i = 0; i < mb; ++i)
+            for (std::int64_t q = 0; q < kb; ++q) pa[i * kb + q] = fa[(i0 + i) * ar + (k0 + q) * ac];
+          for (std::int64_t q = 0; q < kb; ++q)
+            for (std::int64_t j = 0; j < nb; ++j) pb[q * nb + j] = fb[(k0 + q) * br + (j0 + j) * bc];
+          cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(mb), static_cast<int>(nb), static_cast<int>(kb), 1.0, pa.data(),
+                      static_cast<int>(kb), pb.data(), static_cast<int>(nb), 1.0, pc.data(), static_cast<int>(nb));
+        }
+        for (std::int64_t i = 0; i < mb; ++i) std::copy_n(pc.data() + i * nb, nb, fc + (i0 + i) * n + j0);
+      }
   }
 }
 
 }  // namespace
 
-void matmul_f64(const Tensor& a, const Tensor& b, const Tensor& c) {
+void matmul_f64(const Tensor& a_in, const Tensor& b_in, const Tensor& c) {
+  one_blas_thread();
   const std::size_t r = c.shape().size();
-  const std::int64_t m = c.shape()[r - 2], n = c.shape()[r - 1], k = a.shape()[r - 1];
+  const std::int64_t m = c.shape()[r - 2], n = c.shape()[r - 1], k = a_in.shape()[r - 1];
   const std::span<const std::int64_t> batch(c.shape().data(), r - 2);
-  const Dims8 sa = batch_strides(a, batch), sb = batch_strides(b, batch), sc = batch_strides(c, batch);
-  std::unique_ptr<double[], Aligned> once_a, once_b;
-  double* pa = panel(0, m * k, once_a);
-  double* pb = panel(1, k * n, once_b);
-  const double* base_a = static_cast<const double*>(a.raw_data());
-  const double* base_b = static_cast<const double*>(b.raw_data());
-  double* base_c = static_cast<double*>(mutable_data(c));
-  StridedLoop<3> loop(batch.data(), batch.size(), {sa.data(), sb.data(), sc.data()});
-  loop.for_each_run([&](const auto& off, std::int64_t count, const auto& inner) {
-    for (std::int64_t t = 0; t < count; ++t) {
-      pack(base_a + off[0] + t * inner[0], m, k, a.strides()[r - 2], a.strides()[r - 1], pa);
-      pack(base_b + off[1] + t * inner[1], k, n, b.strides()[r - 2], b.strides()[r - 1], pb);
-      gemm(pa, pb, base_c + off[2] + t * inner[2], m, k, n);
-    }
-  });
+  if (std::max({m, n, k}) > INT_MAX) return blocked(a_in, b_in, c, batch);
+  // Copies are contiguous: their ld is K or N, which fit.
+  const Tensor a = fits_blas(a_in) ? a_in : copy_of(a_in);
+  const Tensor b = fits_blas(b_in) ? b_in : copy_of(b_in);
+  Product p{static_cast<const double*>(a.raw_data()),
+            static_cast<const double*>(b.raw_data()),
+            static_cast<double*>(mutable_data(c)),
+            operand_of(a),
+            operand_of(b),
+            m,
+            n,
+            k,
+            batch,
+            batch_strides(a, batch),
+            batch_strides(b, batch),
+            batch_strides(c, batch),
+            shape_numel(Shape(batch.begin(), batch.end()))};
+  p.a_row = p.oa.trans == CblasNoTrans ? p.oa.ld : 1;
+  // As float32 products: by batch entries, else bands of rows; ThreadChoice may keep it on one.
+  const double macs = static_cast<double>(c.numel()) * static_cast<double>(k);
+  const std::int64_t units = p.count > 1 ? p.count : (m + kBandRows - 1) / kBandRows;
+  const int wanted = static_cast<int>(std::min<std::int64_t>(dnnl_threads_for(macs), units));
+  if (wanted <= 1) {
+    p.piece(0, 1);
+    return;
+  }
+  std::uint64_t key = mix_key(kKeySeed, 3);
+  for (const Tensor* t : {&a, &b, &c}) {
+    for (const std::int64_t d : t->shape()) key = mix_key(key, static_cast<std::uint64_t>(d));
+    for (const std::int64_t s : t->strides()) key = mix_key(key, static_cast<std::uint64_t>(s));
+  }
+  const double start = now_seconds();
+  struct Job {
+    const Product* p;
+    int pieces;
+  } job{&p, choose_threads(key, wanted, start)};
+  const bool pooled = pool_run(job.pieces, job.pieces, [](void* data, int i) noexcept {
+    const auto& j = *static_cast<const Job*>(data);
+    j.p->piece(i, j.pieces);
+  }, &job);
+  record_threads(key, pooled ? job.pieces : 1, start);
 }
 
 }  // namespace tapegrad::detail

@@ -1,6 +1,6 @@
 // weighted_matmul: c = w @ x where a zero weight contributes nothing (see the header).
 //
-// The plain matmul (oneDNN, or the float64 kernel) stays the workhorse in both cases:
+// The plain matmul (oneDNN, or OpenBLAS for float64) stays the workhorse in both cases:
 //   x all finite:   c = w @ x                       (0 * finite is 0: nothing to fix)
 //   otherwise:      c = w @ x0,  x0 = x with every non-finite element replaced by 0,
 //                   then c[i, n] += w[i, k] x[k, n] for each non-finite x[k, n] and each row

@@ -124,29 +124,32 @@ BOOST_AUTO_TEST_CASE(products_get_threads_by_size) {
   BOOST_TEST(one == two, boost::test_tools::per_element());
 }
 
-// Products big enough for two threads, split by batch and by rows, in float32 and bfloat16
-// (transposed operands take strided layouts, a batch of 1 is broadcast): each element has the
-// same bits as on one thread. Each shape's first call with two threads
-// runs on the team (the size rule's choice comes first).
+// Products big enough for two threads, split by batch and by rows, in float32, bfloat16 and
+// float64 (transposed operands take strided layouts, a batch of 1 is broadcast): each element
+// has the same bits as on one thread. Each shape's first call with two threads runs on the team
+// (the size rule's choice comes first).
 BOOST_AUTO_TEST_CASE(split_products_give_one_threads_bits) {
   struct Case {
     std::int64_t batch_a, batch, m, k, n;
     bool a_transposed, b_transposed;
   };
   const Case cases[] = {{1, 1, 1024, 512, 256, false, false}, {8, 8, 128, 256, 128, false, true}, {1, 1, 300, 777, 513, false, true},
-                        {3, 3, 1001, 129, 257, true, false},  {1, 6, 200, 300, 400, true, true}};
+                        {3, 3, 1001, 129, 257, true, false},  {1, 6, 200, 300, 400, true, true},  {1, 1, 1002, 129, 257, true, false}};
+  enum class Kind { float32, bfloat16, float64 };
   for (const Case& c : cases)
-    for (const auto precision : {tg::MatmulPrecision::exact, tg::MatmulPrecision::bfloat16}) {
+    for (const Kind kind : {Kind::float32, Kind::bfloat16, Kind::float64}) {
       Threads t(2);
       BOOST_REQUIRE(tg::detail::dnnl_threads_for(static_cast<double>(c.batch * c.m * c.k * c.n)) == 2);
-      const tg::Tensor a = c.a_transposed ? tg::randn({c.batch_a, c.k, c.m}, 3).transpose(1, 2) : tg::randn({c.batch_a, c.m, c.k}, 3);
-      const tg::Tensor b = c.b_transposed ? tg::randn({c.batch, c.n, c.k}, 4).transpose(1, 2) : tg::randn({c.batch, c.k, c.n}, 4);
-      const auto two = tg::matmul(a, b, precision).to_vector<float>();
+      const tg::DType dtype = kind == Kind::float64 ? tg::float64 : tg::float32;
+      const auto precision = kind == Kind::bfloat16 ? tg::MatmulPrecision::bfloat16 : tg::MatmulPrecision::exact;
+      const tg::Tensor a = c.a_transposed ? tg::randn({c.batch_a, c.k, c.m}, 3, dtype).transpose(1, 2) : tg::randn({c.batch_a, c.m, c.k}, 3, dtype);
+      const tg::Tensor b = c.b_transposed ? tg::randn({c.batch, c.n, c.k}, 4, dtype).transpose(1, 2) : tg::randn({c.batch, c.k, c.n}, 4, dtype);
+      const auto two = tg::matmul(a, b, precision).to_vector<double>();
       tg::set_num_threads(1);
-      const auto one = tg::matmul(a, b, precision).to_vector<float>();
+      const auto one = tg::matmul(a, b, precision).to_vector<double>();
       BOOST_TEST_CONTEXT("[" << c.batch_a << "/" << c.batch << ", " << c.m << ", " << c.k << ", " << c.n << "]"
                              << (c.a_transposed ? " a transposed" : "") << (c.b_transposed ? " b transposed" : "")
-                             << (precision == tg::MatmulPrecision::exact ? " float32" : " bfloat16")) {
+                             << (kind == Kind::float32 ? " float32" : kind == Kind::bfloat16 ? " bfloat16" : " float64")) {
         BOOST_TEST(one == two, boost::test_tools::per_element());
       }
     }

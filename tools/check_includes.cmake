@@ -13,7 +13,8 @@
 #   train      train/, the public headers, autodiff/check.hpp
 #   public headers (include/tapegrad/<room>/): public headers of their own room and those below
 #   examples   the public headers (<tapegrad/...>) and examples/support/
-# Outside headers: oneDNN in kernels/matmul_dnnl.cpp alone, nlohmann-json in train/ alone.
+# Outside headers: oneDNN in kernels/matmul_dnnl.cpp alone, OpenBLAS in kernels/matmul_f64.cpp alone,
+# nlohmann-json in train/ alone.
 cmake_minimum_required(VERSION 3.25)
 if(NOT ROOT)
   message(FATAL_ERROR "usage: cmake -DROOT=<source dir> -P check_includes.cmake")
@@ -46,10 +47,16 @@ function(check room)
     foreach(line IN LISTS lines)
       string(REGEX MATCH "[\"<]([^\">]+)[\">]" _ "${line}")
       set(header "${CMAKE_MATCH_1}")
-      # Outside headers: only the two libraries with a home are checked.
+      # Outside headers: only the three libraries with a home are checked.
       if(header MATCHES "^oneapi/dnnl/|^dnnl")
         if(NOT rel STREQUAL "kernels/matmul_dnnl.cpp")
           list(APPEND problems "${rel}: includes ${header}; oneDNN is called from kernels/matmul_dnnl.cpp alone")
+        endif()
+        continue()
+      endif()
+      if(header MATCHES "^(cblas|openblas_config)\\.h$")
+        if(NOT rel STREQUAL "kernels/matmul_f64.cpp")
+          list(APPEND problems "${rel}: includes ${header}; OpenBLAS is called from kernels/matmul_f64.cpp alone")
         endif()
         continue()
       endif()

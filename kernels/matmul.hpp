@@ -68,5 +68,8 @@ void matmul_rows(const Tensor& a, const Tensor& b, const Tensor& c);
 
 // float64 on OpenBLAS's dgemm, split for threads as float32 products are.
 void matmul_f64(const Tensor& a, const Tensor& b, const Tensor& c);
+// What it does for sizes past dgemm's int (tensors of many GiB, or views): blocks of at most
+// `block` in each dim, packed into dense buffers, the blocks along K summed in order.
+void matmul_f64_blocked(const Tensor& a, const Tensor& b, const Tensor& c, std::int64_t block);
 
 }  // namespace tapegrad::detail

@@ -103,27 +103,29 @@ struct Product {
   }
 };
 
-// Products whose sizes pass dgemm's int: blocks of at most kBlock in each dim, packed into dense
-// buffers, the blocks along K summed in order. Only tensors of many GiB (or views) get here.
-void blocked(const Tensor& a, const Tensor& b, const Tensor& c, std::span<const std::int64_t> batch) {
-  constexpr std::int64_t kBlock = 1024;
+}  // namespace
+
+void matmul_f64_blocked(const Tensor& a, const Tensor& b, const Tensor& c, std::int64_t block) {
   const std::size_t r = c.shape().size();
+  const std::span<const std::int64_t> batch(c.shape().data(), r - 2);
   const std::int64_t m = c.shape()[r - 2], n = c.shape()[r - 1], k = a.shape()[r - 1];
   const std::int64_t ar = a.strides()[r - 2], ac = a.strides()[r - 1], br = b.strides()[r - 2], bc = b.strides()[r - 1];
   const Dims8 sa = batch_strides(a, batch), sb = batch_strides(b, batch), sc = batch_strides(c, batch);
-  std::vector<double> pa(kBlock * kBlock), pb(kBlock * kBlock), pc(kBlock * kBlock);
+  const auto area = static_cast<std::size_t>(block * block);
+  std::vector<double> pa(area), pb(area), pc(area);
   const auto* base_a = static_cast<const double*>(a.raw_data());
   const auto* base_b = static_cast<const double*>(b.raw_data());
   auto* base_c = static_cast<double*>(mutable_data(c));
-  for (std::int64_t f = 0; f < shape_numel(Shape(batch.begin(), batch.end())); ++f) {
+  const std::int64_t count = shape_numel(Shape(batch.begin(), batch.end()));
+  for (std::int64_t f = 0; f < count; ++f) {
     const double *fa = base_a + batch_offset(f, batch, sa), *fb = base_b + batch_offset(f, batch, sb);
     double* fc = base_c + batch_offset(f, batch, sc);
-    for (std::int64_t i0 = 0; i0 < m; i0 += kBlock)
-      for (std::int64_t j0 = 0; j0 < n; j0 += kBlock) {
-        const std::int64_t mb = std::min(kBlock, m - i0), nb = std::min(kBlock, n - j0);
+    for (std::int64_t i0 = 0; i0 < m; i0 += block)
+      for (std::int64_t j0 = 0; j0 < n; j0 += block) {
+        const std::int64_t mb = std::min(block, m - i0), nb = std::min(block, n - j0);
         std::fill(pc.begin(), pc.end(), 0.0);
-        for (std::int64_t k0 = 0; k0 < k; k0 += kBlock) {
-          const std::int64_t kb = std::min(kBlock, k - k0);
+        for (std::int64_t k0 = 0; k0 < k; k0 += block) {
+          const std::int64_t kb = std::min(block, k - k0);
           for (std::int64_t i = 0; i < mb; ++i)
             for (std::int64_t q = 0; q < kb; ++q) pa[i * kb + q] = fa[(i0 + i) * ar + (k0 + q) * ac];
           for (std::int64_t q = 0; q < kb; ++q)
@@ -136,14 +138,12 @@ void blocked(const Tensor& a, const Tensor& b, const Tensor& c, std::span<const 
   }
 }
 
-}  // namespace
-
 void matmul_f64(const Tensor& a_in, const Tensor& b_in, const Tensor& c) {
   one_blas_thread();
   const std::size_t r = c.shape().size();
   const std::int64_t m = c.shape()[r - 2], n = c.shape()[r - 1], k = a_in.shape()[r - 1];
   const std::span<const std::int64_t> batch(c.shape().data(), r - 2);
-  if (std::max({m, n, k}) > INT_MAX) return blocked(a_in, b_in, c, batch);
+  if (std::max({m, n, k}) > INT_MAX) return matmul_f64_blocked(a_in, b_in, c, 1024);
   // Copies are contiguous: their ld is K or N, which fit.
   const Tensor a = fits_blas(a_in) ? a_in : copy_of(a_in);
   const Tensor b = fits_blas(b_in) ? b_in : copy_of(b_in);

@@ -251,3 +251,15 @@ BOOST_AUTO_TEST_CASE(matmul_precision_guard) {
   for (int i = 0; i < 2; ++i) BOOST_TEST(same(guarded.second[i].grad(), leaves_explicit[i].grad()));
   BOOST_TEST(!same(tg::matmul(a, b), tg::matmul(a, b, tg::MatmulPrecision::bfloat16)));
 }
+
+// float64 products past dgemm's int sizes go through blocks packed from any strides; the same
+// code on small blocks (3) and odd shapes, transposed and broadcast operands, against the plain
+// product.
+BOOST_AUTO_TEST_CASE(float64_blocks_for_sizes_past_int) {
+  const Tensor a = tg::randn({2, 11, 7}, 1, tg::float64).transpose(1, 2);                       // [2, 7, 11], strided
+  const Tensor b = tg::expand(tg::randn({1, 11, 5}, 2, tg::float64), {2, 11, 5});                 // batch broadcast
+  const Tensor c = tg::zeros({2, 7, 5}, tg::float64);
+  tg::detail::matmul_f64_blocked(a, b, c, 3);
+  const auto want = tg::matmul(a, b).to_vector<double>(), got = c.to_vector<double>();
+  for (std::size_t i = 0; i < want.size(); ++i) BOOST_TEST(got[i] == want[i], boost::test_tools::tolerance(1e-12));
+}

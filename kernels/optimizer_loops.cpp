@@ -2,9 +2,12 @@
 // set, GCC keeps the square root scalar.
 #include "kernels/optimizer_loops.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "runtime/cpu.hpp"
+#include "runtime/parallel.hpp"
 
 namespace tapegrad::detail {
 namespace {
@@ -31,15 +34,35 @@ template <class T> TAPEGRAD_CPU_CLONES double squares_run(const T* x, std::int64
   return total;
 }
 
+// Elements per block of the sums of squares: the blocks' sums are added in block order, so the
+// result does not depend on how many threads computed them.
+constexpr std::int64_t kSquaresBlock = 1 << 16;
+
+template <class T> void adam_parallel(T* p, const T* grad, T* m, T* v, std::int64_t n, const AdamScalars<T>& s) {
+  // Element by element: any split gives the same bits. 7 streams of memory per element.
+  parallel_for(n, 8, [&](std::int64_t i0, std::int64_t i1) { adam_run<T>(p + i0, grad + i0, m + i0, v + i0, i1 - i0, s); });
+}
+
+template <class T> double squares_parallel(const T* x, std::int64_t n) {
+  const std::int64_t blocks = (n + kSquaresBlock - 1) / kSquaresBlock;
+  if (blocks <= 1) return squares_run<T>(x, n);
+  std::vector<double> partial(static_cast<std::size_t>(blocks));
+  parallel_for(blocks, kSquaresBlock, [&](std::int64_t b0, std::int64_t b1) {
+    for (std::int64_t b = b0; b < b1; ++b)
+      partial[static_cast<std::size_t>(b)] = squares_run<T>(x + b * kSquaresBlock, std::min(kSquaresBlock, n - b * kSquaresBlock));
+  });
+  double total = 0;
+  for (double t : partial) total += t;
+  return total;
+}
+
 }  // namespace
 
-void adam_update(float* p, const float* grad, float* m, float* v, std::int64_t n, const AdamScalars<float>& s) {
-  adam_run<float>(p, grad, m, v, n, s);
-}
+void adam_update(float* p, const float* grad, float* m, float* v, std::int64_t n, const AdamScalars<float>& s) { adam_parallel(p, grad, m, v, n, s); }
 void adam_update(double* p, const double* grad, double* m, double* v, std::int64_t n, const AdamScalars<double>& s) {
-  adam_run<double>(p, grad, m, v, n, s);
+  adam_parallel(p, grad, m, v, n, s);
 }
-double sum_of_squares(const float* x, std::int64_t n) { return squares_run<float>(x, n); }
-double sum_of_squares(const double* x, std::int64_t n) { return squares_run<double>(x, n); }
+double sum_of_squares(const float* x, std::int64_t n) { return squares_parallel(x, n); }
+double sum_of_squares(const double* x, std::int64_t n) { return squares_parallel(x, n); }
 
 }  // namespace tapegrad::detail

@@ -11,12 +11,12 @@ template <class T> struct AdamScalars {
   bool decoupled, l2;  // weight decay on p (AdamW) or on the gradient (Adam), each only when nonzero
 };
 
-// Per element, in this order: g (+ decay p when l2); p * decay when decoupled; m = m b1 then
+// On tapegrad's threads; the results do not depend on their number. Per element, in this order: g (+ decay p when l2); p * decay when decoupled; m = m b1 then
 // + (1 - b1) g; v = v b2 then + (1 - b2) g g; p + step m / (sqrt(v) / sqrt_bias2 + eps).
 void adam_update(float* p, const float* grad, float* m, float* v, std::int64_t n, const AdamScalars<float>& s);
 void adam_update(double* p, const double* grad, double* m, double* v, std::int64_t n, const AdamScalars<double>& s);
 
-// The sum of the squares of n elements, in double.
+// The sum of the squares of n elements, in double, summed in blocks of 2^16 added in order.
 double sum_of_squares(const float* x, std::int64_t n);
 double sum_of_squares(const double* x, std::int64_t n);
 

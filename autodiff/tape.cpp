@@ -8,6 +8,8 @@
 #include "autodiff/check.hpp"
 #include "autodiff/loops.hpp"
 #include "autodiff/node.hpp"
+#include "autodiff/op_profile.hpp"
+#include "runtime/parallel.hpp"
 
 namespace tapegrad {
 namespace detail {
@@ -41,6 +43,7 @@ std::atomic<std::uint64_t> next_sequence{1};
 thread_local bool grad_enabled = true;
 thread_local int backward_depth = 0;  // > 0 while a backward pass runs on this thread
 thread_local const OmitSavedForTesting* omit_saved = nullptr;
+thread_local OpProfile* profile = nullptr;
 
 const std::shared_ptr<Tape>& this_tape() {
   thread_local const std::shared_ptr<Tape> tape = std::make_shared<Tape>();
@@ -187,6 +190,42 @@ OmitSavedForTesting::OmitSavedForTesting(const Tensor& storage_of) : storage_(st
 }
 OmitSavedForTesting::~OmitSavedForTesting() { omit_saved = previous_; }
 
+OpProfile::OpProfile() : last_(now_seconds()), previous_(profile) { profile = this; }
+OpProfile::~OpProfile() { profile = previous_; }
+void OpProfile::mark() {
+  last_ = now_seconds();
+  products_ = 0;
+}
+void OpProfile::recorded(const char* op) {
+  const double now = now_seconds();
+  Times& t = times_[op];
+  t.forward += now - last_;
+  t.forward_products += products_;
+  ++t.calls;
+  last_ = now;
+  products_ = 0;
+}
+void OpProfile::backward_ran(const char* op, double seconds) {
+  Times& t = times_[op];
+  t.backward += seconds;
+  t.backward_products += products_;
+  products_ = 0;
+}
+void OpProfile::product_ran(double seconds) { products_ += seconds; }
+OpProfile* active_profile() noexcept { return profile; }
+
+namespace {
+thread_local int product_depth = 0;
+}
+ProductTimer::ProductTimer() noexcept {
+  if (profile == nullptr) return;
+  active_ = true;
+  if (product_depth++ == 0) start_ = now_seconds();
+}
+ProductTimer::~ProductTimer() {
+  if (active_ && --product_depth == 0 && profile != nullptr) profile->product_ran(now_seconds() - start_);
+}
+
 Node* live_node(const TensorImpl& impl) noexcept {
   Node* n = impl.grad_fn.get();
   return n != nullptr && !n->released ? n : nullptr;
@@ -301,6 +340,7 @@ bool record_op(const char* name, std::span<const Tensor> inputs, std::span<Tenso
     impl->grad_fn = node;
     impl->slot = static_cast<std::int32_t>(k);
   }
+  if (detail::profile != nullptr) detail::profile->recorded(name);
   return true;
 }
 
@@ -394,6 +434,7 @@ void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gra
                        "so the gradients reaching it cannot go further",
                        node.name);
     detail::check_saved_versions(node.name, view.saved);
+    const double started = detail::profile != nullptr ? detail::now_seconds() : 0.0;
     std::vector<Tensor> grads = (*view.backward)(pending[i], node.needs_grad);
     pending[i] = {};  // release this node's upstream gradients as soon as they are used
     if (grads.size() != view.inputs.size())
@@ -411,8 +452,11 @@ void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gra
       if (e.leaf) leaves.add(e.leaf, g);
       else send(e.node.get(), e.slot, g);
     }
+    if (detail::profile != nullptr) detail::profile->backward_ran(node.name, detail::now_seconds() - started);
   }
+  const double started = detail::profile != nullptr ? detail::now_seconds() : 0.0;
   leaves.apply();
+  if (detail::profile != nullptr) detail::profile->backward_ran("(gradients into leaves)", detail::now_seconds() - started);
 }
 
 }  // namespace tapegrad

@@ -16,18 +16,22 @@ namespace bench {
 // The oneDNN primitive alone: created once, executed on preallocated buffers, on as many threads
 // as tapegrad is set to use (oneDNN reads OpenMP's count when it creates and when it runs a
 // primitive), so that a reference and tapegrad measured side by side use the same threads.
-// With bf16, A and B are bfloat16 and C float32, as tapegrad's bfloat16 products.
+// With bf16, A and B are bfloat16 and C float32, as tapegrad's bfloat16 products; trans_a and
+// trans_b store A and B transposed (A [k, m], B [n, k] per batch), as a backward's products read
+// them.
 struct RawDnnl {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   dnnl::matmul prim;
   dnnl::memory a, b, c;
-  RawDnnl(std::int64_t batch, std::int64_t m, std::int64_t k, std::int64_t n, bool bf16 = false) {
+  RawDnnl(std::int64_t batch, std::int64_t m, std::int64_t k, std::int64_t n, bool bf16 = false, bool trans_a = false,
+          bool trans_b = false) {
     using dt = dnnl::memory::data_type;
     using tag = dnnl::memory::format_tag;
     omp_set_num_threads(tapegrad::num_threads());
     const dt in = bf16 ? dt::bf16 : dt::f32;
-    const dnnl::memory::desc da({batch, m, k}, in, tag::abc), db({batch, k, n}, in, tag::abc), dc({batch, m, n}, dt::f32, tag::abc);
+    const dnnl::memory::desc da({batch, m, k}, in, trans_a ? tag::acb : tag::abc), db({batch, k, n}, in, trans_b ? tag::acb : tag::abc),
+        dc({batch, m, n}, dt::f32, tag::abc);
     prim = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(da, db, dc), engine));
     a = dnnl::memory(da, engine);
     b = dnnl::memory(db, engine);

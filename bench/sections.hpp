@@ -39,6 +39,8 @@ void section_decode(Report& report, const Options& options);
 void section_threads(Report& report, const Options& options);
 // A training step of train_sort's model: tokens per second and where the time goes.
 void section_train(Report& report, const Options& options);
+// A GPT-2-shaped training step: against its matmul limit, op by op, threads, bfloat16, memory.
+void section_gpt2(Report& report, const Options& options);
 // Saving and loading checkpoints of 1k to 100k tensors: time per tensor and resident memory.
 void section_checkpoint(Report& report, const Options& options);
 

@@ -3,16 +3,12 @@
 // same run; ratio = 1-thread time / N-thread time, above 1 the threads help. Then the same next
 // to a thread of this process that keeps one core busy (a spin loop pinned to the last CPU this
 // process may use): the case of a machine shared with other work.
-#include <pthread.h>
-#include <sched.h>
-
 #include <algorithm>
-#include <atomic>
-#include <thread>
 
 #include <tapegrad/tapegrad.hpp>
 
 #include "sections.hpp"
+#include "spinner.hpp"
 
 namespace tg = tapegrad;
 using tg::Tensor;
@@ -34,36 +30,6 @@ Case product(std::string name, std::int64_t batch, std::int64_t m, std::int64_t 
           }};
 }
 
-// A thread spinning on one CPU for as long as it lives.
-class Spinner {
- public:
-  Spinner() : thread_([this] { spin(); }) {
-    cpu_set_t allowed;
-    CPU_ZERO(&allowed);
-    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return;
-    int last = -1;
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-      if (CPU_ISSET(c, &allowed)) last = c;
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(last, &one);
-    pthread_setaffinity_np(thread_.native_handle(), sizeof(one), &one);
-  }
-  ~Spinner() {
-    stop_ = true;
-    thread_.join();
-  }
-  Spinner(const Spinner&) = delete;
-  Spinner& operator=(const Spinner&) = delete;
-
- private:
-  void spin() {
-    while (!stop_.load(std::memory_order_relaxed)) {
-    }
-  }
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-};
 
 std::vector<Case> cases(const Options& options, tg::Decoder& model, tg::AdamW& opt, const Tensor& x, const Tensor& y) {
   std::vector<Case> out;

@@ -1,0 +1,289 @@
+// Section "gpt2": one training step (forward, cross-entropy, backward, clipping, AdamW) of a
+// GPT-2-shaped decoder: 12 pre-norm blocks of width 768 and 12 heads, GELU 4x, learned
+// positions, a final LayerNorm and an untied head over GPT-2's 50,257 tokens (124M parameters
+// with the head), batches of 4 sequences of 64 tokens. On each thread count:
+// - the step against its matmul limit: every product of the step (each forward product and the
+//   two of its backward) timed as a raw oneDNN primitive on the same threads just before, summed;
+// - where the step's time goes, op by op, with the products apart (one profiled step);
+// - peak storage of the step against the activations llm.c keeps for the same shape;
+// - float32 and bfloat16 products (MatmulPrecisionGuard around forward and backward);
+// then the largest thread count against 1, alone and next to a thread that keeps a core busy,
+// and the loss of bfloat16 training against float32's over 200 steps of text from the same
+// start. Its PyTorch twin is bench/torch_gpt2.py.
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+
+#include <tapegrad/tapegrad.hpp>
+
+#include "autodiff/op_profile.hpp"
+#include "raw_dnnl.hpp"
+#include "sections.hpp"
+#include "spinner.hpp"
+
+namespace tg = tapegrad;
+using tg::Tensor;
+
+namespace bench {
+namespace {
+
+struct Gpt2 {
+  std::int64_t layers, dim, heads, vocab, t, b;
+};
+constexpr Gpt2 kFull{12, 768, 12, 50257, 64, 4}, kQuick{2, 64, 4, 256, 16, 2};
+
+tg::DecoderConfig config_of(const Gpt2& s) {
+  return {.vocab = s.vocab, .max_len = std::max<std::int64_t>(s.t, 1024), .dim = s.dim, .heads = s.heads, .layers = s.layers, .seed = 1};
+}
+
+// A product of the step: count times [batch] m x k @ k x n, operands stored transposed or not.
+struct Product {
+  std::int64_t batch, m, k, n;
+  bool ta, tb;
+  std::int64_t count;
+};
+
+// Every product of one step: y = x w, dx = g w^T, dw = x^T g for each linear map; for attention,
+// S = q k^T and O = A v, then dv = A^T dO, dA = dO v^T, dq = dS k, dk = dS^T q.
+std::vector<Product> step_products(const Gpt2& s) {
+  const std::int64_t rows = s.b * s.t, c = s.dim, bh = s.b * s.heads, d = s.dim / s.heads;
+  std::vector<Product> all;
+  auto linear = [&](std::int64_t k, std::int64_t n, std::int64_t count) {
+    all.push_back({1, rows, k, n, false, false, count});
+    all.push_back({1, rows, n, k, false, true, count});
+    all.push_back({1, k, rows, n, true, false, count});
+  };
+  linear(c, c, 4 * s.layers);  // q, k, v, out
+  linear(c, 4 * c, s.layers);
+  linear(4 * c, c, s.layers);
+  linear(c, s.vocab, 1);
+  all.push_back({bh, s.t, d, s.t, false, true, 2 * s.layers});  // S, dA
+  all.push_back({bh, s.t, s.t, d, false, false, 2 * s.layers});  // O, dq
+  all.push_back({bh, s.t, s.t, d, true, false, 2 * s.layers});  // dv, dk
+  return all;
+}
+
+// The products' time at oneDNN's own throughput, on tapegrad's current thread count.
+double matmul_limit(const Gpt2& s, bool bf16, const Options& options) {
+  double total = 0;
+  for (const Product& p : step_products(s)) {
+    RawDnnl raw(p.batch, p.m, p.k, p.n, bf16, p.ta, p.tb);
+    total += measure([&] { raw.run(); }, options.quick ? 2 : 5, options.quick ? 0.01 : 0.1).median * static_cast<double>(p.count);
+  }
+  after_references();
+  return total;
+}
+
+double flop_of(const Gpt2& s) {
+  double f = 0;
+  for (const Product& p : step_products(s))
+    f += 2.0 * static_cast<double>(p.batch * p.m) * static_cast<double>(p.k) * static_cast<double>(p.n) * static_cast<double>(p.count);
+  return f;
+}
+
+// What llm.c's train_gpt2.c keeps for a step (its ActivationTensors), in bytes of float32.
+double llmc_activation_bytes(const Gpt2& s) {
+  const double btc = static_cast<double>(s.b * s.t * s.dim), bt = static_cast<double>(s.b * s.t);
+  const double att = static_cast<double>(s.b * s.heads * s.t * s.t), btv = bt * static_cast<double>(s.vocab);
+  const double per_layer = 18 * btc + 2 * att + 4 * bt;  // ln1 qkv(3) atty attproj res2 ln2 fch(4) gelu(4) fcproj res3; preatt att; 2 means 2 rstds
+  return 4 * (static_cast<double>(s.layers) * per_layer + 2 * btc + 2 * bt + 2 * btv + bt);
+}
+
+// Token windows: of a text when one is given, else uniform random ids.
+class Batches {
+ public:
+  Batches(const Gpt2& s, std::uint64_t seed, const std::string& text) : s_(s), gen_(seed) {
+    for (char ch : text) tokens_.push_back(static_cast<unsigned char>(ch) % s.vocab);
+  }
+  tg::Windows next() {
+    if (tokens_.size() > static_cast<std::size_t>(s_.t)) return tg::random_windows(tokens_, s_.b, s_.t, gen_);
+    std::vector<std::int64_t> ids(static_cast<std::size_t>(s_.b * (s_.t + 1)));
+    for (auto& i : ids) i = static_cast<std::int64_t>(gen_.uniform() * static_cast<double>(s_.vocab)) % s_.vocab;
+    const Tensor all = tg::from_vector(ids, {s_.b, s_.t + 1});
+    return {tg::narrow(all, 1, 0, s_.t).contiguous(), tg::narrow(all, 1, 1, s_.t).contiguous()};
+  }
+
+ private:
+  Gpt2 s_;
+  tg::Generator gen_;
+  std::vector<std::int64_t> tokens_;
+};
+
+struct Phases {
+  double forward = 0, backward = 0, clip = 0, adamw = 0, loss = 0;
+  double total() const { return forward + backward + clip + adamw; }
+};
+
+Phases train_step(tg::Decoder& model, tg::AdamW& opt, const tg::Windows& w, bool bf16) {
+  Phases p;
+  {
+    std::optional<tg::MatmulPrecisionGuard> guard;
+    if (bf16) guard.emplace(tg::MatmulPrecision::bfloat16);
+    auto t0 = clock_type::now();
+    const Tensor loss = tg::cross_entropy(model.forward(w.x), w.y);
+    p.forward = since(t0);
+    t0 = clock_type::now();
+    tg::backward(loss);
+    p.backward = since(t0);
+    p.loss = loss.item();
+  }
+  auto t0 = clock_type::now();
+  tg::clip_grad_norm(model.parameters(), 1.0);
+  p.clip = since(t0);
+  t0 = clock_type::now();
+  opt.step();
+  opt.zero_grad();
+  p.adamw = since(t0);
+  return p;
+}
+
+std::string read_text() {
+  std::ifstream file("/usr/share/common-licenses/GPL-3");
+  return {std::istreambuf_iterator<char>(file), {}};
+}
+
+}  // namespace
+
+void section_gpt2(Report& report, const Options& options) {
+  const Gpt2 s = options.quick ? kQuick : kFull;
+  const std::string text = read_text();
+  tg::Decoder model(config_of(s));
+  tg::AdamW opt(model.named_parameters(), {.lr = 3e-4, .weight_decay = 0.1});
+  std::int64_t parameters = 0;
+  for (const Tensor& p : model.parameters()) parameters += p.numel();
+  const double grad_bytes = 4.0 * static_cast<double>(parameters);
+  report.fact("gpt2_shape", "gpt2 shape", fmt::format("{} blocks, width {}, {} heads, vocab {}, T {}, B {}; {} parameters", s.layers, s.dim,
+                                                     s.heads, s.vocab, s.t, s.b, parameters));
+  auto& steps = report.table(
+      "gpt2", "GPT-2-shaped training step: ms median (min-max); limit = the step's products at oneDNN's own throughput (same threads, same run)",
+      {{"threads", "th", 0, 2},
+       {"products", "products", 0, 8},
+       {"step_ms", "step ms", 1, 24},
+       {"forward_ms", "fwd ms", 1, 8},
+       {"backward_ms", "bwd ms", 1, 8},
+       {"update_ms", "clip+adamw ms", 1, 13},
+       {"limit_ms", "limit ms", 1, 9},
+       {"limit_percent", "% of limit", 1, 10},
+       {"gflops", "GFLOP/s", 1, 8},
+       {"speedup_bf16", "x float32", 2, 9},
+       {"peak_mib", "peak MiB", 0, 8},
+       {"activations_mib", "llm.c MiB", 0, 9},
+       {"peak_ratio", "peak/llm.c", 2, 10}});
+  const int warmup = options.quick ? 1 : 2, timed = options.quick ? 2 : std::max(5, options.runs / 2);
+  const double flop = flop_of(s);
+  std::vector<std::vector<Cell>> split_rows;  // added after the steps' table, which prints as it fills
+  for (int threads : options.threads) {
+    tg::set_num_threads(threads);
+    double f32_median = 0;
+    for (const bool bf16 : {false, true}) {
+      const double limit = matmul_limit(s, bf16, options);
+      Batches batches(s, 7, text);
+      std::vector<double> total, fwd, bwd, upd;
+      double peak_mib = 0;
+      for (int i = 0; i < warmup + timed; ++i) {
+        const tg::Windows w = batches.next();
+        const std::int64_t before = tg::memory_stats().current_bytes;
+        tg::reset_peak_memory();
+        const Phases p = train_step(model, opt, w, bf16);
+        if (i == warmup) peak_mib = (static_cast<double>(tg::memory_stats().peak_bytes - before) - grad_bytes) / (1 << 20);
+        if (i < warmup) continue;
+        total.push_back(p.total()), fwd.push_back(p.forward), bwd.push_back(p.backward), upd.push_back(p.clip + p.adamw);
+      }
+      const Stats st = stats_of(total);
+      if (!bf16) f32_median = st.median;
+      const double activations = llmc_activation_bytes(s) / (1 << 20);
+      steps.add({static_cast<std::int64_t>(threads), bf16 ? "bfloat16" : "float32", st, stats_of(fwd).median * 1e3, stats_of(bwd).median * 1e3,
+                 stats_of(upd).median * 1e3, limit * 1e3, 100 * limit / st.median, per_second(flop, st),
+                 bf16 ? Cell(f32_median / st.median) : Cell(), peak_mib, activations, peak_mib / activations});
+      // One profiled step.
+      const tg::Windows w = batches.next();
+      Phases p;
+      std::map<std::string, tg::detail::OpProfile::Times> ops;
+      {
+        tg::detail::OpProfile profile;
+        p = train_step(model, opt, w, bf16);
+        ops = profile.times();
+      }
+      const double step = p.total();
+      tg::detail::OpProfile::Times all;
+      auto row = [&](const std::string& op, const tg::detail::OpProfile::Times& t) {
+        split_rows.push_back({static_cast<std::int64_t>(threads), bf16 ? "bfloat16" : "float32", op, t.calls, t.forward * 1e3, t.forward_products * 1e3,
+                   t.backward * 1e3, t.backward_products * 1e3, 100 * (t.forward + t.backward) / step});
+      };
+      for (const auto& [op, t] : ops) {
+        row(op, t);
+        all.forward += t.forward, all.backward += t.backward, all.calls += t.calls;
+        all.forward_products += t.forward_products, all.backward_products += t.backward_products;
+      }
+      row("every op", all);
+      row("clip_grad_norm", {.forward = p.clip, .calls = 1});
+      row("AdamW step, zero_grad", {.forward = p.adamw, .calls = 1});
+      row("the rest (loss.item(), between ops)", {.forward = std::max(0.0, step - all.forward - all.backward - p.clip - p.adamw)});
+    }
+  }
+
+  auto& split = report.table("gpt2_ops", "where the GPT-2-shaped step's time goes (one profiled step): ms; each op's products also apart",
+                             {{"threads", "th", 0, 2},
+                              {"products", "products", 0, 8},
+                              {"op", "op", 0, 30},
+                              {"calls", "calls", 0, 5},
+                              {"forward_ms", "fwd ms", 1, 8},
+                              {"forward_products_ms", "of it products", 1, 14},
+                              {"backward_ms", "bwd ms", 1, 8},
+                              {"backward_products_ms", "of it products", 1, 14},
+                              {"share_percent", "% of step", 1, 9}});
+  for (auto& r : split_rows) split.add(std::move(r));
+
+  // The largest thread count against 1, in alternating steps, alone and next to a busy core.
+  const int n = std::max(2, *std::max_element(options.threads.begin(), options.threads.end()));
+  auto& scaling = report.table("gpt2_threads", fmt::format("GPT-2-shaped step (float32) on 1 thread and on {}, alternating: ms median (min-max)", n),
+                               {{"busy", "other load", 0, 26},
+                                {"n_threads", "N", 0, 2},
+                                {"one_thread_ms", "1 thread ms", 1, 24},
+                                {"n_threads_ms", "N threads ms", 1, 24},
+                                {"speedup", "1 thread / N", 2, 12}});
+  for (const bool busy : {false, true}) {
+    const auto spinner = busy ? std::make_unique<Spinner>() : nullptr;
+    Batches batches(s, 11, text);
+    std::vector<double> one, many;
+    for (int i = 0; i < 2 * (warmup + timed); ++i) {
+      const bool alone = i % 2 == 0;
+      tg::set_num_threads(alone ? 1 : n);
+      const double t = train_step(model, opt, batches.next(), false).total();
+      if (i >= 2 * warmup) (alone ? one : many).push_back(t);
+    }
+    const Stats a = stats_of(one), b = stats_of(many);
+    scaling.add({busy ? "a spinning thread on one core" : "none", static_cast<std::int64_t>(n), a, b, a.median / b.median});
+  }
+
+  // bfloat16 training against float32: the same start, the same batches, on n threads.
+  tg::set_num_threads(n);
+  const int curve_steps = options.quick ? 4 : 200, every = options.quick ? 1 : 20;
+  std::vector<double> losses[2];
+  for (const bool bf16 : {false, true}) {
+    tg::Decoder fresh(config_of(s));
+    tg::AdamW fresh_opt(fresh.named_parameters(), {.lr = 3e-4, .weight_decay = 0.1});
+    Batches batches(s, 5, text);
+    for (int i = 0; i < curve_steps; ++i) losses[bf16].push_back(train_step(fresh, fresh_opt, batches.next(), bf16).loss);
+  }
+  auto& curve = report.table("gpt2_bf16_loss",
+                             fmt::format("bfloat16 against float32 training of the GPT-2 shape: the loss at each step from the same start and batches "
+                                         "({} threads{})", n, text.empty() ? ", random tokens" : ", bytes of the GPL's text"),
+                             {{"step", "step", 0, 5},
+                              {"float32_loss", "float32", 4, 8},
+                              {"bfloat16_loss", "bfloat16", 4, 8},
+                              {"difference", "bf16 - f32", 4, 10},
+                              {"largest_difference", "largest |diff| so far", 4, 21}});
+  double largest = 0;
+  for (int i = 0; i < curve_steps; ++i) {
+    const double d = losses[1][static_cast<std::size_t>(i)] - losses[0][static_cast<std::size_t>(i)];
+    largest = std::max(largest, std::abs(d));
+    if ((i + 1) % every == 0 || i == 0)
+      curve.add({static_cast<std::int64_t>(i + 1), losses[0][static_cast<std::size_t>(i)], losses[1][static_cast<std::size_t>(i)], d, largest});
+  }
+}
+
+}  // namespace bench

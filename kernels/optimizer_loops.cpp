@@ -17,7 +17,8 @@ TAPEGRAD_CPU_CLONES void adam_run(T* __restrict p, const T* __restrict grad, T* 
                                    const AdamScalars<T> s) {
 #pragma omp simd
   for (std::int64_t i = 0; i < n; ++i) {
-    const T g = s.l2 ? grad[i] + p[i] * s.decay : grad[i];
+    const T gs = s.scaled ? grad[i] * s.grad_scale : grad[i];
+    const T g = s.l2 ? gs + p[i] * s.decay : gs;
     const T pi = s.decoupled ? p[i] * s.decay : p[i];
     m[i] = m[i] * s.beta1;
     m[i] = m[i] + s.one_minus_beta1 * g;

@@ -7,12 +7,13 @@ namespace tapegrad::detail {
 
 // The scalars of one Adam update, as the element type computes with them.
 template <class T> struct AdamScalars {
-  T decay, beta1, one_minus_beta1, beta2, one_minus_beta2, sqrt_bias2, eps, step;
-  bool decoupled, l2;  // weight decay on p (AdamW) or on the gradient (Adam), each only when nonzero
+  T decay, beta1, one_minus_beta1, beta2, one_minus_beta2, sqrt_bias2, eps, step, grad_scale;
+  bool decoupled, l2, scaled;  // scaled: grad_scale != 1  // weight decay on p (AdamW) or on the gradient (Adam), each only when nonzero
 };
 
-// On tapegrad's threads; the results do not depend on their number. Per element, in this order: g (+ decay p when l2); p * decay when decoupled; m = m b1 then
-// + (1 - b1) g; v = v b2 then + (1 - b2) g g; p + step m / (sqrt(v) / sqrt_bias2 + eps).
+// On tapegrad's threads; the results do not depend on their number. Per element, in this order:
+// g = grad (* grad_scale when scaled) (+ decay p when l2); p * decay when decoupled; m = m b1
+// then + (1 - b1) g; v = v b2 then + (1 - b2) g g; p + step m / (sqrt(v) / sqrt_bias2 + eps).
 void adam_update(float* p, const float* grad, float* m, float* v, std::int64_t n, const AdamScalars<float>& s);
 void adam_update(double* p, const double* grad, double* m, double* v, std::int64_t n, const AdamScalars<double>& s);
 

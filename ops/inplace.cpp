@@ -116,6 +116,7 @@ void adam_update_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg
       fail<ShapeError>("{}: argument '{}' must be {} {} as 'param' is, got {} {}", op, name, param.dtype(), shape_str(param.shape()),
                        t->dtype(), shape_str(t->shape()));
   if (!(s.step >= 1)) fail<ValueError>("{}: the step count t must be >= 1, got {}", op, s.step);
+  if (!std::isfinite(s.grad_scale)) fail<ValueError>("{}: grad_scale must be finite, got {}", op, s.grad_scale);
   // One pass over contiguous arrays that share no memory; anything else runs on copies, which
   // go back afterwards (every input read before anything is written).
   const Tensor* all[] = {&param, &grad, &exp_avg, &exp_avg_sq};
@@ -131,7 +132,8 @@ void adam_update_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg
     const double decay = s.decoupled ? 1 - s.lr * s.weight_decay : s.weight_decay;
     const AdamScalars<T> k{static_cast<T>(decay), static_cast<T>(s.beta1), static_cast<T>(1 - s.beta1), static_cast<T>(s.beta2),
                            static_cast<T>(1 - s.beta2), static_cast<T>(std::sqrt(bias2)), static_cast<T>(s.eps),
-                           static_cast<T>(-s.lr / bias1), s.decoupled && s.weight_decay != 0, !s.decoupled && s.weight_decay != 0};
+                           static_cast<T>(-s.lr / bias1), static_cast<T>(s.grad_scale), s.decoupled && s.weight_decay != 0,
+                           !s.decoupled && s.weight_decay != 0, s.grad_scale != 1};
     adam_update(static_cast<T*>(mutable_data(p)), static_cast<const T*>(g.raw_data()), static_cast<T*>(mutable_data(m)),
                 static_cast<T*>(mutable_data(v)), p.numel(), k);
   });

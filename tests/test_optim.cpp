@@ -182,6 +182,41 @@ BOOST_AUTO_TEST_CASE(clip_grad_norm_clips_from_max_norm_less_one_millionth) {
   }
 }
 
+namespace {
+bool same(const Tensor& x, const Tensor& y) { return x.shape() == y.shape() && x.to_vector<double>() == y.to_vector<double>(); }
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(max_grad_norm_clips_inside_the_step_with_clip_grad_norms_bits) {
+  // Two float32 models trained side by side on the same batches: one clipped by clip_grad_norm
+  // before step(), one by the optimizer's max_grad_norm. Every parameter bit for bit, the same
+  // norms, and the gradients left unscaled by the fused clip.
+  for (const double max_norm : {0.05, 1e3}) {  // clipping at every step, and never
+    tg::Decoder a({.vocab = 7, .max_len = 6, .dim = 8, .heads = 2, .layers = 1, .seed = 3});
+    tg::Decoder b({.vocab = 7, .max_len = 6, .dim = 8, .heads = 2, .layers = 1, .seed = 3});
+    tg::AdamW opt_a(a.named_parameters(), {.lr = 1e-2});
+    tg::AdamW opt_b(b.named_parameters(), {.lr = 1e-2, .max_grad_norm = max_norm});
+    BOOST_TEST(std::isnan(opt_b.grad_norm()));
+    tg::Generator gen(1);
+    const std::vector<std::int64_t> tokens{1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5, 6, 2, 4, 6, 1, 3, 5};
+    for (int step = 0; step < 4; ++step) {
+      const auto [x, y] = tg::random_windows(tokens, 3, 5, gen);
+      tg::backward(tg::cross_entropy(a.forward(x), y));
+      tg::backward(tg::cross_entropy(b.forward(x), y));
+      const Tensor g_before = tg::clone(b.parameters()[0].grad());
+      const double norm = tg::clip_grad_norm(a.parameters(), max_norm);
+      opt_a.step();
+      opt_b.step();
+      BOOST_TEST(opt_b.grad_norm() == norm);
+      BOOST_TEST(same(b.parameters()[0].grad(), g_before));
+      opt_a.zero_grad();
+      opt_b.zero_grad();
+    }
+    for (std::size_t i = 0; i < a.parameters().size(); ++i) BOOST_TEST(same(a.parameters()[i], b.parameters()[i]), "parameter " << i);
+  }
+  check_throws<tg::ValueError>([] { tg::Decoder m({.vocab = 3, .max_len = 2, .dim = 2}); tg::AdamW(m.named_parameters(), {.max_grad_norm = -1}); },
+                               {"AdamW", "'max_grad_norm'"});
+}
+
 BOOST_AUTO_TEST_CASE(warmup_cosine_schedule) {
   const tg::WarmupCosine lr(1.0, 4, 14, 0.1);
   BOOST_TEST(lr(0) == 0.25);

@@ -6,6 +6,7 @@
 #include <numbers>
 #include <map>
 #include <set>
+#include <utility>
 
 #include "autodiff/check.hpp"
 #include "tapegrad/autodiff/tape.hpp"
@@ -14,6 +15,9 @@
 #include "tapegrad/ops/reduction.hpp"
 
 namespace tapegrad {
+namespace detail {
+std::pair<double, double> clip_factor(const std::vector<Tensor>& parameters, double max_norm, const char* op);
+}
 namespace {
 using detail::fail;
 using detail::shape_str;
@@ -128,6 +132,8 @@ Adam::Adam(const char* kind, std::vector<NamedTensor> parameters, const AdamOpti
   check_range(kind_, "beta1", options.beta1, 0, 1, true);
   check_range(kind_, "beta2", options.beta2, 0, 1, true);
   check_range(kind_, "weight_decay", options.weight_decay, 0, INFINITY, true);
+  check_range(kind_, "max_grad_norm", options.max_grad_norm, 0, INFINITY, true);
+  grad_norm_ = std::numeric_limits<double>::quiet_NaN();
   if (!(options.eps > 0) || !std::isfinite(options.eps)) fail<ValueError>("{}: option 'eps' must be finite and > 0, got {}", kind_, options.eps);
   exp_avg_ = add_slot("exp_avg");
   exp_avg_sq_ = add_slot("exp_avg_sq");
@@ -137,6 +143,14 @@ Adam::Adam(const char* kind, std::vector<NamedTensor> parameters, const AdamOpti
 void Adam::step() {
   check_step_count();
   NoGradGuard no_grad;
+  double scale = 1;
+  if (options_.max_grad_norm > 0) {
+    std::vector<Tensor> params;
+    for (const auto& p : params_) params.push_back(p.tensor);
+    const auto [total, factor] = detail::clip_factor(params, options_.max_grad_norm, "Adam::step");
+    grad_norm_ = total;
+    scale = factor;
+  }
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i].tensor;
     const Tensor g = p.grad();
@@ -145,34 +159,42 @@ void Adam::step() {
     const double t = count.item() + 1;
     fill_(count, t);
     adam_update_(p, g, slot(exp_avg_)[i], slot(exp_avg_sq_)[i],
-                 {lr_, options_.beta1, options_.beta2, options_.eps, options_.weight_decay, decoupled_, t});
+                 {lr_, options_.beta1, options_.beta2, options_.eps, options_.weight_decay, decoupled_, t, scale});
   }
   ++steps_;
 }
 
 AdamW::AdamW(std::vector<NamedTensor> parameters, const AdamWOptions& o)
-    : Adam("AdamW", std::move(parameters), {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay}, true) {}
+    : Adam("AdamW", std::move(parameters), {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.max_grad_norm}, true) {}
 
-double clip_grad_norm(const std::vector<Tensor>& parameters, double max_norm) {
-  if (!(max_norm > 0) || !std::isfinite(max_norm))
-    fail<ValueError>("clip_grad_norm: argument 'max_norm' must be finite and > 0, got {}", max_norm);
-  NoGradGuard no_grad;
+namespace detail {
+// The global norm of the parameters' gradients and the factor clip_grad_norm scales them by (1
+// when none, or when the norm is not finite).
+std::pair<double, double> clip_factor(const std::vector<Tensor>& parameters, double max_norm, const char* op) {
+  if (!(max_norm > 0) || !std::isfinite(max_norm)) fail<ValueError>("{}: argument 'max_norm' must be finite and > 0, got {}", op, max_norm);
   double squares = 0;
-  std::set<const detail::TensorImpl*> seen;
-  std::vector<Tensor> grads;
+  std::set<const TensorImpl*> seen;
   for (std::size_t i = 0; i < parameters.size(); ++i) {
-    detail::check_defined("clip_grad_norm", fmt::format("parameters[{}]", i).c_str(), parameters[i]);
+    check_defined(op, fmt::format("parameters[{}]", i).c_str(), parameters[i]);
     if (!seen.insert(parameters[i].impl()).second) continue;  // a tied parameter counts once
-    if (const Tensor g = parameters[i].grad(); g.defined()) {
-      squares += sum_of_squares(g);
-      grads.push_back(g);
-    }
+    if (const Tensor g = parameters[i].grad(); g.defined()) squares += sum_of_squares(g);
   }
   const double total = std::sqrt(squares);
   // PyTorch's rule: the factor max_norm / (total + 1e-6), applied when below 1.
   const double factor = max_norm / (total + 1e-6);
-  if (std::isfinite(total) && factor < 1)
-    for (const Tensor& g : grads) mul_(g, factor);
+  return {total, std::isfinite(total) && factor < 1 ? factor : 1.0};
+}
+}  // namespace detail
+
+double clip_grad_norm(const std::vector<Tensor>& parameters, double max_norm) {
+  NoGradGuard no_grad;
+  const auto [total, factor] = detail::clip_factor(parameters, max_norm, "clip_grad_norm");
+  if (factor != 1) {
+    std::set<const detail::TensorImpl*> seen;
+    for (const Tensor& p : parameters)
+      if (seen.insert(p.impl()).second)
+        if (const Tensor g = p.grad(); g.defined()) mul_(g, factor);
+  }
   return total;
 }
 

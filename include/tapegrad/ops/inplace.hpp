@@ -38,6 +38,7 @@ struct AdamStep {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
   bool decoupled = false;  // AdamW: param *= 1 - lr weight_decay first; else weight_decay param joins grad
   double step = 1;         // t: the updates of this parameter so far, this one included (>= 1)
+  double grad_scale = 1;   // grad is read as grad * grad_scale (a clipping factor, in grad's dtype)
 };
 void adam_update_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamStep& s);
 

@@ -9,7 +9,7 @@
 //   for (...) {
 //     const tg::Tensor loss = ...;
 //     tg::backward(loss);
-//     tg::clip_grad_norm(model.parameters(), 1.0);
+//     tg::clip_grad_norm(model.parameters(), 1.0);  // or AdamWOptions::max_grad_norm = 1.0
 //     opt.step();
 //     opt.zero_grad();
 //   }
@@ -84,6 +84,10 @@ struct AdamOptions {
   double beta1 = 0.9, beta2 = 0.999;  // in [0, 1)
   double eps = 1e-8;                  // > 0
   double weight_decay = 0.0;          // Adam: added to the gradient (L2); AdamW: decoupled
+  // > 0: step() first clips the gradients to this global norm, by clip_grad_norm's rule and with
+  // its bits, inside the update's one pass over memory (the gradients themselves stay as they
+  // are). 0: no clipping.
+  double max_grad_norm = 0.0;
 };
 
 // m = b1 m + (1 - b1) g,  v = b2 v + (1 - b2) g^2,  p -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
@@ -93,6 +97,9 @@ class Adam : public Optimizer {
  public:
   Adam(std::vector<NamedTensor> parameters, const AdamOptions& options = {});
   void step() override;
+  // With max_grad_norm: the global gradient norm the last step() found (before clipping), as
+  // clip_grad_norm returns it; NaN before the first step.
+  double grad_norm() const noexcept { return grad_norm_; }
 
  protected:
   Adam(const char* kind, std::vector<NamedTensor> parameters, const AdamOptions& options, bool decoupled);
@@ -101,6 +108,7 @@ class Adam : public Optimizer {
   AdamOptions options_;
   bool decoupled_;
   std::size_t exp_avg_, exp_avg_sq_, step_;
+  double grad_norm_;
 };
 
 // AdamW's options: Adam's, with PyTorch's default decoupled weight decay.
@@ -109,6 +117,7 @@ struct AdamWOptions {
   double beta1 = 0.9, beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.01;
+  double max_grad_norm = 0.0;  // as AdamOptions'
 };
 
 // Adam with decoupled weight decay (Loshchilov & Hutter): p -= lr weight_decay p before the

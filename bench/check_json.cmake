@@ -3,7 +3,7 @@
 # a row holding every column key, and a time cell's four keys with a positive median; then that
 # the Markdown page has the command, every section's heading and every table's title and header.
 #   cmake -DBENCH=path/to/tapegrad_bench -DOUT=file.json -P check_json.cmake
-set(sections system overhead softmax fused decode checkpoint)
+set(sections system overhead softmax fused decode checkpoint gpt2)
 list(JOIN sections "," only)
 set(page ${OUT}.md)
 file(REMOVE ${OUT} ${page})  # documents left by an earlier run must not pass for this one's
@@ -34,7 +34,7 @@ list(LENGTH sections want_count)
 if(NOT ran_count EQUAL want_count)
   message(FATAL_ERROR "run.sections has ${ran_count} entries, ${want_count} expected")
 endif()
-set(tables references overhead softmax fused decode generate checkpoint)
+set(tables references overhead softmax fused decode generate checkpoint gpt2 gpt2_ops gpt2_threads gpt2_bf16_loss)
 foreach(table ${tables})
   foreach(field section title notes)
     get(value tables ${table} ${field})

@@ -34,7 +34,7 @@ inline std::uint32_t non_finite(double v) {
 
 // Row reductions in eight lanes: a float reduction loop is not vectorised without licence to
 // reorder the additions (-ffast-math); eight independent lanes give the compiler that order.
-template <class T> T row_max(const T* s, std::int64_t n) {  // NaN skipped, as masked_max does
+template <class T> T row_max(const T* s, std::int64_t n) {  // NaN skipped, as the softmax rows' maximum does
   T lane[8];
   std::fill_n(lane, 8, -kInf<T>);
   std::int64_t j = 0;

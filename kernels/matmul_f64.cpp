@@ -2,10 +2,12 @@
 // what gradient checks and reference runs compute in. Each matrix of the batch is one
 // cblas_dgemm on the operands in place: a matrix with unit stride along its rows or its columns
 // is a plain or a transposed one, which dgemm reads as it is; any other layout is copied first.
-// OpenBLAS runs on the calling thread only. A product that its size repays on more threads is
-// cut into batch entries, or into bands of rows that start at multiples of 16 (dgemm's kernels
-// take rows 2 to 16 at a time, so each row keeps the bits it has in the whole product), on
-// tapegrad's workers: the result does not depend on the thread count.
+// OpenBLAS runs on the calling thread only. A matrix of more than 256 rows is always computed in
+// bands of 256 rows, each one dgemm call, whatever the thread count: dgemm's kernels take rows
+// in tiles whose size depends on the CPU (2 to 24 rows), so a row's last bits can depend on
+// where its band starts, and only bands fixed by the shape keep them the same on any count. A
+// product that its size repays on more threads hands batch entries, or bands, to tapegrad's
+// workers.
 #include <cblas.h>
 
 #include <algorithm>
@@ -20,7 +22,7 @@
 namespace tapegrad::detail {
 namespace {
 
-constexpr std::int64_t kBandRows = 16;
+constexpr std::int64_t kBandRows = 256;
 
 // OpenBLAS's own threads stay idle: tapegrad's workers split the work, and a second team would
 // fight them for the cores. (This is process-wide, as OpenBLAS's setting is.)
@@ -65,6 +67,19 @@ bool fits_blas(const Tensor& t) {
   return as_blas(t.shape()[r - 2], t.shape()[r - 1], t.strides()[r - 2], t.strides()[r - 1], o) && o.ld <= INT_MAX;
 }
 
+// t's matrices copied densely, its broadcast batch dims (stride 0) kept broadcast: one copy of
+// each distinct matrix, not one per batch entry.
+Tensor dense_matrices(const Tensor& t) {
+  Shape shape = t.shape(), strides = t.strides();
+  for (std::size_t d = 0; d + 2 < shape.size(); ++d)
+    if (strides[d] == 0) shape[d] = 1;
+  const Tensor dense = copy_of(make_view(t, shape, strides, t.offset(), "matmul"));
+  Shape out = dense.strides();
+  for (std::size_t d = 0; d + 2 < shape.size(); ++d)
+    if (t.strides()[d] == 0) out[d] = 0;
+  return make_view(dense, t.shape(), std::move(out), dense.offset(), "matmul");
+}
+
 // Element offset of batch entry `f` (row-major over `batch`) for strides broadcast to it.
 std::int64_t batch_offset(std::int64_t f, std::span<const std::int64_t> batch, const Dims8& strides) {
   std::int64_t off = 0;
@@ -92,15 +107,14 @@ struct Product {
     cblas_dgemm(CblasRowMajor, oa.trans, ob.trans, static_cast<int>(i1 - i0), static_cast<int>(n), static_cast<int>(k), 1.0, pa,
                 static_cast<int>(oa.ld), b + batch_offset(f, batch, sb), static_cast<int>(ob.ld), 0.0, pc, static_cast<int>(n));
   }
-  // Piece i of `pieces`: a range of batch entries, or of a single matrix's bands of rows.
+  std::int64_t bands() const { return (m + kBandRows - 1) / kBandRows; }
+  // Piece i of `pieces`: a range of the (batch entry, band) pairs, each one dgemm call.
   void piece(int i, int pieces) const {
-    if (count > 1) {
-      for (std::int64_t f = count * i / pieces; f < count * (i + 1) / pieces; ++f) rows(f, 0, m);
-      return;
+    const std::int64_t units = count * bands();
+    for (std::int64_t u = units * i / pieces; u < units * (i + 1) / pieces; ++u) {
+      const std::int64_t f = u / bands(), i0 = u % bands() * kBandRows;
+      rows(f, i0, std::min(m, i0 + kBandRows));
     }
-    const std::int64_t bands = (m + kBandRows - 1) / kBandRows;
-    const std::int64_t i0 = bands * i / pieces * kBandRows, i1 = std::min(m, bands * (i + 1) / pieces * kBandRows);
-    if (i0 < i1) rows(0, i0, i1);
   }
 };
 
@@ -124,7 +138,6 @@ void matmul_f64_blocked(const Tensor& a, const Tensor& b, const Tensor& c, std::
     for (std::int64_t i0 = 0; i0 < m; i0 += block)
       for (std::int64_t j0 = 0; j0 < n; j0 += block) {
         const std::int64_t mb = std::min(block, m - i0), nb = std::min(block, n - j0);
-        std::fill(pc.begin(), pc.end(), 0.0);
         for (std::int64_t k0 = 0; k0 < k; k0 += block) {
           const std::int64_t kb = std::min(block, k - k0);
           for (std::int64_t i = 0; i < mb; ++i)
@@ -132,7 +145,7 @@ void matmul_f64_blocked(const Tensor& a, const Tensor& b, const Tensor& c, std::
           for (std::int64_t q = 0; q < kb; ++q)
             for (std::int64_t j = 0; j < nb; ++j) pb[q * nb + j] = fb[(k0 + q) * br + (j0 + j) * bc];
           cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(mb), static_cast<int>(nb), static_cast<int>(kb), 1.0, pa.data(),
-                      static_cast<int>(kb), pb.data(), static_cast<int>(nb), 1.0, pc.data(), static_cast<int>(nb));
+                      static_cast<int>(kb), pb.data(), static_cast<int>(nb), k0 == 0 ? 0.0 : 1.0, pc.data(), static_cast<int>(nb));
         }
         for (std::int64_t i = 0; i < mb; ++i) std::copy_n(pc.data() + i * nb, nb, fc + (i0 + i) * n + j0);
       }
@@ -146,9 +159,9 @@ void matmul_f64(const Tensor& a_in, const Tensor& b_in, const Tensor& c) {
   const std::int64_t m = c.shape()[r - 2], n = c.shape()[r - 1], k = a_in.shape()[r - 1];
   const std::span<const std::int64_t> batch(c.shape().data(), r - 2);
   if (std::max({m, n, k}) > INT_MAX) return matmul_f64_blocked(a_in, b_in, c, 1024);
-  // Copies are contiguous: their ld is K or N, which fit.
-  const Tensor a = fits_blas(a_in) ? a_in : copy_of(a_in);
-  const Tensor b = fits_blas(b_in) ? b_in : copy_of(b_in);
+  // Copies are dense: their ld is K or N, which fit.
+  const Tensor a = fits_blas(a_in) ? a_in : dense_matrices(a_in);
+  const Tensor b = fits_blas(b_in) ? b_in : dense_matrices(b_in);
   Product p{static_cast<const double*>(a.raw_data()),
             static_cast<const double*>(b.raw_data()),
             static_cast<double*>(mutable_data(c)),
@@ -165,7 +178,7 @@ void matmul_f64(const Tensor& a_in, const Tensor& b_in, const Tensor& c) {
   p.a_row = p.oa.trans == CblasNoTrans ? p.oa.ld : 1;
   // As float32 products: by batch entries, else bands of rows; ThreadChoice may keep it on one.
   const double macs = static_cast<double>(c.numel()) * static_cast<double>(k);
-  const std::int64_t units = p.count > 1 ? p.count : (m + kBandRows - 1) / kBandRows;
+  const std::int64_t units = p.count * p.bands();
   const int wanted = static_cast<int>(std::min<std::int64_t>(dnnl_threads_for(macs), units));
   if (wanted <= 1) {
     p.piece(0, 1);

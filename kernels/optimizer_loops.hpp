@@ -8,7 +8,9 @@ namespace tapegrad::detail {
 // The scalars of one Adam update, as the element type computes with them.
 template <class T> struct AdamScalars {
   T decay, beta1, one_minus_beta1, beta2, one_minus_beta2, sqrt_bias2, eps, step, grad_scale;
-  bool decoupled, l2, scaled;  // scaled: grad_scale != 1  // weight decay on p (AdamW) or on the gradient (Adam), each only when nonzero
+  // Weight decay on p (AdamW) or on the gradient (Adam), each only when nonzero; scaled:
+  // grad_scale != 1.
+  bool decoupled, l2, scaled;
 };
 
 // On tapegrad's threads; the results do not depend on their number. Per element, in this order:

@@ -41,8 +41,10 @@ Tensor product(const Tensor& a_in, const Tensor& b_in, bool bf16) {
   // A new size: [2^32, 0] @ [0, 2^32] has no element, its result 2^64.
   if (check_shape("matmul", "result shape", shape, a.dtype()) == 0) return new_tensor(shape, a.dtype(), "matmul");
   if (k == 0) return zeros(shape, a.dtype());
-  a = fit_batch(a, b);
-  b = fit_batch(b, a);
+  if (a.dtype() != DType::float64) {  // OpenBLAS's path reads broadcast batch dims by their strides
+    a = fit_batch(a, b);
+    b = fit_batch(b, a);
+  }
   Tensor c = new_tensor(shape, a.dtype(), "matmul");
   if (a.dtype() == DType::float64) matmul_f64(a, b, c);
   else matmul_dnnl(a, b, c, bf16);

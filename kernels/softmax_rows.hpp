@@ -1,6 +1,6 @@
 // Internal: the masked softmax kernels, shared by the masked_softmax op and the attention core
 // (which records one node for the whole attention and calls these directly), and the row
-// pieces that log_softmax and cross_entropy build on: the row walk and the masked maximum.
+// pieces that log_softmax and cross_entropy build on.
 #pragma once
 
 #include <algorithm>
@@ -24,54 +24,9 @@ Tensor masked_softmax_forward(const Tensor& scores, const Tensor& allowed);
 // dS = A * (dA - rowsum(A * dA)) for contiguous A; dA may have any layout. Records nothing.
 Tensor masked_softmax_backward(const Tensor& weights, const Tensor& grad_weights);
 
-// Calls row(r, s, ss, mask, ms) for each row r (row-major number) over the last dim of s
-// (rank >= 1, element type T): the row's K scores are s[j * ss]; mask is null when `allowed` is
-// undefined (everything allowed), else the row's broadcast mask, mask[j * ms]. Scores are read
-// through their strides: a transposed or broadcast view is not copied.
-template <class T, class Row> void for_each_row(const Tensor& scores, const Tensor& allowed, Row&& row) {
-  const Shape& shape = scores.shape();
-  const std::size_t rank = shape.size();
-  const Shape row_number = contiguous_strides(Shape(shape.begin(), shape.end() - 1));
-  const Dims8 m_strides = allowed.defined() ? broadcast_strides(allowed, shape) : Dims8(rank, 0);
-  StridedLoop<3> rows(shape.data(), rank - 1, {row_number.data(), scores.strides().data(), m_strides.data()});
-  const T* ps = static_cast<const T*>(scores.raw_data());
-  const bool* pm = allowed.defined() ? static_cast<const bool*>(allowed.raw_data()) : nullptr;
-  const std::int64_t ss = scores.strides()[rank - 1], ms = m_strides[rank - 1];
-  rows.for_each_run([&](const auto& off, std::int64_t n, const auto& inner) {
-    for (std::int64_t t = 0; t < n; ++t)
-      row(off[0] + t * inner[0], ps + off[1] + t * inner[1], ss, pm ? pm + off[2] + t * inner[2] : nullptr, ms);
-  });
-}
-
-// The maximum m over a row's allowed scores (NaN skipped). The row is `empty` when no entry is
-// allowed or every allowed score is -inf: softmax gives it zeros, log_softmax -inf.
-template <class T> struct MaskedMax {
-  T m = -std::numeric_limits<T>::infinity();
-  bool empty = true;
-};
-template <class T>
-MaskedMax<T> masked_max(const T* s, std::int64_t ss, std::int64_t k, const bool* mask, std::int64_t ms) {
-  MaskedMax<T> r;
-  bool any = false, nan = false;
-  for (std::int64_t j = 0; j < k; ++j) {
-    if (mask != nullptr && !mask[j * ms]) continue;
-    any = true;
-    if (std::isnan(s[j * ss])) nan = true;
-    else if (s[j * ss] > r.m) r.m = s[j * ss];
-  }
-  r.empty = !any || (!nan && r.m == -std::numeric_limits<T>::infinity());
-  return r;
-}
-
-// log Z = log sum over allowed j of exp(s_j - m), in double, for a row that is not empty.
-// Every exponent is <= 0, so nothing overflows; NaN and +inf scores make it NaN.
-template <class T>
-double masked_log_sum_exp(const T* s, std::int64_t ss, std::int64_t k, const bool* mask, std::int64_t ms, T m) {
-  double z = 0;
-  for (std::int64_t j = 0; j < k; ++j)
-    if (mask == nullptr || mask[j * ms]) z += std::exp(static_cast<double>(s[j * ss] - m));
-  return std::log(z);
-}
+// The row rules: a row's maximum skips NaN scores (a NaN still reaches the row's sums), and a
+// row with no allowed entry, or only -inf allowed scores, is empty: softmax gives it zeros,
+// log_softmax -inf.
 
 // exp for the softmax loops: float's call-free exp_flush_f32 (exactly 0 below -87.3, NaN
 // stays NaN; within 1.3 ulp above), so that a loop over it vectorises; double is std::exp.
@@ -147,7 +102,7 @@ struct RowPointers {
 
 // The softmax of one row, in three pieces below: load_row, softmax_loaded, or both at once in
 // softmax_in_place. Over the allowed keys of a[0, end); a[end, k) and the other keys get 0.
-// Same rules as masked_max: NaN scores are skipped by the maximum but propagate, and a row with
+// The row rules above: NaN scores are skipped by the maximum but propagate, and a row with
 // no allowed key or only -inf allowed scores is all zeros. The keys that the mask forbids are
 // first set to -inf, so that the loops after it are plain float loops (they vectorise): -inf
 // changes no maximum, marks no NaN, and exp(-inf - m) is 0 for every m but -inf. m = -inf

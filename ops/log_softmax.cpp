@@ -28,7 +28,7 @@ template <class T> constexpr T kMinusInf = -std::numeric_limits<T>::infinity();
 constexpr std::int64_t kRowCost = 8;
 
 // The rest of one row after load_row wrote it with -inf at the disallowed entries: y = (x - m)
-// - log sum over allowed j of exp(x_j - m), -inf where not allowed (rules of masked_max). The
+// - log sum over allowed j of exp(x_j - m), -inf where not allowed (softmax_rows.hpp's row rules). The
 // loops are plain float loops, except in a row whose maximum is -inf with a NaN (all NaN then).
 template <class T, class Allowed>
 [[gnu::always_inline]] inline void log_softmax_loaded(T* y, std::int64_t k, RowMax<T> max, Allowed allowed,

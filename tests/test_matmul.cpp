@@ -263,3 +263,18 @@ BOOST_AUTO_TEST_CASE(float64_blocks_for_sizes_past_int) {
   const auto want = tg::matmul(a, b).to_vector<double>(), got = c.to_vector<double>();
   for (std::size_t i = 0; i < want.size(); ++i) BOOST_TEST(got[i] == want[i], boost::test_tools::tolerance(1e-12));
 }
+
+// A float64 operand that dgemm cannot read in place (here a column broadcast along K) is copied
+// once per distinct matrix: its broadcast batch dim stays broadcast (a copy per batch entry
+// took 128 MiB for this product).
+BOOST_AUTO_TEST_CASE(float64_copies_keep_broadcast_batch_dims) {
+  const Tensor a = tg::expand(tg::randn({1, 256, 1}, 1, tg::float64), {256, 256, 256});
+  const Tensor b = tg::randn({256, 256, 8}, 2, tg::float64);
+  tg::reset_peak_memory();
+  const std::int64_t before = tg::memory_stats().current_bytes;
+  const Tensor c = tg::matmul(a, b);
+  const std::int64_t extra = tg::memory_stats().peak_bytes - before, result = c.numel() * 8;
+  BOOST_TEST(extra <= result + (1 << 20), "held " << extra << " bytes for a result of " << result);
+  const auto want = tg::matmul(tg::clone(a), b).to_vector<double>(), got = c.to_vector<double>();
+  BOOST_TEST(got == want, boost::test_tools::per_element());
+}

@@ -15,9 +15,6 @@
 #include "tapegrad/ops/reduction.hpp"
 
 namespace tapegrad {
-namespace detail {
-std::pair<double, double> clip_factor(const std::vector<Tensor>& parameters, double max_norm, const char* op);
-}
 namespace {
 using detail::fail;
 using detail::shape_str;
@@ -28,6 +25,23 @@ void check_range(const char* kind, const char* name, double value, double low, d
     fail<ValueError>("{}: option '{}' must be in [{}, {}{}, got {}", kind, name, low, high, high_open ? ")" : "]", value);
 }
 
+
+// The global norm of the parameters' gradients and the factor clip_grad_norm scales them by (1
+// when none, or when the norm is not finite).
+std::pair<double, double> clip_factor(const std::vector<Tensor>& parameters, double max_norm, const char* op) {
+  if (!(max_norm > 0) || !std::isfinite(max_norm)) fail<ValueError>("{}: argument 'max_norm' must be finite and > 0, got {}", op, max_norm);
+  double squares = 0;
+  std::set<const detail::TensorImpl*> seen;
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    detail::check_defined(op, fmt::format("parameters[{}]", i).c_str(), parameters[i]);
+    if (!seen.insert(parameters[i].impl()).second) continue;  // a tied parameter counts once
+    if (const Tensor g = parameters[i].grad(); g.defined()) squares += sum_of_squares(g);
+  }
+  const double total = std::sqrt(squares);
+  // PyTorch's rule: the factor max_norm / (total + 1e-6), applied when below 1.
+  const double factor = max_norm / (total + 1e-6);
+  return {total, std::isfinite(total) && factor < 1 ? factor : 1.0};
+}
 }  // namespace
 
 Optimizer::Optimizer(const char* kind, std::vector<NamedTensor> parameters, double lr)
@@ -147,7 +161,7 @@ void Adam::step() {
   if (options_.max_grad_norm > 0) {
     std::vector<Tensor> params;
     for (const auto& p : params_) params.push_back(p.tensor);
-    const auto [total, factor] = detail::clip_factor(params, options_.max_grad_norm, "Adam::step");
+    const auto [total, factor] = clip_factor(params, options_.max_grad_norm, "Adam::step");
     grad_norm_ = total;
     scale = factor;
   }
@@ -167,28 +181,10 @@ void Adam::step() {
 AdamW::AdamW(std::vector<NamedTensor> parameters, const AdamWOptions& o)
     : Adam("AdamW", std::move(parameters), {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.max_grad_norm}, true) {}
 
-namespace detail {
-// The global norm of the parameters' gradients and the factor clip_grad_norm scales them by (1
-// when none, or when the norm is not finite).
-std::pair<double, double> clip_factor(const std::vector<Tensor>& parameters, double max_norm, const char* op) {
-  if (!(max_norm > 0) || !std::isfinite(max_norm)) fail<ValueError>("{}: argument 'max_norm' must be finite and > 0, got {}", op, max_norm);
-  double squares = 0;
-  std::set<const TensorImpl*> seen;
-  for (std::size_t i = 0; i < parameters.size(); ++i) {
-    check_defined(op, fmt::format("parameters[{}]", i).c_str(), parameters[i]);
-    if (!seen.insert(parameters[i].impl()).second) continue;  // a tied parameter counts once
-    if (const Tensor g = parameters[i].grad(); g.defined()) squares += sum_of_squares(g);
-  }
-  const double total = std::sqrt(squares);
-  // PyTorch's rule: the factor max_norm / (total + 1e-6), applied when below 1.
-  const double factor = max_norm / (total + 1e-6);
-  return {total, std::isfinite(total) && factor < 1 ? factor : 1.0};
-}
-}  // namespace detail
 
 double clip_grad_norm(const std::vector<Tensor>& parameters, double max_norm) {
   NoGradGuard no_grad;
-  const auto [total, factor] = detail::clip_factor(parameters, max_norm, "clip_grad_norm");
+  const auto [total, factor] = clip_factor(parameters, max_norm, "clip_grad_norm");
   if (factor != 1) {
     std::set<const detail::TensorImpl*> seen;
     for (const Tensor& p : parameters)

@@ -9,6 +9,7 @@ Storage::Storage(std::size_t n) : bytes(n) {
 }
 
 Storage::~Storage() {
+  delete derived.load(std::memory_order_acquire);
   if (data != inline_bytes) give_block(data, bytes);
 }
 

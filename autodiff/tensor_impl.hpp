@@ -26,6 +26,12 @@ struct Storage {
   // Counts in-place writes to these bytes (by any view of them). A recorded op notes the
   // version of what its backward reads, and backward refuses to run on changed values.
   std::atomic<std::uint64_t> version{0};
+  // What a kernel derives from these bytes and keeps while they live (a weight's bfloat16 copy,
+  // kernels/rounded_copy.cpp). Set at most once; deleted with the storage.
+  struct Derived {
+    virtual ~Derived() = default;
+  };
+  std::atomic<Derived*> derived{nullptr};
   alignas(16) std::byte inline_bytes[kInlineBytes];
 };
 

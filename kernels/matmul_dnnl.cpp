@@ -22,7 +22,9 @@
 
 #include "autodiff/loops.hpp"
 #include "autodiff/op_profile.hpp"
+#include "kernels/bf16.hpp"
 #include "kernels/matmul.hpp"
+#include "kernels/rounded_copy.hpp"
 #include "runtime/cpu.hpp"
 #include "runtime/parallel.hpp"
 
@@ -189,17 +191,6 @@ void append(std::vector<std::int64_t>& key, const Layout& l) {
   key.insert(key.end(), l.strides.begin(), l.strides.end());
 }
 
-// The bfloat16 bits of f, rounded to nearest even; a NaN stays a (quiet) NaN, an infinity one.
-// Saturate: a finite f past bfloat16's largest finite (3.39e38) becomes that value rather than an
-// infinity (the attention products' rule: a finite operand stays finite). Selects, no branches,
-// so that the loops over it vectorise.
-template <bool Saturate> inline std::uint16_t to_bf16(float f) {
-  const std::uint32_t u = std::bit_cast<std::uint32_t>(f), mag = u & 0x7fffffffu;
-  std::uint32_t out = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  if constexpr (Saturate) out = mag < 0x7f800000u && (out & 0x7fffu) == 0x7f80u ? ((u >> 16) & 0x8000u) | 0x7f7fu : out;
-  return static_cast<std::uint16_t>(mag > 0x7f800000u ? (u >> 16) | 0x40u : out);
-}
-
 template <class Out> inline Out rounded_as(float f) {
   const std::uint16_t bits = to_bf16<false>(f);
   if constexpr (std::is_same_v<Out, std::uint16_t>) return bits;
@@ -260,6 +251,14 @@ template <class Out> Out* bf16_copy(const Tensor& x, Layout& l, int which) {
   }
   l.strides.assign(dense.begin(), dense.end());
   return out;
+}
+
+// A bfloat16 operand: a weight's kept copy (rounded_copy.hpp) where oneDNN can read it as it
+// is, else x rounded into this thread's scratch. The same bits either way.
+void* bf16_operand(const Tensor& x, Layout& l, int which) {
+  if (dnnl_bf16_native() && dense_block(l))
+    if (const std::uint16_t* kept = rounded_copy(x)) return const_cast<std::uint16_t*>(kept + x.offset());
+  return bf16_copy<std::uint16_t>(x, l, which);
 }
 
 // The cached primitive for this layout, or nullptr when oneDNN has no kernel for it (bfloat16
@@ -450,8 +449,8 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   if (bf16) {
     // Rounded once, whole (on every thread), whatever the pieces: a piece rounding its own band
     // of a transposed operand went element by element, and each rounded all of the other operand.
-    pa = bf16_copy<std::uint16_t>(a, la, 0);
-    pb = bf16_copy<std::uint16_t>(b, lb, 1);
+    pa = bf16_operand(a, la, 0);
+    pb = bf16_operand(b, lb, 1);
     if (!primitive_for(la, lb, lc, true)) {
       // No bfloat16 kernel on this CPU: products of bfloat16 values are exact in float32, so
       // float32 kernels on the rounded operands compute the same thing.

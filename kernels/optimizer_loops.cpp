@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
+#include "kernels/bf16.hpp"
 #include "runtime/cpu.hpp"
 #include "runtime/parallel.hpp"
 
@@ -28,6 +30,21 @@ TAPEGRAD_CPU_CLONES void adam_run(T* __restrict p, const T* __restrict grad, T* 
   }
 }
 
+TAPEGRAD_CPU_CLONES void round_run(const float* __restrict p, std::uint16_t* __restrict rounded, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) rounded[i] = to_bf16<false>(p[i]);
+}
+
+// adam_run, then the new weights' bfloat16 bits (a weight's kept copy: rounded_copy.hpp), a
+// piece at a time while it is in cache (in the update's own loop GCC left both scalar).
+void adam_run_rounded(float* p, const float* grad, float* m, float* v, std::uint16_t* rounded, std::int64_t n, const AdamScalars<float>& s) {
+  constexpr std::int64_t kPiece = 2048;
+  for (std::int64_t i = 0; i < n; i += kPiece) {
+    const std::int64_t k = std::min(kPiece, n - i);
+    adam_run<float>(p + i, grad + i, m + i, v + i, k, s);
+    round_run(p + i, rounded + i, k);
+  }
+}
+
 template <class T> TAPEGRAD_CPU_CLONES double squares_run(const T* x, std::int64_t n) {
   double total = 0;
 #pragma omp simd reduction(+ : total)
@@ -39,9 +56,12 @@ template <class T> TAPEGRAD_CPU_CLONES double squares_run(const T* x, std::int64
 // result does not depend on how many threads computed them.
 constexpr std::int64_t kSquaresBlock = 1 << 16;
 
-template <class T> void adam_parallel(T* p, const T* grad, T* m, T* v, std::int64_t n, const AdamScalars<T>& s) {
+template <class T> void adam_parallel(T* p, const T* grad, T* m, T* v, std::uint16_t* rounded, std::int64_t n, const AdamScalars<T>& s) {
   // Element by element: any split gives the same bits. 7 streams of memory per element.
-  parallel_for(n, 8, [&](std::int64_t i0, std::int64_t i1) { adam_run<T>(p + i0, grad + i0, m + i0, v + i0, i1 - i0, s); });
+  parallel_for(n, 8, [&](std::int64_t i0, std::int64_t i1) {
+    if (rounded == nullptr) adam_run<T>(p + i0, grad + i0, m + i0, v + i0, i1 - i0, s);
+    else if constexpr (std::is_same_v<T, float>) adam_run_rounded(p + i0, grad + i0, m + i0, v + i0, rounded + i0, i1 - i0, s);
+  });
 }
 
 template <class T> double squares_parallel(const T* x, std::int64_t n) {
@@ -59,9 +79,11 @@ template <class T> double squares_parallel(const T* x, std::int64_t n) {
 
 }  // namespace
 
-void adam_update(float* p, const float* grad, float* m, float* v, std::int64_t n, const AdamScalars<float>& s) { adam_parallel(p, grad, m, v, n, s); }
+void adam_update(float* p, const float* grad, float* m, float* v, std::int64_t n, const AdamScalars<float>& s, std::uint16_t* rounded) {
+  adam_parallel(p, grad, m, v, rounded, n, s);
+}
 void adam_update(double* p, const double* grad, double* m, double* v, std::int64_t n, const AdamScalars<double>& s) {
-  adam_parallel(p, grad, m, v, n, s);
+  adam_parallel(p, grad, m, v, nullptr, n, s);
 }
 double sum_of_squares(const float* x, std::int64_t n) { return squares_parallel(x, n); }
 double sum_of_squares(const double* x, std::int64_t n) { return squares_parallel(x, n); }

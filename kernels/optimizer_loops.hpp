@@ -16,7 +16,9 @@ template <class T> struct AdamScalars {
 // On tapegrad's threads; the results do not depend on their number. Per element, in this order:
 // g = grad (* grad_scale when scaled) (+ decay p when l2); p * decay when decoupled; m = m b1
 // then + (1 - b1) g; v = v b2 then + (1 - b2) g g; p + step m / (sqrt(v) / sqrt_bias2 + eps).
-void adam_update(float* p, const float* grad, float* m, float* v, std::int64_t n, const AdamScalars<float>& s);
+// With `rounded`, the new p's bfloat16 bits go there too (a weight's kept copy: rounded_copy.hpp).
+void adam_update(float* p, const float* grad, float* m, float* v, std::int64_t n, const AdamScalars<float>& s,
+                 std::uint16_t* rounded = nullptr);
 void adam_update(double* p, const double* grad, double* m, double* v, std::int64_t n, const AdamScalars<double>& s);
 
 // The sum of the squares of n elements, in double, summed in blocks of 2^16 added in order.

@@ -3,9 +3,11 @@
 #include "tapegrad/ops/inplace.hpp"
 
 #include <cmath>
+#include <type_traits>
 
 #include "autodiff/node.hpp"
 #include "kernels/optimizer_loops.hpp"
+#include "kernels/rounded_copy.hpp"
 #include "ops/op.hpp"
 
 namespace tapegrad {
@@ -128,18 +130,25 @@ void adam_update_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg
   const Tensor p = direct ? param : copy_of(param), g = direct ? grad : copy_of(grad);
   const Tensor m = direct ? exp_avg : copy_of(exp_avg), v = direct ? exp_avg_sq : copy_of(exp_avg_sq);
   const double bias1 = 1 - std::pow(s.beta1, s.step), bias2 = 1 - std::pow(s.beta2, s.step);
+  // A weight's bfloat16 copy is rewritten in the same pass (rounded_copy.hpp).
+  std::uint16_t* const rounded = direct ? rounded_copy_to_write(param) : nullptr;
   visit_float(param.dtype(), op, [&]<class T>(Tag<T>) {
     const double decay = s.decoupled ? 1 - s.lr * s.weight_decay : s.weight_decay;
     const AdamScalars<T> k{static_cast<T>(decay), static_cast<T>(s.beta1), static_cast<T>(1 - s.beta1), static_cast<T>(s.beta2),
                            static_cast<T>(1 - s.beta2), static_cast<T>(std::sqrt(bias2)), static_cast<T>(s.eps),
                            static_cast<T>(-s.lr / bias1), static_cast<T>(s.grad_scale), s.decoupled && s.weight_decay != 0,
                            !s.decoupled && s.weight_decay != 0, s.grad_scale != 1};
-    adam_update(static_cast<T*>(mutable_data(p)), static_cast<const T*>(g.raw_data()), static_cast<T*>(mutable_data(m)),
-                static_cast<T*>(mutable_data(v)), p.numel(), k);
+    if constexpr (std::is_same_v<T, float>)
+      adam_update(static_cast<T*>(mutable_data(p)), static_cast<const T*>(g.raw_data()), static_cast<T*>(mutable_data(m)),
+                  static_cast<T*>(mutable_data(v)), p.numel(), k, rounded);
+    else
+      adam_update(static_cast<T*>(mutable_data(p)), static_cast<const T*>(g.raw_data()), static_cast<T*>(mutable_data(m)),
+                  static_cast<T*>(mutable_data(v)), p.numel(), k);
   });
   if (!direct)
     for (auto [dst, src] : {std::pair{&param, &p}, {&exp_avg, &m}, {&exp_avg_sq, &v}}) copy_into(*dst, *src);
   for (const Tensor* t : {&param, &exp_avg, &exp_avg_sq}) bump_version(*t);
+  if (rounded != nullptr) rounded_copy_written(param);
 }
 
 }  // namespace tapegrad

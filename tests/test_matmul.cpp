@@ -4,7 +4,10 @@
 #include <boost/test/data/monomorphic.hpp>
 #include <boost/test/data/test_case.hpp>
 
+#include <thread>
+
 #include "kernels/matmul.hpp"
+#include "kernels/rounded_copy.hpp"
 #include "reference.hpp"
 #include "support.hpp"
 
@@ -250,6 +253,65 @@ BOOST_AUTO_TEST_CASE(matmul_precision_guard) {
   BOOST_TEST(same(guarded.first, y_explicit));
   for (int i = 0; i < 2; ++i) BOOST_TEST(same(guarded.second[i].grad(), leaves_explicit[i].grad()));
   BOOST_TEST(!same(tg::matmul(a, b), tg::matmul(a, b, tg::MatmulPrecision::bfloat16)));
+}
+
+// A weight's bfloat16 copy (kept beside a leaf that requires grad, for every bfloat16 product
+// that reads it) gives the bits of rounding afresh, as it is read plain or transposed, and after
+// each kind of write: in-place ops, data<T>(), Adam's update (which rewrites the copy in its
+// pass); it lives as long as the weight. `plain` is the same values in a tensor that is no
+// leaf requiring grad, so its products round every time.
+BOOST_AUTO_TEST_CASE(a_weights_bfloat16_copy_gives_fresh_rounding_bits_after_every_write) {
+  const auto bf16 = tg::MatmulPrecision::bfloat16;
+  const std::int64_t copies_before = tg::detail::rounded_copies();
+  {
+    Tensor w = tg::randn({96, 80}, 31, tg::float32).detach().set_requires_grad();
+    const Tensor x = tg::randn({40, 96}, 32, tg::float32), g = tg::randn({40, 80}, 33, tg::float32);
+    auto check = [&](const char* when) {
+      BOOST_TEST_CONTEXT(when) {
+        const Tensor plain = tg::clone(w.detach());
+        BOOST_TEST(same(tg::matmul(x, w, bf16), tg::matmul(x, plain, bf16)));
+        BOOST_TEST(same(tg::matmul(g, w.detach().transpose(0, 1), bf16), tg::matmul(g, plain.transpose(0, 1), bf16)));
+        BOOST_TEST(same(tg::matmul(tg::narrow(w.detach(), 0, 16, 40).transpose(0, 1), tg::narrow(x, 1, 0, 40), bf16),
+                        tg::matmul(tg::narrow(plain, 0, 16, 40).transpose(0, 1), tg::narrow(x, 1, 0, 40), bf16)));
+      }
+    };
+    check("new");
+    BOOST_TEST(tg::detail::rounded_copies() == copies_before + (tg::bfloat16_native() ? 1 : 0));
+    {
+      const tg::NoGradGuard no_grad;
+      tg::mul_(w, 1.001);
+      check("after mul_");
+      tg::copy_(tg::narrow(w, 1, 3, 2), tg::full({96, 2}, 7.0));
+      check("after copy_ into a view");
+    }
+    w.data<float>()[17] = 2.5f;
+    check("after data<float>()");
+    tg::AdamW opt({{"w", w}}, {.lr = 0.01});
+    for (int step = 0; step < 3; ++step) {
+      tg::backward(tg::sum(tg::tanh(tg::matmul(x, w, bf16))));
+      opt.step();
+      opt.zero_grad();
+      check("after an AdamW step");
+    }
+  }
+  BOOST_TEST(tg::detail::rounded_copies() == copies_before);  // freed with the weight
+}
+
+// Two threads whose first bfloat16 product reads the same new weight: one copy, both results
+// the fresh rounding's bits.
+BOOST_AUTO_TEST_CASE(a_weights_bfloat16_copy_made_by_two_threads_at_once) {
+  const auto bf16 = tg::MatmulPrecision::bfloat16;
+  for (int round = 0; round < 20; ++round) {
+    const Tensor w = tg::randn({128, 64}, 40 + round, tg::float32).detach().set_requires_grad();
+    const Tensor x = tg::randn({32, 128}, 60 + round, tg::float32);
+    const Tensor expected = tg::matmul(x, tg::clone(w.detach()), bf16);
+    Tensor got[2];
+    std::thread other([&] { got[1] = tg::matmul(x, w, bf16); });
+    got[0] = tg::matmul(x, w, bf16);
+    other.join();
+    BOOST_TEST(same(got[0], expected));
+    BOOST_TEST(same(got[1], expected));
+  }
 }
 
 // float64 products past dgemm's int sizes go through blocks packed from any strides; the same

@@ -107,7 +107,8 @@ void* mutable_data(const Tensor& t) {
   return impl.storage->data + impl.offset * static_cast<std::int64_t>(itemsize(impl.dtype));
 }
 
-void bump_version(const Tensor& t) noexcept { t.impl()->storage->version.fetch_add(1, std::memory_order_relaxed); }
+// Release: a kernel that reads the new version (a weight's bfloat16 copy) also sees the write.
+void bump_version(const Tensor& t) noexcept { t.impl()->storage->version.fetch_add(1, std::memory_order_release); }
 
 void check_defined(const char* op, const char* name, const Tensor& t) {
   if (!t.defined()) fail<Error>("{}: argument '{}' is an undefined tensor", op, name);

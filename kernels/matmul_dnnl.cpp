@@ -344,7 +344,7 @@ std::uint64_t work_key(const Layout& a, const Layout& b, const Layout& c, bool b
 }
 
 // How a product is cut for threads: along `dim` into `pieces`. The largest batch dim first, else
-// bands of at least kMinBandRows rows; a product with neither stays whole (pieces 1). oneDNN's
+// bands of at least kMinBandRows rows (when `rows`: not for a column-major a); a product with neither stays whole (pieces 1). oneDNN's
 // one-thread kernels give each row of a band the bits it has in the whole product, so a product
 // cut so equals the one-thread product bit for bit (bands of columns did not: 137,617 of 153,900
 // elements of a [300, 777] x [777, 513] product differed, and a band of a row or two may take
@@ -353,11 +353,12 @@ struct Split {
   std::size_t dim = 0;
   int pieces = 1;
 };
-Split split_plan(const Shape& shape, int wanted) {
+Split split_plan(const Shape& shape, int wanted, bool rows) {
   const std::size_t r = shape.size();
   Split best;
   for (std::size_t d = 0; d + 2 < r; ++d)
     if (const auto p = static_cast<int>(std::min<std::int64_t>(wanted, shape[d])); p > best.pieces) best = {d, p};
+  if (!rows) return best;
   if (const auto p = static_cast<int>(std::min<std::int64_t>(wanted, shape[r - 2] / kMinBandRows)); p > best.pieces) best = {r - 2, p};
   return best;
 }
@@ -432,14 +433,27 @@ bool execute_split(const Layout& la, const Layout& lb, const Layout& lc, void* p
   return pooled;
 }
 
+// Whether a product may be cut into bands of rows on some thread count while its a is stored
+// column by column. oneDNN's kernels for such an a choose how they block K by M (past K = 256),
+// so a band's rows did not get the whole product's bits (140,177 of 153,900 elements of a
+// [513, 512] x [512, 300] product); such an a is read row-major instead, on every thread count.
+bool banded_column_major(const Layout& la, const Shape& c_shape) {
+  const std::size_t r = c_shape.size();
+  for (std::size_t d = 0; d + 2 < r; ++d)
+    if (c_shape[d] > 1) return false;  // cut by the batch instead
+  return la.dims[r - 2] >= 2 * kMinBandRows && la.dims[r - 1] > 1 && la.strides[r - 2] == 1 && la.strides[r - 1] != 1;
+}
+
 void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   const std::size_t r = c.shape().size();
   Layout la, lb, lc;
-  if (!describe(a, la)) return run(copy_of(a), b, c, bf16);
+  if (!describe(a, la) || banded_column_major(la, c.shape())) return run(copy_of(a), b, c, bf16);
   if (!describe(b, lb)) return run(a, copy_of(b), c, bf16);
   describe(c, lc);
   // Inside a parallel body this is 1 piece.
-  Split split = split_plan(c.shape(), dnnl_threads_for(static_cast<double>(c.numel()) * static_cast<double>(a.shape()[r - 1])));
+  // A column-major a of a batched product is cut by the batch alone (banded_column_major).
+  const bool rows = !(la.strides[r - 2] == 1 && la.strides[r - 1] != 1 && la.dims[r - 1] > 1);
+  Split split = split_plan(c.shape(), dnnl_threads_for(static_cast<double>(c.numel()) * static_cast<double>(a.shape()[r - 1])), rows);
   const int wanted = split.pieces;
   const std::uint64_t work = wanted > 1 ? work_key(la, lb, lc, bf16) : 0;
   const double start = wanted > 1 ? now_seconds() : 0.0;

@@ -34,6 +34,9 @@ struct RoundedCopy final : Storage::Derived {
   std::mutex lock;
   // The storage version the bits were rounded from.
   std::uint64_t version = std::numeric_limits<std::uint64_t>::max();
+  // Whether a product has read the copy since the last update wrote it: an update rewrites only
+  // a copy that is being read (one bfloat16 evaluation does not tax every later float32 step).
+  std::atomic<bool> read{false};
 };
 
 TAPEGRAD_CPU_CLONES void round_run(const float* src, std::uint16_t* dst, std::int64_t n) {
@@ -68,6 +71,7 @@ const std::uint16_t* rounded_copy(const Tensor& x) {
     parallel_for(c->n, 2, [&](std::int64_t begin, std::int64_t end) { round_run(src + begin, c->bits + begin, end - begin); });
     c->version = now;
   }
+  c->read.store(true, std::memory_order_relaxed);
   return c->bits;
 }
 
@@ -75,7 +79,7 @@ std::uint16_t* rounded_copy_to_write(const Tensor& param) {
   if (param.dtype() != DType::float32 || param.offset() != 0 || !param.is_contiguous()) return nullptr;
   const Storage& s = *param.impl()->storage;
   RoundedCopy* c = existing(s);
-  return c != nullptr && c->n == param.numel() ? c->bits : nullptr;
+  return c != nullptr && c->n == param.numel() && c->read.exchange(false, std::memory_order_relaxed) ? c->bits : nullptr;
 }
 
 void rounded_copy_written(const Tensor& param) noexcept {

@@ -3,7 +3,7 @@
 // dx = g wᵀ): rounding them afresh each time was most of the rounding a bfloat16 step pays. The
 // first bfloat16 product that reads a float32 leaf requiring grad makes the copy; it is used
 // while the storage's version is unchanged (any in-place write bumps it), and Adam's update
-// writes it in the same pass as the weights. Its bytes count in memory_stats() and are freed
+// writes it in the same pass as the weights while products keep reading it. Its bytes count in memory_stats() and are freed
 // with the weight.
 #pragma once
 
@@ -20,8 +20,9 @@ namespace tapegrad::detail {
 const std::uint16_t* rounded_copy(const Tensor& x);
 
 // For an update that rewrites all of param's storage (contiguous, from offset 0): the copy to
-// write the rounded new values into, or nullptr when there is none. Once the update has bumped
-// the version, rounded_copy_written(param) marks the copy current.
+// write the rounded new values into, or nullptr when there is none or no product has read it
+// since the last update (then the version makes the next reader round afresh). Once the update
+// has bumped the version, rounded_copy_written(param) marks the copy current.
 std::uint16_t* rounded_copy_to_write(const Tensor& param);
 void rounded_copy_written(const Tensor& param) noexcept;
 

@@ -258,7 +258,8 @@ BOOST_AUTO_TEST_CASE(matmul_precision_guard) {
 // A weight's bfloat16 copy (kept beside a leaf that requires grad, for every bfloat16 product
 // that reads it) gives the bits of rounding afresh, as it is read plain or transposed, and after
 // each kind of write: in-place ops, data<T>(), Adam's update (which rewrites the copy in its
-// pass); it lives as long as the weight. `plain` is the same values in a tensor that is no
+// pass while products read it, and leaves it to the next reader otherwise); it lives as long as
+// the weight. `plain` is the same values in a tensor that is no
 // leaf requiring grad, so its products round every time.
 BOOST_AUTO_TEST_CASE(a_weights_bfloat16_copy_gives_fresh_rounding_bits_after_every_write) {
   const auto bf16 = tg::MatmulPrecision::bfloat16;
@@ -293,6 +294,14 @@ BOOST_AUTO_TEST_CASE(a_weights_bfloat16_copy_gives_fresh_rounding_bits_after_eve
       opt.zero_grad();
       check("after an AdamW step");
     }
+    // Steps with float32 products only: the update leaves the unread copy stale; the next
+    // bfloat16 product rounds afresh.
+    for (int step = 0; step < 2; ++step) {
+      tg::backward(tg::sum(tg::tanh(tg::matmul(x, w))));
+      opt.step();
+      opt.zero_grad();
+    }
+    check("after float32 steps");
   }
   BOOST_TEST(tg::detail::rounded_copies() == copies_before);  // freed with the weight
 }

@@ -434,9 +434,8 @@ bool execute_split(const Layout& la, const Layout& lb, const Layout& lc, void* p
 }
 
 // Whether a product may be cut into bands of rows on some thread count while its a is stored
-// column by column. oneDNN's kernels for such an a choose how they block K by M (past K = 256),
-// so a band's rows did not get the whole product's bits (140,177 of 153,900 elements of a
-// [513, 512] x [512, 300] product); such an a is read row-major instead, on every thread count.
+// column by column. oneDNN's kernels for such an a block K by M (past K = 256), so a band's rows
+// would not get the whole product's bits: such an a is read row-major, on every thread count.
 bool banded_column_major(const Layout& la, const Shape& c_shape) {
   const std::size_t r = c_shape.size();
   for (std::size_t d = 0; d + 2 < r; ++d)

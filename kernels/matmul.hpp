@@ -44,6 +44,9 @@ void gemm_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::i
 // whether any value was not finite.
 bool round_bf16_operand(const float* src, std::int64_t ld, std::int64_t rows, std::int64_t cols, std::uint16_t* dst,
                         unsigned char* bad_rows) noexcept;
+// n contiguous float32 values rounded as a bfloat16 product rounds its operands (nearest even,
+// no saturation; a weight's kept copy and Adam's rewrite of it use it too).
+void round_bf16(const float* src, std::uint16_t* dst, std::int64_t n) noexcept;
 // n contiguous weights rounded as above, but NaN and infinities kept (a NaN weight must reach the
 // output, as it does in float32).
 void round_bf16_weights(const float* src, std::uint16_t* dst, std::int64_t n) noexcept;

@@ -22,7 +22,6 @@
 
 #include "autodiff/loops.hpp"
 #include "autodiff/op_profile.hpp"
-#include "kernels/bf16.hpp"
 #include "kernels/matmul.hpp"
 #include "kernels/rounded_copy.hpp"
 #include "runtime/cpu.hpp"
@@ -191,6 +190,17 @@ void append(std::vector<std::int64_t>& key, const Layout& l) {
   key.insert(key.end(), l.strides.begin(), l.strides.end());
 }
 
+// The bfloat16 bits of f, rounded to nearest even; a NaN stays a (quiet) NaN, an infinity one.
+// Saturate: a finite f past bfloat16's largest finite (3.39e38) becomes that value rather than an
+// infinity (the attention products' rule: a finite operand stays finite). Selects, no branches,
+// so that the loops over it vectorise.
+template <bool Saturate> inline std::uint16_t to_bf16(float f) {
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(f), mag = u & 0x7fffffffu;
+  std::uint32_t out = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  if constexpr (Saturate) out = mag < 0x7f800000u && (out & 0x7fffu) == 0x7f80u ? ((u >> 16) & 0x8000u) | 0x7f7fu : out;
+  return static_cast<std::uint16_t>(mag > 0x7f800000u ? (u >> 16) | 0x40u : out);
+}
+
 template <class Out> inline Out rounded_as(float f) {
   const std::uint16_t bits = to_bf16<false>(f);
   if constexpr (std::is_same_v<Out, std::uint16_t>) return bits;
@@ -344,9 +354,9 @@ std::uint64_t work_key(const Layout& a, const Layout& b, const Layout& c, bool b
 }
 
 // How a product is cut for threads: along `dim` into `pieces`. The largest batch dim first, else
-// bands of at least kMinBandRows rows (when `rows`: not for a column-major a); a product with neither stays whole (pieces 1). oneDNN's
-// one-thread kernels give each row of a band the bits it has in the whole product, so a product
-// cut so equals the one-thread product bit for bit (bands of columns did not: 137,617 of 153,900
+// bands of at least kMinBandRows rows (when `rows`: not for a column-major a); a product with
+// neither stays whole (pieces 1). oneDNN's one-thread kernels give each row of a band the bits it
+// has in the whole product, so a product cut so equals the one-thread product bit for bit (bands of columns did not: 137,617 of 153,900
 // elements of a [300, 777] x [777, 513] product differed, and a band of a row or two may take
 // another kernel).
 struct Split {
@@ -436,11 +446,15 @@ bool execute_split(const Layout& la, const Layout& lb, const Layout& lc, void* p
 // Whether a product may be cut into bands of rows on some thread count while its a is stored
 // column by column. oneDNN's kernels for such an a block K by M (past K = 256), so a band's rows
 // would not get the whole product's bits: such an a is read row-major, on every thread count.
+bool column_major(const Layout& l) {
+  const std::size_t r = l.dims.size();
+  return l.dims[r - 1] > 1 && l.strides[r - 2] == 1 && l.strides[r - 1] != 1;
+}
 bool banded_column_major(const Layout& la, const Shape& c_shape) {
   const std::size_t r = c_shape.size();
   for (std::size_t d = 0; d + 2 < r; ++d)
     if (c_shape[d] > 1) return false;  // cut by the batch instead
-  return la.dims[r - 2] >= 2 * kMinBandRows && la.dims[r - 1] > 1 && la.strides[r - 2] == 1 && la.strides[r - 1] != 1;
+  return column_major(la) && la.dims[r - 2] >= 2 * kMinBandRows;
 }
 
 void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
@@ -451,8 +465,8 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   describe(c, lc);
   // Inside a parallel body this is 1 piece.
   // A column-major a of a batched product is cut by the batch alone (banded_column_major).
-  const bool rows = !(la.strides[r - 2] == 1 && la.strides[r - 1] != 1 && la.dims[r - 1] > 1);
-  Split split = split_plan(c.shape(), dnnl_threads_for(static_cast<double>(c.numel()) * static_cast<double>(a.shape()[r - 1])), rows);
+  Split split = split_plan(c.shape(), dnnl_threads_for(static_cast<double>(c.numel()) * static_cast<double>(a.shape()[r - 1])),
+                           !column_major(la));
   const int wanted = split.pieces;
   const std::uint64_t work = wanted > 1 ? work_key(la, lb, lc, bf16) : 0;
   const double start = wanted > 1 ? now_seconds() : 0.0;
@@ -603,6 +617,7 @@ bool round_bf16_operand(const float* src, std::int64_t ld, std::int64_t rows, st
   return any != 0;
 }
 
+void round_bf16(const float* src, std::uint16_t* dst, std::int64_t n) noexcept { round_run(src, dst, n); }
 void round_bf16_weights(const float* src, std::uint16_t* dst, std::int64_t n) noexcept { round_weights_run(src, dst, n); }
 
 void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const std::uint16_t* a,

@@ -7,7 +7,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/bf16.hpp"
+#include "kernels/matmul.hpp"
 #include "runtime/cpu.hpp"
 #include "runtime/parallel.hpp"
 
@@ -30,10 +30,6 @@ TAPEGRAD_CPU_CLONES void adam_run(T* __restrict p, const T* __restrict grad, T* 
   }
 }
 
-TAPEGRAD_CPU_CLONES void round_run(const float* __restrict p, std::uint16_t* __restrict rounded, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) rounded[i] = to_bf16<false>(p[i]);
-}
-
 // adam_run, then the new weights' bfloat16 bits (a weight's kept copy: rounded_copy.hpp), a
 // piece at a time while it is in cache (in the update's own loop GCC left both scalar).
 void adam_run_rounded(float* p, const float* grad, float* m, float* v, std::uint16_t* rounded, std::int64_t n, const AdamScalars<float>& s) {
@@ -41,7 +37,7 @@ void adam_run_rounded(float* p, const float* grad, float* m, float* v, std::uint
   for (std::int64_t i = 0; i < n; i += kPiece) {
     const std::int64_t k = std::min(kPiece, n - i);
     adam_run<float>(p + i, grad + i, m + i, v + i, k, s);
-    round_run(p + i, rounded + i, k);
+    round_bf16(p + i, rounded + i, k);
   }
 }
 

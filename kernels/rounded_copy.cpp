@@ -6,9 +6,8 @@
 #include <mutex>
 
 #include "autodiff/tensor_impl.hpp"
-#include "kernels/bf16.hpp"
+#include "kernels/matmul.hpp"
 #include "runtime/block_cache.hpp"
-#include "runtime/cpu.hpp"
 #include "runtime/parallel.hpp"
 
 namespace tapegrad::detail {
@@ -39,10 +38,6 @@ struct RoundedCopy final : Storage::Derived {
   std::atomic<bool> read{false};
 };
 
-TAPEGRAD_CPU_CLONES void round_run(const float* src, std::uint16_t* dst, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) dst[i] = to_bf16<false>(src[i]);
-}
-
 RoundedCopy* existing(const Storage& s) { return static_cast<RoundedCopy*>(s.derived.load(std::memory_order_acquire)); }
 
 // The storage's copy, made when there is none (another kind of derived data never is).
@@ -68,7 +63,7 @@ const std::uint16_t* rounded_copy(const Tensor& x) {
   const std::uint64_t now = s.version.load(std::memory_order_acquire);
   if (c->version != now) {
     const float* src = reinterpret_cast<const float*>(s.data);
-    parallel_for(c->n, 2, [&](std::int64_t begin, std::int64_t end) { round_run(src + begin, c->bits + begin, end - begin); });
+    parallel_for(c->n, 2, [&](std::int64_t begin, std::int64_t end) { round_bf16(src + begin, c->bits + begin, end - begin); });
     c->version = now;
   }
   c->read.store(true, std::memory_order_relaxed);

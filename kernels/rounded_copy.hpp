@@ -3,8 +3,8 @@
 // dx = g wᵀ): rounding them afresh each time was most of the rounding a bfloat16 step pays. The
 // first bfloat16 product that reads a float32 leaf requiring grad makes the copy; it is used
 // while the storage's version is unchanged (any in-place write bumps it), and Adam's update
-// writes it in the same pass as the weights while products keep reading it. Its bytes count in memory_stats() and are freed
-// with the weight.
+// writes it in the same pass as the weights while products keep reading it. Its bytes count in
+// memory_stats() and are freed with the weight.
 #pragma once
 
 #include <cstdint>

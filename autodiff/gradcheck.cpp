@@ -71,10 +71,10 @@ Shape unravel(std::int64_t flat, const Shape& shape) {
 }  // namespace
 
 std::string GradcheckResult::report() const {
-  if (elements_checked == 0) return "gradcheck: no input requires grad, nothing was checked";
+  if (elements_checked == 0) return check + ": no input requires grad, nothing was checked";
   return fmt::format(
-      "gradcheck: {} over {} element(s); worst: input {} at {}: analytic {:.10g}, numeric {:.10g}, |diff| {:.3g}",
-      ok ? "passed" : "FAILED", elements_checked, input, shape_str(index), analytic, numeric, abs_error);
+      "{}: {} over {} element(s); worst: input {} at {}: analytic {:.10g}, numeric {:.10g}, |diff| {:.3g}",
+      check, ok ? "passed" : "FAILED", elements_checked, input, shape_str(index), analytic, numeric, abs_error);
 }
 
 namespace {
@@ -216,6 +216,68 @@ GradcheckResult gradcheck_parameters(const std::function<std::vector<Tensor>()>&
     }
   } restore{parameters, previous_grads};
   return check(op, f, parameters, std::vector<bool>(parameters.size(), true), options);
+}
+
+GradcheckResult gradgradcheck(const GradcheckFn& f, const std::vector<Tensor>& inputs, const std::vector<Tensor>& grad_outputs,
+                              const GradcheckOptions& options) {
+  const char* op = "gradgradcheck";
+  check_options(op, options);
+  for (std::size_t i = 0; i < inputs.size(); ++i) check_perturbable(op, "inputs", i, inputs[i]);
+  std::vector<Tensor> outputs;
+  {
+    EnableGradGuard grad_on;
+    outputs = f(inputs);
+  }
+  std::vector<Tensor> gs;
+  if (grad_outputs.empty()) {
+    Generator gen(options.seed + 1);
+    for (std::size_t o = 0; o < outputs.size(); ++o) {
+      check_dtype(op, fmt::format("f(inputs)[{}]", o).c_str(), outputs[o], DType::float64);
+      std::vector<double> w = randn(outputs[o].shape(), gen, DType::float64).to_vector<double>();
+      const std::vector<double> values = outputs[o].to_vector<double>();
+      for (std::size_t i = 0; i < w.size(); ++i)
+        if (std::isinf(values[i])) w[i] = 0.0;
+      gs.push_back(from_vector(std::span<const double>(w), outputs[o].shape()).set_requires_grad());
+    }
+  } else {
+    if (grad_outputs.size() != outputs.size())
+      fail<ValueError>("{}: f returned {} outputs but {} grad_outputs were given; give one per output", op, outputs.size(),
+                       grad_outputs.size());
+    for (std::size_t o = 0; o < outputs.size(); ++o) {
+      check_perturbable(op, "grad_outputs", o, grad_outputs[o]);
+      if (grad_outputs[o].shape() != outputs[o].shape())
+        fail<ShapeError>("{}: grad_outputs[{}] must have the shape of f(inputs)[{}], {}; got {}", op, o, o,
+                         shape_str(outputs[o].shape()), shape_str(grad_outputs[o].shape()));
+    }
+    gs = grad_outputs;
+  }
+  const std::size_t n = inputs.size();
+  // gradcheck evaluates h with grad mode on for its analytic pass and off while perturbing: only
+  // the analytic pass needs the first gradients' graph.
+  const GradcheckFn h = [&](const std::vector<Tensor>& all) {
+    const bool analytic = is_grad_enabled();
+    EnableGradGuard grad_on;
+    const std::vector<Tensor> xs(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n));
+    std::vector<Tensor> wanted, outs, weights;
+    for (const Tensor& x : xs)
+      if (x.requires_grad()) wanted.push_back(x);
+    const std::vector<Tensor> ys = f(xs);
+    for (std::size_t o = 0; o < ys.size() && o < all.size() - n; ++o)
+      if (ys[o].requires_grad()) {
+        outs.push_back(ys[o]);
+        weights.push_back(all[n + o]);
+      }
+    std::vector<Tensor> grads(wanted.size());
+    if (!outs.empty()) grads = grad(outs, wanted, weights, {.create_graph = analytic, .allow_unused = true});
+    for (std::size_t i = 0; i < grads.size(); ++i)
+      if (!grads[i].defined()) grads[i] = zeros(wanted[i].shape(), wanted[i].dtype());
+    return grads;
+  };
+  std::vector<Tensor> all = inputs;
+  all.insert(all.end(), gs.begin(), gs.end());
+  GradcheckResult r = gradcheck(h, all, options);
+  r.check = op;
+  return r;
 }
 
 }  // namespace tapegrad

@@ -3,12 +3,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <unordered_map>
 
 #include "autodiff/check.hpp"
 #include "autodiff/loops.hpp"
 #include "autodiff/node.hpp"
 #include "autodiff/op_profile.hpp"
+#include "autodiff/saved_output.hpp"
 #include "runtime/parallel.hpp"
 
 namespace tapegrad {
@@ -65,6 +67,41 @@ struct BackwardDepth {
   ~BackwardDepth() { --backward_depth; }
 };
 
+// a + b recorded when grad mode is on and either requires grad (a create_graph pass sums the
+// gradients reaching one tensor with history); the plain sum otherwise.
+Tensor add_gradients(const Tensor& a, const Tensor& b) {
+  if (!grad_enabled) return add_same_shape(a, b);
+  Tensor out;
+  {
+    NoGradGuard off;
+    out = add_same_shape(a, b);
+  }
+  std::vector<Tensor> in{a, b}, outs{out};
+  record_op("add", in, outs, [](std::span<const Tensor> g, const std::vector<bool>&) { return std::vector<Tensor>{g[0], g[0]}; },
+            std::span<const Tensor>());
+  return outs[0];
+}
+
+// A gradient the caller may keep (.grad or grad()'s result): g itself when nothing else can see
+// it, else a copy. A leaf's gradient must not alias an upstream gradient the caller still holds,
+// nor be a broadcast (stride 0) view. Without create_graph it carries no history (a backward run
+// with grad mode on may return one: a .grad holding a graph would hold its own leaf in a cycle);
+// with create_graph the copy is recorded.
+Tensor own_gradient(const Tensor& g, bool create_graph) {
+  const bool exclusive = g.is_contiguous() && g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1;
+  if (!create_graph) return exclusive ? g.detach() : copy_of(g);
+  if (exclusive) return g;
+  Tensor out;
+  {
+    NoGradGuard off;
+    out = copy_of(g);
+  }
+  std::vector<Tensor> in{g}, outs{out};
+  record_op("clone", in, outs, [](std::span<const Tensor> gs, const std::vector<bool>&) { return std::vector<Tensor>{gs[0]}; },
+            std::span<const Tensor>());
+  return outs[0];
+}
+
 // Leaf gradients of one backward pass, applied to the leaves only once the whole pass has
 // succeeded: a backward that throws half-way leaves every .grad as it was.
 class LeafGradients {
@@ -73,20 +110,17 @@ class LeafGradients {
     if (!leaf->leaf_requires_grad) return;  // set_requires_grad(false) since it was recorded
     auto [it, inserted] = index_.try_emplace(leaf.get(), pending_.size());
     if (inserted) pending_.emplace_back(leaf, g);
-    else pending_[it->second].second = add_same_shape(pending_[it->second].second, g);
+    else pending_[it->second].second = add_gradients(pending_[it->second].second, g);
   }
-  void apply() {
+  Tensor find(const TensorImpl* leaf) const {
+    const auto it = index_.find(leaf);
+    return it == index_.end() ? Tensor() : pending_[it->second].second;
+  }
+  void apply(bool create_graph) {
+    GradModeGuard mode(create_graph);
     for (auto& [leaf, g] : pending_) {
-      if (leaf->grad.defined()) {
-        leaf->grad = add_same_shape(leaf->grad, g);  // a fresh tensor without history
-        continue;
-      }
-      // Keep g's storage only when nothing else can see it: a leaf's gradient must not alias an
-      // upstream gradient the caller still holds, nor be a broadcast (stride 0) view. Either way
-      // the gradient carries no history (a backward run with grad mode on may return one): a
-      // .grad holding a graph would hold its own leaf in a cycle.
-      const bool exclusive = g.is_contiguous() && g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1;
-      leaf->grad = exclusive ? g.detach() : copy_of(g);
+      if (leaf->grad.defined()) leaf->grad = create_graph ? add_gradients(leaf->grad, g) : add_same_shape(leaf->grad, g);
+      else leaf->grad = own_gradient(g, create_graph);
     }
   }
 
@@ -95,7 +129,26 @@ class LeafGradients {
   std::unordered_map<const TensorImpl*, std::size_t> index_;
 };
 
-void accumulate(Tensor& slot, const Tensor& g) { slot = slot.defined() ? add_same_shape(slot, g) : g; }
+void accumulate(Tensor& slot, const Tensor& g) { slot = slot.defined() ? add_gradients(slot, g) : g; }
+
+// One backward pass: backward() applies its leaf gradients, grad() reads the wanted ones.
+class Pass {
+ public:
+  explicit Pass(bool create_graph);
+  // grad(): only these tensors' gradients are wanted (their nodes' and leaves' gradients are
+  // kept, and nodes that lead to none of them are skipped).
+  void want(const std::vector<Tensor>& inputs);
+  void run(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs);
+  Tensor gradient_of(const Tensor& t) const;
+  LeafGradients leaves;
+
+ private:
+  bool create_graph_;
+  bool wanting_ = false;
+  std::unordered_map<const Node*, int> wanted_nodes_;
+  std::unordered_map<const TensorImpl*, int> wanted_leaves_;
+  std::map<std::pair<const Node*, std::int32_t>, Tensor> captured_;
+};
 
 // What `t` is to an op with these inputs and outputs, for the in-place error message.
 SavedVersion::Kind describe(const Tensor& t, std::span<const Tensor> inputs, std::span<const Tensor> outputs,
@@ -231,6 +284,169 @@ Node* live_node(const TensorImpl& impl) noexcept {
   return n != nullptr && !n->released ? n : nullptr;
 }
 
+namespace {
+// The node whose backward runs in a create_graph pass on this thread (output_with_history).
+thread_local const std::shared_ptr<Node>* creating_node = nullptr;
+}  // namespace
+
+Tensor output_with_history(const Tensor& saved, std::int32_t slot) {
+  if (creating_node == nullptr || !grad_enabled || !saved.defined()) return saved;
+  auto impl = std::make_shared<TensorImpl>();
+  const TensorImpl& from = *saved.impl();
+  impl->storage = from.storage;
+  impl->shape = from.shape;
+  impl->strides = from.strides;
+  impl->offset = from.offset;
+  impl->dtype = from.dtype;
+  impl->grad_fn = *creating_node;
+  impl->slot = slot;
+  return Tensor(std::move(impl));
+}
+
+bool creating_graph() noexcept { return creating_node != nullptr && grad_enabled; }
+
+void check_pass_arguments(const char* op, const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs) {
+  if (outputs.size() != grad_outputs.size())
+    fail<ValueError>("{}: got {} outputs but {} grad_outputs; give one gradient per output", op, outputs.size(),
+                     grad_outputs.size());
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    const Tensor& out = outputs[i];
+    const Tensor& g = grad_outputs[i];
+    if (!out.defined()) fail<Error>("{}: argument 'outputs[{}]' is an undefined tensor", op, i);
+    if (!out.requires_grad())
+      fail<GraphError>("{}: outputs[{}] (shape {}, {}) does not require grad: no input of the "
+                       "ops that made it requires grad, it was made under NoGradGuard, or its tape "
+                       "was cleared",
+                       op, i, shape_str(out.shape()), out.dtype());
+    if (!g.defined()) fail<Error>("{}: argument 'grad_outputs[{}]' is an undefined tensor", op, i);
+    if (g.shape() != out.shape() || g.dtype() != out.dtype())
+      fail<ShapeError>("{}: grad_outputs[{}] must match outputs[{}]: expected {} {}, got {} {}", op, i, i, out.dtype(),
+                       shape_str(out.shape()), g.dtype(), shape_str(g.shape()));
+  }
+}
+
+Pass::Pass(bool create_graph) : create_graph_(create_graph) {}
+
+void Pass::want(const std::vector<Tensor>& inputs) {
+  wanting_ = true;
+  for (const Tensor& t : inputs) {
+    if (Node* n = live_node(*t.impl())) wanted_nodes_.emplace(n, 0);
+    else wanted_leaves_.emplace(t.impl(), 0);
+  }
+}
+
+Tensor Pass::gradient_of(const Tensor& t) const {
+  const TensorImpl& impl = *t.impl();
+  if (const Node* n = live_node(impl)) {
+    const auto it = captured_.find({n, impl.slot});
+    return it == captured_.end() ? Tensor() : it->second;
+  }
+  return leaves.find(&impl);
+}
+
+void Pass::run(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs) {
+  GradModeGuard mode(create_graph_);
+  BackwardDepth depth;
+  // The nodes reachable from the outputs, newest first. Every edge points from a node to an
+  // older one, so this is a reverse topological order: no recursion, no depth limit. The
+  // nodes are held here for the whole pass.
+  std::vector<std::shared_ptr<Node>> order;
+  std::vector<NodeView> views;  // parallel to `order` until the sort
+  std::unordered_map<const Node*, std::size_t> index;
+  for (const Tensor& out : outputs)
+    if (Node* n = live_node(*out.impl()); n != nullptr && index.emplace(n, 0).second) order.push_back(out.impl()->grad_fn);
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    views.push_back(view_of(*order[i]));
+    for (const Edge& e : views.back().inputs)
+      if (e.node && index.emplace(e.node.get(), 0).second) order.push_back(e.node);
+  }
+  std::vector<std::size_t> by_age(order.size());
+  for (std::size_t i = 0; i < by_age.size(); ++i) by_age[i] = i;
+  std::sort(by_age.begin(), by_age.end(), [&](std::size_t a, std::size_t b) { return order[a]->sequence > order[b]->sequence; });
+  {
+    std::vector<std::shared_ptr<Node>> sorted_order;
+    std::vector<NodeView> sorted_views;
+    for (std::size_t i : by_age) {
+      sorted_order.push_back(std::move(order[i]));
+      sorted_views.push_back(std::move(views[i]));
+    }
+    order = std::move(sorted_order);
+    views = std::move(sorted_views);
+  }
+  for (std::size_t i = 0; i < order.size(); ++i) index[order[i].get()] = i;
+
+  // grad(): which edges lead to a wanted input (oldest first, so each node's inputs are known
+  // before it). Gradients that lead nowhere wanted are not computed.
+  std::vector<std::vector<bool>> needs(order.size());
+  std::vector<bool> leads(order.size(), true);
+  for (std::size_t i = order.size(); i-- > 0;) {
+    needs[i] = order[i]->needs_grad;
+    if (!wanting_) continue;
+    bool any = wanted_nodes_.count(order[i].get()) > 0;
+    for (std::size_t k = 0; k < needs[i].size(); ++k) {
+      const Edge& e = views[i].inputs[k];
+      const bool to = e.node ? leads[index.at(e.node.get())] : e.leaf && wanted_leaves_.count(e.leaf.get()) > 0;
+      needs[i][k] = needs[i][k] && to;
+      any = any || needs[i][k];
+    }
+    leads[i] = any;
+  }
+
+  std::vector<std::vector<Tensor>> pending(order.size());
+  auto send = [&](const Node* n, std::int32_t slot, const Tensor& g) {
+    auto& slots = pending[index.at(n)];
+    slots.resize(n->outputs.size());
+    accumulate(slots[static_cast<std::size_t>(slot)], g);
+  };
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    const auto& impl = *outputs[i].impl();
+    if (const Node* n = live_node(impl)) send(n, impl.slot, grad_outputs[i]);
+    else leaves.add(outputs[i].impl_ptr(), grad_outputs[i]);
+  }
+
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    if (pending[i].empty() || !leads[i]) continue;
+    const Node& node = *order[i];
+    const NodeView& view = views[i];
+    if (view.released || !view.backward)
+      fail<GraphError>("backward: the graph through {} was released by clear_tape() on the thread that recorded it, "
+                       "so the gradients reaching it cannot go further",
+                       node.name);
+    if (wanting_ && wanted_nodes_.count(&node) > 0)
+      for (std::size_t slot = 0; slot < pending[i].size(); ++slot)
+        if (pending[i][slot].defined()) captured_[{&node, static_cast<std::int32_t>(slot)}] = pending[i][slot];
+    if (std::none_of(needs[i].begin(), needs[i].end(), [](bool b) { return b; })) continue;
+    check_saved_versions(node.name, view.saved);
+    const double started = profile != nullptr ? now_seconds() : 0.0;
+    std::vector<Tensor> grads;
+    {
+      const std::shared_ptr<Node>* outer = creating_node;
+      creating_node = create_graph_ ? &order[i] : nullptr;
+      struct Restore {
+        const std::shared_ptr<Node>* outer;
+        ~Restore() { creating_node = outer; }
+      } restore{outer};
+      grads = (*view.backward)(pending[i], needs[i]);
+    }
+    pending[i] = {};  // release this node's upstream gradients as soon as they are used
+    if (grads.size() != view.inputs.size())
+      fail<GraphError>("backward of {}: returned {} gradients for {} inputs", node.name, grads.size(), view.inputs.size());
+    for (std::size_t k = 0; k < grads.size(); ++k) {
+      const Tensor& g = grads[k];
+      const Edge& e = view.inputs[k];
+      if (!g.defined() || !needs[i][k]) continue;
+      // What the gradient must look like: the input itself (a leaf) or the output it came from.
+      const OutputMeta& want = e.leaf ? OutputMeta{e.leaf->shape, e.leaf->dtype} : e.node->outputs[static_cast<std::size_t>(e.slot)];
+      if (g.shape() != want.shape || g.dtype() != want.dtype)
+        fail<GraphError>("backward of {}: gradient for input {} must be {} {}, got {} {}", node.name, k, want.dtype,
+                         shape_str(want.shape), g.dtype(), shape_str(g.shape()));
+      if (e.leaf) leaves.add(e.leaf, g);
+      else send(e.node.get(), e.slot, g);
+    }
+    if (profile != nullptr) profile->backward_ran(node.name, now_seconds() - started);
+  }
+}
+
 }  // namespace detail
 
 using detail::fail;
@@ -359,104 +575,49 @@ void backward(const Tensor& output) {
   backward({output}, {ones(output.shape(), output.dtype())});
 }
 
-void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs) {
-  if (outputs.size() != grad_outputs.size())
-    fail<ValueError>("backward: got {} outputs but {} grad_outputs; give one gradient per output",
-                     outputs.size(), grad_outputs.size());
-  for (std::size_t i = 0; i < outputs.size(); ++i) {
-    const Tensor& out = outputs[i];
-    const Tensor& g = grad_outputs[i];
-    if (!out.defined()) fail<Error>("backward: argument 'outputs[{}]' is an undefined tensor", i);
-    if (!out.requires_grad())
-      fail<GraphError>("backward: outputs[{}] (shape {}, {}) does not require grad: no input of the "
-                       "ops that made it requires grad, it was made under NoGradGuard, or its tape "
-                       "was cleared",
-                       i, shape_str(out.shape()), out.dtype());
-    if (!g.defined()) fail<Error>("backward: argument 'grad_outputs[{}]' is an undefined tensor", i);
-    if (g.shape() != out.shape() || g.dtype() != out.dtype())
-      fail<ShapeError>("backward: grad_outputs[{}] must match outputs[{}]: expected {} {}, got {} {}",
-                       i, i, out.dtype(), shape_str(out.shape()), g.dtype(), shape_str(g.shape()));
-  }
-
-  NoGradGuard no_grad;
-  detail::BackwardDepth depth;
-  // The nodes reachable from the outputs, newest first. Every edge points from a node to an
-  // older one, so this is a reverse topological order: no recursion, no depth limit. The roots
-  // are held here, and they hold everything below them, for the whole pass.
-  std::vector<std::shared_ptr<detail::Node>> roots;
-  std::vector<detail::Node*> order;
-  std::vector<detail::NodeView> views;  // parallel to `order` until the sort
-  std::unordered_map<const detail::Node*, std::size_t> index;
-  for (const Tensor& out : outputs)
-    if (detail::Node* n = detail::live_node(*out.impl()); n != nullptr && index.emplace(n, 0).second) {
-      roots.push_back(out.impl()->grad_fn);
-      order.push_back(n);
-    }
-  for (std::size_t i = 0; i < order.size(); ++i) {
-    views.push_back(detail::view_of(*order[i]));
-    for (const detail::Edge& e : views.back().inputs)
-      if (e.node && index.emplace(e.node.get(), 0).second) order.push_back(e.node.get());
-  }
-  std::vector<std::size_t> by_age(order.size());
-  for (std::size_t i = 0; i < by_age.size(); ++i) by_age[i] = i;
-  std::sort(by_age.begin(), by_age.end(), [&](std::size_t a, std::size_t b) { return order[a]->sequence > order[b]->sequence; });
-  {
-    std::vector<detail::Node*> sorted_order;
-    std::vector<detail::NodeView> sorted_views;
-    for (std::size_t i : by_age) {
-      sorted_order.push_back(order[i]);
-      sorted_views.push_back(std::move(views[i]));
-    }
-    order = std::move(sorted_order);
-    views = std::move(sorted_views);
-  }
-  for (std::size_t i = 0; i < order.size(); ++i) index[order[i]] = i;
-
-  detail::LeafGradients leaves;
-  std::vector<std::vector<Tensor>> pending(order.size());
-  auto send = [&](const detail::Node* n, std::int32_t slot, const Tensor& g) {
-    auto& slots = pending[index.at(n)];
-    slots.resize(n->outputs.size());
-    detail::accumulate(slots[static_cast<std::size_t>(slot)], g);
-  };
-  for (std::size_t i = 0; i < outputs.size(); ++i) {
-    const auto& impl = *outputs[i].impl();
-    if (const detail::Node* n = detail::live_node(impl)) send(n, impl.slot, grad_outputs[i]);
-    else leaves.add(outputs[i].impl_ptr(), grad_outputs[i]);
-  }
-
-  for (std::size_t i = 0; i < order.size(); ++i) {
-    if (pending[i].empty()) continue;
-    const detail::Node& node = *order[i];
-    const detail::NodeView& view = views[i];
-    if (view.released || !view.backward)
-      fail<GraphError>("backward: the graph through {} was released by clear_tape() on the thread that recorded it, "
-                       "so the gradients reaching it cannot go further",
-                       node.name);
-    detail::check_saved_versions(node.name, view.saved);
-    const double started = detail::profile != nullptr ? detail::now_seconds() : 0.0;
-    std::vector<Tensor> grads = (*view.backward)(pending[i], node.needs_grad);
-    pending[i] = {};  // release this node's upstream gradients as soon as they are used
-    if (grads.size() != view.inputs.size())
-      fail<GraphError>("backward of {}: returned {} gradients for {} inputs", node.name, grads.size(), view.inputs.size());
-    for (std::size_t k = 0; k < grads.size(); ++k) {
-      const Tensor& g = grads[k];
-      const detail::Edge& e = view.inputs[k];
-      if (!g.defined() || !node.needs_grad[k]) continue;
-      // What the gradient must look like: the input itself (a leaf) or the output it came from.
-      const detail::OutputMeta& want = e.leaf ? detail::OutputMeta{e.leaf->shape, e.leaf->dtype}
-                                              : e.node->outputs[static_cast<std::size_t>(e.slot)];
-      if (g.shape() != want.shape || g.dtype() != want.dtype)
-        fail<GraphError>("backward of {}: gradient for input {} must be {} {}, got {} {}", node.name, k, want.dtype,
-                         shape_str(want.shape), g.dtype(), shape_str(g.shape()));
-      if (e.leaf) leaves.add(e.leaf, g);
-      else send(e.node.get(), e.slot, g);
-    }
-    if (detail::profile != nullptr) detail::profile->backward_ran(node.name, detail::now_seconds() - started);
-  }
+void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs, const BackwardOptions& options) {
+  detail::check_pass_arguments("backward", outputs, grad_outputs);
+  detail::Pass pass(options.create_graph);
+  pass.run(outputs, grad_outputs);
   const double started = detail::profile != nullptr ? detail::now_seconds() : 0.0;
-  leaves.apply();
+  pass.leaves.apply(options.create_graph);
   if (detail::profile != nullptr) detail::profile->backward_ran("(gradients into leaves)", detail::now_seconds() - started);
+}
+
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& grad_outputs, const GradOptions& options) {
+  std::vector<Tensor> given = grad_outputs;
+  if (given.empty())
+    for (std::size_t i = 0; i < outputs.size(); ++i) {
+      const Tensor& out = outputs[i];
+      if (!out.defined()) fail<Error>("grad: argument 'outputs[{}]' is an undefined tensor", i);
+      if (out.numel() != 1)
+        fail<ShapeError>("grad: outputs[{}] has shape {}; without grad_outputs every output must have exactly one "
+                         "element (an implicit gradient of 1)",
+                         i, shape_str(out.shape()));
+      given.push_back(ones(out.shape(), out.dtype()));
+    }
+  detail::check_pass_arguments("grad", outputs, given);
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined()) fail<Error>("grad: argument 'inputs[{}]' is an undefined tensor", i);
+    if (!inputs[i].requires_grad())
+      fail<GraphError>("grad: inputs[{}] (shape {}, {}) does not require grad, so it has no gradient", i,
+                       shape_str(inputs[i].shape()), inputs[i].dtype());
+  }
+  detail::Pass pass(options.create_graph);
+  pass.want(inputs);
+  pass.run(outputs, given);
+  std::vector<Tensor> result(inputs.size());
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    Tensor g = pass.gradient_of(inputs[i]);
+    if (!g.defined() && !options.allow_unused)
+      fail<GraphError>("grad: no gradient reaches inputs[{}] (shape {}) from the outputs; pass allow_unused to get an "
+                       "undefined tensor for it",
+                       i, shape_str(inputs[i].shape()));
+    if (g.defined()) g = detail::own_gradient(g, options.create_graph);
+    result[i] = std::move(g);
+  }
+  return result;
 }
 
 }  // namespace tapegrad

@@ -6,6 +6,7 @@
 #include <span>
 
 #include "autodiff/loops.hpp"
+#include "autodiff/saved_output.hpp"
 #include "tapegrad/autodiff/tape.hpp"
 
 namespace tapegrad::detail {

@@ -1,6 +1,7 @@
 // The one header a user includes: every public header, room by room (docs/architecture.md).
 #pragma once
 
+#include "tapegrad/autodiff/derivatives.hpp"
 #include "tapegrad/autodiff/dtype.hpp"
 #include "tapegrad/autodiff/error.hpp"
 #include "tapegrad/autodiff/gradcheck.hpp"

@@ -39,6 +39,7 @@ struct GradcheckResult {
   double analytic = 0.0;
   double numeric = 0.0;
   double abs_error = 0.0;
+  std::string check = "gradcheck";  // which check ran, for report()
   std::string report() const;  // one paragraph, for failure messages and examples
 };
 
@@ -59,5 +60,17 @@ GradcheckResult gradcheck(const GradcheckFn& f, const std::vector<Tensor>& input
 //   gradcheck_parameters([&] { return std::vector{model.forward(ids)}; }, model.parameters());
 GradcheckResult gradcheck_parameters(const std::function<std::vector<Tensor>()>& f, const std::vector<Tensor>& parameters,
                                      const GradcheckOptions& options = {});
+
+// Second order: checks the gradients of f's gradients against float64 finite differences of
+// them. It runs gradcheck on
+//   h(inputs, grad_outputs) = grad(f(inputs), inputs that require grad, grad_outputs),
+// computed with create_graph for the analytic pass, so a backward whose own gradient is wrong
+// (or missing: one computed with raw loops) fails. h is differentiated with respect to the
+// inputs that require grad and to grad_outputs: empty, they are drawn from `options.seed` (one
+// per output of f, float64 normal, 0 where f's output is infinite) and checked; given, each
+// must match its output's shape and dtype and is checked when it requires grad.
+// GradcheckResult::input then numbers the inputs first and the grad_outputs after them.
+GradcheckResult gradgradcheck(const GradcheckFn& f, const std::vector<Tensor>& inputs,
+                              const std::vector<Tensor>& grad_outputs = {}, const GradcheckOptions& options = {});
 
 }  // namespace tapegrad

@@ -28,6 +28,14 @@
 
 namespace tapegrad {
 
+struct BackwardOptions {
+  // Record the backward pass itself, so that the gradients it produces have a graph and can be
+  // differentiated again (gradients of gradients, Hessian-vector products). Off: nothing extra
+  // is recorded. A leaf's .grad then holds a graph that holds the leaf: zero_grad() frees it;
+  // grad() below returns the gradients instead and leaves .grad alone.
+  bool create_graph = false;
+};
+
 // Runs backward from a scalar (one-element) tensor with upstream gradient 1.
 void backward(const Tensor& output);
 // Runs backward from several outputs at once, each with its upstream gradient (same shape and
@@ -37,7 +45,20 @@ void backward(const Tensor& output);
 // Re-entrancy: an op's backward may run ops with grad mode switched back on (EnableGradGuard)
 // and may call backward or gradcheck itself (a nested pass); both are supported. It may not call
 // clear_tape(), which throws a GraphError while a pass runs on its thread.
-void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs);
+void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs,
+              const BackwardOptions& options = {});
+
+struct GradOptions {
+  bool create_graph = false;  // as in BackwardOptions
+  // An input that no gradient reaches gets an undefined Tensor instead of a GraphError.
+  bool allow_unused = false;
+};
+// The gradients of `inputs` (leaves or intermediate tensors that require grad), one per input,
+// like torch.autograd.grad: .grad is not touched. `grad_outputs` as for backward; left empty,
+// every output must have one element and gets gradient 1. Only the nodes between the outputs
+// and the inputs run.
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& grad_outputs = {}, const GradOptions& options = {});
 
 // Grad mode is on by default.
 bool is_grad_enabled() noexcept;
@@ -72,7 +93,10 @@ std::size_t tape_size() noexcept;
 // A backward receives the gradient of every output (an undefined Tensor for an output that no
 // gradient reached, only possible with several outputs) and which inputs need a gradient. It
 // returns one gradient per input, each of that input's shape and dtype, or an undefined Tensor
-// where none is needed. It runs with grad mode off.
+// where none is needed. It runs with grad mode off, or on in a create_graph pass: a backward
+// written in recorded ops (of the inputs it captured and of the upstream gradients) is then
+// differentiable; one that computes with raw loops returns gradients without history, and the
+// second-order terms through it are missing. Every built-in op's backward is differentiable.
 //
 // What a backward captures stays alive as long as the node. Capture an output as
 // `out.detach()`, never `out` itself: an output holds its node, so the node would hold itself

@@ -1,0 +1,106 @@
+// Hessian-vector products, Jacobians and Hessians (see derivatives.hpp).
+#include "tapegrad/autodiff/derivatives.hpp"
+
+#include "autodiff/check.hpp"
+#include "autodiff/loops.hpp"
+#include "tapegrad/autodiff/tape.hpp"
+
+namespace tapegrad {
+namespace {
+using namespace detail;
+
+// A leaf holding x's values, for f to be differentiated at.
+Tensor fresh_leaf(const char* op, const char* name, const Tensor& x) {
+  check_defined(op, name, x);
+  check_floating(op, name, x);
+  return copy_of(x).set_requires_grad();
+}
+
+Tensor scalar_output(const char* op, const Tensor& y) {
+  if (!y.defined()) fail<Error>("{}: f returned an undefined tensor", op);
+  if (y.numel() != 1)
+    fail<ShapeError>("{}: f must return a one-element tensor (a loss), got shape {}", op, shape_str(y.shape()));
+  if (!y.requires_grad())
+    fail<GraphError>("{}: f's result does not depend on its inputs through recorded ops (it does not require grad)", op);
+  return y;
+}
+
+// The unit tensor of `shape` with a 1 at flat position i.
+Tensor unit(const Shape& shape, DType dtype, std::int64_t i) {
+  std::vector<double> v(static_cast<std::size_t>(shape_numel(shape)), 0.0);
+  v[static_cast<std::size_t>(i)] = 1.0;
+  return from_vector(std::span<const double>(v), shape).to(dtype);
+}
+
+// Stacks rows (each of shape `inner`) into a tensor of shape outer + inner.
+Tensor stack_rows(const std::vector<Tensor>& rows, const Shape& outer, const Shape& inner, DType dtype) {
+  std::vector<double> v;
+  for (const Tensor& r : rows) {
+    const std::vector<double> part = r.defined() ? r.to(DType::float64).to_vector<double>()
+                                                 : std::vector<double>(static_cast<std::size_t>(shape_numel(inner)), 0.0);
+    v.insert(v.end(), part.begin(), part.end());
+  }
+  Shape shape = outer;
+  shape.insert(shape.end(), inner.begin(), inner.end());
+  return from_vector(std::span<const double>(v), shape).to(dtype);
+}
+
+}  // namespace
+
+std::vector<Tensor> hessian_vector_product(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                                           const std::vector<Tensor>& xs, const std::vector<Tensor>& vs) {
+  const char* op = "hessian_vector_product";
+  if (xs.size() != vs.size())
+    fail<ValueError>("{}: got {} tensors 'xs' but {} directions 'vs'; give one direction per tensor", op, xs.size(), vs.size());
+  std::vector<Tensor> leaves;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    leaves.push_back(fresh_leaf(op, fmt::format("xs[{}]", i).c_str(), xs[i]));
+    check_defined(op, fmt::format("vs[{}]", i).c_str(), vs[i]);
+    if (vs[i].shape() != xs[i].shape() || vs[i].dtype() != xs[i].dtype())
+      fail<ShapeError>("{}: vs[{}] must match xs[{}]: expected {} {}, got {} {}", op, i, i, xs[i].dtype(),
+                       shape_str(xs[i].shape()), vs[i].dtype(), shape_str(vs[i].shape()));
+  }
+  EnableGradGuard grad_on;
+  const Tensor y = scalar_output(op, f(leaves));
+  std::vector<Tensor> g = grad({y}, leaves, {}, {.create_graph = true, .allow_unused = true});
+  std::vector<Tensor> outs, directions, wanted;
+  for (std::size_t i = 0; i < g.size(); ++i)
+    if (g[i].defined() && g[i].requires_grad()) {
+      outs.push_back(g[i]);
+      directions.push_back(vs[i]);
+    }
+  std::vector<Tensor> hv(xs.size());
+  if (!outs.empty()) hv = grad(outs, leaves, directions, {.allow_unused = true});
+  for (std::size_t i = 0; i < hv.size(); ++i) hv[i] = hv[i].defined() ? hv[i].detach() : zeros(xs[i].shape(), xs[i].dtype());
+  return hv;
+}
+
+Tensor hessian_vector_product(const std::function<Tensor(const Tensor&)>& f, const Tensor& x, const Tensor& v) {
+  return hessian_vector_product([&](const std::vector<Tensor>& xs) { return f(xs[0]); }, {x}, {v})[0];
+}
+
+Tensor jacobian(const std::function<Tensor(const Tensor&)>& f, const Tensor& x) {
+  const char* op = "jacobian";
+  const Tensor leaf = fresh_leaf(op, "x", x);
+  EnableGradGuard grad_on;
+  const Tensor y = f(leaf);
+  if (!y.defined()) fail<Error>("{}: f returned an undefined tensor", op);
+  std::vector<Tensor> rows;
+  for (std::int64_t i = 0; i < y.numel(); ++i)
+    rows.push_back(y.requires_grad() ? grad({y}, {leaf}, {unit(y.shape(), y.dtype(), i)}, {.allow_unused = true})[0] : Tensor());
+  return stack_rows(rows, y.shape(), x.shape(), x.dtype());
+}
+
+Tensor hessian(const std::function<Tensor(const Tensor&)>& f, const Tensor& x) {
+  const char* op = "hessian";
+  const Tensor leaf = fresh_leaf(op, "x", x);
+  EnableGradGuard grad_on;
+  const Tensor y = scalar_output(op, f(leaf));
+  const Tensor g = grad({y}, {leaf}, {}, {.create_graph = true})[0];
+  std::vector<Tensor> rows;
+  for (std::int64_t i = 0; i < x.numel(); ++i)
+    rows.push_back(g.requires_grad() ? grad({g}, {leaf}, {unit(x.shape(), x.dtype(), i)}, {.allow_unused = true})[0] : Tensor());
+  return stack_rows(rows, x.shape(), x.shape(), x.dtype());
+}
+
+}  // namespace tapegrad

@@ -1,7 +1,7 @@
 // The data-driven op suite: every entry of the op table, on every sample, in every layout
 // (contiguous, transposed, strided, expanded), is checked against its reference in float64,
 // against float64 in float32, for dtype preservation and untouched inputs, by float64
-// gradcheck, and on its error inputs.
+// gradcheck and gradgradcheck, and on its error inputs.
 #define BOOST_TEST_MODULE ops
 #include <algorithm>
 #include <filesystem>
@@ -157,6 +157,29 @@ void check_against_reference(const std::string& name) {
   }
 }
 
+// Second order: float64 gradgradcheck (the gradients of the op's gradients, with respect to
+// the inputs and to random upstream gradients) on every sample and layout.
+void check_second_order(const std::string& name) {
+  const OpInfo& info = find_op(name);
+  if (!info.differentiable) return;
+  std::uint64_t seed = 1;
+  for (const auto& shapes : info.samples) {
+    for (Layout layout : {Layout::contiguous, Layout::transposed, Layout::strided, Layout::expanded}) {
+      if (!layout_applies(shapes, layout)) continue;
+      BOOST_TEST_CONTEXT(name << " on " << shapes_str(shapes) << ", " << layout_name(layout)) {
+        ++seed;
+        const Inputs in64 = make_inputs(info, shapes, layout, tg::float64, seed);
+        std::vector<Tensor> leaves = in64.leaves;
+        for (auto& l : leaves) l = l.detach().set_requires_grad();
+        const auto result =
+            tg::gradgradcheck([&](const std::vector<Tensor>& xs) { return info.op(in64.apply(xs)); }, leaves, {}, info.grad);
+        BOOST_CHECK_MESSAGE(result.ok, result.report());
+        tg::clear_tape();
+      }
+    }
+  }
+}
+
 void check_error_inputs(const std::string& name) {
   const OpInfo& info = find_op(name);
   for (const auto& e : info.errors) {
@@ -210,6 +233,8 @@ void check_undefined_inputs(const std::string& name) {
 BOOST_AUTO_TEST_SUITE(op_table_suite)
 
 BOOST_DATA_TEST_CASE(matches_reference_in_every_layout, bdata::make(op_names()), name) { check_against_reference(name); }
+
+BOOST_DATA_TEST_CASE(second_order_gradients_in_every_layout, bdata::make(op_names()), name) { check_second_order(name); }
 
 BOOST_DATA_TEST_CASE(rejects_bad_inputs_with_clear_errors, bdata::make(op_names()), name) { check_error_inputs(name); }
 

@@ -280,4 +280,50 @@ GradcheckResult gradgradcheck(const GradcheckFn& f, const std::vector<Tensor>& i
   return r;
 }
 
+GradcheckResult gradgradcheck_parameters(const std::function<std::vector<Tensor>()>& f, const std::vector<Tensor>& parameters,
+                                         const GradcheckOptions& options) {
+  const char* op = "gradgradcheck_parameters";
+  check_options(op, options);
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    check_perturbable(op, "parameters", i, parameters[i]);
+    if (!parameters[i].requires_grad() || !parameters[i].is_leaf())
+      fail<GraphError>("{}: argument 'parameters[{}]' (shape {}) must be a leaf that requires grad", op, i,
+                       shape_str(parameters[i].shape()));
+  }
+  std::vector<Tensor> outputs;
+  {
+    EnableGradGuard grad_on;
+    outputs = f();
+  }
+  std::vector<Tensor> gs;
+  Generator gen(options.seed + 1);
+  for (std::size_t o = 0; o < outputs.size(); ++o) {
+    check_dtype(op, fmt::format("f()[{}]", o).c_str(), outputs[o], DType::float64);
+    std::vector<double> w = randn(outputs[o].shape(), gen, DType::float64).to_vector<double>();
+    const std::vector<double> values = outputs[o].to_vector<double>();
+    for (std::size_t i = 0; i < w.size(); ++i)
+      if (std::isinf(values[i])) w[i] = 0.0;
+    gs.push_back(from_vector(std::span<const double>(w), outputs[o].shape()));
+  }
+  const auto h = [&] {
+    const bool analytic = is_grad_enabled();
+    EnableGradGuard grad_on;
+    std::vector<Tensor> outs, weights;
+    const std::vector<Tensor> ys = f();
+    for (std::size_t o = 0; o < ys.size() && o < gs.size(); ++o)
+      if (ys[o].requires_grad()) {
+        outs.push_back(ys[o]);
+        weights.push_back(gs[o]);
+      }
+    std::vector<Tensor> grads(parameters.size());
+    if (!outs.empty()) grads = grad(outs, parameters, weights, {.create_graph = analytic, .allow_unused = true});
+    for (std::size_t i = 0; i < grads.size(); ++i)
+      if (!grads[i].defined()) grads[i] = zeros(parameters[i].shape(), parameters[i].dtype());
+    return grads;
+  };
+  GradcheckResult r = gradcheck_parameters(h, parameters, options);
+  r.check = op;
+  return r;
+}
+
 }  // namespace tapegrad

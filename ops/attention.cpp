@@ -90,7 +90,8 @@ AttentionResult weights_path(const AttentionArgs& a, const Shape& scores_shape, 
   std::vector<Tensor> outputs{output, weights};
   record_op(a.op, inputs, outputs,
             [q = a.q, k = a.k, v = a.v, bias_shape = a.bias.defined() ? a.bias.shape() : Shape{}, A = weights.detach(), masks,
-             scale](std::span<const Tensor> g, const std::vector<bool>& needs) {
+             scale, a, scores_shape](std::span<const Tensor> g, const std::vector<bool>& needs) {
+              if (creating_graph()) return attention_backward_with_graph(a, scores_shape, masks, scale, g, needs);
               const Tensor& d_out = g[0];
               const Tensor& d_weights = g[1];
               // As in the forward, whatever the precision where backward() runs.
@@ -112,21 +113,31 @@ AttentionResult weights_path(const AttentionArgs& a, const Shape& scores_shape, 
               if (needs[1]) grads[1] = scaled(sum_to(weighted_matmul(transpose(dS, -1, -2), q), k.shape()));
               return grads;
             },
-            masks.saved_with({a.q, a.k, a.v, weights}, /*ends_only=*/true));
+            // The whole masks and the bias: a create_graph pass reads them.
+            masks.saved_with({a.q, a.k, a.v, weights, a.bias}));
   return {outputs[0], outputs[1]};
+}
+
+// What a fast path's node declares it reads: its own list and, for a create_graph pass, the
+// inputs, the bias and the masks.
+std::vector<Tensor> with_args(std::vector<Tensor> saved, const AttentionArgs& a, const RowMasks& masks) {
+  for (const Tensor* t : {&a.q, &a.k, &a.v, &a.bias})
+    if (t->defined()) saved.push_back(*t);
+  return masks.saved_with(std::move(saved));
 }
 
 // A fast path's node: its forward has run; the backward hands the upstream gradients to the
 // path and finishes what it returns (the sums over broadcast dims, the factor 1/sqrt(D) where
 // the path left it).
-AttentionResult record_fast(const AttentionArgs& a, AttentionRun run, double scale) {
+AttentionResult record_fast(const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks, AttentionRun run, double scale) {
   const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias};
   if (!should_record(inputs)) return {run.output, run.weights};
   std::vector<Tensor> outputs{run.output};
   if (run.weights.defined()) outputs.push_back(run.weights);
   record_op(a.op, inputs, outputs,
             [backward = run.backward, shapes = std::array<Shape, 4>{a.q.shape(), a.k.shape(), a.v.shape(), a.bias.defined() ? a.bias.shape() : Shape{}},
-             scale](std::span<const Tensor> g, const std::vector<bool>& needs) {
+             scale, a, scores_shape = scores_shape, masks](std::span<const Tensor> g, const std::vector<bool>& needs) {
+              if (creating_graph()) return attention_backward_with_graph(a, scores_shape, masks, scale, g, needs);
               const AttentionGrads r = (*backward)(g[0], g.size() > 1 ? g[1] : Tensor(), needs);
               auto finish = [&](const Tensor& t, std::size_t i, bool times_scale) {
                 if (!t.defined() || !needs[i]) return Tensor();
@@ -136,7 +147,7 @@ AttentionResult record_fast(const AttentionArgs& a, AttentionRun run, double sca
               return std::vector<Tensor>{finish(r.dq, 0, !r.scaled), finish(r.dk, 1, !r.scaled), finish(r.dv, 2, false),
                                          finish(r.dbias, 3, false)};
             },
-            run.saved);
+            with_args(run.saved, a, masks));
   return {outputs[0], run.weights.defined() ? outputs[1] : Tensor()};
 }
 
@@ -153,7 +164,7 @@ AttentionResult attention_core(const AttentionArgs& a, std::optional<AttentionPa
     if (!a.need_weights) r.weights = Tensor();  // as on the fused paths
     return r;
   }
-  return record_fast(a, run_attention(taken, a, scores_shape, masks, scale, bf16, block_rows), scale);
+  return record_fast(a, scores_shape, masks, run_attention(taken, a, scores_shape, masks, scale, bf16, block_rows), scale);
 }
 
 }  // namespace detail

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <optional>
+#include <span>
+#include <vector>
 
 #include "kernels/attention_paths.hpp"
 #include "tapegrad/ops/attention.hpp"
@@ -12,6 +14,11 @@ namespace tapegrad::detail {
 // The single entry: validates, computes the weights (when asked for) and the output on the
 // path attention_path() chooses, records one node. `path` forces one (the tests run each on
 // every shape; block_rows > 0: the pipelined paths' blocks of that many rows).
+// The node's backward in a create_graph pass (attention_second_order.cpp): gradients of q, k, v
+// and bias (where `needs`) that can be differentiated again, from the reference composite.
+std::vector<Tensor> attention_backward_with_graph(const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks,
+                                                  double scale, std::span<const Tensor> g, const std::vector<bool>& needs);
+
 AttentionResult attention_core(const AttentionArgs& args, std::optional<AttentionPath> path = std::nullopt, std::int64_t block_rows = 0);
 
 }  // namespace tapegrad::detail

@@ -14,6 +14,10 @@
 #include "runtime/parallel.hpp"
 #include "ops/op.hpp"
 #include "kernels/softmax_rows.hpp"
+#include "tapegrad/ops/compare.hpp"
+#include "tapegrad/ops/elementwise.hpp"
+#include "tapegrad/ops/reduction.hpp"
+#include "tapegrad/ops/where.hpp"
 
 namespace tapegrad {
 namespace detail {
@@ -115,6 +119,19 @@ Tensor masked_softmax_backward(const Tensor& weights, const Tensor& grad_weights
   return ds;
 }
 
+// The same in recorded ops, for a create_graph pass; A joined to its node, so the gradient of
+// dS with respect to A goes on through the softmax (docs/gradients.md derives both halves):
+//   P = A * dA',  dA' = dA where A != 0 else 0,   dS = where(A != 0, P - A * rowsum(P), 0)
+// The where()s keep the kernel's rule that an entry with A = 0 reads nothing and gets exactly 0:
+// a non-finite dA there, or a non-finite row sum, cannot make NaN through 0 * inf.
+Tensor masked_softmax_backward_with_graph(const Tensor& weights, const Tensor& grad_weights) {
+  const Tensor a = output_with_history(weights, 0);
+  const Tensor nonzero = ne(weights, scalar(0.0, weights.dtype()));
+  const Tensor zero = scalar(0.0, weights.dtype());
+  const Tensor p = mul(a, where(nonzero, grad_weights, zero));
+  return where(nonzero, sub(p, mul(a, sum(p, {-1}, /*keepdim=*/true))), zero);
+}
+
 }  // namespace detail
 
 Tensor masked_softmax(const Tensor& scores, const Tensor& allowed) {
@@ -122,6 +139,7 @@ Tensor masked_softmax(const Tensor& scores, const Tensor& allowed) {
   Tensor a = detail::masked_softmax_forward(scores, allowed);
   // dS = A * (dA - rowsum(A * dA)); keeps only its output A
   detail::record("masked_softmax", {scores}, a, {a}, [a = a.detach()](std::span<const Tensor> g, const std::vector<bool>&) {
+    if (detail::creating_graph()) return std::vector<Tensor>{detail::masked_softmax_backward_with_graph(a, g[0])};
     return std::vector<Tensor>{detail::masked_softmax_backward(a, g[0])};
   });
   return a;

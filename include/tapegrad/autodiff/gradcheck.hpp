@@ -73,4 +73,11 @@ GradcheckResult gradcheck_parameters(const std::function<std::vector<Tensor>()>&
 GradcheckResult gradgradcheck(const GradcheckFn& f, const std::vector<Tensor>& inputs,
                               const std::vector<Tensor>& grad_outputs = {}, const GradcheckOptions& options = {});
 
+// gradgradcheck for a function of tensors it captures (gradcheck_parameters' second order): the
+// gradients of f() with respect to `parameters`, under upstream gradients drawn from
+// options.seed, are checked against finite differences of them, each parameter perturbed in
+// place and restored exactly; the parameters' .grad are left as they were.
+GradcheckResult gradgradcheck_parameters(const std::function<std::vector<Tensor>()>& f, const std::vector<Tensor>& parameters,
+                                         const GradcheckOptions& options = {});
+
 }  // namespace tapegrad

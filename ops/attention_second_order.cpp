@@ -1,0 +1,128 @@
+// The backward of attention in a create_graph pass: the node's inputs run again through the
+// reference composite, built of recorded ops, and that composite is differentiated with
+// create_graph (docs/gradients.md, "Attention to second order"). The fast paths' kernels have
+// no differentiable form; the composite computes the same function, so its gradients are the
+// node's (up to rounding), and their own gradients come from ops that each have a backward.
+//
+//   S = scores_product(q, k) * scale (+ bias)    A = masked_softmax(S, mask)    O = weighted_product(A, v)
+//
+// Exact zeros: every product whose operand is shaped like the weights skips that operand's zero
+// entries (weighted_matmul), in both ops below and in their backwards, which are written in the
+// same two ops. So a masked key's k or v, or an empty row's q, holding NaN or inf reaches no
+// gradient of any order, as in the first-order paths.
+#include <cmath>
+
+#include "kernels/weighted_matmul.hpp"
+#include "ops/attention_core.hpp"
+#include "ops/op.hpp"
+#include "tapegrad/ops/elementwise.hpp"
+#include "tapegrad/ops/matmul.hpp"
+#include "tapegrad/ops/softmax.hpp"
+#include "tapegrad/ops/view.hpp"
+
+namespace tapegrad::detail {
+namespace {
+
+Tensor weighted_product(const Tensor& w, const Tensor& x);
+
+// x y^T (batch dims broadcast), a plain product: where an operand is not finite the scores are
+// NaN too, and the softmax does not read a masked one. Its backward multiplies by dC, which
+// is zero wherever the scores were masked, so those products skip zero weights.
+//   dx = dC y,  dy = dC^T x
+Tensor scores_product(const Tensor& x, const Tensor& y) {
+  Tensor out;
+  {
+    NoGradGuard off;
+    out = weighted_matmul(x, transpose(y, -1, -2));
+  }
+  record("scores_product", {x, y}, out, {x, y}, [x, y](std::span<const Tensor> g, const std::vector<bool>& needs) {
+    std::vector<Tensor> grads(2);
+    if (needs[0]) grads[0] = sum_to(weighted_product(g[0], y), x.shape());
+    if (needs[1]) grads[1] = sum_to(weighted_product(transpose(g[0], -1, -2), x), y.shape());
+    return grads;
+  });
+  return out;
+}
+
+// w x (batch dims broadcast) in which a zero weight contributes nothing (weighted_matmul).
+//   dw = dC x^T (a scores product: read only where w != 0 by the softmax),  dx = w^T dC
+Tensor weighted_product(const Tensor& w, const Tensor& x) {
+  Tensor out;
+  {
+    NoGradGuard off;
+    out = weighted_matmul(w, x);
+  }
+  record("weighted_product", {w, x}, out, {w, x}, [w, x](std::span<const Tensor> g, const std::vector<bool>& needs) {
+    std::vector<Tensor> grads(2);
+    if (needs[0]) grads[0] = sum_to(scores_product(g[0], x), w.shape());
+    if (needs[1]) grads[1] = sum_to(weighted_product(transpose(w, -1, -2), g[0]), x.shape());
+    return grads;
+  });
+  return out;
+}
+
+// x under a new node of its own (identity): grad() below then stops at the attention's inputs
+// instead of going on into their history (q and k may be one tensor, or one made from the other).
+Tensor alias(const Tensor& x) {
+  if (!x.defined() || !x.requires_grad()) return x;
+  Tensor out = x.detach();
+  record("attention_input", {x}, out, {}, [](std::span<const Tensor> g, const std::vector<bool>&) { return std::vector<Tensor>{g[0]}; });
+  return out;
+}
+
+// The masks, materialised as a bool tensor of the scores' shape (only this pass pays for it).
+Tensor materialise(const RowMasks& masks, const Shape& scores_shape) {
+  if (masks.empty()) return Tensor();
+  Tensor m = new_tensor(scores_shape, DType::bool_, "attention");
+  bool* p = static_cast<bool*>(mutable_data(m));
+  const std::int64_t k = scores_shape.back(), rows = k == 0 ? 0 : shape_numel(scores_shape) / k;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const RowMask row = masks.row(r);
+    for (std::int64_t j = 0; j < k; ++j) p[r * k + j] = row(j);
+  }
+  return m;
+}
+
+}  // namespace
+
+std::vector<Tensor> attention_backward_with_graph(const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks,
+                                                  double scale, std::span<const Tensor> g, const std::vector<bool>& needs) {
+  const MatmulPrecisionGuard exact(MatmulPrecision::exact);
+  const Tensor q = alias(a.q), k = alias(a.k), v = alias(a.v), bias = alias(a.bias);
+  Tensor s = mul(scores_product(q, k), scale);
+  if (bias.defined()) s = add(s, bias);
+  if (s.shape() != scores_shape) s = expand(s, scores_shape);
+  const Tensor weights = masked_softmax(s, materialise(masks, scores_shape));
+  std::vector<Tensor> outs, upstream, wanted;
+  if (g[0].defined()) {
+    outs.push_back(weighted_product(weights, v));
+    upstream.push_back(g[0]);
+  }
+  if (g.size() > 1 && g[1].defined()) {
+    outs.push_back(weights);
+    upstream.push_back(g[1]);
+  }
+  const Tensor inputs[4] = {q, k, v, bias};
+  std::vector<std::size_t> at;
+  for (std::size_t i = 0; i < 4; ++i)
+    if (needs[i] && inputs[i].defined() && inputs[i].requires_grad()) {
+      wanted.push_back(inputs[i]);
+      at.push_back(i);
+    }
+  std::vector<Tensor> grads(4);
+  for (std::size_t n = 0; n < outs.size(); ++n)
+    if (!outs[n].requires_grad()) outs[n] = Tensor();
+  std::vector<Tensor> live_outs, live_upstream;
+  for (std::size_t n = 0; n < outs.size(); ++n)
+    if (outs[n].defined()) {
+      live_outs.push_back(outs[n]);
+      live_upstream.push_back(upstream[n]);
+    }
+  if (wanted.empty() || live_outs.empty()) return grads;
+  const std::vector<Tensor> found = grad(live_outs, wanted, live_upstream, {.create_graph = true, .allow_unused = true});
+  for (std::size_t n = 0; n < at.size(); ++n)
+    grads[at[n]] = found[n].defined() ? found[n] : zeros(inputs[at[n]].shape(), inputs[at[n]].dtype());
+  return grads;
+}
+
+}  // namespace tapegrad::detail

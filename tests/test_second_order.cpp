@@ -1,0 +1,326 @@
+// Gradients of gradients: grad() and create_graph, gradgradcheck catching a wrong second-order
+// formula, Hessian-vector products, attention to second order on every path with its exact
+// zeros, the tiny decoder, and a gradient-penalty loop that stays flat in memory.
+// (Every op of the op table is gradgradchecked by test_ops.)
+#define BOOST_TEST_MODULE second_order
+#include <cmath>
+#include <limits>
+
+#include "ops/attention_core.hpp"
+#include "support.hpp"
+
+namespace tg = tapegrad;
+using tg::Tensor;
+using tg_test::check_close;
+using tg_test::check_throws;
+
+namespace {
+
+Tensor f64(std::vector<double> v, tg::Shape shape) { return tg::from_vector(std::span<const double>(v), shape); }
+
+// x^3 as a user op whose backward is 3 x^2 g with a chosen second-order flaw.
+enum class Flaw { none, half, missing };
+Tensor cube(const Tensor& x, Flaw flaw) {
+  std::vector<Tensor> out{tg::pow(x.detach(), 3.0)};
+  tg::record_op("cube", std::vector<Tensor>{x}, out, [x, flaw](std::span<const Tensor> g, const std::vector<bool>&) {
+    const Tensor xd = x.detach();
+    switch (flaw) {
+      case Flaw::none: return std::vector<Tensor>{g[0] * 3.0 * x * x};
+      case Flaw::half: return std::vector<Tensor>{g[0] * 3.0 * x * xd};  // right value, half its derivative
+      case Flaw::missing: break;
+    }
+    return std::vector<Tensor>{g[0] * 3.0 * xd * xd};  // right value, no derivative in x at all
+  });
+  return out[0];
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(grad_api)
+
+BOOST_AUTO_TEST_CASE(returns_the_gradients_and_leaves_dot_grad_alone) {
+  Tensor x = f64({1, -2, 3}, {3}).set_requires_grad();
+  const auto g = tg::grad({tg::sum(x * x)}, {x});
+  check_close(g[0], {2, -4, 6}, 0, "d sum(x^2) / dx");
+  BOOST_TEST(!x.grad().defined());
+  BOOST_TEST(!g[0].requires_grad());
+  // The same tensor twice gets the same gradient twice; an intermediate is an input too.
+  const Tensor h = x * 3.0;
+  const auto both = tg::grad({tg::sum(h * h)}, {h, x, h});
+  check_close(both[0], {6, -12, 18}, 0, "dL/dh = 2h");
+  check_close(both[1], {18, -36, 54}, 0, "dL/dx = 18x");
+  check_close(both[2], {6, -12, 18}, 0, "again");
+}
+
+BOOST_AUTO_TEST_CASE(unused_inputs_and_bad_arguments_are_named) {
+  Tensor x = f64({1, 2}, {2}).set_requires_grad();
+  Tensor z = f64({3}, {1}).set_requires_grad();
+  const Tensor y = tg::sum(x * 2.0);
+  check_throws<tg::GraphError>([&] { tg::grad({y}, {x, z}); }, {"grad", "inputs[1]", "[1]", "allow_unused"});
+  const auto g = tg::grad({y}, {x, z}, {}, {.allow_unused = true});
+  BOOST_TEST(g[0].defined());
+  BOOST_TEST(!g[1].defined());
+  check_throws<tg::GraphError>([&] { tg::grad({y}, {f64({1}, {1})}); }, {"grad", "inputs[0]", "does not require grad"});
+  check_throws<tg::ShapeError>([&] { tg::grad({x * 2.0}, {x}); }, {"grad", "outputs[0]", "[2]", "one element"});
+  check_throws<tg::ShapeError>([&] { tg::grad({x * 2.0}, {x}, {f64({1}, {1})}); }, {"grad", "grad_outputs[0]", "[2]", "[1]"});
+  check_throws<tg::Error>([&] { tg::grad({y}, {Tensor()}); }, {"grad", "'inputs[0]'", "undefined"});
+}
+
+BOOST_AUTO_TEST_CASE(only_the_nodes_leading_to_the_inputs_run) {
+  Tensor x = f64({1, 2}, {2}).set_requires_grad();
+  Tensor b = f64({3, 4}, {2}).set_requires_grad();
+  int runs = 0;
+  std::vector<Tensor> out{b.detach() * 1.0};
+  tg::record_op("counted", std::vector<Tensor>{b}, out, [&runs](std::span<const Tensor> g, const std::vector<bool>&) {
+    ++runs;
+    return std::vector<Tensor>{g[0]};
+  });
+  const Tensor y = tg::sum(x * x) + tg::sum(out[0]);
+  tg::grad({y}, {x});
+  BOOST_TEST(runs == 0);
+  tg::grad({y}, {b});
+  BOOST_TEST(runs == 1);
+}
+
+BOOST_AUTO_TEST_CASE(a_first_order_pass_records_nothing_and_create_graph_records_the_pass) {
+  Tensor x = f64({0.5, -1.5}, {2}).set_requires_grad();
+  {
+    const Tensor y = tg::sum(tg::exp(x) * x);
+    const std::size_t before = tg::tape_size();
+    tg::backward(y);
+    BOOST_TEST(tg::tape_size() == before);
+    BOOST_TEST(!x.grad().requires_grad());
+    x.zero_grad();
+  }
+  {
+    const Tensor y = tg::sum(x * x * x);
+    const std::size_t before = tg::tape_size();
+    tg::backward({y}, {tg::ones({}, tg::float64)}, {.create_graph = true});
+    BOOST_TEST(tg::tape_size() > before);
+    const Tensor g = x.grad();  // 3 x^2, with a graph
+    BOOST_TEST(g.requires_grad());
+    check_close(g, {0.75, 6.75}, 1e-15, "3 x^2");
+    x.zero_grad();  // frees the cycle leaf -> .grad -> graph -> leaf
+    tg::backward(tg::sum(g));
+    check_close(x.grad(), {3, -9}, 1e-15, "6 x");
+    x.zero_grad();
+  }
+  BOOST_TEST(tg::tape_size() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(a_gradient_penalty_loop_stays_flat_in_memory) {
+  // loss + 0.1 |d loss / d w|^2, minimised for 3,000 steps: the graph made by create_graph is
+  // freed with the step's tensors like any other.
+  Tensor w = tg::randn({16, 16}, 3, tg::float64).set_requires_grad();
+  const Tensor x = tg::randn({8, 16}, 4, tg::float64);
+  std::int64_t after_first = 0;
+  for (int step = 0; step < 3000; ++step) {
+    {
+      const Tensor loss = tg::mean(tg::tanh(tg::matmul(x, w)) * tg::tanh(tg::matmul(x, w)));
+      const Tensor g = tg::grad({loss}, {w}, {}, {.create_graph = true})[0];
+      tg::backward(loss + 0.1 * tg::sum(g * g));
+    }
+    {
+      tg::NoGradGuard off;
+      tg::add_(w, w.grad(), -0.01);
+    }
+    w.zero_grad();
+    BOOST_TEST_REQUIRE(tg::tape_size() == 0u);
+    if (step == 0) after_first = tg::memory_stats().current_bytes;
+  }
+  BOOST_TEST(tg::memory_stats().current_bytes == after_first);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(second_order_checks)
+
+BOOST_AUTO_TEST_CASE(gradgradcheck_catches_a_wrong_second_order_formula) {
+  const Tensor x = f64({0.7, -1.2, 0.4}, {3}).set_requires_grad();
+  for (Flaw flaw : {Flaw::none, Flaw::half, Flaw::missing}) {
+    const auto f = [flaw](const std::vector<Tensor>& in) { return std::vector<Tensor>{cube(in[0], flaw)}; };
+    BOOST_TEST(tg::gradcheck(f, {x}).ok);  // every version is right to first order
+    const auto r = tg::gradgradcheck(f, {x});
+    BOOST_TEST(r.ok == (flaw == Flaw::none), r.report());
+    BOOST_TEST(r.report().rfind("gradgradcheck:", 0) == 0u);
+  }
+  check_throws<tg::DTypeError>([] { tg::gradgradcheck([](const std::vector<Tensor>& in) { return in; }, {tg::zeros({2})}); },
+                               {"gradgradcheck", "'inputs[0]'", "float64"});
+  check_throws<tg::ShapeError>(
+      [&] { tg::gradgradcheck([](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0] * 2.0}; }, {x}, {f64({1}, {1})}); },
+      {"gradgradcheck", "grad_outputs[0]", "[3]", "[1]"});
+}
+
+BOOST_AUTO_TEST_CASE(hessian_vector_products_hessians_and_jacobians_are_exact) {
+  // f(x) = x^T A x has the Hessian A + A^T.
+  const Tensor a = f64({1, 2, 0, -1, 3, 1, 0.5, 0, 2}, {3, 3});
+  const Tensor x = f64({0.3, -0.6, 0.9}, {3, 1});
+  const auto f = [&](const Tensor& t) { return tg::sum(t * tg::matmul(a, t)); };
+  const Tensor v = f64({1, -1, 2}, {3, 1});
+  const Tensor hv = tg::hessian_vector_product(f, x, v);
+  const std::vector<double> sym = {2, 1, 0.5, 1, 6, 1, 0.5, 1, 4};  // A + A^T
+  std::vector<double> expected(3, 0.0);
+  const std::vector<double> vv = v.to_vector<double>();
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 3; ++j) expected[static_cast<std::size_t>(i)] += sym[static_cast<std::size_t>(i * 3 + j)] * vv[static_cast<std::size_t>(j)];
+  check_close(hv, expected, 1e-14, "H v");
+  const Tensor h = tg::hessian(f, x);
+  BOOST_TEST(h.shape() == (tg::Shape{3, 1, 3, 1}));
+  check_close(h, sym, 1e-14, "H");
+  // The Jacobian of tanh is diagonal, 1 - tanh^2.
+  const Tensor j = tg::jacobian([](const Tensor& t) { return tg::tanh(t); }, f64({0.2, -0.4}, {2}));
+  check_close(j, {1 - std::pow(std::tanh(0.2), 2), 0, 0, 1 - std::pow(std::tanh(-0.4), 2)}, 1e-15, "J");
+  // An input that f ignores has a zero product; the caller's tensors are untouched.
+  const auto both = tg::hessian_vector_product([&](const std::vector<Tensor>& in) { return f(in[0]); }, {x, v}, {v, v});
+  check_close(both[1], {0, 0, 0}, 0, "unused");
+  BOOST_TEST(!x.requires_grad());
+  check_throws<tg::ShapeError>([&] { tg::hessian_vector_product(f, x, f64({1}, {1})); },
+                               {"hessian_vector_product", "vs[0]", "[3, 1]", "[1]"});
+  check_throws<tg::ShapeError>([&] { tg::hessian([](const Tensor& t) { return t * 2.0; }, x); }, {"hessian", "one-element"});
+}
+
+BOOST_AUTO_TEST_CASE(the_tiny_decoder_to_second_order_over_its_parameters) {
+  tg::Decoder model({.vocab = 5, .max_len = 4, .dim = 4, .heads = 2, .layers = 1, .hidden = 8, .dtype = tg::float64, .seed = 3});
+  std::vector<std::int64_t> ids_v = {1, 4, 2, 0, 3, 3}, targets_v = {4, 2, 0, 3, -100, 1};
+  const Tensor ids = tg::from_vector(std::span<const std::int64_t>(ids_v), {2, 3});
+  const Tensor targets = tg::from_vector(std::span<const std::int64_t>(targets_v), {2, 3});
+  const auto r = tg::gradgradcheck_parameters(
+      [&] { return std::vector<Tensor>{tg::cross_entropy(model.forward(ids), targets)}; }, model.parameters(),
+      {.atol = 1e-6, .rtol = 1e-5});
+  BOOST_TEST(r.ok, r.report());
+  BOOST_TEST(r.elements_checked == static_cast<std::size_t>(model.parameter_count()));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(attention_to_second_order)
+
+namespace {
+
+using tg::detail::AttentionPath;
+
+struct Case {
+  Tensor q, k, v, bias;
+  tg::detail::AttentionMask mask;
+};
+
+// B = 2, H = 2, Q = 3, K = 4, D = 3: causal with an offset, key 3 of batch 0 masked for every
+// query, query 1 of batch 1 suppressed, and a bias.
+Case masked_case(std::uint64_t seed) {
+  Case c;
+  c.q = tg::randn({2, 2, 3, 3}, seed, tg::float64);
+  c.k = tg::randn({2, 2, 4, 3}, seed + 1, tg::float64);
+  c.v = tg::randn({2, 2, 4, 2}, seed + 2, tg::float64);
+  c.bias = tg::randn({1, 2, 3, 4}, seed + 3, tg::float64);
+  c.mask.causal = true;
+  c.mask.causal_offset = 1;
+  c.mask.key_mask = tg::mask({{true, true, true, false}, {true, true, true, true}});
+  c.mask.query_mask = tg::mask({{true, true, true}, {true, false, true}});
+  return c;
+}
+
+tg::AttentionResult run(const Case& c, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, AttentionPath path) {
+  const bool weights = path == AttentionPath::weights || path == AttentionPath::pipelined;
+  return tg::detail::attention_core({"attention", q, k, v, bias, c.mask, weights}, path, 2);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(float64_paths_pass_gradgradcheck_with_masks_and_a_bias) {
+  const Case c = masked_case(10);
+  for (AttentionPath path : {AttentionPath::weights, AttentionPath::tiles}) {  // the float32-only paths below
+    BOOST_TEST_CONTEXT("path " << static_cast<int>(path)) {
+      const auto f = [&](const std::vector<Tensor>& in) {
+        const auto r = run(c, in[0], in[1], in[2], in[3], path);
+        std::vector<Tensor> outs{r.output};
+        if (r.weights.defined()) outs.push_back(r.weights);
+        return outs;
+      };
+      std::vector<Tensor> in{c.q.detach().set_requires_grad(), c.k.detach().set_requires_grad(),
+                             c.v.detach().set_requires_grad(), c.bias.detach().set_requires_grad()};
+      const auto r = tg::gradgradcheck(f, in);
+      BOOST_TEST(r.ok, r.report());
+    }
+  }
+}
+
+namespace {
+
+// The gradient of |dL/dq|^2 + |dL/dk|^2 + |dL/dv|^2 (L = <w, O>) with respect to q, k and v:
+// second-order terms of every input, through the path's create_graph backward.
+std::vector<std::vector<double>> second_order_terms(const Case& c, const std::vector<double>& qv, const std::vector<double>& kv,
+                                                    const std::vector<double>& vv, AttentionPath path, tg::DType dtype) {
+  Tensor q = f64(qv, c.q.shape()).to(dtype).set_requires_grad(), k = f64(kv, c.k.shape()).to(dtype).set_requires_grad(),
+         v = f64(vv, c.v.shape()).to(dtype).set_requires_grad();
+  const auto r = run(c, q, k, v, c.bias.to(dtype), path);
+  const Tensor w = tg::randn(r.output.shape(), 5, tg::float64).to(dtype);
+  const auto g = tg::grad({tg::sum(r.output * w)}, {q, k, v}, {}, {.create_graph = true});
+  const Tensor penalty = tg::sum(g[0] * g[0]) + tg::sum(g[1] * g[1]) + tg::sum(g[2] * g[2]);
+  std::vector<std::vector<double>> out;
+  for (const auto& t : tg::grad({penalty}, {q, k, v}, {}, {.allow_unused = true})) out.push_back(t.to_vector<double>());
+  return out;
+}
+
+const std::pair<AttentionPath, tg::DType> kPaths[] = {{AttentionPath::weights, tg::float64},   {AttentionPath::tiles, tg::float64},
+                                                      {AttentionPath::weights, tg::float32},   {AttentionPath::tiles, tg::float32},
+                                                      {AttentionPath::pipelined, tg::float32}, {AttentionPath::fused_blocks, tg::float32}};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(float32_paths_agree_with_float64_to_second_order) {
+  const Case c = masked_case(30);
+  const auto exact = second_order_terms(c, c.q.to_vector<double>(), c.k.to_vector<double>(), c.v.to_vector<double>(),
+                                        AttentionPath::weights, tg::float64);
+  for (auto [path, dtype] : kPaths) {
+    BOOST_TEST_CONTEXT("path " << static_cast<int>(path) << ", " << dtype) {
+      const auto got = second_order_terms(c, c.q.to_vector<double>(), c.k.to_vector<double>(), c.v.to_vector<double>(), path, dtype);
+      for (std::size_t i = 0; i < 3; ++i) check_close(got[i], exact[i], 1e-4, 1e-4, fmt::format("input {}", i));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(masked_keys_and_suppressed_queries_get_exactly_zero_second_order_terms_even_holding_nan) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (auto [path, dtype] : kPaths) {
+    BOOST_TEST_CONTEXT("path " << static_cast<int>(path) << ", " << dtype) {
+      std::vector<std::vector<double>> second[2];
+      for (bool poison : {false, true}) {
+        const Case c = masked_case(20);
+        std::vector<double> qv = c.q.to_vector<double>(), kv = c.k.to_vector<double>(), vv = c.v.to_vector<double>();
+        // Batch 0's key 3 (both heads) and batch 1's query 1 (both heads): 0 or NaN.
+        for (int h = 0; h < 2; ++h) {
+          for (int d = 0; d < 3; ++d) kv[static_cast<std::size_t>(((0 * 2 + h) * 4 + 3) * 3 + d)] = poison ? nan : 0.0;
+          for (int d = 0; d < 2; ++d) vv[static_cast<std::size_t>(((0 * 2 + h) * 4 + 3) * 2 + d)] = poison ? nan : 0.0;
+          for (int d = 0; d < 3; ++d) qv[static_cast<std::size_t>(((1 * 2 + h) * 3 + 1) * 3 + d)] = poison ? nan : 0.0;
+        }
+        second[poison ? 1 : 0] = second_order_terms(c, qv, kv, vv, path, dtype);
+      }
+      for (std::size_t i = 0; i < 3; ++i) {
+        BOOST_TEST(second[1][i] == second[0][i], "input " << i << ": NaN in masked places changed a second-order term");
+        for (double e : second[1][i]) BOOST_TEST(std::isfinite(e));
+      }
+      for (int h = 0; h < 2; ++h) {
+        for (int d = 0; d < 3; ++d) BOOST_TEST(second[1][1][static_cast<std::size_t>(((0 * 2 + h) * 4 + 3) * 3 + d)] == 0.0);
+        for (int d = 0; d < 2; ++d) BOOST_TEST(second[1][2][static_cast<std::size_t>(((0 * 2 + h) * 4 + 3) * 2 + d)] == 0.0);
+        for (int d = 0; d < 3; ++d) BOOST_TEST(second[1][0][static_cast<std::size_t>(((1 * 2 + h) * 3 + 1) * 3 + d)] == 0.0);
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(masked_softmax_to_second_order_keeps_masked_entries_and_empty_rows_at_zero) {
+  const double inf = std::numeric_limits<double>::infinity();
+  Tensor s = f64({0.3, std::nan(""), -0.2, inf, 1.0, 2.0}, {2, 3}).set_requires_grad();
+  const Tensor allowed = tg::mask({{true, false, true}, {false, false, false}});  // row 1 empty
+  const Tensor a = tg::masked_softmax(s, allowed);
+  const Tensor up = f64({1.0, inf, -2.0, 3.0, std::nan(""), 1.0}, {2, 3});
+  const Tensor ds = tg::grad({a}, {s}, {up}, {.create_graph = true})[0];
+  const auto ds_v = ds.to_vector<double>();
+  for (std::size_t i : {1u, 3u, 4u, 5u}) BOOST_TEST(ds_v[i] == 0.0);
+  const Tensor dds = tg::grad({tg::sum(ds * ds)}, {s})[0];
+  const auto dds_v = dds.to_vector<double>();
+  for (std::size_t i : {1u, 3u, 4u, 5u}) BOOST_TEST(dds_v[i] == 0.0);
+  for (double e : dds_v) BOOST_TEST(std::isfinite(e));
+}
+
+BOOST_AUTO_TEST_SUITE_END()

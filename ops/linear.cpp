@@ -16,6 +16,7 @@
 #include "runtime/parallel.hpp"
 #include "ops/op.hpp"
 #include "kernels/matmul.hpp"
+#include "tapegrad/ops/matmul.hpp"
 #include "tapegrad/ops/view.hpp"
 
 namespace tapegrad {
@@ -124,6 +125,21 @@ bool side_by_side(const Tensor& rows, const Tensor& w) {
   return max_threads() > 1 && macs >= kParallelGrain && unsplit;
 }
 
+// The backward in recorded ops, for a create_graph pass: x itself, not `rows` (a view made
+// without history, or a copy), so that dw differentiates in x; products at the node's precision.
+std::vector<Tensor> recorded_backward(const Tensor& x, const Tensor& weight, const Tensor& g, MatmulPrecision precision,
+                                      const std::vector<bool>& needs) {
+  const std::int64_t k = weight.shape()[0], n = weight.shape()[1];
+  std::int64_t m = 1;  // the rows of x, counted from its shape: K may be 0
+  for (std::size_t d = 0; d + 1 < x.shape().size(); ++d) m *= x.shape()[d];
+  const Tensor g2 = reshape(g, {m, n});
+  std::vector<Tensor> grads(3);
+  if (needs[0]) grads[0] = reshape(matmul(g2, transpose(weight, 0, 1), precision), x.shape());
+  if (needs[1]) grads[1] = matmul(transpose(reshape(x, {m, k}), 0, 1), g2, precision);
+  if (needs[2]) grads[2] = sum_to(g2, {n});
+  return grads;
+}
+
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
@@ -140,8 +156,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, MatmulP
   if (bias.defined()) add_rows(as_matrix(y), bias);
   // dx = g w^T, dw = x^T g (all rows), db = column sums of g
   record("linear", {x, weight, bias}, y, {x, weight},
-         [rows, weight, precision, x_shape = x.shape(), b_shape = bias.defined() ? bias.shape() : Shape{}](
+         [x, rows, weight, precision, x_shape = x.shape(), b_shape = bias.defined() ? bias.shape() : Shape{}](
              std::span<const Tensor> g, const std::vector<bool>& needs) {
+           if (creating_graph()) return recorded_backward(x, weight, g[0], precision, needs);
            const Tensor g2 = as_matrix(g[0].is_contiguous() ? g[0] : copy_of(g[0]));
            std::vector<Tensor> grads(3);
            const Tensor wt = transpose(weight, 0, 1), xt = transpose(rows, 0, 1);

@@ -19,6 +19,9 @@
 #include "runtime/cpu.hpp"
 #include "runtime/parallel.hpp"
 #include "tapegrad/ops/elementwise.hpp"
+#include "tapegrad/ops/reduction.hpp"
+#include "tapegrad/ops/view.hpp"
+#include "tapegrad/ops/where.hpp"
 
 namespace tapegrad {
 namespace {
@@ -179,6 +182,37 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
   return dx;
 }
 
+// The same gradient in recorded ops, for a create_graph pass. The softmax is computed again
+// from the logits, shifted by the forward's row maximum m: m is a constant there, so the
+// derivative is the softmax's exactly, and the arithmetic is the first-order backward's (NaN
+// and -inf rows give what they give there). Ignored rows are selected away twice, their
+// logits (so that nothing they hold reaches a product) and their weights, so that their
+// gradient and every second-order term through them is exactly 0.
+Tensor recorded_cross_entropy_backward(const Tensor& logits, const Tensor& targets, const std::vector<RowLse>& lse,
+                                       const CrossEntropyOptions& o, double scale, const Tensor& grad) {
+  const std::int64_t rows = targets.numel(), classes = logits.shape().back();
+  Shape column = targets.shape();  // [..., 1]: one entry per row, broadcast along the classes
+  column.push_back(1);
+  const auto* ids = static_cast<const std::int64_t*>(targets.raw_data());
+  const double eps = o.label_smoothing, smooth = eps / static_cast<double>(classes);
+  std::vector<bool> counted(static_cast<std::size_t>(rows));
+  std::vector<double> m(static_cast<std::size_t>(rows), 0.0), q(static_cast<std::size_t>(rows * classes), 0.0);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const auto ur = static_cast<std::size_t>(r);
+    counted[ur] = ids[r] != o.ignore_index;
+    if (!counted[ur]) continue;
+    m[ur] = lse[ur].m;
+    std::fill_n(q.begin() + r * classes, classes, smooth);
+    q[static_cast<std::size_t>(r * classes + ids[r])] += 1.0 - eps;
+  }
+  const Tensor keep = from_bools(counted, column), zero = scalar(0.0, logits.dtype());
+  const Tensor shifted = sub(where(keep, logits, zero), from_vector(std::span<const double>(m), column).to(logits.dtype()));
+  const Tensor log_z = log(sum(exp(shifted), {-1}, /*keepdim=*/true));
+  const Tensor p = exp(sub(shifted, log_z));
+  const Tensor g = mul(o.reduction == Reduction::none ? unsqueeze(grad, -1) : grad, scale);
+  return mul(sub(p, from_vector(std::span<const double>(q), logits.shape()).to(logits.dtype())), where(keep, g, zero));
+}
+
 }  // namespace
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, const CrossEntropyOptions& options) {
@@ -197,6 +231,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, const CrossEnt
   // dlogits = (softmax(logits) - smoothed one-hot) * g * scale per counted row, 0 on ignored rows
   record("cross_entropy", {logits}, out, {logits, ids},
          [logits, ids, lse = rows.lse, options, scale](std::span<const Tensor> g, const std::vector<bool>&) {
+           if (creating_graph()) return std::vector<Tensor>{recorded_cross_entropy_backward(logits, ids, *lse, options, scale, g[0])};
            return std::vector<Tensor>{cross_entropy_backward(logits, ids, *lse, options, scale, g[0])};
          });
   return out;
@@ -225,6 +260,10 @@ Tensor mse_loss(const Tensor& pred, const Tensor& target, Reduction reduction) {
   // dpred = c g (pred - target), dtarget = -dpred, c = 2 / n for mean and 2 otherwise
   const double c = reduction != Reduction::mean ? 2.0 : n > 0 ? 2.0 / static_cast<double>(n) : 0.0;
   record("mse_loss", {pred, target}, out, {pred, target}, [pred, target, c](std::span<const Tensor> g, const std::vector<bool>& needs) {
+    if (creating_graph()) {  // the same products, recorded, in the same order: (c g) (pred - target)
+      const Tensor dpred = mul(mul(g[0], c), sub(pred, target));
+      return std::vector<Tensor>{needs[0] ? dpred : Tensor(), needs[1] ? neg(dpred) : Tensor()};
+    }
     Tensor dpred = new_tensor(pred.shape(), pred.dtype());
     visit_float(pred.dtype(), "mse_loss", [&]<class T>(Tag<T>) {
       const T k = convert<T>(c);

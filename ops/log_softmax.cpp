@@ -17,6 +17,10 @@
 #include "runtime/parallel.hpp"
 #include "ops/op.hpp"
 #include "kernels/softmax_rows.hpp"
+#include "tapegrad/ops/compare.hpp"
+#include "tapegrad/ops/elementwise.hpp"
+#include "tapegrad/ops/reduction.hpp"
+#include "tapegrad/ops/where.hpp"
 
 namespace tapegrad {
 namespace {
@@ -125,6 +129,16 @@ Tensor log_softmax_backward(const Tensor& y, const Tensor& grad) {
   return dx;
 }
 
+// The same formula in recorded ops, for a create_graph pass: y joined to this node, so that
+// exp(y) differentiates through the log-softmax again. Both selections keep the exact zeros:
+// the -inf entries' g never reaches the sum, and their dx (and its gradient) is 0, not 0 * inf.
+Tensor recorded_backward(const Tensor& y, const Tensor& g) {
+  const Tensor finite = ne(y, scalar(-std::numeric_limits<double>::infinity(), y.dtype()));
+  const Tensor zero = scalar(0.0, y.dtype());
+  const Tensor total = sum(where(finite, g, zero), {-1}, /*keepdim=*/true);
+  return where(finite, sub(g, mul(exp(y), total)), zero);
+}
+
 }  // namespace
 
 Tensor log_softmax(const Tensor& x, const Tensor& allowed) {
@@ -132,6 +146,7 @@ Tensor log_softmax(const Tensor& x, const Tensor& allowed) {
   Tensor y = log_softmax_forward(x, allowed);
   // dx = g - exp(y) * rowsum(g where y is finite); 0 where y = -inf. Keeps only its output y.
   record("log_softmax", {x}, y, {y}, [y = y.detach()](std::span<const Tensor> g, const std::vector<bool>&) {
+    if (creating_graph()) return std::vector<Tensor>{recorded_backward(output_with_history(y, 0), g[0])};
     return std::vector<Tensor>{log_softmax_backward(y, g[0])};
   });
   return y;

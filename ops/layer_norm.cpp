@@ -14,6 +14,8 @@
 
 #include "runtime/parallel.hpp"
 #include "ops/op.hpp"
+#include "tapegrad/ops/elementwise.hpp"
+#include "tapegrad/ops/reduction.hpp"
 
 namespace tapegrad {
 namespace {
@@ -158,6 +160,27 @@ LayerNormGrads layer_norm_backward(const Tensor& x_in, const Tensor& weight, con
   return {needs[0] ? dx : Tensor(), needs[1] ? column(dw) : Tensor(), needs[2] ? column(db) : Tensor()};
 }
 
+// The same formula in recorded ops, for a create_graph pass. mu and rstd are computed again
+// from x with recorded ops rather than read from `stats` (saved without history), so that the
+// second derivative sees how they move with x (docs/gradients.md derives it).
+LayerNormGrads recorded_backward(const Tensor& x, const Tensor& weight, double eps, const Tensor& g,
+                                 const std::vector<bool>& needs) {
+  const Shape columns{x.shape().back()};
+  const Tensor centred = sub(x, mean(x, {-1}, /*keepdim=*/true));
+  const Tensor rstd = 1.0 / sqrt(add(mean(mul(centred, centred), {-1}, /*keepdim=*/true), eps));
+  const Tensor xhat = mul(centred, rstd);
+  LayerNormGrads d;
+  if (needs[0]) {
+    const Tensor dxhat = weight.defined() ? mul(g, weight) : g;
+    const Tensor mean_dxhat = mean(dxhat, {-1}, /*keepdim=*/true);
+    const Tensor mean_dxhat_xhat = mean(mul(dxhat, xhat), {-1}, /*keepdim=*/true);
+    d.dx = mul(rstd, sub(sub(dxhat, mean_dxhat), mul(xhat, mean_dxhat_xhat)));
+  }
+  if (needs[1]) d.dweight = sum_to(mul(g, xhat), columns);
+  if (needs[2]) d.dbias = sum_to(g, columns);
+  return d;
+}
+
 }  // namespace
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
@@ -165,8 +188,9 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   Normalised n = layer_norm_forward(x, weight, bias, eps);
   // dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dweight = sum_rows g xhat, dbias = sum_rows g
   record("layer_norm", {x, weight, bias}, n.y, {x, weight, n.stats},
-         [x, weight, stats = n.stats](std::span<const Tensor> g, const std::vector<bool>& needs) {
-           const LayerNormGrads d = layer_norm_backward(x, weight, stats, g[0], needs);
+         [x, weight, stats = n.stats, eps](std::span<const Tensor> g, const std::vector<bool>& needs) {
+           const LayerNormGrads d = creating_graph() ? recorded_backward(x, weight, eps, g[0], needs)
+                                                     : layer_norm_backward(x, weight, stats, g[0], needs);
            return std::vector<Tensor>{d.dx, d.dweight, d.dbias};
          });
   return n.y;

@@ -53,12 +53,13 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 Tensor div(const Tensor& a, const Tensor& b) {
   Tensor out = binary_forward("div", a, b, [](auto x, auto y) { return x / y; });
   // da = g / b, db = -g a / b^2 = -(g / b) * out: out is kept only when b needs its gradient
+  // (in a create_graph pass joined back to this node, so that db differentiates through it)
   const Tensor keep_out = b.requires_grad() ? out.detach() : Tensor();
   record("div", {a, b}, out, {b, b.requires_grad() ? out : Tensor()},
          [sa = a.shape(), b, keep_out](std::span<const Tensor> g, const std::vector<bool>& needs) {
            Tensor g_over_b = div(g[0], b);
            return std::vector<Tensor>{maybe(needs[0], [&] { return sum_to(g_over_b, sa); }),
-                                      maybe(needs[1], [&] { return sum_to(neg(mul(g_over_b, keep_out)), b.shape()); })};
+                                      maybe(needs[1], [&] { return sum_to(neg(mul(g_over_b, output_with_history(keep_out, 0))), b.shape()); })};
          });
   return out;
 }

@@ -6,9 +6,12 @@
 
 #include "kernels/optimizer_loops.hpp"
 #include "ops/op.hpp"
+#include "tapegrad/ops/cast.hpp"
+#include "tapegrad/ops/compare.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/reduction.hpp"
 #include "tapegrad/ops/view.hpp"
+#include "tapegrad/ops/where.hpp"
 
 namespace tapegrad {
 namespace {
@@ -290,6 +293,21 @@ Tensor max_backward_direct(const Tensor& x, const Tensor& kept, const Tensor& g,
   return dx;
 }
 
+// max_backward_direct's dx in recorded ops, linear in g: where(x == M, g / ties, 0). The winners
+// and their counts are constants (max is piecewise linear in x, its second derivative 0), so
+// only g's path is recorded; the same comparisons and the same division give the same bits. A
+// slice without winners (its maximum NaN) counts 1, not 0: its dx is 0 either way, and g's
+// gradient through g / 0 would be 0 / 0.
+Tensor max_backward_recorded(const Tensor& x, const Tensor& kept, const Tensor& g, const Plan& p) {
+  const Tensor wins = eq(x, kept);
+  Dims reduced;
+  for (std::size_t k = 0; k < p.reduced.size(); ++k)
+    if (p.reduced[k]) reduced.push_back(static_cast<std::int64_t>(k));
+  Tensor ties = sum(to(wins, x.dtype()), reduced, /*keepdim=*/true);
+  ties = where(lt(ties, scalar(1.0, x.dtype())), scalar(1.0, x.dtype()), ties);
+  return where(wins, div(reshape(g, p.kept), ties), scalar(0.0, x.dtype()));
+}
+
 }  // namespace
 
 Tensor sum(const Tensor& x, const Dims& dims, bool keepdim) {
@@ -324,9 +342,10 @@ Tensor max(const Tensor& x, const Dims& dims, bool keepdim) {
                       [](T a, const T* v, std::int64_t n) { return max_row(a, v, n); });
   });
   Tensor out = make_view(kept, p.result, contiguous_strides(p.result), 0, "max");
-  // dx = [x == max] g / (number of tied maxima), the gradient shared among ties. Backward passes
-  // run with grad mode off, so this is computed directly rather than composed of recorded ops.
+  // dx = [x == max] g / (number of tied maxima), the gradient shared among ties. A first-order
+  // pass computes it directly; a create_graph pass records it (max_backward_recorded).
   record("max", {x}, out, {x, out}, [x, kept = kept, p](std::span<const Tensor> g, const std::vector<bool>&) {
+    if (creating_graph()) return std::vector<Tensor>{max_backward_recorded(x, kept, g[0], p)};
     return std::vector<Tensor>{visit_float(x.dtype(), "max", [&]<class T>(Tag<T>) { return max_backward_direct<T>(x, kept, g[0], p); })};
   });
   return out;

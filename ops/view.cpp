@@ -80,10 +80,13 @@ Shape infer_shape(const char* op, const Tensor& x, Shape shape) {
 }
 
 // A zero tensor of x's shape with g written into the region `region(zeros)` selects: the
-// backward of every view that picks a subset of elements.
-template <class Region> Tensor scatter_into_zeros(const Shape& shape, const Tensor& g, Region region) {
+// backward of every view that picks a subset of elements. It is recorded as an op of its own
+// (`name`), linear in g, whose backward takes the same region of its upstream gradient, so that
+// a create_graph pass differentiates it, to any order. dg = region(g')
+template <class Region> Tensor scatter_into_zeros(const char* name, const Shape& shape, const Tensor& g, Region region) {
   Tensor z = zeros(shape, g.dtype());
   copy_into(region(z), g);
+  record(name, {g}, z, {}, [region](std::span<const Tensor> gg, const std::vector<bool>&) { return Backward{region(gg[0])}; });
   return z;
 }
 
@@ -179,7 +182,7 @@ Tensor slice(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_t
   Tensor out = view_of("slice", x, std::move(shape), std::move(strides), offset_at("slice", x, d, start));
   // dx = zeros with g written into the sliced region
   record("slice", {x}, out, {}, [xs = x.shape(), dim, start, end, step](std::span<const Tensor> g, const std::vector<bool>&) {
-    return Backward{scatter_into_zeros(xs, g[0], [&](const Tensor& z) { return slice(z, dim, start, end, step); })};
+    return Backward{scatter_into_zeros("slice_backward", xs, g[0], [=](const Tensor& z) { return slice(z, dim, start, end, step); })};
   });
   return out;
 }
@@ -207,7 +210,7 @@ Tensor select(const Tensor& x, std::int64_t dim, std::int64_t index) {
   Tensor out = view_of("select", x, std::move(shape), std::move(strides), offset_at("select", x, d, index));
   // dx = zeros with g written into row `index`
   record("select", {x}, out, {}, [xs = x.shape(), dim, index](std::span<const Tensor> g, const std::vector<bool>&) {
-    return Backward{scatter_into_zeros(xs, g[0], [&](const Tensor& z) { return select(z, dim, index); })};
+    return Backward{scatter_into_zeros("select_backward", xs, g[0], [=](const Tensor& z) { return select(z, dim, index); })};
   });
   return out;
 }

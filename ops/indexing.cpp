@@ -8,7 +8,8 @@
 //   backward   dx[x_at(p) + id(p) * dx.stride(dim)] += g[p],   dx = zeros of x's shape
 //
 // The forward multiplies x by a 0/1 selection matrix; the backward is its transpose, so the
-// gradient of every copy of a repeated id lands on (and adds into) the same element of x.
+// gradient of every copy of a repeated id lands on (and adds into) the same element of x. Each
+// is recorded with the other as its backward, so gradients of every order follow.
 #include "tapegrad/ops/indexing.hpp"
 
 #include "ops/op.hpp"
@@ -19,6 +20,7 @@ using namespace detail;
 
 struct Take {
   const char* op;          // names in errors
+  const char* backward_op;  // names the recorded scatter-add, the backward's own node
   const char* x_name;
   const char* index_name;
   std::int64_t dim;        // in x, normalised
@@ -90,22 +92,35 @@ Tensor take_backward(const Take& t, const Shape& x_shape, const Tensor& index, c
   return dx;
 }
 
+Tensor put(const Take& t, const Shape& x_shape, const Tensor& index, const Tensor& g);
+
+// The forward, recorded; ids already checked.
 Tensor take(const Take& t, const Tensor& x, const Tensor& index) {
-  check_ids(t, x, index);
   Tensor out = take_forward(t, x, index);
   // dx = scatter-add of g into zeros of x's shape at the positions the forward read
   record(t.op, {x}, out, {index}, [t, index, x_shape = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {
-    return std::vector<Tensor>{take_backward(t, x_shape, index, g[0])};
+    return std::vector<Tensor>{put(t, x_shape, index, g[0])};
   });
   return out;
 }
 
+// The backward, recorded as an op of its own so that a create_graph pass differentiates it: the
+// scatter-add is linear in g and is the transpose of the take, so its backward is the take of
+// its upstream gradient (recorded in turn, so every order follows). dg = take(g')
+Tensor put(const Take& t, const Shape& x_shape, const Tensor& index, const Tensor& g) {
+  Tensor dx = take_backward(t, x_shape, index, g);
+  record(t.backward_op, {g}, dx, {index}, [t, index](std::span<const Tensor> gg, const std::vector<bool>&) {
+    return std::vector<Tensor>{take(t, gg[0], index)};
+  });
+  return dx;
+}
+
 // x.shape[:dim] + index.shape + x.shape[dim+1:]
-Tensor select_rows(const char* op, const char* x_name, const Tensor& x, std::int64_t dim, const char* index_name,
-                   const Tensor& index) {
+Tensor select_rows(const char* op, const char* backward_op, const char* x_name, const Tensor& x, std::int64_t dim,
+                   const char* index_name, const Tensor& index) {
   check_defined(op, x_name, x);
   check_dtype(op, index_name, index, DType::int64);
-  Take t{op, x_name, index_name, wrap_dim(op, "dim", dim, x.dim()), {}, {}, {}};
+  Take t{op, backward_op, x_name, index_name, wrap_dim(op, "dim", dim, x.dim()), {}, {}, {}};
   for (std::int64_t d = 0; d < x.dim(); ++d) {
     if (d != t.dim) {
       t.out_shape.push_back(x.size(d));
@@ -119,13 +134,14 @@ Tensor select_rows(const char* op, const char* x_name, const Tensor& x, std::int
       t.index_dim.push_back(k);
     }
   }
+  check_ids(t, x, index);
   return take(t, x, index);
 }
 
 }  // namespace
 
 Tensor index_select(const Tensor& x, std::int64_t dim, const Tensor& index) {
-  return select_rows("index_select", "x", x, dim, "index", index);
+  return select_rows("index_select", "index_select_backward", "x", x, dim, "index", index);
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& ids) {
@@ -133,13 +149,13 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
   if (weight.dim() != 2)
     fail<ShapeError>("embedding: argument 'weight' must have rank 2, [vocabulary, width], got shape {}",
                      shape_str(weight.shape()));
-  return select_rows("embedding", "weight", weight, 0, "ids", ids);
+  return select_rows("embedding", "embedding_backward", "weight", weight, 0, "ids", ids);
 }
 
 Tensor gather(const Tensor& x, std::int64_t dim, const Tensor& index) {
   check_defined("gather", "x", x);
   check_dtype("gather", "index", index, DType::int64);
-  Take t{"gather", "x", "index", wrap_dim("gather", "dim", dim, x.dim()), index.shape(), {}, {}};
+  Take t{"gather", "gather_backward", "x", "index", wrap_dim("gather", "dim", dim, x.dim()), index.shape(), {}, {}};
   if (index.dim() != x.dim())
     fail<ShapeError>("gather: argument 'index' with shape {} must have the rank of 'x', shape {}",
                      shape_str(index.shape()), shape_str(x.shape()));
@@ -151,6 +167,7 @@ Tensor gather(const Tensor& x, std::int64_t dim, const Tensor& index) {
     t.x_dim.push_back(d == t.dim ? -1 : d);
     t.index_dim.push_back(d);
   }
+  check_ids(t, x, index);
   return take(t, x, index);
 }
 

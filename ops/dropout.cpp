@@ -8,12 +8,18 @@ namespace {
 using namespace detail;
 
 // keep ? v * scale : 0, a selection rather than a product with the mask, so dropped elements are
-// exact zeros even when v is not finite (and p = 1 never multiplies by 1 / 0).
-Tensor apply_mask(const Tensor& v, const Tensor& keep, double scale) {
+// exact zeros even when v is not finite (and p = 1 never multiplies by 1 / 0). Linear in v and
+// its own transpose, so recorded (as `name`) its backward is itself: dropout's backward is then
+// an op a create_graph pass differentiates, to any order.
+Tensor apply_mask(const char* name, const Tensor& v, const Tensor& keep, double scale) {
   Tensor out = new_tensor(v.shape(), v.dtype());
   visit_float(v.dtype(), "dropout", [&]<class T>(Tag<T>) {
     const T s = convert<T>(scale);
     map_into<T, T, bool>(out, [s](T x, bool k) { return k ? x * s : T(0); }, v, keep);
+  });
+  // dv = keep ? g * scale : 0
+  record(name, {v}, out, {keep}, [keep, scale](std::span<const Tensor> g, const std::vector<bool>&) {
+    return std::vector<Tensor>{apply_mask("dropout_backward", g[0], keep, scale)};
   });
   return out;
 }
@@ -28,12 +34,8 @@ Tensor dropout(const Tensor& x, double p, Generator& gen, bool training) {
   bool* pk = static_cast<bool*>(mutable_data(keep));
   for (std::int64_t i = 0, n = keep.numel(); i < n; ++i) pk[i] = gen.uniform() >= p;
   const double scale = p < 1.0 ? 1.0 / (1.0 - p) : 0.0;
-  Tensor out = apply_mask(x, keep, scale);
   // dx = keep ? g / (1 - p) : 0
-  record("dropout", {x}, out, {keep}, [keep, scale](std::span<const Tensor> g, const std::vector<bool>&) {
-    return std::vector<Tensor>{apply_mask(g[0], keep, scale)};
-  });
-  return out;
+  return apply_mask("dropout", x, keep, scale);
 }
 
 }  // namespace tapegrad

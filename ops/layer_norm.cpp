@@ -160,9 +160,8 @@ LayerNormGrads layer_norm_backward(const Tensor& x_in, const Tensor& weight, con
   return {needs[0] ? dx : Tensor(), needs[1] ? column(dw) : Tensor(), needs[2] ? column(db) : Tensor()};
 }
 
-// The same formula in recorded ops, for a create_graph pass. mu and rstd are computed again
-// from x with recorded ops rather than read from `stats` (saved without history), so that the
-// second derivative sees how they move with x (docs/gradients.md derives it).
+// The same formula in recorded ops, for a create_graph pass, with mu and rstd computed again
+// from x: `stats` has no history, and the second derivative must see them move with x.
 LayerNormGrads recorded_backward(const Tensor& x, const Tensor& weight, double eps, const Tensor& g,
                                  const std::vector<bool>& needs) {
   const Shape columns{x.shape().back()};

@@ -182,12 +182,10 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
   return dx;
 }
 
-// The same gradient in recorded ops, for a create_graph pass. The softmax is computed again
-// from the logits, shifted by the forward's row maximum m: m is a constant there, so the
-// derivative is the softmax's exactly, and the arithmetic is the first-order backward's (NaN
-// and -inf rows give what they give there). Ignored rows are selected away twice, their
-// logits (so that nothing they hold reaches a product) and their weights, so that their
-// gradient and every second-order term through them is exactly 0.
+// The same gradient in recorded ops, for a create_graph pass: the softmax again from the logits
+// (log Z was saved without history) less the forward's m, a constant that keeps the kernel's
+// arithmetic. Ignored rows lose their logits and weights to where(), so nothing they hold
+// reaches a product and every order of their gradient is exactly 0.
 Tensor recorded_cross_entropy_backward(const Tensor& logits, const Tensor& targets, const std::vector<RowLse>& lse,
                                        const CrossEntropyOptions& o, double scale, const Tensor& grad) {
   const std::int64_t rows = targets.numel(), classes = logits.shape().back();

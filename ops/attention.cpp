@@ -90,8 +90,8 @@ AttentionResult weights_path(const AttentionArgs& a, const Shape& scores_shape, 
   std::vector<Tensor> outputs{output, weights};
   record_op(a.op, inputs, outputs,
             [q = a.q, k = a.k, v = a.v, bias_shape = a.bias.defined() ? a.bias.shape() : Shape{}, A = weights.detach(), masks,
-             scale, a, scores_shape](std::span<const Tensor> g, const std::vector<bool>& needs) {
-              if (creating_graph()) return attention_backward_with_graph(a, scores_shape, masks, scale, g, needs);
+             scale, a, scores_shape, reads = SecondOrderReads(a)](std::span<const Tensor> g, const std::vector<bool>& needs) {
+              if (creating_graph()) return attention_backward_with_graph(a, scores_shape, masks, scale, reads, g, needs);
               const Tensor& d_out = g[0];
               const Tensor& d_weights = g[1];
               // As in the forward, whatever the precision where backward() runs.
@@ -113,17 +113,8 @@ AttentionResult weights_path(const AttentionArgs& a, const Shape& scores_shape, 
               if (needs[1]) grads[1] = scaled(sum_to(weighted_matmul(transpose(dS, -1, -2), q), k.shape()));
               return grads;
             },
-            // The whole masks and the bias: a create_graph pass reads them.
-            masks.saved_with({a.q, a.k, a.v, weights, a.bias}));
+            masks.saved_with({a.q, a.k, a.v, weights}, /*ends_only=*/true));
   return {outputs[0], outputs[1]};
-}
-
-// What a fast path's node declares it reads: its own list and, for a create_graph pass, the
-// inputs, the bias and the masks.
-std::vector<Tensor> with_args(std::vector<Tensor> saved, const AttentionArgs& a, const RowMasks& masks) {
-  for (const Tensor* t : {&a.q, &a.k, &a.v, &a.bias})
-    if (t->defined()) saved.push_back(*t);
-  return masks.saved_with(std::move(saved));
 }
 
 // A fast path's node: its forward has run; the backward hands the upstream gradients to the
@@ -136,8 +127,9 @@ AttentionResult record_fast(const AttentionArgs& a, const Shape& scores_shape, c
   if (run.weights.defined()) outputs.push_back(run.weights);
   record_op(a.op, inputs, outputs,
             [backward = run.backward, shapes = std::array<Shape, 4>{a.q.shape(), a.k.shape(), a.v.shape(), a.bias.defined() ? a.bias.shape() : Shape{}},
-             scale, a, scores_shape = scores_shape, masks](std::span<const Tensor> g, const std::vector<bool>& needs) {
-              if (creating_graph()) return attention_backward_with_graph(a, scores_shape, masks, scale, g, needs);
+             scale, a, scores_shape = scores_shape, masks, reads = SecondOrderReads(a)](std::span<const Tensor> g,
+                                                                                        const std::vector<bool>& needs) {
+              if (creating_graph()) return attention_backward_with_graph(a, scores_shape, masks, scale, reads, g, needs);
               const AttentionGrads r = (*backward)(g[0], g.size() > 1 ? g[1] : Tensor(), needs);
               auto finish = [&](const Tensor& t, std::size_t i, bool times_scale) {
                 if (!t.defined() || !needs[i]) return Tensor();
@@ -147,7 +139,7 @@ AttentionResult record_fast(const AttentionArgs& a, const Shape& scores_shape, c
               return std::vector<Tensor>{finish(r.dq, 0, !r.scaled), finish(r.dk, 1, !r.scaled), finish(r.dv, 2, false),
                                          finish(r.dbias, 3, false)};
             },
-            with_args(run.saved, a, masks));
+            std::move(run.saved));
   return {outputs[0], run.weights.defined() ? outputs[1] : Tensor()};
 }
 

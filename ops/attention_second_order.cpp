@@ -83,10 +83,27 @@ Tensor materialise(const RowMasks& masks, const Shape& scores_shape) {
   return m;
 }
 
+std::uint64_t version_of(const Tensor& t) { return t.impl()->storage->version.load(std::memory_order_acquire); }
+
 }  // namespace
 
+SecondOrderReads::SecondOrderReads(const AttentionArgs& a) {
+  for (const Tensor* t : {&a.bias, &a.mask.allowed, &a.mask.key_mask, &a.mask.query_mask})
+    if (t->defined()) read_.emplace_back(*t, version_of(*t));
+}
+
+void SecondOrderReads::check(const char* op) const {
+  for (const auto& [t, version] : read_)
+    if (version_of(t) != version)
+      fail<GraphError>("backward of {}: its bias or a mask (shape {}) was modified in place after {} was recorded (version {}, "
+                       "now {}), so the second-order gradients would be wrong; run backward before updating it, or update a clone()",
+                       op, shape_str(t.shape()), op, version, version_of(t));
+}
+
 std::vector<Tensor> attention_backward_with_graph(const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks,
-                                                  double scale, std::span<const Tensor> g, const std::vector<bool>& needs) {
+                                                  double scale, const SecondOrderReads& reads, std::span<const Tensor> g,
+                                                  const std::vector<bool>& needs) {
+  reads.check(a.op);
   const MatmulPrecisionGuard exact(MatmulPrecision::exact);
   const Tensor q = alias(a.q), k = alias(a.k), v = alias(a.v), bias = alias(a.bias);
   Tensor s = mul(scores_product(q, k), scale);

@@ -309,6 +309,22 @@ BOOST_AUTO_TEST_CASE(masked_keys_and_suppressed_queries_get_exactly_zero_second_
   }
 }
 
+BOOST_AUTO_TEST_CASE(a_mask_or_bias_written_after_recording_is_refused_by_a_create_graph_pass) {
+  for (int written = 0; written < 2; ++written) {
+    Case c = masked_case(40);
+    c.mask.key_mask = tg::clone(c.mask.key_mask);
+    const Tensor bias = tg::clone(c.bias);
+    Tensor q = c.q.detach().set_requires_grad();
+    const auto r = run(c, q, c.k, c.v, bias, AttentionPath::weights);
+    const Tensor loss = tg::sum(r.output * r.output);
+    if (written == 0) tg::fill_(tg::select(c.mask.key_mask, 0, 0), 0.0);
+    else tg::add_(bias, bias);
+    tg::grad({loss}, {q});  // first order reads neither: fine
+    check_throws<tg::GraphError>([&] { tg::grad({loss}, {q}, {}, {.create_graph = true}); },
+                                 {"backward of attention", "modified in place", "second-order"});
+  }
+}
+
 BOOST_AUTO_TEST_CASE(masked_softmax_to_second_order_keeps_masked_entries_and_empty_rows_at_zero) {
   const double inf = std::numeric_limits<double>::infinity();
   Tensor s = f64({0.3, std::nan(""), -0.2, inf, 1.0, 2.0}, {2, 3}).set_requires_grad();

@@ -2,17 +2,24 @@
 // df(x, y) = dy/dx, side by side; the shared backward is dx = g * df(x, y). `uses_x`/`uses_y`
 // say which of input and output the derivative reads, so only those are kept on the tape (and
 // read by the backward loop). `cost` is the price per element relative to a copy, which decides
-// when a loop is split over threads. float32 exp and tanh use the vectorisable functions of
-// fast_math.hpp; float64 keeps the std:: functions. GELU, which keeps its slope, is written out
+// when a loop is split over threads. `graph_dx` is g * df in recorded ops for a create_graph
+// pass: the loop's operations in its order, so the same bits, zeros and NaNs (but for a last
+// bit where the compiler fuses the loop's multiply and add, as in tanh's 1 - y^2 on an FMA
+// CPU). float32 exp and tanh use the vectorisable functions of fast_math.hpp; float64 keeps the
+// std:: functions. GELU, whose backward is a fused kernel and an op of its own, is written out
 // at the end.
 #include <cmath>
+#include <numbers>
 #include <type_traits>
 
 #include "kernels/fast_math.hpp"
 #include "kernels/gelu_f32.hpp"
 #include "ops/op.hpp"
 #include "runtime/parallel.hpp"
+#include "tapegrad/ops/cast.hpp"
+#include "tapegrad/ops/compare.hpp"
 #include "tapegrad/ops/elementwise.hpp"
+#include "tapegrad/ops/where.hpp"
 
 namespace tapegrad {
 namespace {
@@ -24,6 +31,7 @@ struct Neg {
   static constexpr std::int64_t cost = 1;
   template <class T> T f(T x) const { return -x; }
   template <class T> T df(T, T) const { return T(-1); }
+  Tensor graph_dx(const Tensor& g, const Tensor&, const Tensor&) const { return neg(g); }
 };
 struct Exp {
   static constexpr const char* name = "exp";
@@ -34,6 +42,7 @@ struct Exp {
     else return std::exp(x);
   }
   template <class T> T df(T, T y) const { return y; }  // (e^x)' = e^x
+  Tensor graph_dx(const Tensor& g, const Tensor&, const Tensor& y) const { return g * y; }
 };
 struct Log {
   static constexpr const char* name = "log";
@@ -41,6 +50,7 @@ struct Log {
   static constexpr std::int64_t cost = 8;
   template <class T> T f(T x) const { return std::log(x); }
   template <class T> T df(T x, T) const { return T(1) / x; }
+  Tensor graph_dx(const Tensor& g, const Tensor& x, const Tensor&) const { return g * (1.0 / x); }
 };
 struct Sqrt {
   static constexpr const char* name = "sqrt";
@@ -48,6 +58,7 @@ struct Sqrt {
   static constexpr std::int64_t cost = 2;
   template <class T> T f(T x) const { return std::sqrt(x); }
   template <class T> T df(T, T y) const { return T(0.5) / y; }  // 1 / (2 sqrt x)
+  Tensor graph_dx(const Tensor& g, const Tensor&, const Tensor& y) const { return g * (0.5 / y); }
 };
 struct Pow {
   static constexpr const char* name = "pow";
@@ -61,6 +72,11 @@ struct Pow {
     return p == 0.0 ? T(0) : convert<T>(p) * std::pow(x, convert<T>(p - 1.0));
   }
   bool reads_x() const { return p != 0.0; }
+  // pow(x, p - 1) is itself recorded, so every order follows; g * 0 keeps p = 0's zeros (and
+  // its NaN for a non-finite g) without reading x.
+  Tensor graph_dx(const Tensor& g, const Tensor& x, const Tensor&) const {
+    return p == 0.0 ? g * 0.0 : g * (pow(x, p - 1.0) * p);
+  }
 };
 struct Tanh {
   static constexpr const char* name = "tanh";
@@ -71,6 +87,7 @@ struct Tanh {
     else return std::tanh(x);
   }
   template <class T> T df(T, T y) const { return T(1) - y * y; }
+  Tensor graph_dx(const Tensor& g, const Tensor&, const Tensor& y) const { return g * (1.0 - y * y); }
 };
 struct Relu {
   static constexpr const char* name = "relu";
@@ -78,6 +95,9 @@ struct Relu {
   static constexpr std::int64_t cost = 1;
   template <class T> T f(T x) const { return x < T(0) ? T(0) : x; }  // NaN stays NaN, as in PyTorch
   template <class T> T df(T x, T) const { return x > T(0) ? T(1) : T(0); }  // 0 at the kink, as PyTorch
+  // The 0/1 slope is a constant (relu'' = 0 a.e.); a product rather than a where() keeps the
+  // first-order bits, NaN of a non-finite g at x <= 0 included.
+  Tensor graph_dx(const Tensor& g, const Tensor& x, const Tensor&) const { return g * to(gt(x, scalar(0.0, x.dtype())), x.dtype()); }
 };
 // Whether op's derivative reads x (an op may say so per instance, as pow does).
 template <class Op> bool reads_x(const Op& op) {
@@ -96,6 +116,8 @@ template <class Op> Tensor unary(const Tensor& x, Op op = {}) {
   record(Op::name, {x}, y, {xs, Op::uses_y ? y : Tensor()},
          [op, xs, ys = Op::uses_y ? y.detach() : Tensor()](
              std::span<const Tensor> g, const std::vector<bool>&) {
+           // Recorded ops on x and on y joined back to this node, so dx differentiates in x and g.
+           if (creating_graph()) return std::vector<Tensor>{op.graph_dx(g[0], xs, output_with_history(ys, 0))};
            Tensor dx = new_tensor(g[0].shape(), g[0].dtype(), Op::name);
            // Only the operands the derivative reads are streamed through the loop.
            visit_float(dx.dtype(), Op::name, [&]<class T>(Tag<T>) {
@@ -127,34 +149,65 @@ Tensor pow(const Tensor& x, double exponent) {
 }
 Tensor tanh(const Tensor& x) { return unary<Tanh>(x); }
 Tensor relu(const Tensor& x) { return unary<Relu>(x); }
+
+namespace {
+
+// phi(x) (2 - x^2), the derivative of GELU's slope, in recorded ops. Where |x| >= cut, phi(x)
+// is 0 in the dtype and so is this; x is replaced by 0 there first, else x^2 = inf would make
+// 0 * inf = NaN of this value and of its own gradients.
+Tensor gelu_curvature(const Tensor& x) {
+  const double cut = x.dtype() == DType::float32 ? 15.0 : 40.0;
+  const Tensor zero = scalar(0.0, x.dtype());
+  const Tensor far = logical_or(gt(x, scalar(cut, x.dtype())), lt(x, scalar(-cut, x.dtype())));
+  const Tensor xs = where(far, zero, x), x2 = xs * xs;
+  const Tensor pdf = exp(x2 * -0.5) * (0.5 * std::numbers::inv_sqrtpi * std::numbers::sqrt2);
+  return where(far, zero, pdf * (2.0 - x2));
+}
+
+// GELU's backward as an op of its own, the slope recomputed from x in the pass that multiplies
+// by g, so that a create_graph pass can differentiate it in g and x (and again, to any order).
+// dx = g (Phi(x) + x phi(x)); its own: dg = g' (Phi(x) + x phi(x)), dx = g' g phi(x) (2 - x^2)
+Tensor gelu_backward(const Tensor& g, const Tensor& x) {
+  const Tensor gc = g.is_contiguous() ? g : copy_of(g), xc = x.is_contiguous() ? x : copy_of(x);
+  Tensor dx = new_tensor(x.shape(), x.dtype(), "gelu");
+  visit_float(x.dtype(), "gelu", [&]<class T>(Tag<T>) {
+    const T* pg = static_cast<const T*>(gc.raw_data());
+    const T* px = static_cast<const T*>(xc.raw_data());
+    T* pd = static_cast<T*>(mutable_data(dx));
+    parallel_for(xc.numel(), std::is_same_v<T, float> ? 6 : 10, [&](std::int64_t b, std::int64_t e) {
+      if constexpr (std::is_same_v<T, float>) gelu_backward_f32(pg + b, px + b, pd + b, e - b);
+      else
+        for (std::int64_t i = b; i < e; ++i) pd[i] = pg[i] * (normal_cdf(px[i]) + px[i] * normal_pdf(px[i]));
+    });
+  });
+  const Tensor keep_g = x.requires_grad() ? g : Tensor();  // read only for x's gradient
+  record("gelu_backward", {g, x}, dx, {keep_g, x}, [keep_g, x](std::span<const Tensor> gg, const std::vector<bool>& needs) {
+    return std::vector<Tensor>{needs[0] ? gelu_backward(gg[0], x) : Tensor(), needs[1] ? gg[0] * keep_g * gelu_curvature(x) : Tensor()};
+  });
+  return dx;
+}
+
+}  // namespace
+
 // GELU in its exact (erf) form, y = x Phi(x) (Phi, phi: the standard normal cdf and density):
-// float32 on the kernels of gelu_f32.cpp, float64 with the std:: functions. Recorded, the
-// forward also makes the slope y' = Phi(x) + x phi(x) (one exponential gives both) and the node
-// keeps it instead of x, so the backward is one multiply. dx = g (Phi(x) + x phi(x))
+// float32 on the kernels of gelu_f32.cpp, float64 with the std:: functions. The node keeps x
+// and its backward recomputes the slope where it multiplies by g: the same memory traffic as
+// keeping the slope, and a backward that differentiates in x. dx = g (Phi(x) + x phi(x))
 Tensor gelu(const Tensor& x) {
   check_floating("gelu", "x", x);
-  const bool keep_slope = should_record({&x, 1});
   const Tensor xc = x.is_contiguous() ? x : copy_of(x);
-  Tensor y = new_tensor(x.shape(), x.dtype(), "gelu"), slope = keep_slope ? new_tensor(x.shape(), x.dtype(), "gelu") : Tensor();
+  Tensor y = new_tensor(x.shape(), x.dtype(), "gelu");
   visit_float(x.dtype(), "gelu", [&]<class T>(Tag<T>) {
     const T* px = static_cast<const T*>(xc.raw_data());
     T* py = static_cast<T*>(mutable_data(y));
-    T* ps = keep_slope ? static_cast<T*>(mutable_data(slope)) : nullptr;
     // float32 takes about twice exp's time per element, float64 (erf and exp) about ten times.
     parallel_for(xc.numel(), std::is_same_v<T, float> ? 6 : 10, [&](std::int64_t b, std::int64_t e) {
-      if constexpr (std::is_same_v<T, float>) {
-        if (keep_slope) gelu_slope_f32(px + b, py + b, ps + b, e - b);
-        else gelu_f32(px + b, py + b, e - b);
-      } else {
-        for (std::int64_t i = b; i < e; ++i) {
-          const double cdf = normal_cdf(px[i]);
-          py[i] = px[i] * cdf;
-          if (keep_slope) ps[i] = cdf + px[i] * normal_pdf(px[i]);
-        }
-      }
+      if constexpr (std::is_same_v<T, float>) gelu_f32(px + b, py + b, e - b);
+      else
+        for (std::int64_t i = b; i < e; ++i) py[i] = px[i] * normal_cdf(px[i]);
     });
   });
-  record("gelu", {x}, y, {slope}, [slope](std::span<const Tensor> g, const std::vector<bool>&) { return std::vector<Tensor>{g[0] * slope}; });
+  record("gelu", {x}, y, {x}, [x](std::span<const Tensor> g, const std::vector<bool>&) { return std::vector<Tensor>{gelu_backward(g[0], x)}; });
   return y;
 }
 

@@ -163,8 +163,8 @@ BOOST_AUTO_TEST_CASE(feed_forward_is_up_activation_down) {
   BOOST_TEST(tg::FeedForward({.dim = 3}).up.weight.shape() == (tg::Shape{3, 12}));  // hidden defaults to 4 dim
 }
 
-// The GELU node of FeedForward keeps the slope rather than its input; in float32 (where the float64
-// gradcheck above does not reach) its output and every gradient must still be the gelu op's.
+// FeedForward's GELU runs on the float32 kernels (where the float64 gradcheck above does not
+// reach): its output and every gradient must still be the gelu op's.
 BOOST_AUTO_TEST_CASE(feed_forward_float32_matches_the_gelu_op) {
   tg::FeedForward ff({.dim = 8, .hidden = 32, .dtype = tg::float32, .seed = 5});
   Tensor x = (tg::randn({3, 7, 8}, 9, tg::float32) * 3.0).detach().set_requires_grad();

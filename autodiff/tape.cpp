@@ -376,18 +376,20 @@ void Pass::run(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gr
   for (std::size_t i = 0; i < order.size(); ++i) index[order[i].get()] = i;
 
   // grad(): which edges lead to a wanted input (oldest first, so each node's inputs are known
-  // before it). Gradients that lead nowhere wanted are not computed.
-  std::vector<std::vector<bool>> needs(order.size());
+  // before it). Gradients that lead nowhere wanted are not computed. backward() keeps every
+  // node's own list (no copy per node).
+  std::vector<std::vector<bool>> pruned(wanting_ ? order.size() : 0);
   std::vector<bool> leads(order.size(), true);
-  for (std::size_t i = order.size(); i-- > 0;) {
-    needs[i] = order[i]->needs_grad;
-    if (!wanting_) continue;
+  auto needs_of = [&](std::size_t i) -> const std::vector<bool>& { return wanting_ ? pruned[i] : order[i]->needs_grad; };
+  for (std::size_t i = order.size(); wanting_ && i-- > 0;) {
+    std::vector<bool>& needs = pruned[i];
+    needs = order[i]->needs_grad;
     bool any = wanted_nodes_.count(order[i].get()) > 0;
-    for (std::size_t k = 0; k < needs[i].size(); ++k) {
+    for (std::size_t k = 0; k < needs.size(); ++k) {
       const Edge& e = views[i].inputs[k];
       const bool to = e.node ? leads[index.at(e.node.get())] : e.leaf && wanted_leaves_.count(e.leaf.get()) > 0;
-      needs[i][k] = needs[i][k] && to;
-      any = any || needs[i][k];
+      needs[k] = needs[k] && to;
+      any = any || needs[k];
     }
     leads[i] = any;
   }
@@ -415,18 +417,21 @@ void Pass::run(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gr
     if (wanting_ && wanted_nodes_.count(&node) > 0)
       for (std::size_t slot = 0; slot < pending[i].size(); ++slot)
         if (pending[i][slot].defined()) captured_[{&node, static_cast<std::int32_t>(slot)}] = pending[i][slot];
-    if (std::none_of(needs[i].begin(), needs[i].end(), [](bool b) { return b; })) continue;
+    const std::vector<bool>& needs = needs_of(i);
+    if (wanting_ && std::none_of(needs.begin(), needs.end(), [](bool b) { return b; })) continue;
     check_saved_versions(node.name, view.saved);
     const double started = profile != nullptr ? now_seconds() : 0.0;
     std::vector<Tensor> grads;
-    {
+    if (create_graph_ || creating_node != nullptr) {  // also a first-order pass nested in a create_graph one
       const std::shared_ptr<Node>* outer = creating_node;
       creating_node = create_graph_ ? &order[i] : nullptr;
       struct Restore {
         const std::shared_ptr<Node>* outer;
         ~Restore() { creating_node = outer; }
       } restore{outer};
-      grads = (*view.backward)(pending[i], needs[i]);
+      grads = (*view.backward)(pending[i], needs);
+    } else {
+      grads = (*view.backward)(pending[i], needs);
     }
     pending[i] = {};  // release this node's upstream gradients as soon as they are used
     if (grads.size() != view.inputs.size())
@@ -434,7 +439,7 @@ void Pass::run(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gr
     for (std::size_t k = 0; k < grads.size(); ++k) {
       const Tensor& g = grads[k];
       const Edge& e = view.inputs[k];
-      if (!g.defined() || !needs[i][k]) continue;
+      if (!g.defined() || !needs[k]) continue;
       // What the gradient must look like: the input itself (a leaf) or the output it came from.
       const OutputMeta& want = e.leaf ? OutputMeta{e.leaf->shape, e.leaf->dtype} : e.node->outputs[static_cast<std::size_t>(e.slot)];
       if (g.shape() != want.shape || g.dtype() != want.dtype)

@@ -72,13 +72,13 @@ Tensor project_heads(const char* op, const Tensor& x, const Tensor& w, const Ten
     x2 = as_rows(x, batch * len);
     y = make_view(affine(x2, w, b, precision), {batch, heads, len, width}, {len * n, width, n, 1}, 0, op);
   }
-  // x2 was made without history: a create_graph pass takes the rows from x again, so that dw
-  // differentiates in x (x is saved too, since x2 may be a copy of it).
-  record(op, {x, w, b}, y, {x, x2, w},
-         [x, x2, w, x_shape = x.shape(), rows = batch * len, n, precision](std::span<const Tensor> g, const std::vector<bool>& needs) {
+  // The backward takes the rows from x again (a view, or a copy of a strided x): x2 has no
+  // history, and a create_graph pass needs dw to differentiate in x.
+  record(op, {x, w, b}, y, {x, w},
+         [x, w, x_shape = x.shape(), rows = batch * len, n, precision](std::span<const Tensor> g, const std::vector<bool>& needs) {
            std::vector<Tensor> grads(3);
            const Tensor dy = reshape(permute(g[0], {0, 2, 1, 3}), {rows, n});  // [B L, N]
-           affine_backward(dy, creating_graph() ? as_rows(x, rows) : x2, w, precision, needs, grads);
+           affine_backward(dy, as_rows(x, rows), w, precision, needs, grads);
            if (grads[0].defined()) grads[0] = reshape(grads[0], x_shape);
            return grads;
          });
@@ -94,14 +94,15 @@ Tensor merge_heads_project(const char* op, const Tensor& o, const Tensor& w, con
     merged = reshape(permute(o, {0, 2, 1, 3}), {batch * len, heads * width});
     out = reshape(affine(merged, w, b, precision), {batch, len, w.size(1)});
   }
-  // As in project_heads, a create_graph pass merges o again (merged has no history) and splits
-  // d merged with recorded views (make_view records nothing); o is saved, merged may be a copy.
-  record(op, {o, w, b}, out, {o, merged, w},
-         [o, merged, w, batch, heads, len, width, precision](std::span<const Tensor> g, const std::vector<bool>& needs) {
+  // The node keeps o and the backward merges it again (one copy): keeping merged, which has no
+  // history, would need o too for a create_graph pass, where the merge and the split of
+  // d merged are recorded (make_view records nothing).
+  record(op, {o, w, b}, out, {o, w},
+         [o, w, batch, heads, len, width, precision](std::span<const Tensor> g, const std::vector<bool>& needs) {
            std::vector<Tensor> grads(3);
            const bool graph = creating_graph();
-           const Tensor m = graph ? reshape(permute(o, {0, 2, 1, 3}), {batch * len, heads * width}) : merged;
-           affine_backward(as_rows(g[0], batch * len), m, w, precision, needs, grads);
+           const Tensor merged = reshape(permute(o, {0, 2, 1, 3}), {batch * len, heads * width});
+           affine_backward(as_rows(g[0], batch * len), merged, w, precision, needs, grads);
            // d merged [B Q, H Dv] is d o read through the merge's strides: no copy.
            const std::int64_t n = heads * width;
            if (grads[0].defined())

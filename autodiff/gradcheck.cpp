@@ -218,6 +218,44 @@ GradcheckResult gradcheck_parameters(const std::function<std::vector<Tensor>()>&
   return check(op, f, parameters, std::vector<bool>(parameters.size(), true), options);
 }
 
+namespace {
+
+// Upstream gradients for f's outputs, drawn from `seed`: float64 normal, 0 where an output is
+// infinite (it has no finite difference). `checked`: they require grad, so h is checked in them.
+std::vector<Tensor> draw_grad_outputs(const char* op, const char* what, const std::vector<Tensor>& outputs, std::uint64_t seed,
+                                      bool checked) {
+  std::vector<Tensor> gs;
+  Generator gen(seed + 1);
+  for (std::size_t o = 0; o < outputs.size(); ++o) {
+    check_dtype(op, fmt::format("{}[{}]", what, o).c_str(), outputs[o], DType::float64);
+    std::vector<double> w = randn(outputs[o].shape(), gen, DType::float64).to_vector<double>();
+    const std::vector<double> values = outputs[o].to_vector<double>();
+    for (std::size_t i = 0; i < w.size(); ++i)
+      if (std::isinf(values[i])) w[i] = 0.0;
+    gs.push_back(from_vector(std::span<const double>(w), outputs[o].shape()).set_requires_grad(checked));
+  }
+  return gs;
+}
+
+// h's value: the gradients of <gs, ys> with respect to `wanted` (zeros where none reaches). Only
+// gradcheck's analytic pass, which runs with grad mode on, needs their graph.
+std::vector<Tensor> first_gradients(const std::vector<Tensor>& ys, const std::vector<Tensor>& wanted, const Tensor* gs,
+                                    std::size_t count, bool create_graph) {
+  std::vector<Tensor> outs, weights;
+  for (std::size_t o = 0; o < ys.size() && o < count; ++o)
+    if (ys[o].requires_grad()) {
+      outs.push_back(ys[o]);
+      weights.push_back(gs[o]);
+    }
+  std::vector<Tensor> grads(wanted.size());
+  if (!outs.empty()) grads = grad(outs, wanted, weights, {.create_graph = create_graph, .allow_unused = true});
+  for (std::size_t i = 0; i < grads.size(); ++i)
+    if (!grads[i].defined()) grads[i] = zeros(wanted[i].shape(), wanted[i].dtype());
+  return grads;
+}
+
+}  // namespace
+
 GradcheckResult gradgradcheck(const GradcheckFn& f, const std::vector<Tensor>& inputs, const std::vector<Tensor>& grad_outputs,
                               const GradcheckOptions& options) {
   const char* op = "gradgradcheck";
@@ -228,17 +266,9 @@ GradcheckResult gradgradcheck(const GradcheckFn& f, const std::vector<Tensor>& i
     EnableGradGuard grad_on;
     outputs = f(inputs);
   }
-  std::vector<Tensor> gs;
+  std::vector<Tensor> gs = grad_outputs;
   if (grad_outputs.empty()) {
-    Generator gen(options.seed + 1);
-    for (std::size_t o = 0; o < outputs.size(); ++o) {
-      check_dtype(op, fmt::format("f(inputs)[{}]", o).c_str(), outputs[o], DType::float64);
-      std::vector<double> w = randn(outputs[o].shape(), gen, DType::float64).to_vector<double>();
-      const std::vector<double> values = outputs[o].to_vector<double>();
-      for (std::size_t i = 0; i < w.size(); ++i)
-        if (std::isinf(values[i])) w[i] = 0.0;
-      gs.push_back(from_vector(std::span<const double>(w), outputs[o].shape()).set_requires_grad());
-    }
+    gs = draw_grad_outputs(op, "f(inputs)", outputs, options.seed, /*checked=*/true);
   } else {
     if (grad_outputs.size() != outputs.size())
       fail<ValueError>("{}: f returned {} outputs but {} grad_outputs were given; give one per output", op, outputs.size(),
@@ -249,29 +279,16 @@ GradcheckResult gradgradcheck(const GradcheckFn& f, const std::vector<Tensor>& i
         fail<ShapeError>("{}: grad_outputs[{}] must have the shape of f(inputs)[{}], {}; got {}", op, o, o,
                          shape_str(outputs[o].shape()), shape_str(grad_outputs[o].shape()));
     }
-    gs = grad_outputs;
   }
   const std::size_t n = inputs.size();
-  // gradcheck evaluates h with grad mode on for its analytic pass and off while perturbing: only
-  // the analytic pass needs the first gradients' graph.
   const GradcheckFn h = [&](const std::vector<Tensor>& all) {
     const bool analytic = is_grad_enabled();
     EnableGradGuard grad_on;
     const std::vector<Tensor> xs(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n));
-    std::vector<Tensor> wanted, outs, weights;
+    std::vector<Tensor> wanted;
     for (const Tensor& x : xs)
       if (x.requires_grad()) wanted.push_back(x);
-    const std::vector<Tensor> ys = f(xs);
-    for (std::size_t o = 0; o < ys.size() && o < all.size() - n; ++o)
-      if (ys[o].requires_grad()) {
-        outs.push_back(ys[o]);
-        weights.push_back(all[n + o]);
-      }
-    std::vector<Tensor> grads(wanted.size());
-    if (!outs.empty()) grads = grad(outs, wanted, weights, {.create_graph = analytic, .allow_unused = true});
-    for (std::size_t i = 0; i < grads.size(); ++i)
-      if (!grads[i].defined()) grads[i] = zeros(wanted[i].shape(), wanted[i].dtype());
-    return grads;
+    return first_gradients(f(xs), wanted, all.data() + n, all.size() - n, analytic);
   };
   std::vector<Tensor> all = inputs;
   all.insert(all.end(), gs.begin(), gs.end());
@@ -295,31 +312,11 @@ GradcheckResult gradgradcheck_parameters(const std::function<std::vector<Tensor>
     EnableGradGuard grad_on;
     outputs = f();
   }
-  std::vector<Tensor> gs;
-  Generator gen(options.seed + 1);
-  for (std::size_t o = 0; o < outputs.size(); ++o) {
-    check_dtype(op, fmt::format("f()[{}]", o).c_str(), outputs[o], DType::float64);
-    std::vector<double> w = randn(outputs[o].shape(), gen, DType::float64).to_vector<double>();
-    const std::vector<double> values = outputs[o].to_vector<double>();
-    for (std::size_t i = 0; i < w.size(); ++i)
-      if (std::isinf(values[i])) w[i] = 0.0;
-    gs.push_back(from_vector(std::span<const double>(w), outputs[o].shape()));
-  }
+  const std::vector<Tensor> gs = draw_grad_outputs(op, "f()", outputs, options.seed, /*checked=*/false);
   const auto h = [&] {
     const bool analytic = is_grad_enabled();
     EnableGradGuard grad_on;
-    std::vector<Tensor> outs, weights;
-    const std::vector<Tensor> ys = f();
-    for (std::size_t o = 0; o < ys.size() && o < gs.size(); ++o)
-      if (ys[o].requires_grad()) {
-        outs.push_back(ys[o]);
-        weights.push_back(gs[o]);
-      }
-    std::vector<Tensor> grads(parameters.size());
-    if (!outs.empty()) grads = grad(outs, parameters, weights, {.create_graph = analytic, .allow_unused = true});
-    for (std::size_t i = 0; i < grads.size(); ++i)
-      if (!grads[i].defined()) grads[i] = zeros(parameters[i].shape(), parameters[i].dtype());
-    return grads;
+    return first_gradients(f(), parameters, gs.data(), gs.size(), analytic);
   };
   GradcheckResult r = gradcheck_parameters(h, parameters, options);
   r.check = op;

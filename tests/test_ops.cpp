@@ -110,51 +110,54 @@ std::string shapes_str(const std::vector<Shape>& shapes) {
   return out;
 }
 
-void check_against_reference(const std::string& name) {
-  const OpInfo& info = find_op(name);
+// Runs check(shapes, layout, seed) on every sample of the entry in every layout that applies.
+template <class Check> void for_each_sample_and_layout(const std::string& name, const OpInfo& info, Check check) {
   std::uint64_t seed = 1;
-  for (const auto& shapes : info.samples) {
+  for (const auto& shapes : info.samples)
     for (Layout layout : {Layout::contiguous, Layout::transposed, Layout::strided, Layout::expanded}) {
       if (!layout_applies(shapes, layout)) continue;
-      BOOST_TEST_CONTEXT(name << " on " << shapes_str(shapes) << ", " << layout_name(layout)) {
-        ++seed;
-        // float64 against the independent reference; dtype kept; inputs untouched.
-        const Inputs in64 = make_inputs(info, shapes, layout, tg::float64, seed);
-        std::vector<std::vector<double>> before;
-        for (const auto& t : in64.leaves) before.push_back(t.to_vector<double>());
-        const auto out64 = info.op(in64.apply(in64.leaves));
-        const auto expected = info.reference(in64.refs());
-        BOOST_REQUIRE_EQUAL(out64.size(), expected.size());
-        for (std::size_t o = 0; o < out64.size(); ++o) {
-          BOOST_CHECK_MESSAGE(out64[o].shape() == expected[o].shape,
-                              "output " << o << " shape " << fmt::format("{}", out64[o].shape()) << " expected "
-                                        << fmt::format("{}", expected[o].shape));
-          BOOST_CHECK(out64[o].dtype() == tg::float64);
-          check_close(out64[o].to_vector<double>(), expected[o].v, 1e-12, 1e-12, fmt::format("{} output {}", name, o));
-        }
-        for (std::size_t i = 0; i < before.size(); ++i)
-          BOOST_CHECK_MESSAGE(in64.leaves[i].to_vector<double>() == before[i], "input " << i << " was modified");
-
-        // float32 agrees with float64 and stays float32.
-        const Inputs in32 = make_inputs(info, shapes, layout, tg::float32, seed);
-        const auto out32 = info.op(in32.apply(in32.leaves));
-        for (std::size_t o = 0; o < out32.size(); ++o) {
-          BOOST_CHECK(out32[o].dtype() == tg::float32);
-          check_close(out32[o].to_vector<double>(), out64[o].to_vector<double>(), info.f32_tol, info.f32_tol,
-                      fmt::format("{} float32 output {}", name, o));
-        }
-
-        // float64 gradients against central differences.
-        if (info.differentiable) {
-          std::vector<Tensor> leaves = in64.leaves;
-          for (auto& l : leaves) l = l.detach().set_requires_grad();
-          const auto result = tg::gradcheck([&](const std::vector<Tensor>& xs) { return info.op(in64.apply(xs)); }, leaves, info.grad);
-          BOOST_CHECK_MESSAGE(result.ok, result.report());
-        }
-        tg::clear_tape();
-      }
+      BOOST_TEST_CONTEXT(name << " on " << shapes_str(shapes) << ", " << layout_name(layout)) { check(shapes, layout, ++seed); }
+      tg::clear_tape();
     }
-  }
+}
+
+void check_against_reference(const std::string& name) {
+  const OpInfo& info = find_op(name);
+  for_each_sample_and_layout(name, info, [&](const std::vector<Shape>& shapes, Layout layout, std::uint64_t seed) {
+    // float64 against the independent reference; dtype kept; inputs untouched.
+    const Inputs in64 = make_inputs(info, shapes, layout, tg::float64, seed);
+    std::vector<std::vector<double>> before;
+    for (const auto& t : in64.leaves) before.push_back(t.to_vector<double>());
+    const auto out64 = info.op(in64.apply(in64.leaves));
+    const auto expected = info.reference(in64.refs());
+    BOOST_REQUIRE_EQUAL(out64.size(), expected.size());
+    for (std::size_t o = 0; o < out64.size(); ++o) {
+      BOOST_CHECK_MESSAGE(out64[o].shape() == expected[o].shape,
+                          "output " << o << " shape " << fmt::format("{}", out64[o].shape()) << " expected "
+                                    << fmt::format("{}", expected[o].shape));
+      BOOST_CHECK(out64[o].dtype() == tg::float64);
+      check_close(out64[o].to_vector<double>(), expected[o].v, 1e-12, 1e-12, fmt::format("{} output {}", name, o));
+    }
+    for (std::size_t i = 0; i < before.size(); ++i)
+      BOOST_CHECK_MESSAGE(in64.leaves[i].to_vector<double>() == before[i], "input " << i << " was modified");
+
+    // float32 agrees with float64 and stays float32.
+    const Inputs in32 = make_inputs(info, shapes, layout, tg::float32, seed);
+    const auto out32 = info.op(in32.apply(in32.leaves));
+    for (std::size_t o = 0; o < out32.size(); ++o) {
+      BOOST_CHECK(out32[o].dtype() == tg::float32);
+      check_close(out32[o].to_vector<double>(), out64[o].to_vector<double>(), info.f32_tol, info.f32_tol,
+                  fmt::format("{} float32 output {}", name, o));
+    }
+
+    // float64 gradients against central differences.
+    if (info.differentiable) {
+      std::vector<Tensor> leaves = in64.leaves;
+      for (auto& l : leaves) l = l.detach().set_requires_grad();
+      const auto result = tg::gradcheck([&](const std::vector<Tensor>& xs) { return info.op(in64.apply(xs)); }, leaves, info.grad);
+      BOOST_CHECK_MESSAGE(result.ok, result.report());
+    }
+  });
 }
 
 // Second order: float64 gradgradcheck (the gradients of the op's gradients, with respect to
@@ -162,22 +165,14 @@ void check_against_reference(const std::string& name) {
 void check_second_order(const std::string& name) {
   const OpInfo& info = find_op(name);
   if (!info.differentiable) return;
-  std::uint64_t seed = 1;
-  for (const auto& shapes : info.samples) {
-    for (Layout layout : {Layout::contiguous, Layout::transposed, Layout::strided, Layout::expanded}) {
-      if (!layout_applies(shapes, layout)) continue;
-      BOOST_TEST_CONTEXT(name << " on " << shapes_str(shapes) << ", " << layout_name(layout)) {
-        ++seed;
-        const Inputs in64 = make_inputs(info, shapes, layout, tg::float64, seed);
-        std::vector<Tensor> leaves = in64.leaves;
-        for (auto& l : leaves) l = l.detach().set_requires_grad();
-        const auto result =
-            tg::gradgradcheck([&](const std::vector<Tensor>& xs) { return info.op(in64.apply(xs)); }, leaves, {}, info.grad);
-        BOOST_CHECK_MESSAGE(result.ok, result.report());
-        tg::clear_tape();
-      }
-    }
-  }
+  for_each_sample_and_layout(name, info, [&](const std::vector<Shape>& shapes, Layout layout, std::uint64_t seed) {
+    const Inputs in64 = make_inputs(info, shapes, layout, tg::float64, seed);
+    std::vector<Tensor> leaves = in64.leaves;
+    for (auto& l : leaves) l = l.detach().set_requires_grad();
+    const auto result =
+        tg::gradgradcheck([&](const std::vector<Tensor>& xs) { return info.op(in64.apply(xs)); }, leaves, {}, info.grad);
+    BOOST_CHECK_MESSAGE(result.ok, result.report());
+  });
 }
 
 void check_error_inputs(const std::string& name) {

@@ -181,10 +181,11 @@ BOOST_AUTO_TEST_CASE(hessian_vector_products_hessians_and_jacobians_are_exact) {
 }
 
 BOOST_AUTO_TEST_CASE(the_tiny_decoder_to_second_order_over_its_parameters) {
-  tg::Decoder model({.vocab = 5, .max_len = 4, .dim = 4, .heads = 2, .layers = 1, .hidden = 8, .dtype = tg::float64, .seed = 3});
-  std::vector<std::int64_t> ids_v = {1, 4, 2, 0, 3, 3}, targets_v = {4, 2, 0, 3, -100, 1};
-  const Tensor ids = tg::from_vector(std::span<const std::int64_t>(ids_v), {2, 3});
-  const Tensor targets = tg::from_vector(std::span<const std::int64_t>(targets_v), {2, 3});
+  // test_layers' tiny decoder (2 blocks, width 8, 2 heads, sequence 5, float64).
+  tg::Decoder model({.vocab = 7, .max_len = 9, .dim = 8, .heads = 2, .layers = 2, .hidden = 16, .dtype = tg::float64, .seed = 11});
+  std::vector<std::int64_t> ids_v = {1, 5, 2, 6, 0, 3, 3, 4, 0, 1}, targets_v = {5, 2, 6, 0, -100, 3, 4, 0, 1, 2};
+  const Tensor ids = tg::from_vector(std::span<const std::int64_t>(ids_v), {2, 5});
+  const Tensor targets = tg::from_vector(std::span<const std::int64_t>(targets_v), {2, 5});
   const auto r = tg::gradgradcheck_parameters(
       [&] { return std::vector<Tensor>{tg::cross_entropy(model.forward(ids), targets)}; }, model.parameters(),
       {.atol = 1e-6, .rtol = 1e-5});

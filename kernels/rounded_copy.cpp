@@ -3,7 +3,9 @@
 
 #include <atomic>
 #include <limits>
+#include <memory>
 #include <mutex>
+#include <new>
 
 #include "autodiff/tensor_impl.hpp"
 #include "kernels/matmul.hpp"
@@ -38,15 +40,23 @@ struct RoundedCopy final : Storage::Derived {
   std::atomic<bool> read{false};
 };
 
-RoundedCopy* existing(const Storage& s) { return static_cast<RoundedCopy*>(s.derived.load(std::memory_order_acquire)); }
+// The storage's copy, if what it holds is one (another kind of derived data is not).
+RoundedCopy* existing(const Storage& s) { return dynamic_cast<RoundedCopy*>(s.derived.load(std::memory_order_acquire)); }
 
-// The storage's copy, made when there is none (another kind of derived data never is).
+// The storage's copy, made when the storage holds nothing derived yet; null when it holds
+// another kind, or when the copy's memory cannot be had: the product then rounds into scratch
+// as it would without a copy.
 RoundedCopy* copy_of_storage(Storage& s) {
-  if (RoundedCopy* c = existing(s)) return c;
-  auto fresh = std::make_unique<RoundedCopy>(static_cast<std::int64_t>(s.bytes / sizeof(float)));
-  Storage::Derived* expected = nullptr;
+  Storage::Derived* expected = s.derived.load(std::memory_order_acquire);
+  if (expected != nullptr) return dynamic_cast<RoundedCopy*>(expected);
+  std::unique_ptr<RoundedCopy> fresh;
+  try {
+    fresh = std::make_unique<RoundedCopy>(static_cast<std::int64_t>(s.bytes / sizeof(float)));
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
   if (s.derived.compare_exchange_strong(expected, fresh.get(), std::memory_order_acq_rel)) return fresh.release();
-  return static_cast<RoundedCopy*>(expected);  // another thread made it first
+  return dynamic_cast<RoundedCopy*>(expected);  // another thread stored something first
 }
 
 }  // namespace
@@ -58,6 +68,7 @@ const std::uint16_t* rounded_copy(const Tensor& x) {
   if (c == nullptr) {
     if (!x.is_leaf() || !x.requires_grad()) return nullptr;
     c = copy_of_storage(s);
+    if (c == nullptr) return nullptr;
   }
   const std::lock_guard hold(c->lock);
   const std::uint64_t now = s.version.load(std::memory_order_acquire);

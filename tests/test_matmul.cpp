@@ -6,6 +6,7 @@
 
 #include <thread>
 
+#include "autodiff/tensor_impl.hpp"
 #include "kernels/matmul.hpp"
 #include "kernels/rounded_copy.hpp"
 #include "reference.hpp"
@@ -321,6 +322,21 @@ BOOST_AUTO_TEST_CASE(a_weights_bfloat16_copy_made_by_two_threads_at_once) {
     BOOST_TEST(same(got[0], expected));
     BOOST_TEST(same(got[1], expected));
   }
+}
+
+// A storage that already holds another kind of derived data gets no copy: its bfloat16 products
+// round afresh, with the same bits, and the other data is left in place.
+BOOST_AUTO_TEST_CASE(another_kind_of_derived_data_leaves_products_rounding_afresh) {
+  struct Other final : tg::detail::Storage::Derived {};
+  const auto bf16 = tg::MatmulPrecision::bfloat16;
+  const Tensor w = tg::randn({64, 48}, 70, tg::float32).detach().set_requires_grad();
+  const Tensor x = tg::randn({16, 64}, 71, tg::float32);
+  auto* other = new Other;
+  w.impl()->storage->derived.store(other);  // freed with the storage
+  const std::int64_t copies_before = tg::detail::rounded_copies();
+  BOOST_TEST(same(tg::matmul(x, w, bf16), tg::matmul(x, tg::clone(w.detach()), bf16)));
+  BOOST_TEST(tg::detail::rounded_copies() == copies_before);
+  BOOST_TEST(w.impl()->storage->derived.load() == other);
 }
 
 // float64 products past dgemm's int sizes go through blocks packed from any strides; the same

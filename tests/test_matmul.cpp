@@ -339,6 +339,19 @@ BOOST_AUTO_TEST_CASE(another_kind_of_derived_data_leaves_products_rounding_afres
   BOOST_TEST(w.impl()->storage->derived.load() == other);
 }
 
+// An update rewrites a copy only while products read it: once per read, so a bfloat16
+// evaluation followed by float32 training stops paying for the copy after one update.
+BOOST_AUTO_TEST_CASE(an_update_rewrites_a_copy_only_after_a_product_read_it) {
+  const Tensor w = tg::randn({32, 16}, 80, tg::float32).detach().set_requires_grad();
+  BOOST_TEST(tg::detail::rounded_copy_to_write(w) == nullptr);  // no copy yet
+  BOOST_TEST_REQUIRE(tg::detail::rounded_copy(w) != nullptr);   // a product reads it
+  BOOST_TEST(tg::detail::rounded_copy_to_write(w) != nullptr);
+  tg::detail::rounded_copy_written(w);
+  BOOST_TEST(tg::detail::rounded_copy_to_write(w) == nullptr);  // not read since
+  tg::detail::rounded_copy(w);
+  BOOST_TEST(tg::detail::rounded_copy_to_write(w) != nullptr);
+}
+
 // float64 products past dgemm's int sizes go through blocks packed from any strides; the same
 // code on small blocks (3) and odd shapes, transposed and broadcast operands, against the plain
 // product.

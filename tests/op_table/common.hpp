@@ -212,5 +212,6 @@ void add_matmul(std::vector<OpInfo>& t);
 void add_indexing(std::vector<OpInfo>& t);
 void add_losses(std::vector<OpInfo>& t);
 void add_normalization(std::vector<OpInfo>& t);
+void add_rotary(std::vector<OpInfo>& t);
 
 }  // namespace tg_test::table

@@ -50,6 +50,14 @@ MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
   fill(c.value_head_dim, c.head_dim, "value_head_dim = head_dim");
   fill(c.out_dim, c.query_dim, "out_dim = query_dim");
   if (!defaults.empty()) defaults += ")";
+  if (c.rotary) {
+    if (!(std::isfinite(c.rotary->base) && c.rotary->base > 0))
+      fail<ValueError>("{}: config.rotary.base must be finite and > 0, got {}", kLayer, c.rotary->base);
+    const std::int64_t r = c.rotary->rotary_dim == 0 ? c.head_dim : c.rotary->rotary_dim;
+    if (r < 0 || r % 2 != 0 || r > c.head_dim)
+      fail<ValueError>("{}: config.rotary.rotary_dim must be even and in [0, config.head_dim = {}] (0 means head_dim), got {}{}", kLayer,
+                       c.head_dim, c.rotary->rotary_dim, defaults);
+  }
 
   std::int64_t hd = 0, hdv = 0;
   if (__builtin_mul_overflow(c.heads, c.head_dim, &hd))
@@ -111,7 +119,7 @@ AttentionResult run_forward(const MultiHeadAttention& layer, const Input& query,
   check_input(kForward, query, "query_dim", c.query_dim, c.dtype);
   check_input(kForward, context, "context_dim", c.context_dim, c.dtype);
   return detail::multihead_attention(kForward, {query.tensor, context.tensor, call.bias}, layer.weights(), call.masks,
-                                     c.heads, call.causal, call.causal_offset, call.need_weights);
+                                     c.heads, call.causal, call.causal_offset, call.need_weights, c.rotary ? &*c.rotary : nullptr);
 }
 
 // A fresh [B, capacity, width] buffer holding the first `length` positions of `buffer` (the
@@ -183,14 +191,21 @@ AttentionResult MultiHeadAttention::decode(const Tensor& query, KVCache& cache, 
   const std::int64_t before = cache.length();
   const MhaActivations a{query, Tensor(), call.bias};
   const detail::MhaShapes s = detail::check_mha(kDecode, a, params_, call.masks, config_.heads, before + query.size(1));
-  cache.append(detail::project(query, params_.w_k, params_.b_k), detail::project(query, params_.w_v, params_.b_v));
+  const std::int64_t h = config_.heads;
+  Tensor q = detail::project_heads(kDecode, query, params_.w_q, params_.b_q, h);
+  Tensor k = detail::project(query, params_.w_k, params_.b_k);
+  if (config_.rotary) {
+    // The cache holds rotated keys: each is turned once, by its absolute position, as the full
+    // forward turns it.
+    const Tensor positions = detail::positions_from(before, query.size(1));
+    q = rotary(q, positions, *config_.rotary);
+    k = reshape(permute(rotary(detail::split_heads(k, h), positions, *config_.rotary), {0, 2, 1, 3}), k.shape());
+  }
+  cache.append(k, detail::project(query, params_.w_v, params_.b_v));
   // Unlike multihead_attention, the rows of inactive queries and unattended keys are kept: the
   // new keys may serve later queries, and nothing here has a gradient.
-  const std::int64_t h = config_.heads;
-  return detail::attend_projected(detail::project_heads(kDecode, query, params_.w_q, params_.b_q, h),
-                                  detail::split_heads(cache.keys(), h), detail::split_heads(cache.values(), h), call.bias, params_,
-                                  detail::allowed_pairs(call.masks, s, /*causal=*/true, before), s,
-                                  call.need_weights);
+  return detail::attend_projected(q, detail::split_heads(cache.keys(), h), detail::split_heads(cache.values(), h), call.bias, params_,
+                                  detail::allowed_pairs(call.masks, s, /*causal=*/true, before), s, call.need_weights);
 }
 
 KVCache::KVCache(const KVCache& other)

@@ -3,6 +3,8 @@
 #include "tapegrad/ops/multihead_attention.hpp"
 
 #include <cmath>
+#include <limits>
+#include <vector>
 
 #include "ops/attention_core.hpp"
 #include "ops/multihead_attention_detail.hpp"
@@ -191,8 +193,16 @@ AttentionResult attend_projected(const Tensor& q, const Tensor& k, const Tensor&
   return {rows_where(allowed.active, output), attention};
 }
 
+Tensor positions_from(std::int64_t first, std::int64_t n) {
+  std::vector<std::int64_t> p(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i)
+    if (__builtin_add_overflow(first, i, &p[static_cast<std::size_t>(i)])) p[static_cast<std::size_t>(i)] = std::numeric_limits<std::int64_t>::max();
+  return from_vector(std::span<const std::int64_t>(p), {n});
+}
+
 AttentionResult multihead_attention(const char* op, const MhaActivations& a, const MhaParameters& p, const MhaMasks& m,
-                                    std::int64_t heads, bool causal, std::int64_t causal_offset, bool need_weights) {
+                                    std::int64_t heads, bool causal, std::int64_t causal_offset, bool need_weights,
+                                    const RotaryOptions* rotary) {
   check_floating(op, "context", a.context);
   if (a.context.dim() != 3)
     fail<ShapeError>("{}: argument 'context' must be [B, K, Cctx], got shape {}", op, shape_str(a.context.shape()));
@@ -214,9 +224,15 @@ AttentionResult multihead_attention(const char* op, const MhaActivations& a, con
   // nothing, so they are left as they are (no copy of the input: padding would cost one).
   const Tensor query = zero_left_out_rows(allowed.active, a.query), context = zero_left_out_rows(allowed.used, a.context);
   // Steps 1-2: each projection and its head split is one node.
-  const Tensor q = project_heads(op, query, p.w_q, p.b_q, heads);
-  const Tensor k = project_heads(op, context, p.w_k, p.b_k, heads);
+  Tensor q = project_heads(op, query, p.w_q, p.b_q, heads);
+  Tensor k = project_heads(op, context, p.w_k, p.b_k, heads);
   const Tensor v = project_heads(op, context, p.w_v, p.b_v, heads);
+  if (rotary != nullptr) {
+    // A rotation keeps a zero row zero and a finite row finite, so the rows selected above stay
+    // as they were: the exact zeros hold with it.
+    q = tapegrad::rotary(q, positions_from(causal_offset, s.q), *rotary);
+    k = tapegrad::rotary(k, positions_from(0, s.k), *rotary);
+  }
   return attend_projected(q, k, v, a.bias, p, allowed, s, need_weights);
 }
 

@@ -6,6 +6,7 @@
 
 #include "kernels/attention_mask.hpp"
 #include "tapegrad/ops/multihead_attention.hpp"
+#include "tapegrad/ops/rotary.hpp"
 
 namespace tapegrad::detail {
 
@@ -19,9 +20,14 @@ struct MhaShapes {
 MhaShapes check_mha(const char* op, const MhaActivations& a, const MhaParameters& p, const MhaMasks& m, std::int64_t heads,
                     std::int64_t context_length);
 
-// multihead_attention, with errors that name `op` (the layer's forward runs it too).
+// multihead_attention, with errors that name `op` (the layer's forward runs it too). With
+// `rotary`, q and k are rotated per head after step 2 (the layer's option; the function has
+// none): query i at position causal_offset + i, key j at position j.
 AttentionResult multihead_attention(const char* op, const MhaActivations& a, const MhaParameters& p, const MhaMasks& m,
-                                    std::int64_t heads, bool causal, std::int64_t causal_offset, bool need_weights);
+                                    std::int64_t heads, bool causal, std::int64_t causal_offset, bool need_weights,
+                                    const RotaryOptions* rotary = nullptr);
+// int64 [n]: first, first + 1, ... (saturating at INT64_MAX, which rotary then refuses by name).
+Tensor positions_from(std::int64_t first, std::int64_t n);
 
 // x w (+ b)
 Tensor project(const Tensor& x, const Tensor& w, const Tensor& b);

@@ -828,3 +828,153 @@ BOOST_AUTO_TEST_CASE(the_layer_blames_what_the_caller_passed) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+// The layer with rotary position embeddings (docs/semantics.md §7.3).
+BOOST_AUTO_TEST_SUITE(rotary)
+
+namespace {
+// A self-attention layer with random weights and biases (so that b_o's suppression shows).
+tg::MultiHeadAttention rotary_layer(tg::DType dtype, tg::RotaryLayout layout, std::int64_t rotary_dim = 0) {
+  tg::MultiHeadAttention layer({.query_dim = 8, .heads = 2, .out_dim = 5, .dtype = dtype, .seed = 21,
+                                .rotary = tg::RotaryOptions{.rotary_dim = rotary_dim, .layout = layout}});
+  for (const Tensor& w : layer.parameters()) tg::copy_(w, tg::randn(w.shape(), 22, tg::float64).to(dtype));
+  return layer;
+}
+
+// The layer's output by its definition in public ops: project, split heads, rotate q and k by
+// position, attend causally, merge heads, project.
+tg::AttentionResult by_definition(const tg::MultiHeadAttention& layer, const Tensor& x) {
+  const auto& w = layer.weights();
+  const std::int64_t b = x.size(0), len = x.size(1), h = layer.config().heads;
+  auto heads = [&](const Tensor& t) { return tg::permute(tg::reshape(t, {b, len, h, t.size(2) / h}), {0, 2, 1, 3}); };
+  const Tensor positions = tg::arange(len);
+  const Tensor q = tg::rotary(heads(tg::matmul(x, w.w_q) + w.b_q), positions, *layer.config().rotary);
+  const Tensor k = tg::rotary(heads(tg::matmul(x, w.w_k) + w.b_k), positions, *layer.config().rotary);
+  auto [o, attn] = tg::scaled_dot_product_attention(q, k, heads(tg::matmul(x, w.w_v) + w.b_v), tg::causal_mask(len, len));
+  return {tg::matmul(tg::reshape(tg::permute(o, {0, 2, 1, 3}), {b, len, w.w_o.size(0)}), w.w_o) + w.b_o, attn};
+}
+
+const tg::RotaryLayout kLayouts[] = {tg::RotaryLayout::half_split, tg::RotaryLayout::interleaved};
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(the_layer_rotates_q_and_k_per_head_on_both_paths) {
+  const Tensor x = tg::randn({2, 6, 8}, 23, tg::float64);
+  for (auto layout : kLayouts)
+    for (std::int64_t r : {0, 2}) {
+      const tg::MultiHeadAttention layer = rotary_layer(tg::float64, layout, r);
+      const auto want = by_definition(layer, x);
+      const auto got = layer.forward(x, {.causal = true, .need_weights = true});
+      const std::string what = fmt::format("layout {} rotary_dim {}", static_cast<int>(layout), r);
+      check_close(values(got.output), values(want.output), 1e-12, 1e-12, what);
+      check_close(values(got.weights), values(want.weights), 1e-12, 1e-12, what + " weights");
+      check_close(values(layer.forward(x, {.causal = true}).output), values(want.output), 1e-12, 1e-12, what + " fused");
+    }
+  // Rotation is not the identity: without it the output differs.
+  tg::MultiHeadAttention plain({.query_dim = 8, .heads = 2, .out_dim = 5, .dtype = tg::float64, .seed = 21});
+  for (const Tensor& w : plain.parameters()) tg::copy_(w, tg::randn(w.shape(), 22, tg::float64));
+  BOOST_TEST(values(plain.forward(x, {.causal = true}).output) != values(rotary_layer(tg::float64, kLayouts[0]).forward(x, {.causal = true}).output));
+}
+
+BOOST_AUTO_TEST_CASE(gradcheck_on_both_paths_with_masks) {
+  const Tensor key_mask = tg::from_bools({true, true, false, true, true, true, true, true, true, false}, {2, 5});
+  const Tensor query_mask = tg::from_bools({true, true, true, false, true, true, true, true, true, true}, {2, 5});
+  for (auto layout : kLayouts)
+    for (bool need_weights : {true, false}) {
+      tg::MultiHeadAttention layer = rotary_layer(tg::float64, layout, 2);
+      const Tensor x = tg::randn({2, 5, 8}, 24, tg::float64).set_requires_grad();
+      std::vector<Tensor> params = layer.parameters();
+      params.push_back(x);
+      const auto r = tg::gradcheck_parameters(
+          [&] {
+            return std::vector<Tensor>{
+                layer.forward(x, {.masks = {.key_mask = key_mask, .query_mask = query_mask}, .causal = true, .need_weights = need_weights}).output};
+          },
+          params);
+      BOOST_TEST(r.ok, "need_weights " << need_weights << ": " << r.report());
+    }
+}
+
+BOOST_AUTO_TEST_CASE(fused_equals_weights_path_within_float32_rounding) {
+  using non_finite_masked_entries::run_layer;
+  const Tensor key_mask = tg::from_bools({true, true, false, true, true, true, false, true, true, true, true, true, true, true}, {2, 7});
+  for (auto layout : kLayouts) {
+    tg::MultiHeadAttention layer = rotary_layer(tg::float32, layout);
+    const Tensor x = tg::randn({2, 7, 8}, 25), d_out = tg::randn({2, 7, 5}, 26);
+    const tg::MhaCall call{.masks = {.key_mask = key_mask}, .causal = true};
+    auto weights = run_layer(layer, x, x, {call.masks, {}, true, 0, true}, d_out);
+    weights.erase(weights.begin() + 3);  // the attention weights
+    const auto fused = run_layer(layer, x, x, call, d_out);
+    BOOST_TEST_REQUIRE(fused.size() == weights.size());
+    for (std::size_t i = 0; i < fused.size(); ++i) check_close(fused[i], weights[i], 2e-5, 2e-5, fmt::format("result {}", i));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(masked_positions_change_nothing_and_suppressed_queries_are_zero) {
+  using namespace non_finite_masked_entries;
+  for (auto dtype : {tg::float32, tg::float64})
+    for (auto layout : kLayouts) {
+      tg::MultiHeadAttention layer = rotary_layer(dtype, layout);
+      // Batch 0: key 4 is padding; batch 1: keys 0 and 2. Query 1 of batch 0 may attend to nothing.
+      const Tensor key_mask = tg::from_bools({true, true, true, true, false, false, true, false, true, true}, {2, 5});
+      const Tensor query_mask = tg::from_bools({true, false, true, true, true, true, true, true, true, true}, {2, 5});
+      const Tensor query = tg::randn({2, 5, 8}, 27, tg::float64).to(dtype), context = tg::randn({2, 5, 8}, 28, tg::float64).to(dtype);
+      const Tensor d_out = tg::randn({2, 5, 5}, 29, tg::float64).to(dtype);
+      const std::vector<bool> padding_keys{false, false, false, false, true, true, false, true, false, false};
+      const std::vector<bool> padding_queries{false, true, false, false, false, false, false, false, false, false};
+      for (bool need_weights : {true, false}) {
+        const tg::MhaCall call{.masks = {.key_mask = key_mask, .query_mask = query_mask}, .need_weights = need_weights};
+        const auto zeroed = run_layer(layer, poison(query, padding_queries, false, 0), poison(context, padding_keys, false, 0), call, d_out);
+        for (std::size_t c = 0; c < 5; ++c) BOOST_TEST(zeroed[0][5 + c] == 0.0);  // query 1's output, b_o included
+        for (std::size_t c = 0; c < 8; ++c) BOOST_TEST(zeroed[1][8 + c] == 0.0);  // and its gradient
+        for (double p : kPoisons)
+          check_same(run_layer(layer, poison(query, padding_queries, false, p), poison(context, padding_keys, false, -p), call, d_out), zeroed,
+                     fmt::format("{} need_weights {} poison {}", dtype, need_weights, p));
+      }
+    }
+}
+
+BOOST_AUTO_TEST_CASE(decoding_through_the_cache_equals_the_full_forward) {
+  for (auto dtype : {tg::float64, tg::float32}) {
+    const double tol = dtype == tg::float64 ? 1e-12 : 1e-5;
+    for (auto layout : kLayouts) {
+      const tg::MultiHeadAttention layer = rotary_layer(dtype, layout);
+      const Tensor x = tg::randn({2, 9, 8}, 30, tg::float64).to(dtype);
+      auto [full, full_attn] = layer.forward(x, {.causal = true, .need_weights = true});
+      for (std::int64_t chunk : {1, 4})
+        for (bool need_weights : {true, false}) {
+          tg::KVCache cache;
+          std::vector<Tensor> outs;
+          for (std::int64_t t = 0; t < 9; t += chunk) {
+            const std::int64_t n = std::min<std::int64_t>(chunk, 9 - t);
+            auto [o, a] = layer.decode(tg::slice(x, 1, t, t + n), cache, {.need_weights = need_weights});
+            if (need_weights) check_close(values(a), values(tg::slice(tg::slice(full_attn, 2, t, t + n), 3, 0, t + n)), tol, tol, "step weights");
+            outs.push_back(o);
+          }
+          check_close(values(tg::concat(outs, 1)), values(full), tol, tol,
+                      fmt::format("{} layout {} chunks of {} need_weights {}", dtype, static_cast<int>(layout), chunk, need_weights));
+        }
+      // The forward places query i at causal_offset + i: the last rows alone, attending to the
+      // whole sequence, are the full forward's last rows.
+      const Tensor tail = layer.forward(tg::slice(x, 1, 6, 9), x, {.causal = true, .causal_offset = 6}).output;
+      check_close(values(tail), values(tg::slice(full, 1, 6, 9)), tol, tol, "forward with causal_offset");
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(the_rotary_config_is_validated) {
+  auto fails = [](tg::MultiHeadAttentionConfig c, std::vector<std::string> fragments) {
+    fragments.insert(fragments.begin(), "MultiHeadAttention");
+    check_throws<tg::ValueError>([&] { tg::MultiHeadAttention{c}; }, fragments);
+  };
+  fails({.query_dim = 8, .heads = 2, .rotary = tg::RotaryOptions{.rotary_dim = 3}}, {"config.rotary.rotary_dim", "even", "head_dim = 4", "got 3"});
+  fails({.query_dim = 8, .heads = 2, .rotary = tg::RotaryOptions{.rotary_dim = 6}}, {"config.rotary.rotary_dim", "got 6"});
+  fails({.query_dim = 6, .heads = 2, .rotary = tg::RotaryOptions{}}, {"config.rotary.rotary_dim", "head_dim = 3", "got 0"});
+  fails({.query_dim = 8, .rotary = tg::RotaryOptions{.base = -1}}, {"config.rotary.base", "> 0", "-1"});
+  check_throws<tg::ValueError>([] { tg::Decoder({.vocab = 4, .max_len = 4, .dim = 6, .heads = 2, .positions = tg::PositionKind::rotary}); },
+                               {"Decoder", "config.rotary.rotary_dim", "dim / heads = 3"});
+  // An odd head_dim is fine when fewer channels rotate.
+  const tg::MultiHeadAttention ok({.query_dim = 6, .heads = 2, .rotary = tg::RotaryOptions{.rotary_dim = 2}});
+  BOOST_TEST(ok.forward(tg::randn({1, 3, 6}, 1)).output.shape() == (Shape{1, 3, 6}));
+}
+
+BOOST_AUTO_TEST_SUITE_END()

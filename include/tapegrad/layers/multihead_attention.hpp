@@ -4,10 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "tapegrad/layers/module.hpp"
 #include "tapegrad/ops/multihead_attention.hpp"
+#include "tapegrad/ops/rotary.hpp"
 
 namespace tapegrad {
 
@@ -21,6 +23,10 @@ struct MultiHeadAttentionConfig {
   bool bias = true;                 // b_q, b_k, b_v, b_o
   DType dtype = float32;
   std::uint64_t seed = 0;
+  // Rotary position embeddings (ops/rotary.hpp) on each head's q and k after projection:
+  // query i at position causal_offset + i, key j at position j; in decode, the cache length
+  // before the call plus i for both. rotary_dim (0: all of head_dim) must be even and <= head_dim.
+  std::optional<RotaryOptions> rotary{};
 };
 
 // Keys and values of the positions decoded so far, for one layer and one batch. Appending is

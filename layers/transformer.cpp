@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <type_traits>
 
 #include "layers/layer_support.hpp"
 #include "tapegrad/autodiff/tape.hpp"
@@ -33,6 +34,15 @@ const DecoderConfig& checked(const DecoderConfig& c) {
   detail::check_field(layer, "hidden", c.hidden, 0);
   detail::check_float_dtype(layer, c.dtype);
   if (c.dim % c.heads != 0) detail::fail<ValueError>("Decoder: config.heads = {} must divide config.dim = {}", c.heads, c.dim);
+  if (c.positions == PositionKind::rotary) {
+    const std::int64_t head_dim = c.dim / c.heads, r = c.rotary.rotary_dim == 0 ? head_dim : c.rotary.rotary_dim;
+    if (!(std::isfinite(c.rotary.base) && c.rotary.base > 0))
+      detail::fail<ValueError>("Decoder: config.rotary.base must be finite and > 0, got {}", c.rotary.base);
+    if (r < 0 || r % 2 != 0 || r > head_dim)
+      detail::fail<ValueError>("Decoder: config.rotary.rotary_dim must be even and in [0, dim / heads = {}] (0 means dim / heads), "
+                               "got {}",
+                               head_dim, c.rotary.rotary_dim);
+  }
   if (!(c.dropout >= 0 && c.dropout < 1)) detail::fail<ValueError>("Decoder: config.dropout must be in [0, 1), got {}", c.dropout);
   detail::checked_product(layer, "vocab", c.vocab, "dim", c.dim);
   detail::checked_product(layer, "max_len", c.max_len, "dim", c.dim);
@@ -50,10 +60,11 @@ void check_ids(const char* op, const char* name, const Tensor& ids, std::int64_t
                                values[i], i, vocab);
 }
 
-std::variant<LearnedPositions, SinusoidalPositions> make_positions(const DecoderConfig& c) {
+std::variant<LearnedPositions, SinusoidalPositions, std::monostate> make_positions(const DecoderConfig& c) {
   const PositionsConfig p{.max_len = c.max_len, .dim = c.dim, .dtype = c.dtype, .seed = detail::child_seed(c.seed, 1)};
   if (c.positions == PositionKind::learned) return LearnedPositions(p);
-  return SinusoidalPositions(p);
+  if (c.positions == PositionKind::sinusoidal) return SinusoidalPositions(p);
+  return std::monostate{};
 }
 
 // The next token of one row: argmax at temperature 0, otherwise a draw from
@@ -79,7 +90,11 @@ std::int64_t pick(std::vector<double> logits, const GenerateOptions& o, Generato
 
 TransformerBlock::TransformerBlock(const TransformerBlockConfig& config)
     : ln1({.dim = checked(config).dim, .dtype = config.dtype}),
-      attn({.query_dim = config.dim, .heads = config.heads, .dtype = config.dtype, .seed = detail::child_seed(config.seed, 0)}),
+      attn({.query_dim = config.dim,
+            .heads = config.heads,
+            .dtype = config.dtype,
+            .seed = detail::child_seed(config.seed, 0),
+            .rotary = config.rotary}),
       drop(config.dropout, detail::child_seed(config.seed, 1)),
       ln2({.dim = config.dim, .dtype = config.dtype}),
       ff({.dim = config.dim,
@@ -133,12 +148,22 @@ Decoder::Decoder(const DecoderConfig& config)
                                                .activation = config.activation,
                                                .dropout = config.dropout,
                                                .dtype = config.dtype,
-                                               .seed = detail::child_seed(config.seed, 100 + static_cast<std::uint64_t>(i))});
+                                               .seed = detail::child_seed(config.seed, 100 + static_cast<std::uint64_t>(i)),
+                                               .rotary = config.positions == PositionKind::rotary
+                                                             ? std::optional<RotaryOptions>(config.rotary)
+                                                             : std::nullopt});
 }
 
 Tensor Decoder::embed(const Tensor& ids, std::int64_t offset) const {
   const Tensor x = tok.forward(ids);
-  return std::visit([&](const auto& p) { return p.forward(x, offset); }, pos);
+  return std::visit(
+      [&]<class P>(const P& p) {
+        if constexpr (std::is_same_v<P, std::monostate>)
+          return x;  // rotary: the blocks' attention turns q and k by position instead
+        else
+          return p.forward(x, offset);
+      },
+      pos);
 }
 
 Tensor Decoder::forward(const Tensor& ids) const {
@@ -225,7 +250,11 @@ std::vector<Tensor> Decoder::attention_weights(const Tensor& ids) const {
 
 void Decoder::visit(ModuleVisitor& v) {
   v.module("tok", tok);
-  std::visit([&](auto& p) { v.module("pos", p); }, pos);
+  std::visit(
+      [&]<class P>(P& p) {
+        if constexpr (!std::is_same_v<P, std::monostate>) v.module("pos", p);
+      },
+      pos);
   v.modules("blocks", blocks);
   v.module("ln_f", ln_f);
   v.module("head", head);

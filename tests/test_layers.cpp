@@ -222,8 +222,9 @@ BOOST_AUTO_TEST_CASE(a_block_is_causal) {
 }
 
 BOOST_AUTO_TEST_CASE(the_whole_tiny_model_gradchecks_with_respect_to_every_parameter) {
-  // 2 blocks, width 8, 2 heads, sequence 5, float64, both kinds of positions.
-  for (auto positions : {tg::PositionKind::learned, tg::PositionKind::sinusoidal}) {
+  // 2 blocks, width 8, 2 heads, sequence 5, float64, every kind of positions (rotary: each
+  // block's q and k turned by position, nothing added to the embeddings).
+  for (auto positions : {tg::PositionKind::learned, tg::PositionKind::sinusoidal, tg::PositionKind::rotary}) {
     tg::Decoder model = tiny_decoder(tg::float64, positions);
     const Tensor ids = ids_of({1, 5, 2, 6, 0, 3, 3, 4, 0, 1}, 2);
     const Tensor targets = ids_of({5, 2, 6, 0, -100, 3, 4, 0, 1, 2}, 2);
@@ -236,8 +237,10 @@ BOOST_AUTO_TEST_CASE(the_whole_tiny_model_gradchecks_with_respect_to_every_param
 }
 
 BOOST_AUTO_TEST_CASE(greedy_generation_with_the_cache_equals_argmax_of_the_full_forward) {
+  // Rotary positions: each decoded position is turned by its absolute index (the cache length).
+  for (auto positions : {tg::PositionKind::learned, tg::PositionKind::rotary})
   for (auto dtype : {tg::float64, tg::float32}) {
-    tg::Decoder model = tiny_decoder(dtype);
+    tg::Decoder model = tiny_decoder(dtype, positions);
     model.eval();
     const Tensor prompt = ids_of({1, 2, 3, 4, 4, 0}, 2);
     const Tensor out = model.generate(prompt, {.new_tokens = 5, .temperature = 0});
@@ -256,6 +259,28 @@ BOOST_AUTO_TEST_CASE(greedy_generation_with_the_cache_equals_argmax_of_the_full_
     std::vector<std::int64_t> flat;
     for (auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
     BOOST_TEST(out.to_vector<std::int64_t>() == flat, boost::test_tools::per_element());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_rotary_decoder_adds_no_table_and_every_block_rotates) {
+  tg::Decoder model = tiny_decoder(tg::float64, tg::PositionKind::rotary);
+  const auto names = names_of(model);
+  BOOST_TEST(std::count_if(names.begin(), names.end(), [](const std::string& n) { return n.rfind("pos.", 0) == 0; }) == 0);
+  BOOST_TEST(model.parameter_count() == 56 + 2 * (32 + 288 + 280) + 16 + 63);
+  for (const auto& block : model.blocks) BOOST_TEST(block.attn.config().rotary.has_value());
+  // Last logits by cached decoding, prompt in one piece then one token at a time, equal the
+  // full forward's.
+  const Tensor ids = ids_of({1, 5, 2, 6, 0, 3, 3, 4}, 1);
+  tg::NoGradGuard no_grad;
+  const Tensor full = model.forward(ids);
+  std::vector<tg::KVCache> caches(model.blocks.size());
+  for (std::int64_t t : {0, 3, 4, 5, 6, 7}) {
+    const std::int64_t end = t == 0 ? 3 : t + 1;
+    Tensor x = model.tok.forward(tg::slice(ids, 1, t == 0 ? 0 : t, end));
+    for (std::size_t i = 0; i < model.blocks.size(); ++i) x = model.blocks[i].decode(x, caches[i]);
+    const Tensor logits = model.head.forward(model.ln_f.forward(x));
+    check_close(logits.to_vector<double>(), tg::slice(full, 1, t == 0 ? 0 : t, end).to_vector<double>(), 1e-12, 1e-12,
+                fmt::format("step at {}", t));
   }
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <variant>
 #include <vector>
 
@@ -27,6 +28,7 @@ struct TransformerBlockConfig {
   double dropout = 0.0;  // after attention and after the feed-forward network
   DType dtype = float32;
   std::uint64_t seed = 0;
+  std::optional<RotaryOptions> rotary{};  // the attention's (MultiHeadAttentionConfig::rotary)
 };
 
 class TransformerBlock : public Module {
@@ -48,7 +50,10 @@ class TransformerBlock : public Module {
   FeedForward ff;
 };
 
-enum class PositionKind { learned, sinusoidal };
+// learned and sinusoidal add a table to the token embeddings; rotary adds nothing and has every
+// block's attention rotate q and k instead (DecoderConfig::rotary), which needs an even
+// dim / heads unless rotary.rotary_dim says fewer channels.
+enum class PositionKind { learned, sinusoidal, rotary };
 
 struct DecoderConfig {
   std::int64_t vocab = 0;    // required, >= 1
@@ -62,6 +67,7 @@ struct DecoderConfig {
   PositionKind positions = PositionKind::learned;
   DType dtype = float32;
   std::uint64_t seed = 0;
+  RotaryOptions rotary{};  // with PositionKind::rotary only
 };
 
 struct GenerateOptions {
@@ -93,7 +99,7 @@ class Decoder : public Module {
   const DecoderConfig& config() const noexcept { return config_; }
 
   Embedding tok;
-  std::variant<LearnedPositions, SinusoidalPositions> pos;
+  std::variant<LearnedPositions, SinusoidalPositions, std::monostate> pos;  // monostate: rotary
   std::vector<TransformerBlock> blocks;
   LayerNorm ln_f;
   Linear head;

@@ -9,8 +9,10 @@
 //   ./build/examples/train_chars                                  # GPL-3 text, about a minute
 //   ./build/examples/train_chars --text book.txt --steps 5000
 //   ./build/examples/train_chars --generate --prompt "This License" --tokens 400
+//   ./build/examples/train_chars --positions rotary               # RoPE in every block's attention
 //
 // Writes OUT/loss.png, OUT/attention.png, OUT/model.safetensors, OUT/optimizer.safetensors.
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -32,6 +34,7 @@ struct Options {
   std::int64_t steps = 1000, batch = 32, context = 64, dim = 64, heads = 4, layers = 2;
   double lr = 2e-3, dropout = 0.2;
   std::uint64_t seed = 1;
+  std::string positions = "sinusoidal";  // learned, sinusoidal or rotary
   int threads = 0;
   std::string out = "train_chars_out";
   bool resume = false, generate_only = false;
@@ -53,13 +56,19 @@ std::map<std::string, std::string> describe(const Options& o, const tg::CharVoca
   return {{"example", "train_chars"}, {"alphabet", vocab.to_codes()},
           {"context", std::to_string(o.context)}, {"dim", std::to_string(o.dim)},
           {"heads", std::to_string(o.heads)},     {"layers", std::to_string(o.layers)},
-          {"steps", std::to_string(steps_done)}};
+          {"steps", std::to_string(steps_done)}, {"positions", o.positions}};
+}
+
+tg::PositionKind position_kind(const std::string& name) {
+  if (name == "learned") return tg::PositionKind::learned;
+  if (name == "rotary") return tg::PositionKind::rotary;
+  return tg::PositionKind::sinusoidal;
 }
 
 tg::Decoder make_model(const Options& o, const tg::CharVocab& vocab) {
   return tg::Decoder({.vocab = vocab.size(), .max_len = o.context,
                       .dim = o.dim, .heads = o.heads, .layers = o.layers, .dropout = o.dropout,
-                      .positions = tg::PositionKind::sinusoidal, .seed = o.seed});
+                      .positions = position_kind(o.positions), .seed = o.seed});
 }
 
 // Reads the shape and the alphabet back from a checkpoint's metadata into `o`.
@@ -74,6 +83,8 @@ tg::CharVocab restore_description(Options& o, const std::string& path) {
   o.dim = std::stoll(field("dim"));
   o.heads = std::stoll(field("heads"));
   o.layers = std::stoll(field("layers"));
+  // Checkpoints from before --positions existed were sinusoidal.
+  o.positions = meta.contains("positions") ? meta.at("positions") : "sinusoidal";
   return tg::CharVocab::from_codes(field("alphabet"));
 }
 
@@ -143,6 +154,8 @@ int main(int argc, char** argv) try {
   app.add_option("--lr", o.lr, "peak learning rate")->check(CLI::PositiveNumber);
   app.add_option("--dropout", o.dropout, "dropout probability")->check(CLI::Range(0.0, 0.9));
   app.add_option("--seed", o.seed, "seed for data, initialisation, dropout and sampling");
+  app.add_option("--positions", o.positions, "position information: a learned table, a sinusoidal one, or rotary (RoPE) in the attention")
+      ->check(CLI::IsMember({"learned", "sinusoidal", "rotary"}));
   app.add_option("--threads", o.threads, "threads (0: the default)")->check(CLI::NonNegativeNumber);
   app.add_option("--out", o.out, "folder for figures and checkpoints");
   app.add_flag("--resume", o.resume, "continue training from OUT/model.safetensors and OUT/optimizer.safetensors");
@@ -192,7 +205,9 @@ int main(int argc, char** argv) try {
   tg::Generator gen(o.seed + static_cast<std::uint64_t>(done));
   ex::Series train_curve{"training", {}, {}}, validation_curve{"validation", {}, {}};
   ex::Progress progress(o.steps);
+  double training_seconds = 0;  // the steps alone, without the validation passes
   for (std::int64_t step = done; step < total; ++step) {
+    const auto step_started = std::chrono::steady_clock::now();
     const auto [x, y] = tg::random_windows(std::span(text).first(split), o.batch, o.context, gen);
     const Tensor loss = tg::cross_entropy(model.forward(x), y);
     tg::backward(loss);
@@ -200,6 +215,7 @@ int main(int argc, char** argv) try {
     opt.set_learning_rate(schedule(step));
     opt.step();
     opt.zero_grad();
+    training_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - step_started).count();
     train_curve.x.push_back(static_cast<double>(step + 1));
     train_curve.y.push_back(loss.item());
     if ((step + 1 - done) % 250 == 0 || step + 1 == total) {
@@ -216,6 +232,8 @@ int main(int argc, char** argv) try {
   const double val = validation_loss(model, text, split, o.context);
   fmt::print("validation loss {:.4f} nats = {:.3f} bits per character (uniform over the alphabet: {:.3f} bits)\n", val,
              val / std::log(2.0), std::log2(static_cast<double>(vocab.size())));
+  if (o.steps > 0)
+    fmt::print("{} positions: {:.1f} ms per training step\n", o.positions, 1000 * training_seconds / static_cast<double>(o.steps));
   tg::save(model, model_path, describe(o, vocab, total));
   auto state = opt.state();
   tg::save_safetensors(optimizer_path, state, {{"steps", std::to_string(total)}});

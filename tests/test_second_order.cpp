@@ -193,6 +193,26 @@ BOOST_AUTO_TEST_CASE(the_tiny_decoder_to_second_order_over_its_parameters) {
   BOOST_TEST(r.elements_checked == static_cast<std::size_t>(model.parameter_count()));
 }
 
+BOOST_AUTO_TEST_CASE(the_rotary_attention_layer_to_second_order_on_both_paths) {
+  // Causal, a padded key and a suppressed query; q and k rotated (both layouts).
+  const Tensor key_mask = tg::from_bools({true, true, false, true, true, true, true, true}, {2, 4});
+  const Tensor query_mask = tg::from_bools({true, true, true, true, true, false, true, true}, {2, 4});
+  for (auto layout : {tg::RotaryLayout::half_split, tg::RotaryLayout::interleaved})
+    for (bool need_weights : {true, false}) {
+      tg::MultiHeadAttention layer({.query_dim = 4, .heads = 2, .dtype = tg::float64, .seed = 9, .rotary = tg::RotaryOptions{.layout = layout}});
+      std::vector<Tensor> params = layer.parameters();
+      params.push_back(tg::randn({2, 4, 4}, 10, tg::float64).set_requires_grad());
+      const Tensor x = params.back();
+      const auto r = tg::gradgradcheck_parameters(
+          [&] {
+            return std::vector<Tensor>{
+                layer.forward(x, {.masks = {.key_mask = key_mask, .query_mask = query_mask}, .causal = true, .need_weights = need_weights}).output};
+          },
+          params, {.atol = 1e-6, .rtol = 1e-5});
+      BOOST_TEST(r.ok, "need_weights " << need_weights << ": " << r.report());
+    }
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(attention_to_second_order)

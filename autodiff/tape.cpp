@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <map>
 #include <unordered_map>
+#include <utility>
 
 #include "autodiff/check.hpp"
 #include "autodiff/loops.hpp"
@@ -145,6 +147,7 @@ class Pass {
  private:
   bool create_graph_;
   bool wanting_ = false;
+  std::uint64_t oldest_wanted_ = 0;  // nodes older than this are not walked (grad() of intermediates)
   std::unordered_map<const Node*, int> wanted_nodes_;
   std::unordered_map<const TensorImpl*, int> wanted_leaves_;
   std::map<std::pair<const Node*, std::int32_t>, Tensor> captured_;
@@ -329,10 +332,17 @@ Pass::Pass(bool create_graph) : create_graph_(create_graph) {}
 
 void Pass::want(const std::vector<Tensor>& inputs) {
   wanting_ = true;
+  oldest_wanted_ = std::numeric_limits<std::uint64_t>::max();
   for (const Tensor& t : inputs) {
-    if (Node* n = live_node(*t.impl())) wanted_nodes_.emplace(n, 0);
-    else wanted_leaves_.emplace(t.impl(), 0);
+    if (Node* n = live_node(*t.impl())) {
+      wanted_nodes_.emplace(n, 0);
+      oldest_wanted_ = std::min(oldest_wanted_, n->sequence);
+    } else {
+      wanted_leaves_.emplace(t.impl(), 0);
+    }
   }
+  // A leaf may sit below any node: only wanted nodes alone bound the walk.
+  if (!wanted_leaves_.empty()) oldest_wanted_ = 0;
 }
 
 Tensor Pass::gradient_of(const Tensor& t) const {
@@ -355,10 +365,13 @@ void Pass::run(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gr
   std::unordered_map<const Node*, std::size_t> index;
   for (const Tensor& out : outputs)
     if (Node* n = live_node(*out.impl()); n != nullptr && index.emplace(n, 0).second) order.push_back(out.impl()->grad_fn);
+  // grad() of intermediate tensors alone walks no further down than the oldest of them: every
+  // edge points to an older node, so nothing below it leads to one (a create_graph backward that
+  // differentiates its own inputs would otherwise walk the whole history under them).
   for (std::size_t i = 0; i < order.size(); ++i) {
     views.push_back(view_of(*order[i]));
     for (const Edge& e : views.back().inputs)
-      if (e.node && index.emplace(e.node.get(), 0).second) order.push_back(e.node);
+      if (e.node && e.node->sequence >= oldest_wanted_ && index.emplace(e.node.get(), 0).second) order.push_back(e.node);
   }
   std::vector<std::size_t> by_age(order.size());
   for (std::size_t i = 0; i < by_age.size(); ++i) by_age[i] = i;
@@ -387,7 +400,8 @@ void Pass::run(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gr
     bool any = wanted_nodes_.count(order[i].get()) > 0;
     for (std::size_t k = 0; k < needs.size(); ++k) {
       const Edge& e = views[i].inputs[k];
-      const bool to = e.node ? leads[index.at(e.node.get())] : e.leaf && wanted_leaves_.count(e.leaf.get()) > 0;
+      const auto at = e.node ? index.find(e.node.get()) : index.end();
+      const bool to = e.node ? at != index.end() && leads[at->second] : e.leaf && wanted_leaves_.count(e.leaf.get()) > 0;
       needs[k] = needs[k] && to;
       any = any || needs[k];
     }
@@ -609,18 +623,21 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
       fail<GraphError>("grad: inputs[{}] (shape {}, {}) does not require grad, so it has no gradient", i,
                        shape_str(inputs[i].shape()), inputs[i].dtype());
   }
-  detail::Pass pass(options.create_graph);
-  pass.want(inputs);
-  pass.run(outputs, given);
   std::vector<Tensor> result(inputs.size());
+  {
+    detail::Pass pass(options.create_graph);
+    pass.want(inputs);
+    pass.run(outputs, given);
+    for (std::size_t i = 0; i < inputs.size(); ++i) result[i] = pass.gradient_of(inputs[i]);
+  }  // the pass no longer holds the gradients: own_gradient copies only what something else can see
+  // With create_graph the copies are recorded, whatever the caller's grad mode.
+  GradModeGuard mode(options.create_graph);
   for (std::size_t i = 0; i < inputs.size(); ++i) {
-    Tensor g = pass.gradient_of(inputs[i]);
-    if (!g.defined() && !options.allow_unused)
+    if (!result[i].defined() && !options.allow_unused)
       fail<GraphError>("grad: no gradient reaches inputs[{}] (shape {}) from the outputs; pass allow_unused to get an "
                        "undefined tensor for it",
                        i, shape_str(inputs[i].shape()));
-    if (g.defined()) g = detail::own_gradient(g, options.create_graph);
-    result[i] = std::move(g);
+    if (result[i].defined()) result[i] = detail::own_gradient(std::exchange(result[i], Tensor()), options.create_graph);
   }
   return result;
 }

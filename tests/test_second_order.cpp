@@ -53,6 +53,20 @@ BOOST_AUTO_TEST_CASE(returns_the_gradients_and_leaves_dot_grad_alone) {
   check_close(both[2], {6, -12, 18}, 0, "again");
 }
 
+BOOST_AUTO_TEST_CASE(create_graph_gives_gradients_with_history_under_a_no_grad_guard_too) {
+  Tensor x = f64({0.5, -1.0}, {2}).set_requires_grad();
+  const Tensor y = tg::sum(tg::tanh(x));
+  std::vector<Tensor> g;
+  {
+    tg::NoGradGuard off;  // as in an evaluation loop
+    g = tg::grad({y}, {x}, {}, {.create_graph = true});
+  }
+  BOOST_TEST(g[0].requires_grad());
+  const auto h = tg::grad({tg::sum(g[0])}, {x});  // d/dx (1 - tanh^2) = -2 tanh (1 - tanh^2)
+  const double t0 = std::tanh(0.5), t1 = std::tanh(-1.0);
+  check_close(h[0], {-2 * t0 * (1 - t0 * t0), -2 * t1 * (1 - t1 * t1)}, 1e-15, "second derivative");
+}
+
 BOOST_AUTO_TEST_CASE(unused_inputs_and_bad_arguments_are_named) {
   Tensor x = f64({1, 2}, {2}).set_requires_grad();
   Tensor z = f64({3}, {1}).set_requires_grad();

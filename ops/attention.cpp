@@ -143,12 +143,39 @@ AttentionResult record_fast(const AttentionArgs& a, const Shape& scores_shape, c
   return {outputs[0], run.weights.defined() ? outputs[1] : Tensor()};
 }
 
+// No scores (a zero-size batch, Q or K): the output is zeros (a query without keys gets 0) and
+// so is every gradient. Nothing of [..., Q, K] is formed: counted with 0 as 1, its shape may be
+// one that no tensor can have (K = 2^46 with an empty batch), and the weights exist only when
+// asked for, when check_attention has found them addressable.
+AttentionResult no_scores(const AttentionArgs& a, const Shape& scores_shape) {
+  const Shape batch(scores_shape.begin(), scores_shape.end() - 2);
+  const DType dtype = a.q.dtype();
+  Tensor output = zeros(with_matrix(batch, a.q.size(-2), a.v.size(-1)), dtype);
+  Tensor weights = a.need_weights ? zeros(scores_shape, dtype) : Tensor();
+  const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias};
+  if (!should_record(inputs)) return {output, weights};
+  std::vector<Tensor> outputs{output};
+  if (weights.defined()) outputs.push_back(weights);
+  // dq = dk = dv = dbias = 0
+  record_op(a.op, inputs, outputs,
+            [shapes = std::array<Shape, 4>{a.q.shape(), a.k.shape(), a.v.shape(), a.bias.defined() ? a.bias.shape() : Shape{}},
+             dtype](std::span<const Tensor>, const std::vector<bool>& needs) {
+              std::vector<Tensor> grads(4);
+              for (std::size_t i = 0; i < 4; ++i)
+                if (needs[i]) grads[i] = zeros(shapes[i], dtype);
+              return grads;
+            },
+            std::span<const Tensor>());
+  return {outputs[0], weights.defined() ? outputs[1] : Tensor()};
+}
+
 }  // namespace
 
 AttentionResult attention_core(const AttentionArgs& a, std::optional<AttentionPath> path, std::int64_t block_rows) {
   const Shape scores_shape = check_attention(a);
   const double scale = 1.0 / std::sqrt(static_cast<double>(a.q.size(-1)));
   const RowMasks masks(a.op, a.mask, scores_shape);
+  if (shape_numel(scores_shape) == 0) return no_scores(a, scores_shape);
   const bool bf16 = a.q.dtype() == DType::float32 && matmul_precision() == MatmulPrecision::bfloat16;
   const AttentionPath taken = path ? *path : attention_path(a, scores_shape, bf16);
   if (taken == AttentionPath::weights) {

@@ -511,6 +511,27 @@ BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(bad_inputs)
 
+// No scores: an empty batch with 2^46 keys (a fuzz finding). Counted with 0 as 1 the scores
+// [0, 4, 2^46] pass 2^48 bytes, so no path may form them: attention() returns its empty output,
+// and scaled_dot_product_attention(), which must return those weights, refuses them. With
+// K = 0 the output is zeros and so is every gradient.
+BOOST_AUTO_TEST_CASE(no_scores_form_nothing_of_the_scores_shape) {
+  const std::int64_t k = std::int64_t{1} << 46;
+  auto view = [](const tg::Shape& s) { return tg::expand(tg::zeros({1, 1, 1}), s); };
+  const Tensor q = view({0, 4, 1}), kk = view({0, k, 1}), v = view({0, k, 0});
+  BOOST_TEST(tg::attention(q, kk, v).shape() == (tg::Shape{0, 4, 0}));
+  check_throws<tg::ShapeError>([&] { tg::scaled_dot_product_attention(q, kk, v); }, {"scaled_dot_product_attention", "weights"});
+  Tensor q2 = tg::randn({2, 3, 4}, 1, tg::float64).set_requires_grad();
+  Tensor k2 = tg::zeros({2, 0, 4}, tg::float64).set_requires_grad(), v2 = tg::zeros({2, 0, 5}, tg::float64).set_requires_grad();
+  for (bool weights : {true, false}) {
+    const Tensor out = weights ? tg::scaled_dot_product_attention(q2, k2, v2).output : tg::attention(q2, k2, v2);
+    BOOST_TEST(out.to_vector<double>() == std::vector<double>(30, 0.0));
+    const auto g = tg::grad({tg::sum(out * out + out)}, {q2, k2, v2});
+    BOOST_TEST(g[0].to_vector<double>() == std::vector<double>(24, 0.0));
+    BOOST_TEST(g[1].shape() == k2.shape());
+  }
+}
+
 BOOST_AUTO_TEST_CASE(scaled_dot_product_attention_errors) {
   auto sdpa = [](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& m = {}) { tg::scaled_dot_product_attention(q, k, v, m); };
   const Tensor q = tg::zeros({2, 3}), k = tg::zeros({4, 3}), v = tg::zeros({4, 5});

@@ -110,15 +110,14 @@ std::vector<Tensor> attention_backward_with_graph(const AttentionArgs& a, const 
   if (bias.defined()) s = add(s, bias);
   if (s.shape() != scores_shape) s = expand(s, scores_shape);
   const Tensor weights = masked_softmax(s, materialise(masks, scores_shape));
+  // The outputs an upstream gradient reached (and that depend on something wanted), with it.
   std::vector<Tensor> outs, upstream, wanted;
-  if (g[0].defined()) {
-    outs.push_back(weighted_product(weights, v));
-    upstream.push_back(g[0]);
-  }
-  if (g.size() > 1 && g[1].defined()) {
-    outs.push_back(weights);
-    upstream.push_back(g[1]);
-  }
+  const Tensor results[2] = {g[0].defined() ? weighted_product(weights, v) : Tensor(), weights};
+  for (std::size_t n = 0; n < g.size() && n < 2; ++n)
+    if (g[n].defined() && results[n].requires_grad()) {
+      outs.push_back(results[n]);
+      upstream.push_back(g[n]);
+    }
   const Tensor inputs[4] = {q, k, v, bias};
   std::vector<std::size_t> at;
   for (std::size_t i = 0; i < 4; ++i)
@@ -127,16 +126,8 @@ std::vector<Tensor> attention_backward_with_graph(const AttentionArgs& a, const 
       at.push_back(i);
     }
   std::vector<Tensor> grads(4);
-  for (std::size_t n = 0; n < outs.size(); ++n)
-    if (!outs[n].requires_grad()) outs[n] = Tensor();
-  std::vector<Tensor> live_outs, live_upstream;
-  for (std::size_t n = 0; n < outs.size(); ++n)
-    if (outs[n].defined()) {
-      live_outs.push_back(outs[n]);
-      live_upstream.push_back(upstream[n]);
-    }
-  if (wanted.empty() || live_outs.empty()) return grads;
-  const std::vector<Tensor> found = grad(live_outs, wanted, live_upstream, {.create_graph = true, .allow_unused = true});
+  if (wanted.empty() || outs.empty()) return grads;
+  const std::vector<Tensor> found = grad(outs, wanted, upstream, {.create_graph = true, .allow_unused = true});
   for (std::size_t n = 0; n < at.size(); ++n)
     grads[at[n]] = found[n].defined() ? found[n] : zeros(inputs[at[n]].shape(), inputs[at[n]].dtype());
   return grads;

@@ -18,22 +18,25 @@ struct AttentionMask {
   Tensor key_mask{};               // optional bool [B, K]
   Tensor query_mask{};             // optional bool [B, Q]
   bool causal = false;             // key j is allowed for query i only if j <= i + causal_offset
-  std::int64_t causal_offset = 0;
+  std::int64_t causal_offset = 0;  // query i sits at position i + causal_offset (ALiBi's distances too)
+  std::int64_t window = 0;         // > 0, with causal only: also j > i + causal_offset - window
 
   bool empty() const noexcept { return !allowed.defined() && !key_mask.defined() && !query_mask.defined() && !causal; }
 };
 
-// One row of the mask: query i of one [..., Q, K] slice. Keys at j >= end are never allowed
-// (causal); below end, key j is allowed when keys (if any) and pairs (if any) allow it.
+// One row of the mask: query i of one [..., Q, K] slice. Keys outside [begin, end) are never
+// allowed (the causal rule and the window); inside, key j is allowed when keys (if any) and pairs
+// (if any) allow it. begin <= end always; end 0 for a masked query.
 struct RowMask {
-  std::int64_t end = 0;                 // 0 for a masked query
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
   const bool* keys = nullptr;           // contiguous [K] row of key_mask, or null
   const bool* pairs = nullptr;          // the row of `allowed`, read as pairs[j * pairs_stride], or null
   std::int64_t pairs_stride = 0;
 
-  bool dense() const noexcept { return keys == nullptr && pairs == nullptr; }  // all of [0, end) allowed
+  bool dense() const noexcept { return keys == nullptr && pairs == nullptr; }  // all of [begin, end) allowed
   bool operator()(std::int64_t j) const noexcept {
-    return j < end && (keys == nullptr || keys[j]) && (pairs == nullptr || pairs[j * pairs_stride]);
+    return j >= begin && j < end && (keys == nullptr || keys[j]) && (pairs == nullptr || pairs[j * pairs_stride]);
   }
 };
 

@@ -21,6 +21,11 @@ struct AttentionArgs {
   // false: only the output is wanted (a fused path, which never holds the [..., Q, K] weights;
   // the result's weights are then undefined).
   bool need_weights = true;
+  // Optional floating [H], the activations' dtype: ALiBi's slopes. Row r of the scores (rows
+  // numbered over [..., Q]) belongs to head (r / Q) mod H, and its scores get
+  // -alibi[head] |i + causal_offset - j| added after the scaling (and with the bias). For
+  // [B, H, Q, K] scores that is head h; for [B, Hkv, G, Q, K] (grouped queries) head hkv G + g.
+  Tensor alibi{};
 };
 
 // batch + [rows, cols]: the shape of a [..., rows, cols] operand or result.

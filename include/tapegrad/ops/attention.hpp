@@ -31,6 +31,30 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
 // it keeps one number per query); same semantics, same output and gradients up to rounding.
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask = Tensor());
 
+// The variants of today's small language models, as options of one call (docs/semantics.md §4.3):
+//   auto [out, w] = scaled_dot_product_attention(q, k, v, {.causal = true, .window = 256, .enable_gqa = true});
+struct AttentionOptions {
+  Tensor mask{};                   // optional bool, broadcasts to [..., H, Q, K]; True = allowed
+  bool causal = false;             // key j allowed for query i only if j <= i + causal_offset
+  std::int64_t causal_offset = 0;  // query i sits at position i + causal_offset (ALiBi's distances too)
+  std::int64_t window = 0;         // > 0 (with causal): also j > i + causal_offset - window
+  // Optional floating [H] (the activations' dtype): ALiBi. Head h's scores get
+  // -alibi_slopes[h] |i + causal_offset - j| added after the 1/sqrt(D) scaling; gradients reach
+  // the slopes when they require grad. alibi_slopes(H) gives the paper's geometric slopes.
+  Tensor alibi_slopes{};
+  // k and v with Hkv heads at dim -3 where q has H, Hkv dividing H: query head h reads key/value
+  // head h / (H / Hkv) (grouped-query; Hkv = 1 is multi-query). Nothing of k or v is copied per
+  // group; their gradients are summed over the group.
+  bool enable_gqa = false;
+  bool need_weights = true;  // false: the output alone, fused (the returned weights are undefined)
+};
+AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options);
+
+// ALiBi's default slopes for `heads` heads: 2^(-8 (h + 1) / heads) when heads is a power of two;
+// otherwise those of the largest power of two n below it, then every other slope of 2n for the
+// remaining heads. float32 or float64 [heads].
+Tensor alibi_slopes(std::int64_t heads, DType dtype = DType::float32);
+
 // Bool [Q, K], True exactly where j <= i + offset (upper-left aligned for offset 0). Any integer
 // offset: negative masks more, offset >= K - 1 allows everything.
 Tensor causal_mask(std::int64_t queries, std::int64_t keys, std::int64_t offset = 0);

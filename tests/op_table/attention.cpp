@@ -1,4 +1,5 @@
-// The op table's entries for attention: scaled_dot_product_attention, causal_mask, multihead_attention, the layer and its KV cache.
+// The op table's entries for attention: scaled_dot_product_attention, causal_mask, alibi_slopes, multihead_attention, the layer and its
+// KV cache.
 #include "op_table/common.hpp"
 
 namespace tg_test::table {
@@ -93,6 +94,29 @@ void add_attention(std::vector<OpInfo>& t) {
                    {"too large", [] { tg::causal_mask(std::int64_t{1} << 40, std::int64_t{1} << 40); }, Raises::shape,
                     {"causal_mask", "result shape", "addressed"}}};
     info.undefined_inputs_unreachable = "causal_mask takes no tensor (op reads its sizes from the input)";
+    t.push_back(info);
+  }
+  {
+    // ALiBi's default slopes, against their closed form: with n the largest power of two <= H,
+    // head h < n gets 2^(-8 (h + 1) / n) and head n + i gets 2^(-8 (2 i + 1) / (2 n)).
+    OpInfo info;
+    info.name = "alibi_slopes";
+    info.covers = {"alibi_slopes"};
+    info.differentiable = false;
+    info.samples = {{{8}}, {{6}}, {{1}}, {{3}}, {{12}}};
+    info.op = [](const Ins& in) { return Outs{tg::alibi_slopes(in[0].size(0), in[0].dtype())}; };
+    info.reference = [](const Refs& in) {
+      const std::int64_t heads = in[0].shape[0];
+      std::int64_t n = 1;
+      while (2 * n <= heads) n *= 2;
+      Ref r{in[0].shape, {}};
+      for (std::int64_t h = 0; h < heads; ++h)
+        r.v.push_back(h < n ? std::exp2(-8.0 * double(h + 1) / double(n)) : std::exp2(-8.0 * double(2 * (h - n) + 1) / double(2 * n)));
+      return Refs{r};
+    };
+    info.errors = {{"no heads", [] { tg::alibi_slopes(0); }, Raises::value, {"alibi_slopes", "'heads'", ">= 1"}},
+                   {"integer dtype", [] { tg::alibi_slopes(4, tg::int64); }, Raises::dtype, {"alibi_slopes", "'dtype'", "int64"}}};
+    info.undefined_inputs_unreachable = "alibi_slopes takes no tensor (op reads the heads from the input's size)";
     t.push_back(info);
   }
   {

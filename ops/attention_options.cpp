@@ -1,0 +1,147 @@
+// scaled_dot_product_attention with AttentionOptions (docs/semantics.md §4.5), and ALiBi's
+// default slopes. Everything here is validation and views: the causal rule, the window and the
+// ALiBi slopes go to the attention core as they are (it applies them inside its softmax passes
+// and differentiates the slopes), and grouped-query heads become views of q, k, v and the mask
+// (ops/grouped_heads.hpp), so that nothing of k or v is copied per group.
+#include <cmath>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "autodiff/check.hpp"
+#include "ops/attention_core.hpp"
+#include "ops/grouped_heads.hpp"
+#include "tapegrad/ops/view.hpp"
+
+namespace tapegrad {
+namespace detail {
+
+Tensor group_queries(const Tensor& q, std::int64_t kv_heads) {
+  Shape s = q.shape();
+  const std::int64_t heads = s[s.size() - 3];
+  s[s.size() - 3] = heads / kv_heads;
+  s.insert(s.end() - 3, kv_heads);
+  return reshape(q, s);
+}
+
+Tensor group_keys(const Tensor& k) { return unsqueeze(k, -3); }
+
+Tensor group_pairs(const char* op, const char* name, const Tensor& t, std::int64_t heads, std::int64_t kv_heads) {
+  if (!t.defined() || t.dim() < 3) return t;  // broadcasts over every head as it is
+  const std::int64_t h = t.size(-3);
+  if (h == 1) return unsqueeze(t, -3);
+  if (h != heads)
+    fail<ShapeError>("{}: argument '{}' with shape {} must broadcast to [..., H, Q, K]: its dim -3 must be 1 or H = {}, got {}", op, name,
+                     shape_str(t.shape()), heads, h);
+  return group_queries(t, kv_heads);
+}
+
+Tensor merge_groups(const Tensor& x) {
+  if (!x.defined()) return x;
+  Shape s = x.shape();
+  s[s.size() - 4] *= s[s.size() - 3];
+  s.erase(s.end() - 3);
+  return reshape(x, s);
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::fail;
+using detail::shape_str;
+
+constexpr const char* kOp = "scaled_dot_product_attention";
+
+struct Heads {
+  std::int64_t h = 0, kv = 0;  // kv 0: no grouping
+};
+
+// With enable_gqa: q, k, v of rank >= 3, Hkv = k.size(-3) = v.size(-3) dividing H = q.size(-3).
+Heads check_groups(const Tensor& q, const Tensor& k, const Tensor& v) {
+  for (auto [name, t] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}})
+    if (t->dim() < 3)
+      fail<ShapeError>("{}: with options.enable_gqa, argument '{}' must have rank >= 3 ([..., heads, length, width]), got shape {}", kOp,
+                       name, shape_str(t->shape()));
+  const Heads heads{q.size(-3), k.size(-3)};
+  if (v.size(-3) != heads.kv)
+    fail<ShapeError>("{}: with options.enable_gqa, arguments 'k' {} and 'v' {} must have the same number of key/value heads (dim -3)",
+                     kOp, shape_str(k.shape()), shape_str(v.shape()));
+  if (heads.kv < 1 || heads.h % heads.kv != 0)
+    fail<ShapeError>("{}: with options.enable_gqa, the key/value heads Hkv = {} (dim -3 of 'k' {}) must be >= 1 and divide the query "
+                     "heads H = {} (dim -3 of 'q' {})",
+                     kOp, heads.kv, shape_str(k.shape()), heads.h, shape_str(q.shape()));
+  return heads;
+}
+
+// The slopes are floating [H], the activations' dtype, H the scores' heads (dim -3).
+void check_slopes(const Tensor& slopes, const Tensor& q, const Tensor& k, const Tensor& v, const Heads& groups) {
+  detail::check_floating(kOp, "options.alibi_slopes", slopes);
+  if (slopes.dtype() != q.dtype())
+    fail<DTypeError>("{}: argument 'options.alibi_slopes' is {} but 'q' is {}; convert it with to()", kOp, slopes.dtype(), q.dtype());
+  if (q.dim() < 3)
+    fail<ShapeError>("{}: argument 'options.alibi_slopes' needs 'q' of rank >= 3 ([..., H, Q, D]: one slope per head at dim -3), got "
+                     "'q' {}",
+                     kOp, shape_str(q.shape()));
+  // The heads of the scores: q's, or (without grouping) k's or v's where q has 1 to broadcast.
+  std::int64_t heads = q.size(-3);
+  if (groups.kv == 0)
+    for (const Tensor* t : {&k, &v})
+      if (heads == 1 && t->dim() >= 3) heads = t->size(-3);
+  if (slopes.shape() != Shape{heads})
+    fail<ShapeError>("{}: argument 'options.alibi_slopes' must have shape [H] = [{}], one slope per head (dim -3 of 'q' {}), got {}", kOp,
+                     heads, shape_str(q.shape()), shape_str(slopes.shape()));
+}
+
+// ALiBi's slopes for a power of two n: 2^(-8 (h + 1) / n), h = 0 .. n - 1.
+std::vector<double> geometric_slopes(std::int64_t n) {
+  std::vector<double> s(static_cast<std::size_t>(n));
+  for (std::int64_t h = 0; h < n; ++h) s[static_cast<std::size_t>(h)] = std::exp2(-8.0 * static_cast<double>(h + 1) / static_cast<double>(n));
+  return s;
+}
+
+}  // namespace
+
+AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) {
+  detail::check_same_float(kOp, "q", q, "k", k);
+  detail::check_same_float(kOp, "q", q, "v", v);
+  if (o.window < 0) fail<ValueError>("{}: options.window must be >= 0 (0: no window), got {}", kOp, o.window);
+  if (o.window > 0 && !o.causal)
+    fail<ValueError>("{}: options.window = {} needs options.causal = true (the window reaches back from each query's causal end), got "
+                     "causal = false",
+                     kOp, o.window);
+  const Heads groups = o.enable_gqa ? check_groups(q, k, v) : Heads{};
+  if (o.alibi_slopes.defined()) check_slopes(o.alibi_slopes, q, k, v, groups);
+
+  detail::AttentionArgs a{kOp, q, k, v, Tensor(), {o.mask, Tensor(), Tensor(), o.causal, o.causal_offset, o.window}, o.need_weights,
+                          o.alibi_slopes};
+  // One group per head is plain attention: no views.
+  const bool grouped = groups.kv != 0 && groups.kv != groups.h;
+  if (grouped) {
+    a.q = detail::group_queries(q, groups.kv);
+    a.k = detail::group_keys(k);
+    a.v = detail::group_keys(v);
+    a.mask.allowed = detail::group_pairs(kOp, "options.mask", o.mask, groups.h, groups.kv);
+  }
+  AttentionResult r = detail::attention_core(a);
+  if (grouped) r = {detail::merge_groups(r.output), detail::merge_groups(r.weights)};
+  return r;
+}
+
+Tensor alibi_slopes(std::int64_t heads, DType dtype) {
+  const char* op = "alibi_slopes";
+  if (heads < 1) fail<ValueError>("{}: argument 'heads' must be >= 1, got {}", op, heads);
+  if (!is_floating(dtype)) fail<DTypeError>("{}: argument 'dtype' must be float32 or float64, got {}", op, dtype);
+  detail::check_shape(op, "the slopes [heads]", {heads}, DType::float64);
+  // The reference's get_slopes: for a power of two, the geometric sequence; otherwise that of
+  // the largest power of two n below, then every other slope of 2n for the remaining heads
+  // (they fall between the first ones, so no two heads share a slope).
+  std::int64_t n = 1;
+  while (n * 2 <= heads) n *= 2;
+  std::vector<double> s = geometric_slopes(n);
+  const std::vector<double> finer = n == heads ? std::vector<double>() : geometric_slopes(2 * n);
+  for (std::int64_t i = 0; i < heads - n; ++i) s.push_back(finer[static_cast<std::size_t>(2 * i)]);
+  return from_vector(std::span<const double>(s), {heads}).to(dtype);
+}
+
+}  // namespace tapegrad

@@ -2,11 +2,13 @@
 // projection, and the suppression of queries that may attend to nothing.
 #include "tapegrad/ops/multihead_attention.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "ops/attention_core.hpp"
+#include "ops/grouped_heads.hpp"
 #include "ops/multihead_attention_detail.hpp"
 #include "ops/op.hpp"
 #include "kernels/weighted_matmul.hpp"
@@ -94,33 +96,80 @@ Tensor project(const Tensor& x, const Tensor& w, const Tensor& b) {
   return b.defined() ? add(y, b) : y;
 }
 
-MhaShapes check_mha(const char* op, const MhaActivations& a, const MhaParameters& p, const MhaMasks& m, std::int64_t heads,
+namespace {
+
+// The options that are not shapes: heads, kv_heads, the window. Returns Hkv.
+std::int64_t check_options(const char* op, const MhaOptions& o) {
+  if (o.heads < 1) fail<ValueError>("{}: argument 'heads' must be >= 1, got {}", op, o.heads);
+  if (o.kv_heads < 0 || (o.kv_heads > 0 && o.heads % o.kv_heads != 0))
+    fail<ValueError>("{}: argument 'kv_heads' must divide heads = {} (or be 0 for heads), got {}", op, o.heads, o.kv_heads);
+  if (o.window < 0) fail<ValueError>("{}: argument 'window' must be >= 0 (0: no window), got {}", op, o.window);
+  if (o.window > 0 && !o.causal)
+    fail<ValueError>("{}: argument 'window' = {} needs causal = true (the window reaches back from each query's causal end)", op,
+                     o.window);
+  return o.kv_heads == 0 ? o.heads : o.kv_heads;
+}
+
+// The key/value projections' widths: Hkv*D for w_k, a multiple of Hkv for w_v. With Hkv = H the
+// messages are the plain multi-head ones.
+void check_kv_widths(const char* op, const MhaParameters& p, const MhaShapes& s) {
+  if (s.hkv == s.h) {
+    if (p.w_k.size(1) != p.w_q.size(1))
+      fail<ShapeError>("{}: arguments 'w_q' {} and 'w_k' {} must project to the same width H*D", op, shape_str(p.w_q.shape()),
+                       shape_str(p.w_k.shape()));
+    if (p.w_v.size(1) % s.h != 0)
+      fail<ShapeError>("{}: heads = {} must divide the projection width of 'w_v', shape {}", op, s.h, shape_str(p.w_v.shape()));
+    return;
+  }
+  if (p.w_k.size(1) != s.hkv * s.d)
+    fail<ShapeError>("{}: argument 'w_k' {} must project to kv_heads * D = {} * {} = {} ('w_q' {} gives D = {} with heads = {})", op,
+                     shape_str(p.w_k.shape()), s.hkv, s.d, s.hkv * s.d, shape_str(p.w_q.shape()), s.d, s.h);
+  if (p.w_v.size(1) % s.hkv != 0)
+    fail<ShapeError>("{}: kv_heads = {} must divide the projection width of 'w_v', shape {}", op, s.hkv, shape_str(p.w_v.shape()));
+}
+
+// ALiBi's slopes: floating [H], query's dtype.
+void check_slopes(const char* op, const Tensor& slopes, std::int64_t heads, DType dtype) {
+  if (!slopes.defined()) return;
+  check_floating(op, "alibi_slopes", slopes);
+  if (slopes.shape() != Shape{heads})
+    fail<ShapeError>("{}: argument 'alibi_slopes' must have shape [heads] = [{}], one slope per query head, got {}", op, heads,
+                     shape_str(slopes.shape()));
+  if (slopes.dtype() != dtype)
+    fail<DTypeError>("{}: argument 'alibi_slopes' is {} but 'query' is {}; convert it with to()", op, slopes.dtype(), dtype);
+}
+
+}  // namespace
+
+MhaShapes check_mha(const char* op, const MhaActivations& a, const MhaParameters& p, const MhaMasks& m, const MhaOptions& o,
                     std::int64_t context_length) {
   check_floating(op, "query", a.query);
   const DType dtype = a.query.dtype();
   if (a.query.dim() != 3) fail<ShapeError>("{}: argument 'query' must be [B, Q, Cq], got shape {}", op, shape_str(a.query.shape()));
-  if (heads < 1) fail<ValueError>("{}: argument 'heads' must be >= 1, got {}", op, heads);
-  MhaShapes s{op, a.query.size(0), a.query.size(1), context_length, heads, 0, 0, 0};
+  const std::int64_t heads = o.heads;
+  MhaShapes s{op, a.query.size(0), a.query.size(1), context_length, heads, 0, 0, 0, check_options(op, o)};
   check_matrix(op, "w_q", p.w_q, a.query.size(2), dtype);
   check_matrix(op, "w_k", p.w_k, -1, dtype);
   check_matrix(op, "w_v", p.w_v, p.w_k.size(0), dtype);
-  if (p.w_k.size(1) != p.w_q.size(1))
-    fail<ShapeError>("{}: arguments 'w_q' {} and 'w_k' {} must project to the same width H*D", op, shape_str(p.w_q.shape()),
-                     shape_str(p.w_k.shape()));
-  for (auto [name, w] : {std::pair{"w_q", &p.w_q}, {"w_v", &p.w_v}})
-    if (w->size(1) % heads != 0)
-      fail<ShapeError>("{}: heads = {} must divide the projection width of '{}', shape {}", op, heads, name, shape_str(w->shape()));
+  if (p.w_q.size(1) % heads != 0)
+    fail<ShapeError>("{}: heads = {} must divide the projection width of 'w_q', shape {}", op, heads, shape_str(p.w_q.shape()));
   s.d = p.w_q.size(1) / heads;
-  s.dv = p.w_v.size(1) / heads;
+  check_kv_widths(op, p, s);
+  s.dv = p.w_v.size(1) / s.hkv;
   if (s.d < 1)
     fail<ShapeError>("{}: the per-head query/key width D must be >= 1, got 'w_q' {} with heads = {}", op, shape_str(p.w_q.shape()),
                      heads);
-  check_matrix(op, "w_o", p.w_o, p.w_v.size(1), dtype);
+  // H*Dv: the heads' outputs concatenated, w_o's rows (w_v's width when Hkv = H).
+  std::int64_t merged = 0;
+  if (__builtin_mul_overflow(heads, s.dv, &merged))
+    fail<ShapeError>("{}: heads * Dv = {} * {} overflows int64 ('w_v' {}, kv_heads = {})", op, heads, s.dv, shape_str(p.w_v.shape()), s.hkv);
+  check_matrix(op, "w_o", p.w_o, merged, dtype);
   s.cout = p.w_o.size(1);
   check_vector(op, "b_q", p.b_q, heads * s.d, dtype);
-  check_vector(op, "b_k", p.b_k, heads * s.d, dtype);
-  check_vector(op, "b_v", p.b_v, heads * s.dv, dtype);
+  check_vector(op, "b_k", p.b_k, s.hkv * s.d, dtype);
+  check_vector(op, "b_v", p.b_v, s.hkv * s.dv, dtype);
   check_vector(op, "b_o", p.b_o, s.cout, dtype);
+  check_slopes(op, o.alibi_slopes, heads, dtype);
   if (s.b < 1 || s.q < 1 || s.k < 1)
     fail<ShapeError>("{}: B, Q and K must be >= 1, got B = {}, Q = {}, K = {} (query {}, context length {})", op, s.b, s.q, s.k,
                      shape_str(a.query.shape()), s.k);
@@ -139,42 +188,47 @@ MhaShapes check_mha(const char* op, const MhaActivations& a, const MhaParameters
   return s;
 }
 
-AllowedPairs allowed_pairs(const MhaMasks& m, const MhaShapes& s, bool causal, std::int64_t causal_offset) {
+AllowedPairs allowed_pairs(const MhaMasks& m, const MhaShapes& s, const MhaOptions& o) {
   AllowedPairs out;
-  out.mask = {m.attention_mask, m.key_mask, m.query_mask, causal, causal_offset};
+  out.mask = {m.attention_mask, m.key_mask, m.query_mask, o.causal, o.causal_offset, o.causal ? o.window : 0};
   if (out.mask.empty()) return out;
   // active[b, i] = any over (h, j) and used[b, j] = any over (h, i) of the allowed pairs, row by
   // row. Without an attention_mask the heads share their rows (one per query), and a row's
-  // allowed keys are the key mask's below the causal end: the row is active when its first
-  // allowed key is below the end, and the keys used are the allowed ones below the largest
-  // end of an active row. With an attention_mask, each row's keys are read.
+  // allowed keys are the key mask's in [begin, end) (the causal end, the window's begin): the
+  // row is active when the first allowed key from its begin is below its end, and the keys used
+  // are the allowed ones that some active row's [begin, end) covers (with a window and a query
+  // mask those intervals may leave gaps). With an attention_mask, each row's keys are read.
   const std::int64_t heads = m.attention_mask.defined() ? s.h : 1;
   const RowMasks rows(s.op, out.mask, {s.b, heads, s.q, s.k});
   out.active = zeros({s.b, s.q}, DType::bool_);
   out.used = zeros({s.b, s.k}, DType::bool_);
   bool* active = static_cast<bool*>(mutable_data(out.active));
   bool* used = static_cast<bool*>(mutable_data(out.used));
+  const auto k = static_cast<std::size_t>(s.k);
+  std::vector<std::int64_t> next(k + 1);  // next[j]: the first key >= j the key mask allows (s.k: none)
+  std::vector<std::int64_t> cover(k + 1);  // +1 where an active row's [begin, end) opens, -1 where it closes
   for (std::int64_t b = 0; b < s.b; ++b) {
-    std::int64_t first_key = 0;  // the first key the key mask allows (s.k: none)
-    if (m.key_mask.defined()) {
-      const RowMask any_row = rows.row(b * heads * s.q);
-      while (first_key < s.k && !any_row.keys[first_key]) ++first_key;
-    }
-    std::int64_t widest = 0;  // the largest causal end of an active row
+    const bool* keys = rows.row(b * heads * s.q).keys;  // the batch's key mask row, or null
+    next[k] = s.k;
+    for (std::size_t j = k; j-- > 0;) next[j] = keys == nullptr || keys[j] ? static_cast<std::int64_t>(j) : next[j + 1];
+    std::fill(cover.begin(), cover.end(), 0);
     for (std::int64_t r = b * heads * s.q; r < (b + 1) * heads * s.q; ++r) {
       const RowMask row = rows.row(r);
       bool* act = active + b * s.q + r % s.q;
       if (row.pairs == nullptr) {
-        if (first_key < row.end) {
+        if (next[static_cast<std::size_t>(row.begin)] < row.end) {
           *act = true;
-          widest = std::max(widest, row.end);
+          ++cover[static_cast<std::size_t>(row.begin)];
+          --cover[static_cast<std::size_t>(row.end)];
         }
         continue;
       }
-      for (std::int64_t j = 0; j < row.end; ++j)
+      for (std::int64_t j = row.begin; j < row.end; ++j)
         if (row(j)) *act = used[b * s.k + j] = true;
     }
-    for (std::int64_t j = 0; j < widest; ++j) used[b * s.k + j] |= !m.key_mask.defined() || rows.row(b * heads * s.q).keys[j];
+    std::int64_t open = 0;  // active rows covering key j
+    for (std::size_t j = 0; j < k; ++j)
+      if ((open += cover[j]) > 0 && next[j] == static_cast<std::int64_t>(j)) used[b * s.k + static_cast<std::int64_t>(j)] = true;
   }
   if (all(out.active)) out.active = Tensor();
   if (all(out.used)) out.used = Tensor();
@@ -182,10 +236,25 @@ AllowedPairs allowed_pairs(const MhaMasks& m, const MhaShapes& s, bool causal, s
 }
 
 AttentionResult attend_projected(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const MhaParameters& p,
-                                 const AllowedPairs& allowed, const MhaShapes& s, bool need_weights) {
-  // Steps 3-5 in the attention core (one tape node), with the bias added to the scores; both
-  // paths read the masks row by row.
-  auto [heads_out, attention] = attention_core({s.op, q, k, v, bias, allowed.mask, need_weights});
+                                 const AllowedPairs& allowed, const MhaShapes& s, const MhaOptions& o) {
+  // Steps 3-5 in the attention core (one tape node), with the bias and ALiBi added to the
+  // scores; both paths read the masks row by row. Grouped heads are views (ops/grouped_heads.hpp):
+  // q [B, Hkv, G, Q, D] against k, v [B, Hkv, 1, K, D], the attention_mask and the bias split
+  // likewise, so that each still holds one entry per query head.
+  AttentionArgs args{s.op, q, k, v, bias, allowed.mask, o.need_weights, o.alibi_slopes};
+  const bool grouped = s.hkv != s.h;
+  if (grouped) {
+    args.q = group_queries(q, s.hkv);
+    args.k = group_keys(k);
+    args.v = group_keys(v);
+    args.bias = group_pairs(s.op, "bias", bias, s.h, s.hkv);
+    args.mask.allowed = group_pairs(s.op, "attention_mask", allowed.mask.allowed, s.h, s.hkv);
+  }
+  auto [heads_out, attention] = attention_core(args);
+  if (grouped) {
+    heads_out = merge_groups(heads_out);  // [B, H, Q, Dv]
+    attention = merge_groups(attention);  // [B, H, Q, K]
+  }
   // Step 6: concatenate heads in head order, then the output projection (one node).
   Tensor output = merge_heads_project(s.op, heads_out, p.w_o, p.b_o);
   // Step 7: a query with no allowed key in any head is exactly zero, b_o included (selected, so
@@ -201,12 +270,11 @@ Tensor positions_from(std::int64_t first, std::int64_t n) {
 }
 
 AttentionResult multihead_attention(const char* op, const MhaActivations& a, const MhaParameters& p, const MhaMasks& m,
-                                    std::int64_t heads, bool causal, std::int64_t causal_offset, bool need_weights,
-                                    const RotaryOptions* rotary) {
+                                    const MhaOptions& o, const RotaryOptions* rotary) {
   check_floating(op, "context", a.context);
   if (a.context.dim() != 3)
     fail<ShapeError>("{}: argument 'context' must be [B, K, Cctx], got shape {}", op, shape_str(a.context.shape()));
-  const MhaShapes s = check_mha(op, a, p, m, heads, a.context.size(1));
+  const MhaShapes s = check_mha(op, a, p, m, o, a.context.size(1));
   if (a.context.size(0) != s.b)
     fail<ShapeError>("{}: arguments 'query' {} and 'context' {} must have the same batch size B", op, shape_str(a.query.shape()),
                      shape_str(a.context.shape()));
@@ -215,7 +283,7 @@ AttentionResult multihead_attention(const char* op, const MhaActivations& a, con
                      shape_str(a.context.shape()));
   if (a.context.dtype() != a.query.dtype())
     fail<DTypeError>("{}: arguments 'query' ({}) and 'context' ({}) must have the same dtype", op, a.query.dtype(), a.context.dtype());
-  const AllowedPairs allowed = allowed_pairs(m, s, causal, causal_offset);
+  const AllowedPairs allowed = allowed_pairs(m, s, o);
   // Step 1, on zero rows for the queries that attend to nothing and the keys that no query
   // attends to, when one of those rows holds a NaN or inf. Their values reach no output, but a
   // non-finite one would reach the weight gradients: dw_q = query^T dq multiplies a query's row
@@ -224,23 +292,28 @@ AttentionResult multihead_attention(const char* op, const MhaActivations& a, con
   // nothing, so they are left as they are (no copy of the input: padding would cost one).
   const Tensor query = zero_left_out_rows(allowed.active, a.query), context = zero_left_out_rows(allowed.used, a.context);
   // Steps 1-2: each projection and its head split is one node.
-  Tensor q = project_heads(op, query, p.w_q, p.b_q, heads);
-  Tensor k = project_heads(op, context, p.w_k, p.b_k, heads);
-  const Tensor v = project_heads(op, context, p.w_v, p.b_v, heads);
+  Tensor q = project_heads(op, query, p.w_q, p.b_q, s.h);
+  Tensor k = project_heads(op, context, p.w_k, p.b_k, s.hkv);
+  const Tensor v = project_heads(op, context, p.w_v, p.b_v, s.hkv);
   if (rotary != nullptr) {
     // A rotation keeps a zero row zero and a finite row finite, so the rows selected above stay
     // as they were: the exact zeros hold with it.
-    q = tapegrad::rotary(q, positions_from(causal_offset, s.q), *rotary);
+    q = tapegrad::rotary(q, positions_from(o.causal_offset, s.q), *rotary);
     k = tapegrad::rotary(k, positions_from(0, s.k), *rotary);
   }
-  return attend_projected(q, k, v, a.bias, p, allowed, s, need_weights);
+  return attend_projected(q, k, v, a.bias, p, allowed, s, o);
 }
 
 }  // namespace detail
 
 AttentionResult multihead_attention(const MhaActivations& a, const MhaParameters& p, const MhaMasks& m, std::int64_t heads,
                                     bool causal, std::int64_t causal_offset, bool need_weights) {
-  return detail::multihead_attention("multihead_attention", a, p, m, heads, causal, causal_offset, need_weights);
+  return detail::multihead_attention("multihead_attention", a, p, m,
+                                     MhaOptions{.heads = heads, .causal = causal, .causal_offset = causal_offset, .need_weights = need_weights});
+}
+
+AttentionResult multihead_attention(const MhaActivations& a, const MhaParameters& p, const MhaMasks& m, const MhaOptions& o) {
+  return detail::multihead_attention("multihead_attention", a, p, m, o);
 }
 
 }  // namespace tapegrad

@@ -13,19 +13,19 @@ namespace tapegrad::detail {
 struct MhaShapes {
   const char* op;  // the public function being run, for error messages and the tape node's name
   std::int64_t b, q, k, h, d, dv, cout;
+  std::int64_t hkv = 0;  // key/value heads, dividing h
 };
 
 // Validates everything but the context tensor itself (the layer's cache stands in for it), for
-// a context of `context_length` positions.
-MhaShapes check_mha(const char* op, const MhaActivations& a, const MhaParameters& p, const MhaMasks& m, std::int64_t heads,
+// a context of `context_length` positions, and the options (heads, kv_heads, window, slopes).
+MhaShapes check_mha(const char* op, const MhaActivations& a, const MhaParameters& p, const MhaMasks& m, const MhaOptions& o,
                     std::int64_t context_length);
 
 // multihead_attention, with errors that name `op` (the layer's forward runs it too). With
 // `rotary`, q and k are rotated per head after step 2 (the layer's option; the function has
 // none): query i at position causal_offset + i, key j at position j.
 AttentionResult multihead_attention(const char* op, const MhaActivations& a, const MhaParameters& p, const MhaMasks& m,
-                                    std::int64_t heads, bool causal, std::int64_t causal_offset, bool need_weights,
-                                    const RotaryOptions* rotary = nullptr);
+                                    const MhaOptions& o, const RotaryOptions* rotary = nullptr);
 // int64 [n]: first, first + 1, ... (saturating at INT64_MAX, which rotary then refuses by name).
 Tensor positions_from(std::int64_t first, std::int64_t n);
 
@@ -46,15 +46,17 @@ Tensor rows_where(const Tensor& rows, const Tensor& x);
 
 // Step 4: which (query, key) pairs may attend, and which queries and keys take part at all.
 struct AllowedPairs {
-  AttentionMask mask;  // the masks and the causal rule, described (never a [B, H, Q, K] tensor)
+  AttentionMask mask;  // the masks, the causal rule and the window, described (never a [B, H, Q, K] tensor)
   Tensor active;       // bool [B, Q]: the query has an allowed key in some head; undefined when all do
   Tensor used;         // bool [B, K]: some query may attend to the key in some head; undefined when all are
 };
-AllowedPairs allowed_pairs(const MhaMasks& m, const MhaShapes& s, bool causal, std::int64_t causal_offset);
+// The window applies with causal only (check_mha refuses one without).
+AllowedPairs allowed_pairs(const MhaMasks& m, const MhaShapes& s, const MhaOptions& o);
 
-// Steps 3-7 of multihead_attention from projected heads q [B, H, Q, D], k [B, H, K, D], v [B, H, K, Dv].
-// Without need_weights the attention runs fused and the returned weights are undefined.
+// Steps 3-7 of multihead_attention from projected heads q [B, H, Q, D], k [B, Hkv, K, D], v [B, Hkv, K, Dv]
+// (grouped as views when Hkv < H), with o's slopes. Without need_weights the attention runs fused
+// and the returned weights are undefined.
 AttentionResult attend_projected(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const MhaParameters& p,
-                                 const AllowedPairs& allowed, const MhaShapes& s, bool need_weights);
+                                 const AllowedPairs& allowed, const MhaShapes& s, const MhaOptions& o);
 
 }  // namespace tapegrad::detail

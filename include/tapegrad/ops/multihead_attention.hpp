@@ -57,4 +57,23 @@ AttentionResult multihead_attention(const MhaActivations& activations, const Mha
                                     const MhaMasks& masks = {}, std::int64_t heads = 1, bool causal = false,
                                     std::int64_t causal_offset = 0, bool need_weights = true);
 
+// The attention variants of small language models (docs/semantics.md §6.5), as options:
+//   multihead_attention(act, par, masks, {.heads = 8, .kv_heads = 2, .causal = true, .window = 256});
+struct MhaOptions {
+  std::int64_t heads = 1;          // H, >= 1
+  std::int64_t kv_heads = 0;       // Hkv, dividing H (0: H). w_k is [Cctx, Hkv*D], w_v [Cctx, Hkv*Dv],
+                                   // b_k and b_v likewise; query head h reads key/value head h / (H / Hkv)
+  bool causal = false;             // step 4's causal rule
+  std::int64_t causal_offset = 0;  // query i sits at position causal_offset + i, key j at j
+  std::int64_t window = 0;         // > 0 (with causal only): also j > i + causal_offset - window
+  // Optional floating [H] (query's dtype): ALiBi. Head h's scores get -alibi_slopes[h] |i +
+  // causal_offset - j| added in step 3; gradients reach the slopes when they require grad.
+  Tensor alibi_slopes{};
+  bool need_weights = true;  // false: fused heads, attention undefined (as above)
+};
+// The same computation with those options; with their defaults it is the call above.
+// bias and attention_mask still broadcast to [B, H, Q, K], one entry per query head.
+AttentionResult multihead_attention(const MhaActivations& activations, const MhaParameters& parameters, const MhaMasks& masks,
+                                    const MhaOptions& options);
+
 }  // namespace tapegrad

@@ -19,6 +19,10 @@ const TransformerBlockConfig& checked(const TransformerBlockConfig& c) {
   detail::check_field("TransformerBlock", "heads", c.heads);
   if (c.dim % c.heads != 0)
     detail::fail<ValueError>("TransformerBlock: config.heads = {} must divide config.dim = {}", c.heads, c.dim);
+  detail::check_field("TransformerBlock", "kv_heads", c.kv_heads, 0);
+  if (c.kv_heads > 0 && c.heads % c.kv_heads != 0)
+    detail::fail<ValueError>("TransformerBlock: config.kv_heads = {} must divide config.heads = {}", c.kv_heads, c.heads);
+  detail::check_field("TransformerBlock", "window", c.window, 0);
   return c;
 }
 
@@ -34,6 +38,10 @@ const DecoderConfig& checked(const DecoderConfig& c) {
   detail::check_field(layer, "hidden", c.hidden, 0);
   detail::check_float_dtype(layer, c.dtype);
   if (c.dim % c.heads != 0) detail::fail<ValueError>("Decoder: config.heads = {} must divide config.dim = {}", c.heads, c.dim);
+  detail::check_field(layer, "kv_heads", c.kv_heads, 0);
+  if (c.kv_heads > 0 && c.heads % c.kv_heads != 0)
+    detail::fail<ValueError>("Decoder: config.kv_heads = {} must divide config.heads = {}", c.kv_heads, c.heads);
+  detail::check_field(layer, "window", c.window, 0);
   if (c.positions == PositionKind::rotary) {
     const std::int64_t head_dim = c.dim / c.heads, r = c.rotary.rotary_dim == 0 ? head_dim : c.rotary.rotary_dim;
     if (!(std::isfinite(c.rotary.base) && c.rotary.base > 0))
@@ -92,9 +100,12 @@ TransformerBlock::TransformerBlock(const TransformerBlockConfig& config)
     : ln1({.dim = checked(config).dim, .dtype = config.dtype}),
       attn({.query_dim = config.dim,
             .heads = config.heads,
+            .kv_heads = config.kv_heads,
             .dtype = config.dtype,
             .seed = detail::child_seed(config.seed, 0),
-            .rotary = config.rotary}),
+            .rotary = config.rotary,
+            .window = config.window,
+            .alibi = config.alibi}),
       drop(config.dropout, detail::child_seed(config.seed, 1)),
       ln2({.dim = config.dim, .dtype = config.dtype}),
       ff({.dim = config.dim,
@@ -151,7 +162,10 @@ Decoder::Decoder(const DecoderConfig& config)
                                                .seed = detail::child_seed(config.seed, 100 + static_cast<std::uint64_t>(i)),
                                                .rotary = config.positions == PositionKind::rotary
                                                              ? std::optional<RotaryOptions>(config.rotary)
-                                                             : std::nullopt});
+                                                             : std::nullopt,
+                                               .kv_heads = config.kv_heads,
+                                               .window = config.window,
+                                               .alibi = config.positions == PositionKind::alibi ? Alibi::fixed : Alibi::none});
 }
 
 Tensor Decoder::embed(const Tensor& ids, std::int64_t offset) const {
@@ -159,7 +173,7 @@ Tensor Decoder::embed(const Tensor& ids, std::int64_t offset) const {
   return std::visit(
       [&]<class P>(const P& p) {
         if constexpr (std::is_same_v<P, std::monostate>)
-          return x;  // rotary: the blocks' attention turns q and k by position instead
+          return x;  // rotary, alibi: the blocks' attention reads positions instead
         else
           return p.forward(x, offset);
       },

@@ -29,6 +29,9 @@ struct TransformerBlockConfig {
   DType dtype = float32;
   std::uint64_t seed = 0;
   std::optional<RotaryOptions> rotary{};  // the attention's (MultiHeadAttentionConfig::rotary)
+  std::int64_t kv_heads = 0;              // the attention's key/value heads (0: heads; must divide heads)
+  std::int64_t window = 0;                // > 0: sliding-window attention over this many positions
+  Alibi alibi = Alibi::none;              // the attention's ALiBi
 };
 
 class TransformerBlock : public Module {
@@ -52,8 +55,9 @@ class TransformerBlock : public Module {
 
 // learned and sinusoidal add a table to the token embeddings; rotary adds nothing and has every
 // block's attention rotate q and k instead (DecoderConfig::rotary), which needs an even
-// dim / heads unless rotary.rotary_dim says fewer channels.
-enum class PositionKind { learned, sinusoidal, rotary };
+// dim / heads unless rotary.rotary_dim says fewer channels; alibi adds nothing and gives every
+// block's attention ALiBi's fixed slopes (Alibi::fixed).
+enum class PositionKind { learned, sinusoidal, rotary, alibi };
 
 struct DecoderConfig {
   std::int64_t vocab = 0;    // required, >= 1
@@ -68,6 +72,8 @@ struct DecoderConfig {
   DType dtype = float32;
   std::uint64_t seed = 0;
   RotaryOptions rotary{};  // with PositionKind::rotary only
+  std::int64_t kv_heads = 0;  // key/value heads of every block's attention (0: heads; must divide heads)
+  std::int64_t window = 0;    // > 0: every block attends to the last `window` positions only
 };
 
 struct GenerateOptions {
@@ -99,7 +105,7 @@ class Decoder : public Module {
   const DecoderConfig& config() const noexcept { return config_; }
 
   Embedding tok;
-  std::variant<LearnedPositions, SinusoidalPositions, std::monostate> pos;  // monostate: rotary
+  std::variant<LearnedPositions, SinusoidalPositions, std::monostate> pos;  // monostate: rotary, alibi
   std::vector<TransformerBlock> blocks;
   LayerNorm ln_f;
   Linear head;

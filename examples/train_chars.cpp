@@ -10,6 +10,7 @@
 //   ./build/examples/train_chars --text book.txt --steps 5000
 //   ./build/examples/train_chars --generate --prompt "This License" --tokens 400
 //   ./build/examples/train_chars --positions rotary               # RoPE in every block's attention
+//   ./build/examples/train_chars --positions alibi --kv-heads 1 --window 16   # ALiBi, one key/value head, a sliding window
 //
 // Writes OUT/loss.png, OUT/attention.png, OUT/model.safetensors, OUT/optimizer.safetensors.
 #include <chrono>
@@ -34,7 +35,8 @@ struct Options {
   std::int64_t steps = 1000, batch = 32, context = 64, dim = 64, heads = 4, layers = 2;
   double lr = 2e-3, dropout = 0.2;
   std::uint64_t seed = 1;
-  std::string positions = "sinusoidal";  // learned, sinusoidal or rotary
+  std::string positions = "sinusoidal";  // learned, sinusoidal, rotary or alibi
+  std::int64_t kv_heads = 0, window = 0;  // 0: as many key/value heads as heads; no window
   int threads = 0;
   std::string out = "train_chars_out";
   bool resume = false, generate_only = false;
@@ -56,19 +58,21 @@ std::map<std::string, std::string> describe(const Options& o, const tg::CharVoca
   return {{"example", "train_chars"}, {"alphabet", vocab.to_codes()},
           {"context", std::to_string(o.context)}, {"dim", std::to_string(o.dim)},
           {"heads", std::to_string(o.heads)},     {"layers", std::to_string(o.layers)},
-          {"steps", std::to_string(steps_done)}, {"positions", o.positions}};
+          {"steps", std::to_string(steps_done)}, {"positions", o.positions},
+          {"kv_heads", std::to_string(o.kv_heads)}, {"window", std::to_string(o.window)}};
 }
 
 tg::PositionKind position_kind(const std::string& name) {
   if (name == "learned") return tg::PositionKind::learned;
   if (name == "rotary") return tg::PositionKind::rotary;
+  if (name == "alibi") return tg::PositionKind::alibi;
   return tg::PositionKind::sinusoidal;
 }
 
 tg::Decoder make_model(const Options& o, const tg::CharVocab& vocab) {
   return tg::Decoder({.vocab = vocab.size(), .max_len = o.context,
                       .dim = o.dim, .heads = o.heads, .layers = o.layers, .dropout = o.dropout,
-                      .positions = position_kind(o.positions), .seed = o.seed});
+                      .positions = position_kind(o.positions), .seed = o.seed, .kv_heads = o.kv_heads, .window = o.window});
 }
 
 // Reads the shape and the alphabet back from a checkpoint's metadata into `o`.
@@ -85,6 +89,9 @@ tg::CharVocab restore_description(Options& o, const std::string& path) {
   o.layers = std::stoll(field("layers"));
   // Checkpoints from before --positions existed were sinusoidal.
   o.positions = meta.contains("positions") ? meta.at("positions") : "sinusoidal";
+  // And from before --kv-heads and --window, plain multi-head attention.
+  o.kv_heads = meta.contains("kv_heads") ? std::stoll(meta.at("kv_heads")) : 0;
+  o.window = meta.contains("window") ? std::stoll(meta.at("window")) : 0;
   return tg::CharVocab::from_codes(field("alphabet"));
 }
 
@@ -154,8 +161,12 @@ int main(int argc, char** argv) try {
   app.add_option("--lr", o.lr, "peak learning rate")->check(CLI::PositiveNumber);
   app.add_option("--dropout", o.dropout, "dropout probability")->check(CLI::Range(0.0, 0.9));
   app.add_option("--seed", o.seed, "seed for data, initialisation, dropout and sampling");
-  app.add_option("--positions", o.positions, "position information: a learned table, a sinusoidal one, or rotary (RoPE) in the attention")
-      ->check(CLI::IsMember({"learned", "sinusoidal", "rotary"}));
+  app.add_option("--positions", o.positions,
+                 "position information: a learned table, a sinusoidal one, rotary (RoPE) or ALiBi's distance penalties in the attention")
+      ->check(CLI::IsMember({"learned", "sinusoidal", "rotary", "alibi"}));
+  app.add_option("--kv-heads", o.kv_heads, "key/value heads, dividing --heads (grouped-query attention; 0: --heads)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--window", o.window, "attend to the last W positions only (sliding window; 0: all)")->check(CLI::NonNegativeNumber);
   app.add_option("--threads", o.threads, "threads (0: the default)")->check(CLI::NonNegativeNumber);
   app.add_option("--out", o.out, "folder for figures and checkpoints");
   app.add_flag("--resume", o.resume, "continue training from OUT/model.safetensors and OUT/optimizer.safetensors");
@@ -233,7 +244,8 @@ int main(int argc, char** argv) try {
   fmt::print("validation loss {:.4f} nats = {:.3f} bits per character (uniform over the alphabet: {:.3f} bits)\n", val,
              val / std::log(2.0), std::log2(static_cast<double>(vocab.size())));
   if (o.steps > 0)
-    fmt::print("{} positions: {:.1f} ms per training step\n", o.positions, 1000 * training_seconds / static_cast<double>(o.steps));
+    fmt::print("{} positions, {} key/value heads, window {}: {:.1f} ms per training step\n", o.positions, o.kv_heads == 0 ? o.heads : o.kv_heads,
+               o.window == 0 ? std::string("none") : std::to_string(o.window), 1000 * training_seconds / static_cast<double>(o.steps));
   tg::save(model, model_path, describe(o, vocab, total));
   auto state = opt.state();
   tg::save_safetensors(optimizer_path, state, {{"steps", std::to_string(total)}});

@@ -1,4 +1,4 @@
-// scaled_dot_product_attention with AttentionOptions (docs/semantics.md §4.5), and ALiBi's
+// scaled_dot_product_attention with AttentionOptions (docs/semantics.md §14.2), and ALiBi's
 // default slopes. Everything here is validation and views: the causal rule, the window and the
 // ALiBi slopes go to the attention core as they are (it applies them inside its softmax passes
 // and differentiates the slopes), and grouped-query heads become views of q, k, v and the mask

@@ -1,4 +1,4 @@
-// The attention variants of small language models (docs/semantics.md §4.5, §6.5, §7.4):
+// The attention variants of small language models (docs/semantics.md §14):
 // grouped-query heads, a sliding window and ALiBi, through scaled_dot_product_attention's
 // options, the functional multihead_attention, the MultiHeadAttention layer and its KV cache,
 // and the Decoder. Each is checked against its explicit construction: k and v heads repeated,

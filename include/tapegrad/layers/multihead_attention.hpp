@@ -39,15 +39,15 @@ struct MultiHeadAttentionConfig {
   // keys at p - window < j <= p (non-causal calls ignore it). decode drops keys that fell out of
   // the window from its cache (KVCache::start()), so the cache stays O(window) long.
   std::int64_t window = 0;
-  // ALiBi: each head's scores get -slope_h |i + causal_offset - j| (docs/semantics.md §6.5).
+  // ALiBi: each head's scores get -slope_h |i + causal_offset - j| (docs/semantics.md §14.1).
   Alibi alibi = Alibi::none;
 };
 
 // Keys and values of the positions decoded so far, for one layer and one batch. Appending is
 // amortised O(1) per position: storage grows by doubling and is never re-copied per step. A
 // layer with a window drops the keys that no later query can see when the buffer is full (the
-// kept ones move to its front), instead of growing it: its capacity stays below about
-// 4 (window + n) for n positions per decode call.
+// kept ones move to its front), instead of growing it: its capacity stays at most
+// max(16, 2 (window - 1 + n)) for at most n positions per decode call (docs/semantics.md §14.4).
 //
 // A copy is deep: it gets buffers of its own holding the cached positions, so decoding on a copy
 // (to branch a beam, say) leaves the original exactly as it was. Copying costs one pass over the

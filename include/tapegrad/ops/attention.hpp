@@ -31,7 +31,7 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
 // it keeps one number per query); same semantics, same output and gradients up to rounding.
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask = Tensor());
 
-// The variants of today's small language models, as options of one call (docs/semantics.md §4.3):
+// The variants of today's small language models, as options of one call (docs/semantics.md §14):
 //   auto [out, w] = scaled_dot_product_attention(q, k, v, {.causal = true, .window = 256, .enable_gqa = true});
 struct AttentionOptions {
   Tensor mask{};                   // optional bool, broadcasts to [..., H, Q, K]; True = allowed

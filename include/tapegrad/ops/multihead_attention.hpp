@@ -57,7 +57,7 @@ AttentionResult multihead_attention(const MhaActivations& activations, const Mha
                                     const MhaMasks& masks = {}, std::int64_t heads = 1, bool causal = false,
                                     std::int64_t causal_offset = 0, bool need_weights = true);
 
-// The attention variants of small language models (docs/semantics.md §6.5), as options:
+// The attention variants of small language models (docs/semantics.md §14.3), as options:
 //   multihead_attention(act, par, masks, {.heads = 8, .kv_heads = 2, .causal = true, .window = 256});
 struct MhaOptions {
   std::int64_t heads = 1;          // H, >= 1

@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/attention_alibi.hpp"
 #include "kernels/attention_operands.hpp"
 #include "kernels/attention_paths.hpp"
 #include "kernels/attention_softmax.hpp"
@@ -41,7 +42,7 @@ class Bf16Backward final : public AttentionBackward {
 
   AttentionGrads operator()(const Tensor& d_out, const Tensor& d_weights, const std::vector<bool>& needs) const override {
     AttentionGrads grads;
-    grads.scaled = !needs[3];  // with dbias asked for, 1/sqrt(D) is left to the caller
+    grads.scaled = !wants_raw_ds(needs);  // with dbias or the slopes' gradient asked for, 1/sqrt(D) is left to the caller
     const Matrices<float> qs(q, batch), ks(k, batch), vs(v, batch);
     const Bf16Matrices qb(q, batch), kb(k, batch), vb(v, batch);
     const float* a_f = static_cast<const float*>(A.raw_data());
@@ -59,7 +60,7 @@ class Bf16Backward final : public AttentionBackward {
       });
       grads.dv = dv_full;
     }
-    if (!(needs[0] || needs[1] || needs[3])) return grads;
+    if (!(needs[0] || needs[1] || wants_raw_ds(needs))) return grads;
     // dA = dO vᵀ + upstream dA (read only where A != 0), summed inside the softmax pass
     Tensor dA;
     if (go.defined()) {
@@ -71,16 +72,17 @@ class Bf16Backward final : public AttentionBackward {
       });
     }
     if (!dA.defined() && !d_weights.defined()) return grads;
-    const double factor = needs[3] ? 1.0 : scale;
+    const double factor = wants_raw_ds(needs) ? 1.0 : scale;
     auto rounded_ds = std::make_shared<Storage>(static_cast<std::size_t>(bh * nq * nk) * sizeof(std::uint16_t));
     auto* ds_b = reinterpret_cast<std::uint16_t*>(rounded_ds->data);
-    // dS in float32 too only for dbias, or where an inf or NaN in q or k is added back
+    // dS in float32 too only for dbias and the slopes, or where an inf or NaN in q or k is added back
     // by its float32 weight; else only rounded (a [..., Q, K] float32 pass saved).
-    const bool float_ds = needs[3] || (needs[0] && kb.any_bad()) || (needs[1] && qb.any_bad());
+    const bool float_ds = wants_raw_ds(needs) || (needs[0] && kb.any_bad()) || (needs[1] && qb.any_bad());
     const Tensor dS = attention_softmax_backward(A, dA, d_weights, masks, factor, ds_b, float_ds);  // zero where masked
     const float* ds_f = float_ds ? static_cast<const float*>(dS.raw_data()) : nullptr;
     auto ds_at = [&](std::int64_t b) { return ds_f != nullptr ? ds_f + b * nq * nk : nullptr; };
-    if (needs[3]) grads.dbias = dS;
+    if (wants(needs, 3)) grads.dbias = dS;
+    if (wants(needs, 4)) grads.dslopes = alibi_slopes_gradient(dS, masks);
     // dq = dS ⊛ k,  dk = dSᵀ ⊛ q
     if (needs[0]) {
       Tensor dq = zeros(with_matrix(batch, nq, d), DType::float32);

@@ -32,11 +32,13 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <type_traits>
 #include <vector>
 
 #include "runtime/cpu.hpp"
 #include "runtime/parallel.hpp"
+#include "kernels/attention_alibi.hpp"
 #include "kernels/attention_operands.hpp"
 #include "kernels/attention_paths.hpp"
 #include "kernels/attention_tiles.hpp"
@@ -118,10 +120,14 @@ bool tile_has_keys(const RowMask& rm, std::int64_t j0, std::int64_t n) {
 template <class T>
 void mask_row(const Problem<T>& p, const RowMask& rm, std::int64_t bh, std::int64_t i, std::int64_t j0, std::int64_t n, T* s) {
   const std::int64_t live = std::clamp<std::int64_t>(rm.end - j0, 0, n);  // keys below the causal end
+  const std::int64_t dead = std::clamp<std::int64_t>(rm.begin - j0, 0, live);  // keys before the window
   if (p.has_bias) {
     const T* b = p.bias.base + p.bias.at(bh, i) + j0 * p.bias.sj;
     for (std::int64_t j = 0; j < live; ++j) s[j] += b[j * p.bias.sj];  // a masked entry is overwritten below
   }
+  if (rm.alibi)
+    for (std::int64_t j = 0; j < live; ++j) s[j] += rm.alibi_bias<T>(j0 + j);
+  std::fill(s, s + dead, -kInf<T>);
   // Selected, not added: a masked score may be NaN (a poisoned key), and is dropped.
   if (rm.keys != nullptr) {
     const bool* keys = rm.keys + j0;
@@ -151,13 +157,15 @@ void forward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t i0, std::in
   w.l.assign(static_cast<std::size_t>(nq), T(0));
   w.nan.assign(static_cast<std::size_t>(nq), 0);
   w.rows.resize(static_cast<std::size_t>(nq));
-  std::int64_t end = 0;  // no row of the tile may attend at or past this key
+  std::int64_t begin = p.k, end = 0;  // no row of the tile may attend before begin or at or past end
   for (std::int64_t r = 0; r < nq; ++r) {
-    w.rows[static_cast<std::size_t>(r)] = p.masks->row(bh * p.q + i0 + r);
-    end = std::max(end, w.rows[static_cast<std::size_t>(r)].end);
+    const RowMask& rm = w.rows[static_cast<std::size_t>(r)] = p.masks->row(bh * p.q + i0 + r);
+    if (rm.begin < rm.end) begin = std::min(begin, rm.begin);
+    end = std::max(end, rm.end);
   }
   const T* q = p.qs[bh] + i0 * p.qs.ld;
-  for (std::int64_t j0 = 0; j0 < end; j0 += kTileK) {
+  // Key tiles wholly before every row's window are skipped: a window of W costs O(W), not O(K).
+  for (std::int64_t j0 = begin / kTileK * kTileK; j0 < end; j0 += kTileK) {
     const std::int64_t nk = std::min(kTileK, end - j0);
     if (!tile_has_keys(w.rows[0], j0, nk)) continue;
     const T* k = p.ks[bh] + j0 * p.ks.ld;
@@ -239,15 +247,20 @@ template <class T> struct Gradients {
   T *dk_p = nullptr, *dv_p = nullptr;
   std::vector<T*> dbias_chunks;
   PerPair<T> dbias_at;  // offsets into a dbias buffer
+  bool dslopes = false;  // ALiBi's slopes: per chunk, sums per head (added in chunk order at the end)
+  std::int64_t heads = 0;
+  std::vector<double*> dslopes_chunks;
 };
 
 template <class T> struct BackwardScratch {
   std::vector<T> s, dp, dk, dv, pack;
   std::vector<std::uint16_t> sb, dpb;  // the tiles of P and dS in bfloat16
   std::vector<RowMask> rows;
+  double* dslopes = nullptr;  // the chunk's sums for ALiBi's slopes
 };
 
-// dS = P (dP - Δ) in place over dP, exactly 0 where P is (see backward_tile), and dbias += dS.
+// dS = P (dP - Δ) in place over dP, exactly 0 where P is (see backward_tile), dbias += dS, and
+// the slopes' sums += dS weighted by -|i + offset - j| (kernels/attention_alibi.hpp).
 template <class T>
 void scores_gradient(std::int64_t bh, std::int64_t i0, std::int64_t nq, std::int64_t j0, std::int64_t nk,
                      const T* delta, const Gradients<T>& g, T* dbias, BackwardScratch<T>& w) {
@@ -260,6 +273,7 @@ void scores_gradient(std::int64_t bh, std::int64_t i0, std::int64_t nq, std::int
       T* b = dbias + g.dbias_at.at(bh, i0 + r) + j0 * g.dbias_at.sj;
       for (std::int64_t j = 0; j < nk; ++j) b[j * g.dbias_at.sj] += ds[j];
     }
+    if (g.dslopes) w.dslopes[bh % g.heads] += alibi_row_gradient(w.rows[static_cast<std::size_t>(i0 + r)], ds, j0, nk);
   }
 }
 
@@ -275,7 +289,7 @@ void backward_products_bf16(const Problem<float>& p, std::int64_t bh, std::int64
   for (std::int64_t r = 0; r < nq; ++r) round_bf16_weights(w.s.data() + r * kTileK, w.sb.data() + r * kTileK, nk);
   // dv += Pᵀ ⊛ dO
   if (g.dv) weighted_gemm_bf16(true, nk, dv, nq, 1.0f, w.s.data(), w.sb.data(), kTileK, go, w.dv.data(), dv);
-  if (!(g.dq || g.dk || g.dbias)) return;
+  if (!(g.dq || g.dk || g.dbias || g.dslopes)) return;
   // dP = dO vᵀ (not finite where a flagged row of dO or v reaches), then dS
   scores_bf16(nq, nk, dv, 1.0f, go, p.v_rows(bh).from(j0), w.dp.data(), kTileK);
   scores_gradient(bh, i0, nq, j0, nk, delta, g, dbias, w);
@@ -300,12 +314,13 @@ void backward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t j0, std::i
   w.dv.assign(static_cast<std::size_t>(nk * dv), T(0));
   const T* k = p.ks[bh] + j0 * p.ks.ld;
   const T* v = p.vs[bh] + j0 * p.vs.ld;
-  const bool need_ds = g.dq || g.dk || g.dbias;
+  const bool need_ds = g.dq || g.dk || g.dbias || g.dslopes;
   for (std::int64_t i0 = 0; i0 < p.q; i0 += kTileQ) {
     const std::int64_t nq = std::min(kTileQ, p.q - i0);
     bool live = false;  // some row of the tile is not empty and may reach this key tile
     for (std::int64_t r = 0; r < nq && !live; ++r)
-      live = rows[static_cast<std::size_t>(i0 + r)].end > j0 && lse[2 * (i0 + r)] != -kInf<T>;
+      live = rows[static_cast<std::size_t>(i0 + r)].end > j0 && rows[static_cast<std::size_t>(i0 + r)].begin < j0 + nk &&
+             lse[2 * (i0 + r)] != -kInf<T>;
     if (!live) continue;
     const T* q = p.qs[bh] + i0 * p.qs.ld;
     const T* go = d_out[bh] + i0 * d_out.ld;
@@ -390,7 +405,9 @@ template <class T> AttentionGrads backward(const Saved& sv, const Tensor& grad_o
   g.dq = needs[0];
   g.dk = needs[1];
   g.dv = needs[2];
-  g.dbias = needs.size() > 3 && needs[3] && p.has_bias;
+  g.dbias = wants(needs, 3) && p.has_bias;
+  g.dslopes = wants(needs, 4) && sv.masks.alibi_heads() > 0;
+  g.heads = sv.masks.alibi_heads();
   const DType dtype = sv.q.dtype();
   const std::int64_t key_tiles = p.key_tiles();
 
@@ -429,6 +446,19 @@ template <class T> AttentionGrads backward(const Saved& sv, const Tensor& grad_o
     for (int c = 0; c < chunks; ++c) g.dbias_chunks.push_back(static_cast<T*>(mutable_data(dbias_buffers[shared ? 0 : static_cast<std::size_t>(c)])));
   }
 
+  // The slopes' sums: one buffer per chunk, the chunks fixed by the shape (added in order).
+  std::vector<std::vector<double>> dslopes_buffers;
+  if (g.dslopes) {
+    if (!g.dbias) chunks = static_cast<int>(std::min<std::int64_t>(items, kDbiasChunks));
+    if (g.dbias && chunks != static_cast<int>(std::min<std::int64_t>(items, kDbiasChunks))) {
+      // a shared dbias left the chunks to the threads: fix them, every chunk on the one buffer
+      chunks = static_cast<int>(std::min<std::int64_t>(items, kDbiasChunks));
+      g.dbias_chunks.assign(static_cast<std::size_t>(chunks), g.dbias_chunks[0]);
+    }
+    dslopes_buffers.assign(static_cast<std::size_t>(chunks), std::vector<double>(static_cast<std::size_t>(g.heads), 0.0));
+    for (auto& b : dslopes_buffers) g.dslopes_chunks.push_back(b.data());
+  }
+
   // With Q = 0 or K = 0 there is no pair: every gradient stays 0.
   if (p.q > 0 && p.k > 0) parallel_for(chunks, kParallelGrain, [&](std::int64_t c0, std::int64_t c1) {
     BackwardScratch<T> w;
@@ -439,6 +469,7 @@ template <class T> AttentionGrads backward(const Saved& sv, const Tensor& grad_o
         for (std::int64_t i = 0; i < p.q; ++i) w.rows[static_cast<std::size_t>(i)] = p.masks->row(bh * p.q + i);
         T* dq = g.dq ? g.dq_groups[static_cast<std::size_t>(group)] : nullptr;
         T* db = g.dbias ? g.dbias_chunks[static_cast<std::size_t>(c)] : nullptr;
+        w.dslopes = g.dslopes ? g.dslopes_chunks[static_cast<std::size_t>(c)] : nullptr;
         for (std::int64_t t = group; t < key_tiles; t += groups)
           backward_tile_any(p, bh, t * kTileK, std::min(kTileK, p.k - t * kTileK), lse + 2 * bh * p.q, delta.data() + bh * p.q, d_out, d_out_b, g, dq,
                         db, w);
@@ -455,6 +486,12 @@ template <class T> AttentionGrads backward(const Saved& sv, const Tensor& grad_o
   if (g.dbias) {
     grads.dbias = dbias_buffers[0];
     for (std::size_t i = 1; i < dbias_buffers.size(); ++i) grads.dbias = add_same_shape(grads.dbias, dbias_buffers[i]);
+  }
+  if (g.dslopes) {
+    std::vector<double> sums(static_cast<std::size_t>(g.heads), 0.0);
+    for (const auto& b : dslopes_buffers)
+      for (std::size_t h = 0; h < sums.size(); ++h) sums[h] += b[h];
+    grads.dslopes = from_vector(std::span<const double>(sums), {g.heads}).to(dtype);
   }
   return grads;
 }

@@ -1,12 +1,17 @@
 #include "kernels/attention_mask.hpp"
 
+#include <algorithm>
+
 #include "autodiff/check.hpp"
 #include "autodiff/loops.hpp"
 
 namespace tapegrad::detail {
 
-RowMasks::RowMasks(const char* op, const AttentionMask& m, const Shape& scores_shape)
-    : shape_(scores_shape), causal_(m.causal), offset_(m.causal_offset) {
+RowMasks::RowMasks(const char* op, const AttentionMask& m, const Shape& scores_shape, const Tensor& alibi)
+    : shape_(scores_shape), causal_(m.causal), offset_(m.causal_offset), window_(m.window) {
+  if (m.window < 0) fail<ValueError>("{}: argument 'window' must be >= 0 (0: no window), got {}", op, m.window);
+  if (m.window > 0 && !m.causal)
+    fail<ValueError>("{}: argument 'window' ({}) applies to causal attention only: set causal as well", op, m.window);
   const std::size_t rank = shape_.size();
   if (rank < 2) fail<ShapeError>("{}: the scores must have rank >= 2, got shape {}", op, shape_str(shape_));
   q_ = shape_[rank - 2];
@@ -33,6 +38,10 @@ RowMasks::RowMasks(const char* op, const AttentionMask& m, const Shape& scores_s
     allowed_strides_ = broadcast_strides(allowed_, shape_);
   }
   empty_ = m.empty();
+  if (alibi.defined()) {
+    const Tensor c = alibi.detach().to(DType::float64).contiguous();
+    slopes_.assign(c.data<double>(), c.data<double>() + c.numel());
+  }
 }
 
 std::vector<Tensor> RowMasks::saved_with(std::vector<Tensor> saved, bool ends_only) const {
@@ -48,6 +57,19 @@ RowMask RowMasks::row(std::int64_t r) const noexcept {
   // j <= i + offset, written so that extreme offsets cannot overflow.
   out.end = !causal_ ? k_ : offset_ >= k_ - i ? k_ : offset_ < -i ? 0 : i + offset_ + 1;
   if (queries_.defined() && !static_cast<const bool*>(queries_.raw_data())[b * q_ + i]) out.end = 0;
+  // Query i sits at position i + offset, held within +-2^62 (distances to keys j < 2^62 then
+  // fit in int64).
+  constexpr std::int64_t kFar = std::int64_t{1} << 62;
+  std::int64_t position = 0;
+  if (__builtin_add_overflow(i, offset_, &position)) position = offset_ > 0 ? kFar : -kFar;
+  position = std::clamp(position, -kFar, kFar);
+  if (window_ > 0)  // j > i + offset - window
+    out.begin = window_ - 1 >= position ? 0 : std::min(position - (window_ - 1), out.end);
+  if (!slopes_.empty()) {
+    out.alibi = true;
+    out.slope = slopes_[static_cast<std::size_t>((r / std::max<std::int64_t>(q_, 1)) % static_cast<std::int64_t>(slopes_.size()))];
+    out.position = position;
+  }
   if (keys_.defined()) out.keys = static_cast<const bool*>(keys_.raw_data()) + b * k_;
   if (allowed_.defined()) {
     // Row r's offset in `allowed`: unravel r over [..., Q] against the broadcast strides.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "autodiff/loops.hpp"
@@ -33,7 +34,16 @@ struct RowMask {
   const bool* keys = nullptr;           // contiguous [K] row of key_mask, or null
   const bool* pairs = nullptr;          // the row of `allowed`, read as pairs[j * pairs_stride], or null
   std::int64_t pairs_stride = 0;
+  // ALiBi (when `alibi`): the row's scores get -slope |position - j| added, position = i + causal_offset.
+  bool alibi = false;
+  double slope = 0;
+  std::int64_t position = 0;
 
+  // -slope |position - j| in T: the distance is an exact integer, one rounding of the product.
+  template <class T> T alibi_bias(std::int64_t j) const noexcept {
+    const std::int64_t d = position - j;
+    return -(static_cast<T>(slope) * static_cast<T>(d < 0 ? -d : d));
+  }
   bool dense() const noexcept { return keys == nullptr && pairs == nullptr; }  // all of [begin, end) allowed
   bool operator()(std::int64_t j) const noexcept {
     return j >= begin && j < end && (keys == nullptr || keys[j]) && (pairs == nullptr || pairs[j * pairs_stride]);
@@ -41,14 +51,17 @@ struct RowMask {
 };
 
 // Row lookup for scores of a given shape. Validates the parts against that shape (ShapeError /
-// DTypeError naming `op`) and makes the bool tensors contiguous once, up front. Cheap to copy
-// between threads: row() is const and allocation-free.
+// DTypeError / ValueError naming `op`) and makes the bool tensors contiguous once, up front.
+// Cheap to copy between threads: row() is const and allocation-free. With `alibi` (floating
+// [H], validated by the caller) each row also carries its head's slope, read once here: row r
+// belongs to head (r / Q) mod H.
 class RowMasks {
  public:
-  RowMasks(const char* op, const AttentionMask& mask, const Shape& scores_shape);
+  RowMasks(const char* op, const AttentionMask& mask, const Shape& scores_shape, const Tensor& alibi = Tensor());
   // r numbers the rows of the scores in row-major order over [..., Q].
   RowMask row(std::int64_t r) const noexcept;
   bool empty() const noexcept { return empty_; }
+  std::int64_t alibi_heads() const noexcept { return static_cast<std::int64_t>(slopes_.size()); }  // 0: no ALiBi
   // `saved` and the bool tensors that a node's backward reads through row(): all of them for a
   // backward that makes the weights again from the masks (the fused paths), or with ends_only
   // only what a row's end depends on (the query mask), for one that reads the weights and asks
@@ -59,7 +72,8 @@ class RowMasks {
   Shape shape_;            // the scores' shape
   std::int64_t q_ = 0, k_ = 0, rows_per_batch_ = 0;  // rows_per_batch_: slices [Q, K] per batch entry
   bool empty_ = true, causal_ = false;
-  std::int64_t offset_ = 0;
+  std::int64_t offset_ = 0, window_ = 0;
+  std::vector<double> slopes_;
   Tensor keys_, queries_, allowed_;
   Dims8 allowed_strides_;  // broadcast strides of `allowed` against the scores' shape
 };

@@ -18,10 +18,11 @@ AttentionPath attention_path(const AttentionArgs& a, const Shape& scores_shape, 
   // ask them for 2^49 entries of it.
   if (shape_numel(scores_shape) == 0) return AttentionPath::weights;
   if (!a.need_weights) {
-    // A bias that needs a gradient would make the blocks hold dS whole, [..., Q, K] (dbias is
-    // summed from it); the tiles sum it into the bias's shape instead.
-    const bool bias_grad = a.bias.defined() && a.bias.requires_grad();
-    return blocks_pay(a, scores_shape) && !bias_grad ? AttentionPath::fused_blocks : AttentionPath::tiles;
+    // A bias or ALiBi slopes that need a gradient would make the blocks hold dS whole,
+    // [..., Q, K] (their gradients are summed from it); the tiles sum them as they go instead.
+    // A window: the tiles skip the key tiles before it (cost O(W), not O(K)), the blocks do not.
+    const bool ds_grad = (a.bias.defined() && a.bias.requires_grad()) || (a.alibi.defined() && a.alibi.requires_grad());
+    return blocks_pay(a, scores_shape) && !ds_grad && a.mask.window == 0 ? AttentionPath::fused_blocks : AttentionPath::tiles;
   }
   if (blocks_pay(a, scores_shape)) return AttentionPath::pipelined;
   return bf16 ? AttentionPath::weights_bf16 : AttentionPath::weights;

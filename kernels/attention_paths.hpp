@@ -57,14 +57,21 @@ AttentionPath attention_path(const AttentionArgs& args, const Shape& scores_shap
 // unless `scaled` is false (then it multiplies them after the sums). Undefined where not needed.
 struct AttentionGrads {
   Tensor dq, dk, dv, dbias;
+  Tensor dslopes;  // ALiBi's slopes, [H]
   bool scaled = true;
 };
+
+// needs[i], for a needs list of any length (the node's inputs: q, k, v, bias, ALiBi's slopes).
+inline bool wants(const std::vector<bool>& needs, std::size_t i) { return i < needs.size() && needs[i]; }
+// Whether the backward reads dS itself, unscaled: the bias's gradient is dS summed, the slopes'
+// is dS weighted by the distances (kernels/attention_alibi.hpp).
+inline bool wants_raw_ds(const std::vector<bool>& needs) { return wants(needs, 3) || wants(needs, 4); }
 
 // What a fast path's backward keeps (detached tensors only, so the node does not hold itself).
 class AttentionBackward {
  public:
   virtual ~AttentionBackward() = default;
-  // d_out and d_weights may be undefined (no gradient reached that output); needs: q, k, v, bias.
+  // d_out and d_weights may be undefined (no gradient reached that output); needs: q, k, v, bias, slopes.
   virtual AttentionGrads operator()(const Tensor& d_out, const Tensor& d_weights, const std::vector<bool>& needs) const = 0;
 };
 

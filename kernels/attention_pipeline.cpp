@@ -44,6 +44,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/attention_alibi.hpp"
 #include "kernels/attention_operands.hpp"
 #include "kernels/attention_paths.hpp"
 #include "kernels/attention_softmax.hpp"
@@ -170,7 +171,7 @@ class PipelineBackward final : public AttentionBackward {
   AttentionGrads operator()(const Tensor& d_out, const Tensor& d_weights, const std::vector<bool>& needs) const override {
     const std::int64_t nq = blk.nq, nk = blk.nk;
     const bool want_dv = needs[2] && d_out.defined();
-    const bool want_ds = (needs[0] || needs[1] || needs[3]) && (d_out.defined() || d_weights.defined());
+    const bool want_ds = (needs[0] || needs[1] || wants_raw_ds(needs)) && (d_out.defined() || d_weights.defined());
     if (!want_dv && !want_ds) return {};
     const bool recompute = !A.defined();  // the fused path (dO is then defined)
     // As in the forward, whatever the precision where backward() runs; making A again
@@ -186,9 +187,9 @@ class PipelineBackward final : public AttentionBackward {
     const Matrices<float> os = recompute ? Matrices<float>(O, batch) : Matrices<float>();
     const float* st = recompute ? static_cast<const float*>(stats.raw_data()) : nullptr;
     // The 1/sqrt(D) goes on dS when the bias needs no gradient, else on dq and dk.
-    const float factor = static_cast<float>(needs[3] ? 1.0 : scale);
+    const float factor = static_cast<float>(wants_raw_ds(needs) ? 1.0 : scale);
     // dbias needs dS whole; else each block's dS lives in the block's buffer only.
-    const Tensor dS = want_ds && needs[3] ? new_tensor(scores_shape, DType::float32, "attention") : Tensor();
+    const Tensor dS = want_ds && wants_raw_ds(needs) ? new_tensor(scores_shape, DType::float32, "attention") : Tensor();
     float* ds_all = dS.defined() ? static_cast<float*>(mutable_data(dS)) : nullptr;
     const std::int64_t min_items = recompute ? kFusedMinItems : kMinItems;
     const std::int64_t groups = std::clamp<std::int64_t>((min_items + blk.bh - 1) / std::max<std::int64_t>(blk.bh, 1), 1, std::max<std::int64_t>(blk.count, 1));
@@ -286,9 +287,10 @@ class PipelineBackward final : public AttentionBackward {
     };
     // With dbias asked for, the factor 1/sqrt(D) is left to the caller (after the sums).
     AttentionGrads grads;
-    grads.scaled = !needs[3];
+    grads.scaled = !wants_raw_ds(needs);
     if (want_dv) grads.dv = summed(dv_parts);
-    grads.dbias = dS;
+    if (wants(needs, 3)) grads.dbias = dS;
+    if (wants(needs, 4) && dS.defined()) grads.dslopes = alibi_slopes_gradient(dS, masks);
     grads.dq = dq;
     if (!dk_parts.empty()) grads.dk = summed(dk_parts);
     return grads;
@@ -343,7 +345,7 @@ AttentionRun attention_pipelined(const AttentionArgs& a, const Shape& scores_sha
   // The weights path reads A, the fused one makes it again from the masks and the bias; O is
   // read for Δ = rowsum(dO O) unless dbias is asked for (Δ then comes from P dA).
   AttentionRun run{output, weights, masks.saved_with({a.q, a.k, a.v}, /*ends_only=*/keep), nullptr};
-  const bool bias_grad = a.bias.defined() && a.bias.requires_grad();
+  const bool bias_grad = (a.bias.defined() && a.bias.requires_grad()) || (a.alibi.defined() && a.alibi.requires_grad());
   if (keep) run.saved.push_back(weights);
   if (!keep && !bias_grad) run.saved.push_back(output);
   if (!keep && a.bias.defined()) run.saved.push_back(a.bias);

@@ -18,7 +18,8 @@
 namespace tapegrad::detail {
 namespace {
 
-// Writes x = scale s + b over the keys of row r below its causal end, -inf at the masked ones,
+// Writes x = scale s + b (+ ALiBi's bias) over the keys of row r below its causal end, -inf at the masked ones
+// (and below the window's begin),
 // to a, and returns their maximum: one pass (the rest of the row becomes 0 whatever it holds).
 template <class T>
 [[gnu::always_inline]] inline RowMax<T> load_scores(const RowPointers& scores, const RowPointers& bias, T scale, const RowMask& m,
@@ -28,6 +29,10 @@ template <class T>
   const std::int64_t ss = scores.stride, bs = bias.stride, end = m.end;
   const unsigned char* keys = as_bytes(m.keys);
   auto masked = [&](std::int64_t j, T x) { return m.pairs ? select(m(j), x) : select(keys[j], x); };
+  if (m.alibi || m.begin > 0) {  // ALiBi and the window: each key asks the row (still one pass)
+    if (b == nullptr) return load_row(a, end, [&](std::int64_t j) { return select(m(j), scale * s[j * ss] + m.alibi_bias<T>(j)); });
+    return load_row(a, end, [&](std::int64_t j) { return select(m(j), scale * s[j * ss] + b[j * bs] + m.alibi_bias<T>(j)); });
+  }
   if (m.dense() && b == nullptr && ss == 1) return load_row(a, end, [&](std::int64_t j) { return scale * s[j]; });
   if (m.dense() && b == nullptr) return load_row(a, end, [&](std::int64_t j) { return scale * s[j * ss]; });
   if (m.dense()) return load_row(a, end, [&](std::int64_t j) { return scale * s[j * ss] + b[j * bs]; });

@@ -17,6 +17,7 @@
 #include <array>
 #include <cmath>
 
+#include "kernels/attention_alibi.hpp"
 #include "kernels/attention_softmax.hpp"
 #include "kernels/weighted_matmul.hpp"
 #include "ops/attention_core.hpp"
@@ -62,6 +63,19 @@ Shape check_attention(const AttentionArgs& a) {
       fail<ShapeError>("{}: argument 'bias' with shape {} must broadcast to the scores' shape {}", a.op,
                        shape_str(a.bias.shape()), shape_str(scores));
   }
+  if (a.alibi.defined()) {
+    check_floating(a.op, "alibi_slopes", a.alibi);
+    if (a.alibi.dtype() != dtype)
+      fail<DTypeError>("{}: argument 'alibi_slopes' is {} but the activations are {}; convert it with to()", a.op,
+                       a.alibi.dtype(), dtype);
+    // H must be the size of the trailing leading dims ([B, H] or [B, Hkv, G]): the rows' heads.
+    std::int64_t trailing = 1;
+    bool found = a.alibi.dim() == 1 && a.alibi.size(0) == 1;
+    for (std::size_t d = batch.size(); !found && d-- > 0;) found = a.alibi.dim() == 1 && (trailing *= batch[d]) == a.alibi.size(0);
+    if (!found)
+      fail<ShapeError>("{}: argument 'alibi_slopes' must have shape [H], one slope per head (dim -3 of the scores {}), got {}",
+                       a.op, shape_str(scores), shape_str(a.alibi.shape()));
+  }
   check_countable(a.op, fmt::format("q {}, k {} and v {} give the scores", shape_str(a.q.shape()), shape_str(a.k.shape()),
                                     shape_str(a.v.shape())).c_str(), scores);
   // What will be allocated is checked before anything is computed.
@@ -85,7 +99,7 @@ AttentionResult weights_path(const AttentionArgs& a, const Shape& scores_shape, 
                               weights);
     output = weighted_matmul(weights, a.v);
   }
-  const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias};
+  const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias, a.alibi};
   if (!should_record(inputs)) return {output, weights};
   std::vector<Tensor> outputs{output, weights};
   record_op(a.op, inputs, outputs,
@@ -96,19 +110,21 @@ AttentionResult weights_path(const AttentionArgs& a, const Shape& scores_shape, 
               const Tensor& d_weights = g[1];
               // As in the forward, whatever the precision where backward() runs.
               const MatmulPrecisionGuard float32_products(MatmulPrecision::exact);
-              std::vector<Tensor> grads(4);
+              std::vector<Tensor> grads(5);
               // dv = A^T dO
               if (needs[2] && d_out.defined()) grads[2] = sum_to(weighted_matmul(transpose(A, -1, -2), d_out), v.shape());
-              if (!(needs[0] || needs[1] || needs[3])) return grads;
+              if (!(needs[0] || needs[1] || wants_raw_ds(needs))) return grads;
               // dA = dO v^T + upstream dA (read only where A != 0), summed inside the softmax pass
               const Tensor dA = d_out.defined() ? matmul(d_out, transpose(v, -1, -2)) : Tensor();
               if (!dA.defined() && !d_weights.defined()) return grads;
-              // The 1/sqrt(D) goes on dS when the bias needs no gradient (dS itself), else on the
-              // [..., Q, D] and [..., K, D] results.
-              const double factor = needs[3] ? 1.0 : scale;
+              // The 1/sqrt(D) goes on dS when neither the bias nor the slopes need a gradient (they
+              // read dS itself), else on the [..., Q, D] and [..., K, D] results.
+              const bool raw = wants_raw_ds(needs);
+              const double factor = raw ? 1.0 : scale;
               const Tensor dS = attention_softmax_backward(A, dA, d_weights, masks, factor);  // zero where masked
               if (needs[3]) grads[3] = sum_to(dS, bias_shape);
-              auto scaled = [&](Tensor t) { return needs[3] ? mul(t, scale) : t; };
+              if (needs[4]) grads[4] = alibi_slopes_gradient(dS, masks);
+              auto scaled = [&](Tensor t) { return raw ? mul(t, scale) : t; };
               if (needs[0]) grads[0] = scaled(sum_to(weighted_matmul(dS, k), q.shape()));
               if (needs[1]) grads[1] = scaled(sum_to(weighted_matmul(transpose(dS, -1, -2), q), k.shape()));
               return grads;
@@ -121,7 +137,7 @@ AttentionResult weights_path(const AttentionArgs& a, const Shape& scores_shape, 
 // path and finishes what it returns (the sums over broadcast dims, the factor 1/sqrt(D) where
 // the path left it).
 AttentionResult record_fast(const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks, AttentionRun run, double scale) {
-  const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias};
+  const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias, a.alibi};
   if (!should_record(inputs)) return {run.output, run.weights};
   std::vector<Tensor> outputs{run.output};
   if (run.weights.defined()) outputs.push_back(run.weights);
@@ -137,7 +153,7 @@ AttentionResult record_fast(const AttentionArgs& a, const Shape& scores_shape, c
                 return times_scale ? mul(summed, scale) : summed;
               };
               return std::vector<Tensor>{finish(r.dq, 0, !r.scaled), finish(r.dk, 1, !r.scaled), finish(r.dv, 2, false),
-                                         finish(r.dbias, 3, false)};
+                                         finish(r.dbias, 3, false), needs[4] ? r.dslopes : Tensor()};
             },
             std::move(run.saved));
   return {outputs[0], run.weights.defined() ? outputs[1] : Tensor()};
@@ -152,16 +168,17 @@ AttentionResult no_scores(const AttentionArgs& a, const Shape& scores_shape) {
   const DType dtype = a.q.dtype();
   Tensor output = zeros(with_matrix(batch, a.q.size(-2), a.v.size(-1)), dtype);
   Tensor weights = a.need_weights ? zeros(scores_shape, dtype) : Tensor();
-  const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias};
+  const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias, a.alibi};
   if (!should_record(inputs)) return {output, weights};
   std::vector<Tensor> outputs{output};
   if (weights.defined()) outputs.push_back(weights);
-  // dq = dk = dv = dbias = 0
+  // dq = dk = dv = dbias = dslopes = 0
   record_op(a.op, inputs, outputs,
-            [shapes = std::array<Shape, 4>{a.q.shape(), a.k.shape(), a.v.shape(), a.bias.defined() ? a.bias.shape() : Shape{}},
+            [shapes = std::array<Shape, 5>{a.q.shape(), a.k.shape(), a.v.shape(), a.bias.defined() ? a.bias.shape() : Shape{},
+                                           a.alibi.defined() ? a.alibi.shape() : Shape{}},
              dtype](std::span<const Tensor>, const std::vector<bool>& needs) {
-              std::vector<Tensor> grads(4);
-              for (std::size_t i = 0; i < 4; ++i)
+              std::vector<Tensor> grads(5);
+              for (std::size_t i = 0; i < 5; ++i)
                 if (needs[i]) grads[i] = zeros(shapes[i], dtype);
               return grads;
             },
@@ -174,7 +191,7 @@ AttentionResult no_scores(const AttentionArgs& a, const Shape& scores_shape) {
 AttentionResult attention_core(const AttentionArgs& a, std::optional<AttentionPath> path, std::int64_t block_rows) {
   const Shape scores_shape = check_attention(a);
   const double scale = 1.0 / std::sqrt(static_cast<double>(a.q.size(-1)));
-  const RowMasks masks(a.op, a.mask, scores_shape);
+  const RowMasks masks(a.op, a.mask, scores_shape, a.alibi);
   if (shape_numel(scores_shape) == 0) return no_scores(a, scores_shape);
   const bool bf16 = a.q.dtype() == DType::float32 && matmul_precision() == MatmulPrecision::bfloat16;
   const AttentionPath taken = path ? *path : attention_path(a, scores_shape, bf16);

@@ -11,6 +11,8 @@
 // same two ops. So a masked key's k or v, or an empty row's q, holding NaN or inf reaches no
 // gradient of any order, as in the first-order paths.
 #include <cmath>
+#include <span>
+#include <vector>
 
 #include "kernels/weighted_matmul.hpp"
 #include "ops/attention_core.hpp"
@@ -83,19 +85,42 @@ Tensor materialise(const RowMasks& masks, const Shape& scores_shape) {
   return m;
 }
 
+// ALiBi's bias -slopes[h] |i + offset - j| in recorded ops (the slopes' gradients of every order
+// come from mul's): the slopes [H] laid over the scores' trailing leading dims whose sizes
+// multiply to H ([H] of [B, H, Q, K], [Hkv, G] of [B, Hkv, G, Q, K]), times the distances.
+Tensor alibi_bias(const Tensor& slopes, const RowMasks& masks, const Shape& scores_shape) {
+  const std::size_t rank = scores_shape.size();
+  const std::int64_t q = scores_shape[rank - 2], k = scores_shape[rank - 1];
+  std::vector<double> distance(static_cast<std::size_t>(q * k));
+  for (std::int64_t i = 0; i < q; ++i) {
+    const std::int64_t position = masks.row(i).position;
+    for (std::int64_t j = 0; j < k; ++j) distance[static_cast<std::size_t>(i * k + j)] = static_cast<double>(position > j ? position - j : j - position);
+  }
+  Shape heads{q, k};
+  std::int64_t count = 1;
+  for (std::size_t d = rank - 2; d-- > 0 && count < slopes.numel();) {
+    count *= scores_shape[d];
+    heads.insert(heads.end() - 2, scores_shape[d]);
+  }
+  Shape laid = heads;
+  laid[laid.size() - 2] = laid[laid.size() - 1] = 1;
+  const Tensor d = from_vector(std::span<const double>(distance), {q, k}).to(slopes.dtype());
+  return neg(mul(reshape(slopes, laid), d));
+}
+
 std::uint64_t version_of(const Tensor& t) { return t.impl()->storage->version.load(std::memory_order_acquire); }
 
 }  // namespace
 
 SecondOrderReads::SecondOrderReads(const AttentionArgs& a) {
-  for (const Tensor* t : {&a.bias, &a.mask.allowed, &a.mask.key_mask, &a.mask.query_mask})
+  for (const Tensor* t : {&a.bias, &a.alibi, &a.mask.allowed, &a.mask.key_mask, &a.mask.query_mask})
     if (t->defined()) read_.emplace_back(*t, version_of(*t));
 }
 
 void SecondOrderReads::check(const char* op) const {
   for (const auto& [t, version] : read_)
     if (version_of(t) != version)
-      fail<GraphError>("backward of {}: its bias or a mask (shape {}) was modified in place after {} was recorded (version {}, "
+      fail<GraphError>("backward of {}: its bias, ALiBi's slopes or a mask (shape {}) was modified in place after {} was recorded (version {}, "
                        "now {}), so the second-order gradients would be wrong; run backward before updating it, or update a clone()",
                        op, shape_str(t.shape()), op, version, version_of(t));
 }
@@ -105,9 +130,10 @@ std::vector<Tensor> attention_backward_with_graph(const AttentionArgs& a, const 
                                                   const std::vector<bool>& needs) {
   reads.check(a.op);
   const MatmulPrecisionGuard exact(MatmulPrecision::exact);
-  const Tensor q = alias(a.q), k = alias(a.k), v = alias(a.v), bias = alias(a.bias);
+  const Tensor q = alias(a.q), k = alias(a.k), v = alias(a.v), bias = alias(a.bias), slopes = alias(a.alibi);
   Tensor s = mul(scores_product(q, k), scale);
   if (bias.defined()) s = add(s, bias);
+  if (slopes.defined()) s = add(s, alibi_bias(slopes, masks, scores_shape));
   if (s.shape() != scores_shape) s = expand(s, scores_shape);
   const Tensor weights = masked_softmax(s, materialise(masks, scores_shape));
   // The outputs an upstream gradient reached (and that depend on something wanted), with it.
@@ -118,14 +144,14 @@ std::vector<Tensor> attention_backward_with_graph(const AttentionArgs& a, const 
       outs.push_back(results[n]);
       upstream.push_back(g[n]);
     }
-  const Tensor inputs[4] = {q, k, v, bias};
+  const Tensor inputs[5] = {q, k, v, bias, slopes};
   std::vector<std::size_t> at;
-  for (std::size_t i = 0; i < 4; ++i)
+  for (std::size_t i = 0; i < 5; ++i)
     if (needs[i] && inputs[i].defined() && inputs[i].requires_grad()) {
       wanted.push_back(inputs[i]);
       at.push_back(i);
     }
-  std::vector<Tensor> grads(4);
+  std::vector<Tensor> grads(5);
   if (wanted.empty() || outs.empty()) return grads;
   const std::vector<Tensor> found = grad(outs, wanted, upstream, {.create_graph = true, .allow_unused = true});
   for (std::size_t n = 0; n < at.size(); ++n)

@@ -18,7 +18,7 @@
 // backward_ms, is a number). Keys name their unit: _ms, _gbs (GB/s),
 // _gflops (GFLOP/s), _mib, _percent; _fraction and _ratio are plain ratios (a _memory ending: of
 // the memory copy's bandwidth, bench::memory_copy). Table ids: references,
-// matmul, overhead, kernels, softmax, attention, fused, bf16, bf16_error, decode, generate,
+// matmul, overhead, kernels, softmax, attention, fused, variants, bf16, bf16_error, decode, generate,
 // threads, threads_busy, train, checkpoint.
 #include <algorithm>
 #include <fstream>
@@ -45,6 +45,7 @@ constexpr Section kSections[] = {
     {"softmax", bench::section_softmax, "The public softmax ops against a copy of the same bytes, and against memory bandwidth."},
     {"attention", bench::section_attention, "The MultiHeadAttention layer on the weights path, toy to long shapes, against the sum of its products at oneDNN's throughput (the roofline)."},
     {"fused", bench::section_fused, "The fused path (need_weights = false) against the weights path on long sequences: time and peak memory."},
+    {"variants", bench::section_variants, "Sliding windows, grouped-query heads and ALiBi against full attention: training calls and decoding."},
     {"bf16", bench::section_bf16, "bfloat16 products against float32: speed-ups, and the error against float64."},
     {"decode", bench::section_decode, "KV-cache decoding: the cost of one token as the cache grows, and generation's tokens per second."},
     {"threads", bench::section_threads, "Each operation on 1 thread against 2, alone and next to a process that keeps a core busy."},

@@ -31,6 +31,8 @@ void section_softmax(Report& report, const Options& options);
 void section_attention(Report& report, const Options& options);
 // Fused path (need_weights = false) against the weights path on long sequences: time and peak memory.
 void section_fused(Report& report, const Options& options);
+// Sliding windows, grouped-query heads and ALiBi against full attention: training calls and decoding.
+void section_variants(Report& report, const Options& options);
 // bfloat16 compute against float32: speed-ups and error against float64.
 void section_bf16(Report& report, const Options& options);
 // KV-cache decoding: per-token cost as the cache grows; generated tokens per second.

@@ -125,8 +125,17 @@ void mask_row(const Problem<T>& p, const RowMask& rm, std::int64_t bh, std::int6
     const T* b = p.bias.base + p.bias.at(bh, i) + j0 * p.bias.sj;
     for (std::int64_t j = 0; j < live; ++j) s[j] += b[j * p.bias.sj];  // a masked entry is overwritten below
   }
-  if (rm.alibi)
-    for (std::int64_t j = 0; j < live; ++j) s[j] += rm.alibi_bias<T>(j0 + j);
+  if (rm.alibi) {
+    // The distances in T when they are exact there (the usual case): a loop that vectorises.
+    // s + (-(m d)) and s - m d are the same number.
+    if (rm.alibi_in_float(j0 + live)) {
+      const T slope = static_cast<T>(rm.slope), b = static_cast<T>(rm.position - j0);
+      const T* index = index_ramp<T>(live);
+      for (std::int64_t j = 0; j < live; ++j) s[j] -= slope * std::abs(b - index[j]);
+    } else {
+      for (std::int64_t j = 0; j < live; ++j) s[j] += rm.alibi_bias<T>(j0 + j);
+    }
+  }
   std::fill(s, s + dead, -kInf<T>);
   // Selected, not added: a masked score may be NaN (a poisoned key), and is dropped.
   if (rm.keys != nullptr) {

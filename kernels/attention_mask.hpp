@@ -44,11 +44,23 @@ struct RowMask {
     const std::int64_t d = position - j;
     return -(static_cast<T>(slope) * static_cast<T>(d < 0 ? -d : d));
   }
+  // Whether the distances |position - j| for j < n are exact in float (and so in T): below 2^23.
+  bool alibi_in_float(std::int64_t n) const noexcept {
+    return position > -(std::int64_t{1} << 23) && position < (std::int64_t{1} << 23) && n < (std::int64_t{1} << 23);
+  }
   bool dense() const noexcept { return keys == nullptr && pairs == nullptr; }  // all of [begin, end) allowed
   bool operator()(std::int64_t j) const noexcept {
     return j >= begin && j < end && (keys == nullptr || keys[j]) && (pairs == nullptr || pairs[j * pairs_stride]);
   }
 };
+
+// 0, 1, ..., n - 1 in T, in a buffer of the calling thread (valid until its next call): the key
+// indices that ALiBi's loops read instead of converting j, so that they vectorise on every CPU.
+template <class T> const T* index_ramp(std::int64_t n) {
+  thread_local std::vector<T> ramp;
+  for (auto j = static_cast<std::int64_t>(ramp.size()); j < n; ++j) ramp.push_back(static_cast<T>(j));
+  return ramp.data();
+}
 
 // Row lookup for scores of a given shape. Validates the parts against that shape (ShapeError /
 // DTypeError / ValueError naming `op`) and makes the bool tensors contiguous once, up front.

@@ -98,9 +98,9 @@ Tensor alibi_bias(const Tensor& slopes, const RowMasks& masks, const Shape& scor
   }
   Shape heads{q, k};
   std::int64_t count = 1;
-  for (std::size_t d = rank - 2; d-- > 0 && count < slopes.numel();) {
+  for (std::size_t d = rank - 2; d-- > 0 && count < slopes.numel();) {  // innermost first: each goes in front
     count *= scores_shape[d];
-    heads.insert(heads.end() - 2, scores_shape[d]);
+    heads.insert(heads.begin(), scores_shape[d]);
   }
   Shape laid = heads;
   laid[laid.size() - 2] = laid[laid.size() - 1] = 1;

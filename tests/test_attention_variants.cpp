@@ -6,7 +6,11 @@
 #define BOOST_TEST_MODULE attention_variants
 #include <boost/test/data/test_case.hpp>
 #include <algorithm>
+#include <array>
+#include <cfenv>
+#include <cmath>
 #include <functional>
+#include <limits>
 
 #include "ops/attention_core.hpp"
 #include "ops/grouped_heads.hpp"
@@ -299,6 +303,485 @@ BOOST_AUTO_TEST_CASE(gradcheck_of_the_slopes_on_both_paths) {
     BOOST_TEST(r.ok, "need_weights " << need_weights << ": " << r.report());
   }
 }
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// The window and ALiBi inside the core, on each of its paths forced (weights, weights_bf16,
+// pipelined and fused_blocks on small blocks, tiles), against an explicit construction on the
+// weights path: every rule of the mask (causal, window, key, query and pair masks) folded into one
+// bool tensor computed with loops and passed as `allowed`, and ALiBi as a bias tensor built from
+// the slopes with recorded ops, so that the slopes' gradient reaches them through mul. The
+// reference shares none of the core's window or ALiBi code.
+BOOST_AUTO_TEST_SUITE(window_and_alibi_on_every_path)
+
+using tg::detail::AttentionPath;
+
+struct CoreCase {
+  std::string name;
+  Shape lead;  // the scores' leading dims: [B, H], or [B, Hkv, G] (k and v then [B, Hkv, 1, K, D])
+  std::int64_t q, k, d, dv;
+  bool causal;
+  std::int64_t offset, window;
+  bool alibi;  // learnable slopes, one per head: H the product of lead[1:]
+  bool masks;  // a key mask, a query mask, a pair mask and a learnable bias [lead[1:]..., Q, K]
+};
+std::ostream& operator<<(std::ostream& os, const CoreCase& c) { return os << c.name; }
+
+std::vector<CoreCase> core_cases() {
+  return {
+      {"window 1 (each query sees itself only)", {2, 3}, 6, 6, 4, 3, true, 0, 1, false, false},
+      {"window 3, offset 2, Q < K", {2, 2}, 5, 8, 3, 2, true, 2, 3, false, false},
+      {"window 20 > K, offset -2 (queries 0-1 empty)", {1, 3}, 7, 5, 4, 3, true, -2, 20, false, false},
+      {"ALiBi alone, not causal (symmetric distances)", {2, 3}, 5, 7, 4, 2, false, 0, 0, true, false},
+      {"ALiBi alone, causal, offset 3, Q > K", {2, 2}, 6, 4, 3, 3, true, 3, 0, true, false},
+      {"window 3, ALiBi, masks, bias, offset 1", {2, 3}, 7, 9, 4, 3, true, 1, 3, true, true},
+      {"window 2, ALiBi, masks, bias, offset -3", {2, 2}, 6, 7, 3, 2, true, -3, 2, true, true},
+      {"window 4, ALiBi, masks, bias, offset 5, Q < K", {1, 2}, 4, 11, 3, 3, true, 5, 4, true, true},
+      {"ALiBi, masks, bias, not causal", {2, 2}, 5, 6, 3, 2, false, 0, 0, true, true},
+      {"grouped [B, Hkv, G] = [2, 2, 3]: window 3, ALiBi, masks, bias", {2, 2, 3}, 5, 7, 4, 2, true, 1, 3, true, true},
+      {"grouped [B, Hkv, G] = [1, 2, 2]: ALiBi, not causal", {1, 2, 2}, 4, 6, 3, 2, false, 0, 0, true, false},
+      // Several 128-key tiles: a small window leaves the tiles before it to be skipped, a wide
+      // one spans tile boundaries, and ALiBi alone reaches every key.
+      {"K 300, window 5, ALiBi, masks, bias, offset 40", {1, 2}, 260, 300, 8, 4, true, 40, 5, true, true},
+      {"K 300, window 150, ALiBi, masks, bias, offset 150", {1, 2}, 140, 300, 8, 4, true, 150, 150, true, true},
+      {"K 300, ALiBi alone, causal, offset 170", {1, 1}, 130, 300, 8, 4, true, 170, 0, true, false},
+  };
+}
+
+// Small enough for finite differences.
+bool small(const CoreCase& c) { return c.q * c.k <= 80; }
+
+std::int64_t heads_of(const CoreCase& c) {
+  std::int64_t h = 1;
+  for (std::size_t i = 1; i < c.lead.size(); ++i) h *= c.lead[i];
+  return h;
+}
+
+Shape with_tail(Shape s, std::initializer_list<std::int64_t> tail) {
+  s.insert(s.end(), tail);
+  return s;
+}
+
+struct CoreProblem {
+  Tensor q, k, v, bias, slopes;     // bias and slopes undefined when the case has none
+  tg::detail::AttentionMask parts;  // as the core takes them: causal, window and the masks in parts
+  Tensor allowed;                   // all of those as one bool tensor [B, 1.., Q, K], for the reference
+  Shape heads;                      // lead[1:]: the dims the slopes are laid over
+
+  std::vector<Tensor> inputs() const {
+    std::vector<Tensor> x{q, k, v};
+    for (const Tensor& t : {bias, slopes})
+      if (t.defined()) x.push_back(t);
+    return x;
+  }
+  // inputs()' order back to q, k, v, bias, slopes.
+  std::array<Tensor, 5> unpack(const std::vector<Tensor>& x) const {
+    std::array<Tensor, 5> r{x[0], x[1], x[2], Tensor(), Tensor()};
+    std::size_t n = 3;
+    if (bias.defined()) r[3] = x[n++];
+    if (slopes.defined()) r[4] = x[n++];
+    return r;
+  }
+  CoreProblem as(tg::DType dtype) const {
+    CoreProblem p = *this;
+    for (Tensor* t : {&p.q, &p.k, &p.v, &p.bias, &p.slopes})
+      if (t->defined()) *t = t->to(dtype);
+    return p;
+  }
+};
+
+// float64 values that float32 holds exactly, so both dtypes see the same problem.
+Tensor exact_in_float32(const Shape& s, tg::Generator& gen) { return tg::randn(s, gen, tg::float32).to(tg::float64); }
+
+CoreProblem make_core_problem(const CoreCase& c, std::uint64_t seed = 7) {
+  tg::Generator gen(seed);
+  CoreProblem p;
+  const std::int64_t b = c.lead[0], h = heads_of(c);
+  const bool grouped = c.lead.size() == 3;
+  Shape kv_lead = c.lead;
+  if (grouped) kv_lead[2] = 1;  // k and v shared by the G query heads of a group
+  p.heads = Shape(c.lead.begin() + 1, c.lead.end());
+  p.q = exact_in_float32(with_tail(c.lead, {c.q, c.d}), gen);
+  p.k = exact_in_float32(with_tail(kv_lead, {c.k, c.d}), gen);
+  p.v = exact_in_float32(with_tail(kv_lead, {c.k, c.dv}), gen);
+  if (c.masks) p.bias = exact_in_float32(with_tail(p.heads, {c.q, c.k}), gen);
+  if (c.alibi) {  // the defaults, doubled so that the distances matter over these short rows
+    std::vector<double> s;
+    for (std::int64_t i = 0; i < h; ++i) s.push_back(std::exp2(-(i + 1.0) * 2.0 / static_cast<double>(h)));
+    p.slopes = tg::from_vector(s, {h}).to(tg::float32).to(tg::float64);
+  }
+  std::vector<bool> keys(static_cast<std::size_t>(b * c.k), true), queries(static_cast<std::size_t>(b * c.q), true),
+      pairs(static_cast<std::size_t>(b * c.q * c.k), true);
+  if (c.masks) {
+    for (auto* m : {&keys, &queries, &pairs})
+      for (std::size_t n = 0; n < m->size(); ++n) (*m)[n] = gen.uniform() < 0.85;
+    p.parts.key_mask = tg::from_bools(keys, {b, c.k});
+    p.parts.query_mask = tg::from_bools(queries, {b, c.q});
+    Shape pair_shape(c.lead.size(), 1);
+    pair_shape[0] = b;
+    p.parts.allowed = tg::from_bools(pairs, with_tail(pair_shape, {c.q, c.k}));
+  }
+  p.parts.causal = c.causal;
+  p.parts.causal_offset = c.offset;
+  p.parts.window = c.window;
+  // The reference's mask: every rule written out, the window as j > i + offset - W.
+  std::vector<bool> all(pairs.size());
+  for (std::int64_t n = 0; n < b; ++n)
+    for (std::int64_t i = 0; i < c.q; ++i)
+      for (std::int64_t j = 0; j < c.k; ++j) {
+        const auto at = static_cast<std::size_t>((n * c.q + i) * c.k + j);
+        const bool causal = !c.causal || j <= i + c.offset, window = c.window == 0 || j > i + c.offset - c.window;
+        all[at] = causal && window && keys[static_cast<std::size_t>(n * c.k + j)] && queries[static_cast<std::size_t>(n * c.q + i)] && pairs[at];
+      }
+  Shape all_shape(c.lead.size(), 1);
+  all_shape[0] = b;
+  p.allowed = tg::from_bools(all, with_tail(all_shape, {c.q, c.k}));
+  return p;
+}
+
+// ALiBi as a bias [heads..., Q, K]: -slopes[h] |i + offset - j|, recorded in the slopes.
+Tensor alibi_over(const Tensor& slopes, const Shape& heads, std::int64_t q, std::int64_t k, std::int64_t offset) {
+  std::vector<double> d;
+  for (std::int64_t i = 0; i < q; ++i)
+    for (std::int64_t j = 0; j < k; ++j) d.push_back(static_cast<double>(std::abs(i + offset - j)));
+  return tg::neg(tg::reshape(slopes, with_tail(heads, {1, 1})) * tg::from_vector(d, {q, k}).to(slopes.dtype()));
+}
+
+tg::AttentionResult reference(const CoreCase& c, const CoreProblem& p, const std::vector<Tensor>& x, bool need_weights) {
+  const auto [q, k, v, bias, slopes] = p.unpack(x);
+  Tensor total = bias;
+  if (slopes.defined()) {
+    const Tensor a = alibi_over(slopes, p.heads, c.q, c.k, c.offset);
+    total = total.defined() ? total + a : a;
+  }
+  tg::detail::AttentionMask m;
+  m.allowed = p.allowed;
+  return tg::detail::attention_core({"reference", q, k, v, total, m, need_weights}, AttentionPath::weights);
+}
+
+// One way through the core: a path forced, the dtype, blocks for the pipelined paths, and
+// whether it runs under a bfloat16 matmul precision.
+struct CorePath {
+  AttentionPath path;
+  tg::DType dtype;
+  std::int64_t block_rows;
+  bool need_weights() const { return path == AttentionPath::weights || path == AttentionPath::weights_bf16 || path == AttentionPath::pipelined; }
+  bool bf16() const { return path == AttentionPath::weights_bf16; }
+};
+std::ostream& operator<<(std::ostream& os, const CorePath& p) {
+  const char* names[] = {"weights", "weights_bf16", "pipelined", "tiles", "fused_blocks"};
+  os << names[static_cast<int>(p.path)] << " " << p.dtype;
+  if (p.block_rows > 0) os << " blocks of " << p.block_rows;
+  return os;
+}
+std::vector<CorePath> core_paths() {
+  return {{AttentionPath::weights, tg::float64, 0},      {AttentionPath::weights, tg::float32, 0},       {AttentionPath::weights_bf16, tg::float32, 0},
+          {AttentionPath::pipelined, tg::float32, 16},   {AttentionPath::pipelined, tg::float32, 5},     {AttentionPath::fused_blocks, tg::float32, 16},
+          {AttentionPath::fused_blocks, tg::float32, 5}, {AttentionPath::tiles, tg::float64, 0},         {AttentionPath::tiles, tg::float32, 0}};
+}
+
+tg::AttentionResult through(const CorePath& path, const CoreProblem& p, const std::vector<Tensor>& x) {
+  const auto [q, k, v, bias, slopes] = p.unpack(x);
+  return tg::detail::attention_core({"path", q, k, v, bias, p.parts, path.need_weights(), slopes}, path.path, path.block_rows);
+}
+
+// ||got - want|| / ||want||, ||want|| taken as at least an RMS of 1/16 (gradients that are
+// nearly 0 are held to an absolute bound instead).
+double relative_error(const std::vector<double>& got, const std::vector<double>& want) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) num += (got[i] - want[i]) * (got[i] - want[i]), den += want[i] * want[i];
+  return std::sqrt(num / std::max(den, static_cast<double>(got.size()) / 256));
+}
+
+BOOST_DATA_TEST_CASE(equal_the_explicit_mask_and_bias, bdata::make(core_cases()) * bdata::make(core_paths()), c, path) {
+  // Output, weights (where the path returns them) and the gradients of q, k, v, the bias and the
+  // slopes. float64 to 1e-12; float32 within its rounding (fused and weights paths alike), in the
+  // 2-norm relative to float64 (measured at most 1.0e-6, held to 4e-6); bfloat16 products within
+  // bfloat16's (measured at most 0.011 on these small rows, held to 2^-5; test_attention_flash
+  // explains the bounds).
+  const CoreProblem p64 = make_core_problem(c), p = p64.as(path.dtype);
+  const auto want = run([&](const std::vector<Tensor>& x) { return reference(c, p64, x, path.need_weights()); }, p64.inputs(), 11);
+  std::vector<std::vector<double>> got;
+  {
+    const tg::MatmulPrecisionGuard precision(path.bf16() ? tg::MatmulPrecision::bfloat16 : tg::MatmulPrecision::exact);
+    got = run([&](const std::vector<Tensor>& x) {
+      const auto r = through(path, p, x);
+      BOOST_TEST(r.weights.defined() == path.need_weights());
+      return r;
+    }, p.inputs(), 11);
+  }
+  BOOST_REQUIRE_EQUAL(got.size(), want.size());
+  const std::vector<std::string> names = [&] {
+    std::vector<std::string> n{"output"};
+    if (path.need_weights()) n.push_back("weights");
+    for (const char* g : {"dq", "dk", "dv"}) n.push_back(g);
+    if (p.bias.defined()) n.push_back("dbias");
+    if (p.slopes.defined()) n.push_back("dslopes");
+    return n;
+  }();
+  for (std::size_t r = 0; r < got.size(); ++r) {
+    if (path.dtype == tg::float64) {
+      check_close(got[r], want[r], 1e-12, 1e-12, names[r]);
+      continue;
+    }
+    for (double x : got[r]) BOOST_TEST_REQUIRE(std::isfinite(x), names[r] << " not finite");
+    const double err = relative_error(got[r], want[r]), bound = path.bf16() ? 0.03125 : 4e-6;
+    BOOST_TEST_MESSAGE(names[r] << ": relative error " << err);
+    BOOST_TEST(err <= bound, names[r] << ": relative error " << err);
+  }
+}
+
+// The weights path and the tiles, float64.
+std::vector<CorePath> exact_paths() { return {{AttentionPath::weights, tg::float64, 0}, {AttentionPath::tiles, tg::float64, 0}}; }
+
+BOOST_DATA_TEST_CASE(float64_gradcheck_on_weights_and_tiles, bdata::make(core_cases()) * bdata::make(exact_paths()),
+                     c, path) {
+  if (!small(c)) return;  // finite differences on 78000 scores would take minutes
+  const CoreProblem p = make_core_problem(c);
+  std::vector<Tensor> xs = p.inputs();
+  for (Tensor& x : xs) x = x.detach().set_requires_grad();
+  const auto r = tg::gradcheck(
+      [&](const std::vector<Tensor>& x) {
+        const auto [o, w] = through(path, p, x);
+        return w.defined() ? std::vector<Tensor>{o, w} : std::vector<Tensor>{o};
+      },
+      xs);
+  BOOST_TEST(r.ok, r.report());
+}
+
+BOOST_DATA_TEST_CASE(create_graph_gradients_equal_the_first_order_ones, bdata::make(core_cases()) * bdata::make(exact_paths()), c, path) {
+  // A create_graph pass runs the composite of attention_second_order.cpp, ALiBi's bias laid over
+  // the heads there. gradgradcheck differentiates that composite against itself, so a slope
+  // given to the wrong head would pass it: the composite's first-order gradients must be the node's.
+  if (!small(c)) return;
+  const CoreProblem p = make_core_problem(c);
+  std::vector<Tensor> xs = p.inputs();
+  for (Tensor& x : xs) x = x.detach().set_requires_grad();
+  const auto r = through(path, p, xs);
+  std::vector<Tensor> outs{r.output}, ups;
+  if (r.weights.defined()) outs.push_back(r.weights);
+  for (const Tensor& o : outs) ups.push_back(tg::randn(o.shape(), 31, tg::float64));
+  const auto plain = tg::grad(outs, xs, ups), with_graph = tg::grad(outs, xs, ups, {.create_graph = true});
+  for (std::size_t i = 0; i < xs.size(); ++i) check_close(values(with_graph[i]), values(plain[i]), 1e-12, 1e-11, fmt::format("input {}", i));
+}
+
+BOOST_DATA_TEST_CASE(float64_gradgradcheck_with_slopes, bdata::make(core_cases()) * bdata::make(exact_paths()),
+                     c, path) {
+  // The create_graph backward is the composite of attention_second_order.cpp, ALiBi's bias
+  // recorded there: second order in q, k, v, the bias and the slopes.
+  if (!small(c) || !c.alibi) return;
+  const CoreProblem p = make_core_problem(c);
+  std::vector<Tensor> xs = p.inputs();
+  for (Tensor& x : xs) x = x.detach().set_requires_grad();
+  const auto r = tg::gradgradcheck(
+      [&](const std::vector<Tensor>& x) {
+        const auto [o, w] = through(path, p, x);
+        return w.defined() ? std::vector<Tensor>{o, w} : std::vector<Tensor>{o};
+      },
+      xs);
+  BOOST_TEST(r.ok, r.report());
+}
+
+
+// The exact zeros of §4.3-§4.4 with a window: keys outside every query's window (and masked
+// keys) and queries left with nothing (suppressed by the query mask, or whose window holds no
+// allowed key). Each case names its masked keys and suppressed queries per batch entry.
+struct ZeroCase {
+  std::string name;
+  std::int64_t heads, q, k, offset, window;
+  std::vector<std::vector<std::int64_t>> masked_keys, suppressed;  // per batch entry
+};
+std::ostream& operator<<(std::ostream& os, const ZeroCase& c) { return os << c.name; }
+
+std::vector<ZeroCase> zero_cases() {
+  // Query i sees keys i + offset - W + 1 .. i + offset.
+  return {// Keys 2..9 are in some window; 0, 1 before every window, 10, 11 past every causal end.
+          // Batch 1 masks keys 2-4, all of query 0's window.
+          {"Q 6, K 12, window 3, offset 4", 2, 6, 12, 4, 3, {{7}, {2, 3, 4, 8}}, {{3}, {}}},
+          // Keys 0..274 before every window: key tiles 0 and 1 whole, and part of tile 2. Keys
+          // 275-280 (query 0's window) masked: query 0 empty, query 1 left with key 281.
+          {"Q 20, K 300, window 6, offset 280", 2, 20, 300, 280, 6, {{275, 276, 277, 278, 279, 280}}, {{7, 12}}}};
+}
+
+struct ZeroProblem {
+  CoreProblem p;
+  std::vector<std::vector<bool>> dead_keys, empty_queries;  // [b][j], [b][i]: no allowed pair at all
+};
+
+ZeroProblem make_zero_problem(const ZeroCase& c) {
+  const auto b = static_cast<std::int64_t>(c.masked_keys.size());
+  tg::Generator gen(5);
+  ZeroProblem z;
+  CoreProblem& p = z.p;
+  p.heads = {c.heads};
+  p.q = exact_in_float32({b, c.heads, c.q, 3}, gen);
+  p.k = exact_in_float32({b, c.heads, c.k, 3}, gen);
+  p.v = exact_in_float32({b, c.heads, c.k, 2}, gen);
+  p.bias = exact_in_float32({c.heads, c.q, c.k}, gen);
+  p.slopes = tg::tensor({0.5, 0.125}, tg::float64);
+  std::vector<bool> keys(static_cast<std::size_t>(b * c.k), true), queries(static_cast<std::size_t>(b * c.q), true);
+  for (std::int64_t n = 0; n < b; ++n) {
+    for (std::int64_t j : c.masked_keys[static_cast<std::size_t>(n)]) keys[static_cast<std::size_t>(n * c.k + j)] = false;
+    for (std::int64_t i : c.suppressed[static_cast<std::size_t>(n)]) queries[static_cast<std::size_t>(n * c.q + i)] = false;
+  }
+  p.parts.key_mask = tg::from_bools(keys, {b, c.k});
+  p.parts.query_mask = tg::from_bools(queries, {b, c.q});
+  p.parts.causal = true;
+  p.parts.causal_offset = c.offset;
+  p.parts.window = c.window;
+  z.dead_keys.assign(static_cast<std::size_t>(b), std::vector<bool>(static_cast<std::size_t>(c.k), true));
+  z.empty_queries.assign(static_cast<std::size_t>(b), std::vector<bool>(static_cast<std::size_t>(c.q), true));
+  for (std::int64_t n = 0; n < b; ++n)
+    for (std::int64_t i = 0; i < c.q; ++i)
+      for (std::int64_t j = 0; j < c.k; ++j)
+        if (keys[static_cast<std::size_t>(n * c.k + j)] && queries[static_cast<std::size_t>(n * c.q + i)] && j <= i + c.offset &&
+            j > i + c.offset - c.window)
+          z.dead_keys[static_cast<std::size_t>(n)][static_cast<std::size_t>(j)] = z.empty_queries[static_cast<std::size_t>(n)][static_cast<std::size_t>(i)] = false;
+  return z;
+}
+
+// x [B, ..., L, W] with `value` in row i of batch entry b wherever rows[b][i].
+Tensor with_rows(const Tensor& x, const std::vector<std::vector<bool>>& rows, double value) {
+  std::vector<double> v = values(x);
+  const std::size_t w = static_cast<std::size_t>(x.shape().back()), len = static_cast<std::size_t>(x.size(-2)), per_batch = v.size() / rows.size();
+  for (std::size_t n = 0; n < v.size(); ++n)
+    if (rows[n / per_batch][n / w % len]) v[n] = value;
+  return tg::from_vector(v, x.shape()).to(x.dtype());
+}
+
+std::vector<std::vector<double>> run_path(const CorePath& path, const CoreProblem& p) {
+  const tg::MatmulPrecisionGuard precision(path.bf16() ? tg::MatmulPrecision::bfloat16 : tg::MatmulPrecision::exact);
+  return run([&](const std::vector<Tensor>& x) { return through(path, p, x); }, p.inputs(), 21);
+}
+
+BOOST_DATA_TEST_CASE(unreachable_keys_and_empty_queries_are_exact_zeros, bdata::make(zero_cases()) * bdata::make(core_paths()), c, path) {
+  const ZeroProblem z = make_zero_problem(c);
+  const CoreProblem clean = z.p.as(path.dtype);
+  const auto finite = run_path(path, clean);
+  // NaN or inf in k and v at the keys no query may see and in q at the empty queries: every
+  // result bitwise that of the finite values (not even 0 * inf may reach a sum).
+  for (double x : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()}) {
+    CoreProblem poisoned = clean;
+    poisoned.k = with_rows(clean.k, z.dead_keys, x);
+    poisoned.v = with_rows(clean.v, z.dead_keys, x);
+    poisoned.q = with_rows(clean.q, z.empty_queries, x);
+    const auto got = run_path(path, poisoned);
+    BOOST_REQUIRE_EQUAL(got.size(), finite.size());
+    for (std::size_t r = 0; r < got.size(); ++r) BOOST_TEST((got[r] == finite[r]), "poison " << x << ", result " << r);
+  }
+  // An empty query's output (and weights) row is 0, and so is its dq row; an unreachable key's
+  // dk and dv rows are 0.
+  const std::size_t w = path.need_weights() ? 1 : 0;
+  auto all_zero = [](const std::vector<double>& x, const std::vector<std::vector<bool>>& rows, std::int64_t len, std::int64_t width) {
+    const std::size_t per_batch = x.size() / rows.size();
+    for (std::size_t n = 0; n < x.size(); ++n)
+      if (rows[n / per_batch][n / static_cast<std::size_t>(width) % static_cast<std::size_t>(len)] && x[n] != 0.0) return false;
+    return true;
+  };
+  BOOST_TEST(all_zero(finite[0], z.empty_queries, c.q, 2), "output");
+  if (w) BOOST_TEST(all_zero(finite[1], z.empty_queries, c.q, c.k), "weights");
+  BOOST_TEST(all_zero(finite[1 + w], z.empty_queries, c.q, 3), "dq");
+  BOOST_TEST(all_zero(finite[2 + w], z.dead_keys, c.k, 3), "dk");
+  BOOST_TEST(all_zero(finite[3 + w], z.dead_keys, c.k, 2), "dv");
+}
+
+BOOST_AUTO_TEST_CASE(the_tiles_skip_key_tiles_before_every_window) {
+  // The zero cases show that NaN before every window changes no result, but a key tile read and
+  // then masked would give the same bits. What tells the two apart: +inf in k, multiplied into
+  // q kᵀ against queries of both signs, makes inf - inf, which raises FE_INVALID. Run on one
+  // thread (the flags are per thread), forward and backward, with +inf in the k of keys 0..255
+  // (key tiles 0 and 1, before every window of "Q 20, K 300, window 6, offset 280") no flag is
+  // raised; with it in key 274 (tile 2, read for the windows it holds) one is, so the check can fail.
+  const ZeroProblem z = make_zero_problem(zero_cases()[1]);
+  const int before = tg::num_threads();
+  tg::set_num_threads(1);
+  auto invalid_raised = [&](std::int64_t first, std::int64_t last) {
+    std::vector<std::vector<bool>> keys(1, std::vector<bool>(300, false));
+    for (std::int64_t j = first; j <= last; ++j) keys[0][static_cast<std::size_t>(j)] = true;
+    CoreProblem p = z.p;
+    p.k = with_rows(p.k, keys, std::numeric_limits<double>::infinity());
+    std::feclearexcept(FE_ALL_EXCEPT);
+    run_path({AttentionPath::tiles, tg::float64, 0}, p);
+    return std::fetestexcept(FE_INVALID) != 0;
+  };
+  BOOST_TEST(!invalid_raised(0, -1), "the finite problem raises FE_INVALID: the check below would mean nothing");
+  BOOST_TEST(!invalid_raised(0, 255), "a key tile before every window was read");
+  BOOST_TEST(invalid_raised(274, 274), "inf in a key tile that is read raised nothing: the check above proves nothing");
+  tg::set_num_threads(before);
+}
+
+BOOST_AUTO_TEST_CASE(slopes_and_bias_gradients_are_deterministic_on_the_tiles) {
+  // Two batch entries by heads over three key tiles: the backward splits them into groups and
+  // sums the slopes' (and the broadcast bias's) gradient in per-chunk buffers, added in an order
+  // fixed by the shape. The same call twice, and on one thread, gives the same bits.
+  const CoreCase c{"K 300", {1, 2}, 140, 300, 8, 4, true, 150, 150, true, true};
+  for (auto dtype : {tg::float32, tg::float64}) {
+    const CoreProblem p = make_core_problem(c).as(dtype);
+    const CorePath tiles{AttentionPath::tiles, dtype, 0};
+    std::vector<std::vector<std::vector<double>>> runs;
+    const int before = tg::num_threads();
+    for (int threads : {2, 2, 1}) {
+      tg::set_num_threads(threads);
+      runs.push_back(run_path(tiles, p));
+    }
+    tg::set_num_threads(before);
+    for (std::size_t n = 1; n < runs.size(); ++n)
+      for (std::size_t r = 0; r < runs[0].size(); ++r) BOOST_TEST((runs[n][r] == runs[0][r]), dtype << " run " << n << ", result " << r);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_window_or_learnable_slopes_keep_the_fused_path_on_tiles) {
+  // Large float32 scores without weights go to the blocks unless the tiles do better: a window
+  // (they skip the key tiles before it) or slopes that need a gradient (the blocks would hold dS whole).
+  const Tensor q = tg::zeros({1, 2, 4, 8}, tg::float32), slopes = tg::alibi_slopes(2);
+  const Shape large{1, 2, 2048, 2048};
+  auto path_of = [&](std::int64_t window, const Tensor& s) {
+    tg::detail::AttentionMask m;
+    m.causal = true;
+    m.window = window;
+    return tg::detail::attention_path({"path", q, q, q, Tensor(), m, false, s}, large, false);
+  };
+  BOOST_TEST((path_of(0, Tensor()) == AttentionPath::fused_blocks));
+  BOOST_TEST((path_of(0, slopes) == AttentionPath::fused_blocks));  // fixed slopes: no dS needed
+  BOOST_TEST((path_of(16, Tensor()) == AttentionPath::tiles));
+  BOOST_TEST((path_of(0, slopes.detach().set_requires_grad()) == AttentionPath::tiles));
+}
+
+struct ErrorCase {
+  std::string name;
+  std::function<void()> check;  // calls check_throws with the expected type and fragments
+};
+std::ostream& operator<<(std::ostream& os, const ErrorCase& c) { return os << c.name; }
+
+std::vector<ErrorCase> error_cases() {
+  using tg::DTypeError, tg::ShapeError, tg::ValueError;
+  // H = 3 heads; both entries to the core: detail::attention_core and the public op.
+  static const Tensor q = tg::randn({2, 3, 4, 5}, 1, tg::float64), k = tg::randn({2, 3, 6, 5}, 2, tg::float64), v = tg::randn({2, 3, 6, 2}, 3, tg::float64);
+  auto core = [](std::int64_t window, bool causal, const Tensor& slopes) {
+    tg::detail::AttentionMask m;
+    m.causal = causal;
+    m.window = window;
+    tg::detail::attention_core({"attention_core", q, k, v, Tensor(), m, true, slopes});
+  };
+  auto sdpa = [](const tg::AttentionOptions& o) { tg::scaled_dot_product_attention(q, k, v, o); };
+  return {
+      {"core: window < 0", [=] { check_throws<ValueError>([&] { core(-1, true, Tensor()); }, {"attention_core", "'window'", ">= 0", "-1"}); }},
+      {"core: window without causal", [=] { check_throws<ValueError>([&] { core(2, false, Tensor()); }, {"attention_core", "'window'", "causal"}); }},
+      {"core: slopes [H + 1]", [=] { check_throws<ShapeError>([&] { core(0, false, tg::alibi_slopes(4, tg::float64)); }, {"'alibi_slopes'", "[H]", "[4]"}); }},
+      {"core: slopes [H, 1]", [=] { check_throws<ShapeError>([&] { core(0, false, tg::ones({3, 1}, tg::float64)); }, {"'alibi_slopes'", "[3, 1]"}); }},
+      {"core: float32 slopes", [=] { check_throws<DTypeError>([&] { core(2, true, tg::alibi_slopes(3)); }, {"'alibi_slopes'", "float32", "float64"}); }},
+      {"core: int64 slopes", [=] { check_throws<DTypeError>([&] { core(0, true, tg::zeros({3}, tg::int64)); }, {"'alibi_slopes'", "int64"}); }},
+      {"op: window < 0", [=] { check_throws<ValueError>([&] { sdpa({.causal = true, .window = -1}); }, {"scaled_dot_product_attention", "options.window", "-1"}); }},
+      {"op: window without causal", [=] { check_throws<ValueError>([&] { sdpa({.window = 3}); }, {"options.window = 3", "causal"}); }},
+      {"op: slopes [H + 1]",
+       [=] { check_throws<ShapeError>([&] { sdpa({.alibi_slopes = tg::alibi_slopes(4, tg::float64)}); }, {"'options.alibi_slopes'", "[H] = [3]", "[4]"}); }},
+      {"op: float32 slopes",
+       [=] { check_throws<DTypeError>([&] { sdpa({.causal = true, .window = 2, .alibi_slopes = tg::alibi_slopes(3)}); }, {"'options.alibi_slopes'", "float32"}); }},
+      {"op: int64 slopes", [=] { check_throws<DTypeError>([&] { sdpa({.alibi_slopes = tg::zeros({3}, tg::int64)}); }, {"'options.alibi_slopes'", "int64"}); }},
+  };
+}
+
+BOOST_DATA_TEST_CASE(bad_window_and_slopes_name_themselves, bdata::make(error_cases()), c) { c.check(); }
 
 BOOST_AUTO_TEST_SUITE_END()
 

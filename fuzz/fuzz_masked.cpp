@@ -132,12 +132,17 @@ struct Fuzzer {
     };
     const Shape lq = sub_lead(lead), lk = sub_lead(lead), lv = sub_lead(lead);
     Operand oq(in, with(lq, q, d)), ok(in, with(lk, k, d)), ov(in, with(lv, k, dv));
-    // The mask: random bools of a broadcast shape, whole rows or columns, or causal.
+    // The mask: random bools of a broadcast shape, whole rows or columns, causal, or the causal
+    // rule with a sliding window given as options (never materialised by the op).
     Tensor mask;
     Shape mshape;
-    const int kind = in.in(0, 4);
+    const int kind = in.in(0, 5);
+    std::int64_t offset = 0, window = 0;
     if (kind == 4) {
       mask = tg::causal_mask(q, k, in.in<std::int64_t>(-4, 4));
+    } else if (kind == 5) {
+      offset = in.in<std::int64_t>(-4, 4);
+      window = in.in<std::int64_t>(1, 4);
     } else if (kind > 0) {
       mshape = kind == 1 ? with(sub_lead(lead), q, k) : kind == 2 ? Shape{q, 1} : Shape{k};
       mask = this->mask(mshape);
@@ -152,7 +157,9 @@ struct Fuzzer {
         v_used(ov.v.size() / dv);
     for (std::int64_t p = 0; p < numel_of(full); ++p) {
       const Shape at = unravel(p, full);
-      const bool a = !mask.defined() || m[static_cast<std::size_t>(broadcast_index(mask.shape(), full, at))];
+      const std::int64_t i = at[at.size() - 2], j = at.back();
+      const bool a = kind == 5 ? j <= i + offset && j > i + offset - window
+                               : !mask.defined() || m[static_cast<std::size_t>(broadcast_index(mask.shape(), full, at))];
       allowed[static_cast<std::size_t>(p)] = a;
       if (!a) continue;
       Shape row = at, key = at;
@@ -174,9 +181,21 @@ struct Fuzzer {
     for (std::size_t i = 0; i < d_w.v.size(); ++i) d_w.free[i] = !allowed[i];
     for (auto [op, row] : std::array<std::pair<Operand*, std::int64_t>, 5>{{{&oq, d}, {&ok, d}, {&ov, dv}, {&d_out, dv}, {&d_w, k}}})
       choose(*op, row);
+    // ALiBi's slopes, finite and learnable, when q carries the scores' head dim (dim -3).
+    std::vector<double> slopes;
+    if (lq.size() >= 1 && lq.size() == lead.size() && lq.back() == lead.back() && in.flag())
+      for (std::int64_t h = 0; h < lead.back(); ++h) slopes.push_back(in.in(0, 8) / 8.0);
     auto run = [&](bool poisoned) {
       const Tensor tq = oq.make(poisoned, dtype), tk = ok.make(poisoned, dtype), tv = ov.make(poisoned, dtype);
-      auto [out, w] = tg::scaled_dot_product_attention(tq, tk, tv, mask);
+      Tensor ts;
+      if (!slopes.empty()) {
+        ts = tg::from_vector(std::span<const double>(slopes), {static_cast<std::int64_t>(slopes.size())}).to(dtype);
+        ts.set_requires_grad();
+      }
+      auto [out, w] = kind == 5 || ts.defined()
+                          ? tg::scaled_dot_product_attention(
+                                tq, tk, tv, {.mask = mask, .causal = kind == 5, .causal_offset = offset, .window = window, .alibi_slopes = ts})
+                          : tg::scaled_dot_product_attention(tq, tk, tv, mask);
       if (both) tg::backward({out, w}, {d_out.make(poisoned, dtype), d_w.make(poisoned, dtype)});
       else tg::backward({out}, {d_out.make(poisoned, dtype)});
       Run r;
@@ -185,11 +204,12 @@ struct Fuzzer {
       r.add("dq", tq.grad());
       r.add("dk", tk.grad());
       r.add("dv", tv.grad());
+      if (ts.defined()) r.add("dslopes", ts.grad());
       tg::clear_tape();
       return r;
     };
-    narrate("sdpa lead {} q {} k {} d {} dv {} mask {} ({}) {}: poisoned q {} k {} v {} d_out {} d_w {}", lead, q, k, d, dv, kind, mshape,
-            dtype, oq.poisoned(), ok.poisoned(), ov.poisoned(), d_out.poisoned(), d_w.poisoned());
+    narrate("sdpa lead {} q {} k {} d {} dv {} mask {} ({}, offset {} window {}, {} slopes) {}: poisoned q {} k {} v {} d_out {} d_w {}", lead, q, k, d, dv, kind, mshape,
+            offset, window, slopes.size(), dtype, oq.poisoned(), ok.poisoned(), ov.poisoned(), d_out.poisoned(), d_w.poisoned());
     compare(run(true), run(false), "scaled_dot_product_attention");
   }
 

@@ -100,7 +100,10 @@ struct Fuzzer {
 
   void config() {
     static constexpr tg::DType kDtypes[] = {tg::float32, tg::float64, tg::int64, tg::bool_};
-    tg::MultiHeadAttentionConfig c{field(), field(), field(), field(), field(), field(), in.flag(), in.pick(kDtypes), in.in<std::uint64_t>(0, 3)};
+    // kv_heads, the window, ALiBi and rotary keep their defaults (test_attention_variants covers them).
+    tg::MultiHeadAttentionConfig c{.query_dim = field(), .heads = field(), .context_dim = field(), .head_dim = field(),
+                                   .value_head_dim = field(), .out_dim = field(), .bias = in.flag(), .dtype = in.pick(kDtypes),
+                                   .seed = in.in<std::uint64_t>(0, 3)};
     const Expected e = resolve(c);
     narrate("config query_dim {} heads {} context_dim {} head_dim {} value_head_dim {} out_dim {} bias {} {}: {} {}", c.query_dim, c.heads,
             c.context_dim, c.head_dim, c.value_head_dim, c.out_dim, c.bias, c.dtype, e.error ? e.error : "builds", e.field);

@@ -438,6 +438,9 @@ template <class T> AttentionGrads backward(const Saved& sv, const Tensor& grad_o
   Tensor dk, dv;
   if (g.dk) g.dk_p = static_cast<T*>(mutable_data(dk = zeros(with_matrix(batch, p.k, p.d), dtype)));
   if (g.dv) g.dv_p = static_cast<T*>(mutable_data(dv = zeros(with_matrix(batch, p.k, p.dv), dtype)));
+  // The slopes' sums go to one buffer per chunk, added in order: their chunks are fixed by the
+  // shape (as a dbias summed per chunk below).
+  if (g.dslopes) chunks = static_cast<int>(std::min<std::int64_t>(items, kDbiasChunks));
   std::vector<Tensor> dbias_buffers;
   if (g.dbias) {
     // Items (batch entry, group) never write the same dbias element when the bias is not broadcast
@@ -455,15 +458,8 @@ template <class T> AttentionGrads backward(const Saved& sv, const Tensor& grad_o
     for (int c = 0; c < chunks; ++c) g.dbias_chunks.push_back(static_cast<T*>(mutable_data(dbias_buffers[shared ? 0 : static_cast<std::size_t>(c)])));
   }
 
-  // The slopes' sums: one buffer per chunk, the chunks fixed by the shape (added in order).
   std::vector<std::vector<double>> dslopes_buffers;
   if (g.dslopes) {
-    if (!g.dbias) chunks = static_cast<int>(std::min<std::int64_t>(items, kDbiasChunks));
-    if (g.dbias && chunks != static_cast<int>(std::min<std::int64_t>(items, kDbiasChunks))) {
-      // a shared dbias left the chunks to the threads: fix them, every chunk on the one buffer
-      chunks = static_cast<int>(std::min<std::int64_t>(items, kDbiasChunks));
-      g.dbias_chunks.assign(static_cast<std::size_t>(chunks), g.dbias_chunks[0]);
-    }
     dslopes_buffers.assign(static_cast<std::size_t>(chunks), std::vector<double>(static_cast<std::size_t>(g.heads), 0.0));
     for (auto& b : dslopes_buffers) g.dslopes_chunks.push_back(b.data());
   }

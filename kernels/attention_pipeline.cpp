@@ -186,9 +186,9 @@ class PipelineBackward final : public AttentionBackward {
     const float* a_f = recompute ? nullptr : static_cast<const float*>(A.raw_data());
     const Matrices<float> os = recompute ? Matrices<float>(O, batch) : Matrices<float>();
     const float* st = recompute ? static_cast<const float*>(stats.raw_data()) : nullptr;
-    // The 1/sqrt(D) goes on dS when the bias needs no gradient, else on dq and dk.
+    // The 1/sqrt(D) goes on dS when neither the bias nor ALiBi's slopes need a gradient, else on dq and dk.
     const float factor = static_cast<float>(wants_raw_ds(needs) ? 1.0 : scale);
-    // dbias needs dS whole; else each block's dS lives in the block's buffer only.
+    // dbias and the slopes' gradient need dS whole; else each block's dS lives in the block's buffer only.
     const Tensor dS = want_ds && wants_raw_ds(needs) ? new_tensor(scores_shape, DType::float32, "attention") : Tensor();
     float* ds_all = dS.defined() ? static_cast<float*>(mutable_data(dS)) : nullptr;
     const std::int64_t min_items = recompute ? kFusedMinItems : kMinItems;
@@ -285,7 +285,7 @@ class PipelineBackward final : public AttentionBackward {
       });
       return parts[0];
     };
-    // With dbias asked for, the factor 1/sqrt(D) is left to the caller (after the sums).
+    // With dbias or the slopes' gradient asked for, the factor 1/sqrt(D) is left to the caller (after the sums).
     AttentionGrads grads;
     grads.scaled = !wants_raw_ds(needs);
     if (want_dv) grads.dv = summed(dv_parts);

@@ -4,8 +4,9 @@
 // Recipe: 1. describe a, b and c by dims and strides (a transposed view is just other strides,
 // no copy); 2. build the primitive once per layout and keep it in a per-thread LRU cache; 3. wrap
 // the three buffers in dnnl::memory and execute. oneDNN always runs on one OpenMP thread here: a
-// product that its size repays on more threads is cut into that many pieces (a batch dim, or
-// bands of rows), which tapegrad's own workers run (runtime/; docs/performance-notes.md says why).
+// product that its size repays on more threads is cut into pieces (a batch dim, panels of columns
+// or bands of rows: split_plan), which tapegrad's own workers run (runtime/;
+// docs/performance-notes.md says why).
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -353,23 +354,45 @@ std::uint64_t work_key(const Layout& a, const Layout& b, const Layout& c, bool b
   return key;
 }
 
-// How a product is cut for threads: along `dim` into `pieces`. The largest batch dim first, else
-// bands of at least kMinBandRows rows (when `rows`: not for a column-major a); a product with
-// neither stays whole (pieces 1). oneDNN's one-thread kernels give each row of a band the bits it
-// has in the whole product, so a product cut so equals the one-thread product bit for bit (bands of columns did not: 137,617 of 153,900
-// elements of a [300, 777] x [777, 513] product differed, and a band of a row or two may take
-// another kernel).
+// How a product is cut: along `dim` into `pieces`, run on up to `threads` threads.
+//  - The largest batch dim, or bands of at least kMinBandRows rows (when `rows`: not for a
+//    column-major a): one piece per thread. oneDNN's one-thread kernels give each row of a band
+//    the bits it has in the whole product, so any cut gives the one-thread bits.
+//  - Panels of columns (dim = the last), when c has at least as many columns as rows and no
+//    batch: their count is fixed by the shape (column_panels), whatever the threads, because a
+//    panel's elements may get other bits than the whole product's (137,617 of 153,900 elements
+//    of a [300, 777] x [777, 513] product differed). Rows would make every thread read (and
+//    oneDNN pack) all of b, the larger operand there; panels read each of b's columns once, and
+//    more panels than threads let a thread on a busy core take fewer of them.
 struct Split {
   std::size_t dim = 0;
-  int pieces = 1;
+  int pieces = 1, threads = 1;
 };
-Split split_plan(const Shape& shape, int wanted, bool rows) {
+
+// The panels a product of c's shape [m, n] (no batch) and k is cut into, on every thread count:
+// a power of two up to 8, each at least 64 columns and 2^20 multiply-adds, and only while a fits
+// in a core's cache (1 MiB), since every panel reads all of a. Past that, panels lost to the
+// whole product on one thread (the head's dx = g wᵀ, [256, 50257] x [50257, 768]: 151 ms in two
+// panels against 107 whole).
+int column_panels(std::int64_t m, std::int64_t n, std::int64_t k) {
+  const double macs = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  if (n < m || static_cast<double>(m) * static_cast<double>(k) * sizeof(float) > (1 << 20)) return 1;
+  const double most = std::min({8.0, std::floor(static_cast<double>(n) / 64), std::floor(macs / kMacsPerThread)});
+  return most < 2 ? 1 : static_cast<int>(std::bit_floor(static_cast<unsigned>(most)));
+}
+
+Split split_plan(const Shape& shape, std::int64_t k, int wanted, bool rows) {
   const std::size_t r = shape.size();
   Split best;
   for (std::size_t d = 0; d + 2 < r; ++d)
-    if (const auto p = static_cast<int>(std::min<std::int64_t>(wanted, shape[d])); p > best.pieces) best = {d, p};
+    if (const auto p = static_cast<int>(std::min<std::int64_t>(wanted, shape[d])); p > best.pieces) best = {d, p, p};
+  if (best.pieces > 1) return best;
+  for (std::size_t d = 0; d + 2 < r; ++d)
+    if (shape[d] > 1) return best;  // a batched product too small to cut by its batch stays whole
+  if (const int panels = column_panels(shape[r - 2], shape[r - 1], k); panels > 1)
+    return {r - 1, panels, std::min(wanted, panels)};
   if (!rows) return best;
-  if (const auto p = static_cast<int>(std::min<std::int64_t>(wanted, shape[r - 2] / kMinBandRows)); p > best.pieces) best = {r - 2, p};
+  if (const auto p = static_cast<int>(std::min<std::int64_t>(wanted, shape[r - 2] / kMinBandRows)); p > best.pieces) best = {r - 2, p, p};
   return best;
 }
 
@@ -408,9 +431,19 @@ Layout part_of(const Layout& l, std::size_t d, std::int64_t full, std::int64_t l
   return p;
 }
 
-// c = a b in split.pieces pieces along split.dim on tapegrad's workers, each piece on one thread
-// (a band of a's and c's rows for M; of a's, b's and c's entries for a batch dim), on the
-// operands as the caller prepared them (bfloat16 copies rounded once, whole). False when the
+// Where piece i of `pieces` along a dim of `full` entries starts (i = pieces: its end). Panels
+// of columns start on multiples of 16 (one AVX-512 vector of float32), bands and batches
+// anywhere.
+std::int64_t piece_start(std::int64_t full, int pieces, int i, bool columns) {
+  if (i >= pieces) return full;
+  const std::int64_t at = full / pieces * i + full % pieces * i / pieces;
+  return columns ? at / 16 * 16 : at;
+}
+
+// c = a b in split.pieces pieces along split.dim on up to split.threads of tapegrad's workers
+// (a band of a's and c's rows for M; a panel of b's and c's columns for N; a's, b's and c's
+// entries for a batch dim), on the operands as the caller prepared them (bfloat16 copies rounded
+// once, whole). More pieces than threads go to whichever thread is free first. False when the
 // pieces ran in order on the calling thread instead.
 bool execute_split(const Layout& la, const Layout& lb, const Layout& lc, void* pa, void* pb, void* pc, bool bf16, Split split) {
   struct Pieces {
@@ -423,14 +456,15 @@ bool execute_split(const Layout& la, const Layout& lb, const Layout& lc, void* p
     std::mutex error_mutex;
   } pieces{la, lb, lc, static_cast<std::byte*>(pa), static_cast<std::byte*>(pb), static_cast<std::byte*>(pc),
            bf16 ? sizeof(std::uint16_t) : sizeof(float), bf16, split, nullptr, {}};
-  const bool pooled = pool_run(split.pieces, split.pieces, [](void* p, int i) noexcept {
+  const bool pooled = pool_run(split.threads, split.pieces, [](void* p, int i) noexcept {
     auto& s = *static_cast<Pieces*>(p);
-    const std::size_t d = s.split.dim;
-    const std::int64_t full = s.lc.dims[d], lo = full * i / s.split.pieces, hi = full * (i + 1) / s.split.pieces;
-    const bool rows = d == s.lc.dims.size() - 2;
+    const std::size_t d = s.split.dim, r = s.lc.dims.size();
+    const bool rows = d == r - 2, columns = d == r - 1;
+    const std::int64_t full = s.lc.dims[d];
+    const std::int64_t lo = piece_start(full, s.split.pieces, i, columns), hi = piece_start(full, s.split.pieces, i + 1, columns);
     try {
       std::int64_t oa = 0, ob = 0, oc = 0;
-      const Layout a = part_of(s.la, d, full, lo, hi, oa), c = part_of(s.lc, d, full, lo, hi, oc);
+      const Layout a = columns ? s.la : part_of(s.la, d, full, lo, hi, oa), c = part_of(s.lc, d, full, lo, hi, oc);
       const Layout b = rows ? s.lb : part_of(s.lb, d, full, lo, hi, ob);
       const auto at = [&](std::byte* base, std::int64_t offset, std::size_t size) { return base + offset * static_cast<std::int64_t>(size); };
       execute(a, b, c, at(s.pa, oa, s.in_size), at(s.pb, ob, s.in_size), at(s.pc, oc, sizeof(float)), s.bf16);
@@ -446,31 +480,35 @@ bool execute_split(const Layout& la, const Layout& lb, const Layout& lc, void* p
 // Whether a product may be cut into bands of rows on some thread count while its a is stored
 // column by column. oneDNN's kernels for such an a block K by M (past K = 256), so a band's rows
 // would not get the whole product's bits: such an a is read row-major, on every thread count.
+// Panels of columns read a whole.
 bool column_major(const Layout& l) {
   const std::size_t r = l.dims.size();
   return l.dims[r - 1] > 1 && l.strides[r - 2] == 1 && l.strides[r - 1] != 1;
 }
-bool banded_column_major(const Layout& la, const Shape& c_shape) {
+bool banded_column_major(const Layout& la, const Shape& c_shape, std::int64_t k) {
   const std::size_t r = c_shape.size();
   for (std::size_t d = 0; d + 2 < r; ++d)
     if (c_shape[d] > 1) return false;  // cut by the batch instead
-  return column_major(la) && la.dims[r - 2] >= 2 * kMinBandRows;
+  return column_major(la) && la.dims[r - 2] >= 2 * kMinBandRows && column_panels(c_shape[r - 2], c_shape[r - 1], k) == 1;
 }
 
 void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   const std::size_t r = c.shape().size();
+  const std::int64_t k = a.shape()[r - 1];
   Layout la, lb, lc;
-  if (!describe(a, la) || banded_column_major(la, c.shape())) return run(copy_of(a), b, c, bf16);
+  if (!describe(a, la) || banded_column_major(la, c.shape(), k)) return run(copy_of(a), b, c, bf16);
   if (!describe(b, lb)) return run(a, copy_of(b), c, bf16);
   describe(c, lc);
-  // Inside a parallel body this is 1 piece.
+  // Inside a parallel body this is 1 thread (panels still run, in order).
   // A column-major a of a batched product is cut by the batch alone (banded_column_major).
-  Split split = split_plan(c.shape(), dnnl_threads_for(static_cast<double>(c.numel()) * static_cast<double>(a.shape()[r - 1])),
-                           !column_major(la));
-  const int wanted = split.pieces;
+  Split split = split_plan(c.shape(), k, dnnl_threads_for(static_cast<double>(c.numel()) * static_cast<double>(k)), !column_major(la));
+  const int wanted = split.threads;
   const std::uint64_t work = wanted > 1 ? work_key(la, lb, lc, bf16) : 0;
   const double start = wanted > 1 ? now_seconds() : 0.0;
-  if (wanted > 1) split.pieces = choose_threads(work, wanted, start);
+  if (wanted > 1) {
+    split.threads = choose_threads(work, wanted, start);
+    if (split.dim + 1 != r) split.pieces = split.threads;  // bands and batches: a piece per thread
+  }
   void* pa = mutable_data(a);  // oneDNN takes non-const handles; it only reads a and b
   void* pb = mutable_data(b);
   if (bf16) {
@@ -504,12 +542,10 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
     if (!decided) decided = &fast.insert(key, contiguous || has_fast_kernel(la, lb, lc));
     if (!*decided && !contiguous) return run(a.is_contiguous() ? a : copy_of(a), b.is_contiguous() ? b : copy_of(b), c, false);
   }
-  if (split.pieces > 1) {
-    const bool pooled = execute_split(la, lb, lc, pa, pb, mutable_data(c), bf16, split);
-    return record_threads(work, pooled ? split.pieces : 1, start);
-  }
-  execute(la, lb, lc, pa, pb, mutable_data(c), bf16);
-  if (wanted > 1) record_threads(work, 1, start);
+  bool pooled = false;
+  if (split.pieces > 1) pooled = execute_split(la, lb, lc, pa, pb, mutable_data(c), bf16, split);
+  else execute(la, lb, lc, pa, pb, mutable_data(c), bf16);
+  if (wanted > 1) record_threads(work, pooled ? split.threads : 1, start);
 }
 
 }  // namespace

@@ -112,8 +112,8 @@ BOOST_AUTO_TEST_CASE(products_get_threads_by_size) {
   BOOST_TEST(dnnl_threads_for(1024.0 * 1024 * 1024) == 2);  // milliseconds: every thread
   tg::set_num_threads(1);
   BOOST_TEST(dnnl_threads_for(1024.0 * 1024 * 1024) == 1);
-  // The same large product with one and with two threads: the split runs bands of rows on one
-  // thread each, which add in the one-thread order.
+  // The same large product with one and with two threads: the split runs the panels of columns
+  // its shape fixes (eight), as one thread does, each on whichever thread is free.
   const tg::Tensor a = tg::randn({256, 1024}, 1), b = tg::randn({1024, 256}, 2);
   BOOST_REQUIRE(dnnl_threads_for(256.0 * 1024 * 256) == 1);
   tg::set_num_threads(2);
@@ -124,7 +124,7 @@ BOOST_AUTO_TEST_CASE(products_get_threads_by_size) {
   BOOST_TEST(one == two, boost::test_tools::per_element());
 }
 
-// Products big enough for two threads, split by batch and by rows, in float32, bfloat16 and
+// Products big enough for two threads, split by batch, by rows and into panels of columns, in float32, bfloat16 and
 // float64 (transposed operands take strided layouts, a batch of 1 is broadcast): each element
 // has the same bits as on one thread. Each shape's first call with two threads runs on the team
 // (the size rule's choice comes first).
@@ -136,7 +136,9 @@ BOOST_AUTO_TEST_CASE(split_products_give_one_threads_bits) {
   const Case cases[] = {{1, 1, 1024, 512, 256, false, false}, {8, 8, 128, 256, 128, false, true}, {1, 1, 300, 777, 513, false, true},
                         {3, 3, 1001, 129, 257, true, false},  {1, 6, 200, 300, 400, true, true},  {1, 1, 1002, 129, 257, true, false},
                         // a transposed with K past 256: oneDNN blocks K by M there (bands differed in 140,177 of 153,900)
-                        {1, 1, 513, 512, 300, true, false},   {1, 1, 300, 700, 200, true, true},  {2, 2, 512, 512, 64, true, false}};
+                        {1, 1, 513, 512, 300, true, false},   {1, 1, 300, 700, 200, true, true},  {2, 2, 512, 512, 64, true, false},
+                        // panels of columns, fixed by the shape (8, 4 and 2 of them), a read whole even when transposed
+                        {1, 1, 256, 256, 1000, true, false},  {1, 1, 64, 768, 300, false, true},  {1, 1, 16, 2048, 130, false, false}};
   enum class Kind { float32, bfloat16, float64 };
   for (const Case& c : cases)
     for (const Kind kind : {Kind::float32, Kind::bfloat16, Kind::float64}) {

@@ -306,6 +306,19 @@ bool has_fast_kernel(const Layout& a, const Layout& b, const Layout& c) {
   return std::string(pd.impl_info_str()).find("ref") == std::string::npos;
 }
 
+// Whether a band of rows gets the bits those rows have in the whole product, so that bands can
+// follow the thread count: with oneDNN's AVX-512 kernels (checked by split_products_give_one_
+// threads_bits). Its AVX2 kernels block K by M, and bands changed elements of
+// [1002, 129] x [129, 257] products and of the tiles' raw gemm calls ([1024, 600] x [600, 384]);
+// there products without a batch or panels stay on one thread.
+bool bands_keep_bits() {
+  static const bool avx512 = [] {
+    const auto isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+    return (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
+  }();
+  return avx512;
+}
+
 // Runs one raw gemm call (`kind` tells sgemm from the bfloat16 one) on the threads ThreadChoice
 // picks for its shape, and reports its time. call(i0, i1, j0, j1) computes rows [i0, i1) and
 // columns [j0, j1) of c on one thread; with more threads, each runs a band of at least
@@ -315,7 +328,7 @@ dnnl_status_t on_chosen_threads(int kind, bool trans_a, bool trans_b, std::int64
                                 std::int64_t lda, std::int64_t ldb, std::int64_t ldc, Call call) {
   const OmpThreads omp(1);
   const auto by_size = dnnl_threads_for(static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
-  const int wanted = static_cast<int>(std::min<std::int64_t>(by_size, m / kMinBandRows));
+  const int wanted = bands_keep_bits() ? static_cast<int>(std::min<std::int64_t>(by_size, m / kMinBandRows)) : 1;
   if (wanted <= 1) return call(0, m, 0, n);  // no choice to make: no clock, no lock (tiles are called thousands of times)
   std::uint64_t key = mix_key(kKeySeed, static_cast<std::uint64_t>(kind));
   for (const std::int64_t v : {std::int64_t{trans_a}, std::int64_t{trans_b}, m, n, k, lda, ldb, ldc})
@@ -370,8 +383,8 @@ struct Split {
 };
 
 // The panels a product of c's shape [m, n] (no batch) and k is cut into, on every thread count:
-// a power of two up to 8, each at least 64 columns and 2^20 multiply-adds, and only while a fits
-// in a core's cache (1 MiB), since every panel reads all of a. Past that, panels lost to the
+// a power of two up to 8, of at least 64 columns and about 2^20 multiply-adds each, and only
+// while a fits in a core's cache (1 MiB of float32), since every panel reads all of a. Past that, panels lost to the
 // whole product on one thread (the head's dx = g wᵀ, [256, 50257] x [50257, 768]: 151 ms in two
 // panels against 107 whole).
 int column_panels(std::int64_t m, std::int64_t n, std::int64_t k) {
@@ -391,7 +404,7 @@ Split split_plan(const Shape& shape, std::int64_t k, int wanted, bool rows) {
     if (shape[d] > 1) return best;  // a batched product too small to cut by its batch stays whole
   if (const int panels = column_panels(shape[r - 2], shape[r - 1], k); panels > 1)
     return {r - 1, panels, std::min(wanted, panels)};
-  if (!rows) return best;
+  if (!rows || !bands_keep_bits()) return best;
   if (const auto p = static_cast<int>(std::min<std::int64_t>(wanted, shape[r - 2] / kMinBandRows)); p > best.pieces) best = {r - 2, p, p};
   return best;
 }
@@ -431,13 +444,12 @@ Layout part_of(const Layout& l, std::size_t d, std::int64_t full, std::int64_t l
   return p;
 }
 
-// Where piece i of `pieces` along a dim of `full` entries starts (i = pieces: its end). Panels
-// of columns start on multiples of 16 (one AVX-512 vector of float32), bands and batches
-// anywhere.
-std::int64_t piece_start(std::int64_t full, int pieces, int i, bool columns) {
+// Where piece i of `pieces` along a dim of `full` entries starts (i = pieces: its end), on a
+// multiple of `align`: panels of columns start on one AVX-512 vector of float32 (16), bands and
+// batches anywhere.
+std::int64_t piece_start(std::int64_t full, int pieces, int i, std::int64_t align) {
   if (i >= pieces) return full;
-  const std::int64_t at = full / pieces * i + full % pieces * i / pieces;
-  return columns ? at / 16 * 16 : at;
+  return (full / pieces * i + full % pieces * i / pieces) / align * align;
 }
 
 // c = a b in split.pieces pieces along split.dim on up to split.threads of tapegrad's workers
@@ -461,7 +473,8 @@ bool execute_split(const Layout& la, const Layout& lb, const Layout& lc, void* p
     const std::size_t d = s.split.dim, r = s.lc.dims.size();
     const bool rows = d == r - 2, columns = d == r - 1;
     const std::int64_t full = s.lc.dims[d];
-    const std::int64_t lo = piece_start(full, s.split.pieces, i, columns), hi = piece_start(full, s.split.pieces, i + 1, columns);
+    const std::int64_t align = columns ? 16 : 1;
+    const std::int64_t lo = piece_start(full, s.split.pieces, i, align), hi = piece_start(full, s.split.pieces, i + 1, align);
     try {
       std::int64_t oa = 0, ob = 0, oc = 0;
       const Layout a = columns ? s.la : part_of(s.la, d, full, lo, hi, oa), c = part_of(s.lc, d, full, lo, hi, oc);
@@ -489,7 +502,7 @@ bool banded_column_major(const Layout& la, const Shape& c_shape, std::int64_t k)
   const std::size_t r = c_shape.size();
   for (std::size_t d = 0; d + 2 < r; ++d)
     if (c_shape[d] > 1) return false;  // cut by the batch instead
-  return column_major(la) && la.dims[r - 2] >= 2 * kMinBandRows && column_panels(c_shape[r - 2], c_shape[r - 1], k) == 1;
+  return bands_keep_bits() && column_major(la) && la.dims[r - 2] >= 2 * kMinBandRows && column_panels(c_shape[r - 2], c_shape[r - 1], k) == 1;
 }
 
 void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {

@@ -54,7 +54,7 @@ template <class T, class Still> T wait_while(const std::atomic<T>& a, Still stil
 class Pool {
  public:
   // Jobs of more tasks than this run in order on the calling thread (parallel_for makes one
-  // task per thread, a split product one piece per thread).
+  // task per thread, a split product one piece per thread or up to 8 panels).
   static constexpr int kMaxTasks = 256;
 
   // false when the tasks ran in order on the calling thread instead (another thread's job was

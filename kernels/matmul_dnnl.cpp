@@ -413,7 +413,12 @@ Split split_plan(const Shape& shape, std::int64_t k, int wanted, bool rows) {
 // buffers (bfloat16 bits for a and b under bf16, which the caller has checked oneDNN can do).
 void execute(const Layout& la, const Layout& lb, const Layout& lc, void* pa, void* pb, void* pc, bool bf16) {
   const OmpThreads omp(1);
-  Entry& e = *primitive_for(la, lb, lc, bf16);
+  Entry* found = primitive_for(la, lb, lc, bf16);
+  // run() checked the whole product's layout; a piece's (wider strides) is checked here.
+  if (found == nullptr)
+    fail<ValueError>("matmul: oneDNN has no bfloat16 kernel for a piece of a product of shapes {} and {}", shape_str(Shape(la.dims.begin(), la.dims.end())),
+                     shape_str(Shape(lb.dims.begin(), lb.dims.end())));
+  Entry& e = *found;
   e.a.set_data_handle(pa);
   e.b.set_data_handle(pb);
   e.c.set_data_handle(pc);

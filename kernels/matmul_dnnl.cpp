@@ -369,8 +369,9 @@ std::uint64_t work_key(const Layout& a, const Layout& b, const Layout& c, bool b
 
 // How a product is cut: along `dim` into `pieces`, run on up to `threads` threads.
 //  - The largest batch dim, or bands of at least kMinBandRows rows (when `rows`: not for a
-//    column-major a): one piece per thread. oneDNN's one-thread kernels give each row of a band
-//    the bits it has in the whole product, so any cut gives the one-thread bits.
+//    column-major a; only where bands_keep_bits): one piece per thread. oneDNN's one-thread
+//    AVX-512 kernels give each row of a band the bits it has in the whole product, so any cut
+//    gives the one-thread bits.
 //  - Panels of columns (dim = the last), when c has at least as many columns as rows and no
 //    batch: their count is fixed by the shape (column_panels), whatever the threads, because a
 //    panel's elements may get other bits than the whole product's (137,617 of 153,900 elements
@@ -384,9 +385,9 @@ struct Split {
 
 // The panels a product of c's shape [m, n] (no batch) and k is cut into, on every thread count:
 // a power of two up to 8, of at least 64 columns and about 2^20 multiply-adds each, and only
-// while a fits in a core's cache (1 MiB of float32), since every panel reads all of a. Past that, panels lost to the
-// whole product on one thread (the head's dx = g wᵀ, [256, 50257] x [50257, 768]: 151 ms in two
-// panels against 107 whole).
+// while a fits in a core's cache (1 MiB of float32), since every panel reads all of a. Past
+// that, panels lost to the whole product on one thread (the head's dx = g wᵀ,
+// [256, 50257] x [50257, 768]: 151 ms in two panels against 107 whole).
 int column_panels(std::int64_t m, std::int64_t n, std::int64_t k) {
   const double macs = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   if (n < m || static_cast<double>(m) * static_cast<double>(k) * sizeof(float) > (1 << 20)) return 1;

@@ -368,34 +368,53 @@ std::uint64_t work_key(const Layout& a, const Layout& b, const Layout& c, bool b
 }
 
 // How a product is cut: along `dim` into `pieces`, run on up to `threads` threads.
-//  - The largest batch dim, or bands of at least kMinBandRows rows (when `rows`: not for a
-//    column-major a; only where bands_keep_bits): one piece per thread. oneDNN's one-thread
-//    AVX-512 kernels give each row of a band the bits it has in the whole product, so any cut
-//    gives the one-thread bits.
-//  - Panels of columns (dim = the last), when c has at least as many columns as rows and no
-//    batch: their count is fixed by the shape (column_panels), whatever the threads, because a
-//    panel's elements may get other bits than the whole product's (137,617 of 153,900 elements
-//    of a [300, 777] x [777, 513] product differed). Rows would make every thread read (and
-//    oneDNN pack) all of b, the larger operand there; panels read each of b's columns once, and
-//    more panels than threads let a thread on a busy core take fewer of them.
+//  - The largest batch dim, or bands of at least kMinBandRows rows (only where bands_keep_bits):
+//    one piece per thread. oneDNN's one-thread AVX-512 kernels give each row of a band the bits
+//    it has in the whole product, so any cut gives the one-thread bits.
+//  - Pieces whose count is fixed by the shape (`fixed`), whatever the threads, because a piece's
+//    elements may get other bits than the whole product's (137,617 of 153,900 elements of a
+//    [300, 777] x [777, 513] product differed in panels): one thread runs the same pieces in turn.
+//    More pieces than threads let a thread on a busy core take fewer of them.
+//    - Panels of columns (dim = the last), when c has at least as many columns as rows and no
+//      batch (column_panels). Rows would make every thread read (and oneDNN pack) all of b, the
+//      larger operand there; panels read each of b's columns once.
+//    - Bands of rows of a column-major a (fixed_bands): oneDNN's kernels for such an a block K
+//      by M (past K = 256), so its bands do not keep the whole product's bits.
 struct Split {
   std::size_t dim = 0;
   int pieces = 1, threads = 1;
+  bool fixed = false;
 };
 
-// The panels a product of c's shape [m, n] (no batch) and k is cut into, on every thread count:
-// a power of two up to 8, of at least 64 columns and about 2^20 multiply-adds each, and only
-// while a fits in a core's cache (1 MiB of float32), since every panel reads all of a. Past
-// that, panels lost to the whole product on one thread (the head's dx = g wᵀ,
-// [256, 50257] x [50257, 768]: 151 ms in two panels against 107 whole).
-int column_panels(std::int64_t m, std::int64_t n, std::int64_t k) {
-  const double macs = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  if (n < m || static_cast<double>(m) * static_cast<double>(k) * sizeof(float) > (1 << 20)) return 1;
-  const double most = std::min({8.0, std::floor(static_cast<double>(n) / 64), std::floor(macs / kMacsPerThread)});
+// Up to 8 pieces (a power of two) of at least 64 rows or columns out of `extent` and about 2^20
+// multiply-adds each; 1 when there would be fewer than 2.
+int fixed_pieces(std::int64_t extent, double macs) {
+  const double most = std::min({8.0, std::floor(static_cast<double>(extent) / 64), std::floor(macs / kMacsPerThread)});
   return most < 2 ? 1 : static_cast<int>(std::bit_floor(static_cast<unsigned>(most)));
 }
 
-Split split_plan(const Shape& shape, std::int64_t k, int wanted, bool rows) {
+// The panels a product of c's shape [m, n] (no batch) and k is cut into, on every thread count:
+// only while a fits in a core's cache (1 MiB of float32), since every panel reads all of a. Past
+// that, panels lost to the whole product on one thread (the head's dx = g wᵀ,
+// [256, 50257] x [50257, 768]: 151 ms in two panels against 107 whole). A column-major b gets
+// at most 2: its panels cost more each ([256, 768] x [768, 768]ᵀ on one thread: 1.39 ms whole,
+// 1.48 in 2 panels, 1.56 in 8; a row-major b's 8 panels cost nothing).
+int column_panels(std::int64_t m, std::int64_t n, std::int64_t k, bool b_column_major) {
+  if (n < m || static_cast<double>(m) * static_cast<double>(k) * sizeof(float) > (1 << 20)) return 1;
+  const int panels = fixed_pieces(n, static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
+  return b_column_major ? std::min(panels, 2) : panels;
+}
+
+// The bands of rows a product of a column-major a is cut into, on every thread count (when it
+// gets no panels). Before, such an a was copied row-major so that its bands could follow the
+// threads: the copy cost the GPT-2 step's [3072, 256] x [256, 768] (dW = xᵀ g of the second
+// feed-forward product) 7.2 ms against 6.0 in 8 bands, on one thread.
+int fixed_bands(std::int64_t m, std::int64_t n, std::int64_t k) {
+  return fixed_pieces(m, static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
+}
+
+// `a_column_major` and `b_column_major`: a and b are stored column by column.
+Split split_plan(const Shape& shape, std::int64_t k, int wanted, bool a_column_major, bool b_column_major) {
   const std::size_t r = shape.size();
   Split best;
   for (std::size_t d = 0; d + 2 < r; ++d)
@@ -403,9 +422,13 @@ Split split_plan(const Shape& shape, std::int64_t k, int wanted, bool rows) {
   if (best.pieces > 1) return best;
   for (std::size_t d = 0; d + 2 < r; ++d)
     if (shape[d] > 1) return best;  // a batched product too small to cut by its batch stays whole
-  if (const int panels = column_panels(shape[r - 2], shape[r - 1], k); panels > 1)
-    return {r - 1, panels, std::min(wanted, panels)};
-  if (!rows || !bands_keep_bits()) return best;
+  const std::int64_t m = shape[r - 2], n = shape[r - 1];
+  if (const int panels = column_panels(m, n, k, b_column_major); panels > 1) return {r - 1, panels, std::min(wanted, panels), true};
+  if (a_column_major) {
+    const int bands = fixed_bands(m, n, k);
+    return bands > 1 ? Split{r - 2, bands, std::min(wanted, bands), true} : best;
+  }
+  if (!bands_keep_bits()) return best;
   if (const auto p = static_cast<int>(std::min<std::int64_t>(wanted, shape[r - 2] / kMinBandRows)); p > best.pieces) best = {r - 2, p, p};
   return best;
 }
@@ -451,8 +474,8 @@ Layout part_of(const Layout& l, std::size_t d, std::int64_t full, std::int64_t l
 }
 
 // Where piece i of `pieces` along a dim of `full` entries starts (i = pieces: its end), on a
-// multiple of `align`: panels of columns start on one AVX-512 vector of float32 (16), bands and
-// batches anywhere.
+// multiple of `align`: pieces fixed by the shape start on one AVX-512 vector of float32 (16),
+// bands and batches that follow the threads anywhere.
 std::int64_t piece_start(std::int64_t full, int pieces, int i, std::int64_t align) {
   if (i >= pieces) return full;
   return (full / pieces * i + full % pieces * i / pieces) / align * align;
@@ -479,7 +502,7 @@ bool execute_split(const Layout& la, const Layout& lb, const Layout& lc, void* p
     const std::size_t d = s.split.dim, r = s.lc.dims.size();
     const bool rows = d == r - 2, columns = d == r - 1;
     const std::int64_t full = s.lc.dims[d];
-    const std::int64_t align = columns ? 16 : 1;
+    const std::int64_t align = s.split.fixed ? 16 : 1;
     const std::int64_t lo = piece_start(full, s.split.pieces, i, align), hi = piece_start(full, s.split.pieces, i + 1, align);
     try {
       std::int64_t oa = 0, ob = 0, oc = 0;
@@ -496,37 +519,27 @@ bool execute_split(const Layout& la, const Layout& lb, const Layout& lc, void* p
   return pooled;
 }
 
-// Whether a product may be cut into bands of rows on some thread count while its a is stored
-// column by column. oneDNN's kernels for such an a block K by M (past K = 256), so a band's rows
-// would not get the whole product's bits: such an a is read row-major, on every thread count.
-// Panels of columns read a whole.
+// Whether an operand is stored column by column (split_plan cuts such an a otherwise).
 bool column_major(const Layout& l) {
   const std::size_t r = l.dims.size();
   return l.dims[r - 1] > 1 && l.strides[r - 2] == 1 && l.strides[r - 1] != 1;
 }
-bool banded_column_major(const Layout& la, const Shape& c_shape, std::int64_t k) {
-  const std::size_t r = c_shape.size();
-  for (std::size_t d = 0; d + 2 < r; ++d)
-    if (c_shape[d] > 1) return false;  // cut by the batch instead
-  return bands_keep_bits() && column_major(la) && la.dims[r - 2] >= 2 * kMinBandRows && column_panels(c_shape[r - 2], c_shape[r - 1], k) == 1;
-}
-
 void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   const std::size_t r = c.shape().size();
   const std::int64_t k = a.shape()[r - 1];
   Layout la, lb, lc;
-  if (!describe(a, la) || banded_column_major(la, c.shape(), k)) return run(copy_of(a), b, c, bf16);
+  if (!describe(a, la)) return run(copy_of(a), b, c, bf16);
   if (!describe(b, lb)) return run(a, copy_of(b), c, bf16);
   describe(c, lc);
-  // Inside a parallel body this is 1 thread (panels still run, in order).
-  // A column-major a of a batched product is cut by the batch alone (banded_column_major).
-  Split split = split_plan(c.shape(), k, dnnl_threads_for(static_cast<double>(c.numel()) * static_cast<double>(k)), !column_major(la));
+  // Inside a parallel body this is 1 thread (fixed pieces still run, in order).
+  Split split = split_plan(c.shape(), k, dnnl_threads_for(static_cast<double>(c.numel()) * static_cast<double>(k)), column_major(la),
+                           column_major(lb));
   const int wanted = split.threads;
   const std::uint64_t work = wanted > 1 ? work_key(la, lb, lc, bf16) : 0;
   const double start = wanted > 1 ? now_seconds() : 0.0;
   if (wanted > 1) {
     split.threads = choose_threads(work, wanted, start);
-    if (split.dim + 1 != r) split.pieces = split.threads;  // bands and batches: a piece per thread
+    if (!split.fixed) split.pieces = split.threads;  // bands and batches: a piece per thread
   }
   void* pa = mutable_data(a);  // oneDNN takes non-const handles; it only reads a and b
   void* pb = mutable_data(b);

@@ -4,6 +4,7 @@
 // are all nonzero.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -44,6 +45,17 @@ void gemm_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::i
 // whether any value was not finite.
 bool round_bf16_operand(const float* src, std::int64_t ld, std::int64_t rows, std::int64_t cols, std::uint16_t* dst,
                         unsigned char* bad_rows) noexcept;
+// The bfloat16 bits of f, rounded to nearest even; a NaN stays a (quiet) NaN, an infinity one.
+// Saturate: a finite f past bfloat16's largest finite (3.39e38) becomes that value rather than an
+// infinity (the attention products' rule: a finite operand stays finite). Selects, no branches,
+// so that the loops over it vectorise.
+template <bool Saturate = false> inline std::uint16_t to_bf16(float f) {
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(f), mag = u & 0x7fffffffu;
+  std::uint32_t out = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  if constexpr (Saturate) out = mag < 0x7f800000u && (out & 0x7fffu) == 0x7f80u ? ((u >> 16) & 0x8000u) | 0x7f7fu : out;
+  return static_cast<std::uint16_t>(mag > 0x7f800000u ? (u >> 16) | 0x40u : out);
+}
+
 // n contiguous float32 values rounded as a bfloat16 product rounds its operands (nearest even,
 // no saturation; a weight's kept copy and Adam's rewrite of it use it too).
 void round_bf16(const float* src, std::uint16_t* dst, std::int64_t n) noexcept;

@@ -526,10 +526,6 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   const int wanted = split.threads;
   const std::uint64_t work = wanted > 1 ? work_key(la, lb, lc, bf16) : 0;
   const double start = wanted > 1 ? now_seconds() : 0.0;
-  if (wanted > 1) {
-    split.threads = choose_threads(work, wanted, start);
-    if (!split.fixed) split.pieces = split.threads;  // bands and batches: a piece per thread
-  }
   void* pa = mutable_data(a);  // oneDNN takes non-const handles; it only reads a and b
   void* pb = mutable_data(b);
   if (bf16) {
@@ -562,6 +558,12 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
     bool* decided = fast.find(key);
     if (!decided) decided = &fast.insert(key, contiguous || has_fast_kernel(la, lb, lc));
     if (!*decided && !contiguous) return run(a.is_contiguous() ? a : copy_of(a), b.is_contiguous() ? b : copy_of(b), c, false);
+  }
+  // Chosen only now: a layout that returned above (run again on copies) would leave a trial
+  // that ThreadChoice started for it without a result.
+  if (wanted > 1) {
+    split.threads = choose_threads(work, wanted, start);
+    if (!split.fixed) split.pieces = split.threads;  // bands and batches: a piece per thread
   }
   bool pooled = false;
   if (split.pieces > 1) pooled = execute_split(la, lb, lc, pa, pb, mutable_data(c), bf16, split);

@@ -57,7 +57,7 @@ template <bool Saturate = false> inline std::uint16_t to_bf16(float f) {
 }
 
 // n contiguous float32 values rounded as a bfloat16 product rounds its operands (nearest even,
-// no saturation; a weight's kept copy and Adam's rewrite of it use it too).
+// no saturation, to_bf16<false>; a weight's kept copy uses it, Adam's update calls to_bf16 itself).
 void round_bf16(const float* src, std::uint16_t* dst, std::int64_t n) noexcept;
 // n contiguous weights rounded as above, but NaN and infinities kept (a NaN weight must reach the
 // output, as it does in float32).

@@ -375,10 +375,11 @@ struct Split {
   bool fixed = false;
 };
 
-// Up to 8 pieces (a power of two) of at least 64 rows or columns out of `extent` and about 2^20
-// multiply-adds each; 1 when there would be fewer than 2.
-int fixed_pieces(std::int64_t extent, double macs) {
-  const double most = std::min({8.0, std::floor(static_cast<double>(extent) / 64), std::floor(macs / kMacsPerThread)});
+// Up to 8 pieces (a power of two) of at least `least` rows or columns out of `extent` and about
+// 2^20 multiply-adds each; 1 when there would be fewer than 2.
+int fixed_pieces(std::int64_t extent, std::int64_t least, double macs) {
+  const double most =
+      std::min({8.0, std::floor(static_cast<double>(extent) / static_cast<double>(least)), std::floor(macs / kMacsPerThread)});
   return most < 2 ? 1 : static_cast<int>(std::bit_floor(static_cast<unsigned>(most)));
 }
 
@@ -390,16 +391,17 @@ int fixed_pieces(std::int64_t extent, double macs) {
 // 1.48 in 2 panels, 1.56 in 8; a row-major b's 8 panels cost nothing).
 int column_panels(std::int64_t m, std::int64_t n, std::int64_t k, bool b_column_major) {
   if (n < m || static_cast<double>(m) * static_cast<double>(k) * sizeof(float) > (1 << 20)) return 1;
-  const int panels = fixed_pieces(n, static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
+  const int panels = fixed_pieces(n, 64, static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
   return b_column_major ? std::min(panels, 2) : panels;
 }
 
 // The bands of rows a product of a column-major a is cut into, on every thread count (when it
 // gets no panels). Before, such an a was copied row-major so that its bands could follow the
 // threads: the copy cost the GPT-2 step's [3072, 256] x [256, 768] (dW = xᵀ g of the second
-// feed-forward product) 7.2 ms against 6.0 in 8 bands, on one thread.
+// feed-forward product) 7.2 ms against 6.0 in 8 bands, on one thread. Bands of 32 rows or more:
+// the copy let such a product follow the threads from 32 rows.
 int fixed_bands(std::int64_t m, std::int64_t n, std::int64_t k) {
-  return fixed_pieces(m, static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
+  return fixed_pieces(m, 2 * kMinBandRows, static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
 }
 
 // `a_column_major` and `b_column_major`: a and b are stored column by column.

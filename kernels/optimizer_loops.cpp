@@ -1,5 +1,5 @@
-// The optimizers' loops (optimizer_loops.hpp). Built with -fno-math-errno (CMakeLists.txt): with errno to
-// set, GCC keeps the square root scalar.
+// The optimizers' loops (optimizer_loops.hpp). Built with -fno-math-errno (with errno to set, GCC
+// keeps the square root scalar), -ffp-contract=off and -ftrapping-math (CMakeLists.txt says why).
 #include "kernels/optimizer_loops.hpp"
 
 #include <algorithm>

@@ -135,10 +135,11 @@ BOOST_AUTO_TEST_CASE(split_products_give_one_threads_bits) {
   };
   const Case cases[] = {{1, 1, 1024, 512, 256, false, false}, {8, 8, 128, 256, 128, false, true}, {1, 1, 300, 777, 513, false, true},
                         {3, 3, 1001, 129, 257, true, false},  {1, 6, 200, 300, 400, true, true},  {1, 1, 1002, 129, 257, true, false},
-                        // a transposed with K past 256: oneDNN blocks K by M there (bands differed in 140,177 of 153,900
-                        // on an earlier machine); without a batch, bands fixed by the shape (8, 4 and 8 of them)
+                        // a transposed: with K past 256 oneDNN blocked K by M (bands differed in 140,177 of 153,900 on an
+                        // earlier machine); without a batch, bands fixed by the shape (8, 4 and, for the GPT-2 step's
+                        // dW with K = 256, 8 of them; 2 of 32 rows); the batched one is cut by its batch
                         {1, 1, 513, 512, 300, true, false},   {1, 1, 300, 700, 200, true, true},  {2, 2, 512, 512, 64, true, false},
-                        {1, 1, 3072, 256, 768, true, false},
+                        {1, 1, 3072, 256, 768, true, false},  {1, 1, 64, 2048, 32, true, false},
                         // panels of columns, fixed by the shape (8, 4, 2 and 2 of them; at most 2 for a transposed b), a read
                         // whole even when transposed
                         {1, 1, 256, 256, 1000, true, false},  {1, 1, 64, 256, 300, false, false}, {1, 1, 64, 768, 300, false, true},

@@ -386,9 +386,8 @@ int fixed_pieces(std::int64_t extent, std::int64_t least, double macs) {
 // The panels a product of c's shape [m, n] (no batch) and k is cut into, on every thread count:
 // only while a fits in a core's cache (1 MiB of float32), since every panel reads all of a. Past
 // that, panels lost to the whole product on one thread (the head's dx = g wᵀ,
-// [256, 50257] x [50257, 768]: 151 ms in two panels against 107 whole). A column-major b gets
-// at most 2: its panels cost more each ([256, 768] x [768, 768]ᵀ on one thread: 1.39 ms whole,
-// 1.48 in 2 panels, 1.56 in 8; a row-major b's 8 panels cost nothing).
+// [256, 50257] x [50257, 768]). A column-major b gets at most 2: its panels cost more each,
+// where a row-major b's 8 cost nothing (docs/performance-notes.md, Products).
 int column_panels(std::int64_t m, std::int64_t n, std::int64_t k, bool b_column_major) {
   if (n < m || static_cast<double>(m) * static_cast<double>(k) * sizeof(float) > (1 << 20)) return 1;
   const int panels = fixed_pieces(n, 64, static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
@@ -397,9 +396,9 @@ int column_panels(std::int64_t m, std::int64_t n, std::int64_t k, bool b_column_
 
 // The bands of rows a product of a column-major a is cut into, on every thread count (when it
 // gets no panels). Before, such an a was copied row-major so that its bands could follow the
-// threads: the copy cost the GPT-2 step's [3072, 256] x [256, 768] (dW = xᵀ g of the second
-// feed-forward product) 7.2 ms against 6.0 in 8 bands, on one thread. Bands of 32 rows or more:
-// the copy let such a product follow the threads from 32 rows.
+// threads, and the copy cost the GPT-2 step's second feed-forward dW = xᵀ g more than the
+// bands do (docs/performance-notes.md, Products). Bands of 32 rows or more: the copy let such a
+// product follow the threads from 32 rows.
 int fixed_bands(std::int64_t m, std::int64_t n, std::int64_t k) {
   return fixed_pieces(m, 2 * kMinBandRows, static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
 }

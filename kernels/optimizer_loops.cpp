@@ -14,10 +14,9 @@
 namespace tapegrad::detail {
 namespace {
 
-// With Rounded (float only), the new p's bfloat16 bits go to `rounded` in the same pass. m and v are
-// held in locals: with m[i] and v[i] written twice, GCC left the loop scalar once it also wrote
-// the bits (the copy was then rounded in a second pass over pieces of 2048 elements, which made
-// the update 1.5x slower than without a copy).
+// With Rounded (float only), the new p's bfloat16 bits go to `rounded` in the same pass, which
+// GCC 12 vectorises only with trapping math (CMakeLists.txt); a second pass over pieces of the
+// weights cost more than the update itself.
 template <class T, bool Rounded>
 TAPEGRAD_CPU_CLONES void adam_run(T* __restrict p, const T* __restrict grad, T* __restrict m, T* __restrict v,
                                    std::uint16_t* __restrict rounded, std::int64_t n, const AdamScalars<T> s) {

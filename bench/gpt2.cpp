@@ -166,6 +166,11 @@ std::string read_text() {
 
 }  // namespace
 
+// Steps in each block of one precision or thread count, and how many of them, first, are not
+// timed (the switch's cost; see the comparisons below).
+constexpr int kBlock = 6;
+constexpr int kUntimed = 2;
+
 void section_gpt2(Report& report, const Options& options) {
   const Gpt2 s = options.quick ? kQuick : kFull;
   const std::string text = read_text();
@@ -207,13 +212,12 @@ void section_gpt2(Report& report, const Options& options) {
     // leave the weights' bfloat16 copies to the next bfloat16 step to round afresh.
     tg::Decoder bf16_model(config_of(s));
     tg::AdamW bf16_opt(bf16_model.named_parameters(), {.lr = 3e-4, .weight_decay = 0.1, .max_grad_norm = 1.0});
-    // In alternating blocks of kBlock steps per precision, the first of each untimed: a step
-    // right after the other model's pays for the caches and blocks that model left (a training
-    // run never switches), and the blocks let the VM's slow phases fall on both alike.
+    // In alternating blocks of kBlock steps per precision, the first kUntimed of each untimed:
+    // steps right after the other model's pay for the caches and blocks that model left (a
+    // training run never switches), and the blocks let the VM's slow phases fall on both alike.
     std::vector<double> total[2], fwd[2], bwd[2], upd[2];
     double peak_mib[2] = {0, 0};
-    constexpr int kBlock = 3;
-    const int rounds = 1 + (timed + kBlock - 2) / (kBlock - 1);  // the first warms up
+    const int rounds = 1 + (timed + kBlock - kUntimed - 1) / (kBlock - kUntimed);  // the first warms up
     for (int round = 0; round < rounds; ++round)
       for (const bool bf16 : {false, true})
         for (int i = 0; i < kBlock; ++i) {
@@ -221,8 +225,8 @@ void section_gpt2(Report& report, const Options& options) {
           const std::int64_t before = tg::memory_stats().current_bytes;
           tg::reset_peak_memory();
           const Phases p = bf16 ? train_step(bf16_model, bf16_opt, w, true) : train_step(model, opt, w, false);
-          if (round == 0 || i == 0) continue;
-          if (round == 1 && i == 1) peak_mib[bf16] = (static_cast<double>(tg::memory_stats().peak_bytes - before) - grad_bytes) / (1 << 20);
+          if (round == 0 || i < kUntimed) continue;
+          if (round == 1 && i == kUntimed) peak_mib[bf16] = (static_cast<double>(tg::memory_stats().peak_bytes - before) - grad_bytes) / (1 << 20);
           total[bf16].push_back(p.total()), fwd[bf16].push_back(p.forward), bwd[bf16].push_back(p.backward), upd[bf16].push_back(p.adamw);
         }
     const double f32_median = stats_of(total[0]).median;
@@ -271,14 +275,14 @@ void section_gpt2(Report& report, const Options& options) {
                               {"share_percent", "% of step", 1, 9}});
   for (auto& r : split_rows) split.add(std::move(r));
 
-  // The largest thread count against 1, alone and next to a busy core: in alternating blocks of
-  // three steps (so that the VM's slow phases fall on both alike), of which the first is not
-  // timed. It pays for the switch (the data the other thread count left in one core's cache, a
-  // worker that slept through the other block), which training at one thread count never does:
-  // alternating every step, the two-thread steps took 50-70 ms more (777 against 726 ms in a
-  // scratch driver, 810 against 740 here).
+  // The largest thread count against 1, alone and next to a busy core: in alternating blocks
+  // (so that the VM's slow phases fall on both alike), of which the first kUntimed steps are
+  // not timed. They pay for the switch (the data the other thread count left in one core's
+  // cache, a worker that slept through the other block, thread choices made on those slow runs
+  // and undone over the next calls), which training at one thread count never does: the second
+  // step after a switch was still slow in most blocks (docs/performance-notes.md).
   const int n = std::max(2, *std::max_element(options.threads.begin(), options.threads.end()));
-  auto& scaling = report.table("gpt2_threads", fmt::format("GPT-2-shaped step (float32) on 1 thread and on {}, in alternating blocks of 3 steps (the first untimed): ms median (min-max)", n),
+  auto& scaling = report.table("gpt2_threads", fmt::format("GPT-2-shaped step (float32) on 1 thread and on {}, in alternating blocks of {} steps (the first {} untimed): ms median (min-max)", n, kBlock, kUntimed),
                                {{"busy", "other load", 0, 26},
                                 {"n_threads", "N", 0, 2},
                                 {"one_thread_ms", "1 thread ms", 1, 24},
@@ -288,13 +292,12 @@ void section_gpt2(Report& report, const Options& options) {
     const auto spinner = busy ? std::make_unique<Spinner>() : nullptr;
     Batches batches(s, 11, text);
     std::vector<double> one, many;
-    constexpr int kBlock = 3;
-    const int rounds = 1 + (timed + 1) / 2;  // the first round warms up
+    const int rounds = 1 + (timed + kBlock - kUntimed - 1) / (kBlock - kUntimed);  // the first round warms up
     for (int i = 0; i < 2 * kBlock * rounds; ++i) {
       const bool alone = i / kBlock % 2 == 0;
       tg::set_num_threads(alone ? 1 : n);
       const double t = train_step(model, opt, batches.next(), false).total();
-      if (i >= 2 * kBlock && i % kBlock != 0) (alone ? one : many).push_back(t);
+      if (i >= 2 * kBlock && i % kBlock >= kUntimed) (alone ? one : many).push_back(t);
     }
     const Stats a = stats_of(one), b = stats_of(many);
     scaling.add({busy ? "a spinning thread on one core" : "none", static_cast<std::int64_t>(n), a, b, a.median / b.median});

@@ -237,7 +237,10 @@ void section_gpt2(Report& report, const Options& options) {
                  stats_of(bwd[bf16]).median * 1e3, stats_of(upd[bf16]).median * 1e3, limit[bf16] * 1e3, 100 * limit[bf16] / st.median,
                  cold[bf16] * 1e3, 100 * cold[bf16] / st.median, per_second(flop, st), bf16 ? Cell(f32_median / st.median) : Cell(),
                  peak_mib[bf16], activations, peak_mib[bf16] / activations});
-      // One profiled step.
+      // One profiled step, after kUntimed more of the same precision: the float32 one would
+      // otherwise follow the last bfloat16 block and pay for the switch.
+      for (int i = 0; i < kUntimed; ++i)
+        bf16 ? train_step(bf16_model, bf16_opt, batches.next(), true) : train_step(model, opt, batches.next(), false);
       const tg::Windows w = batches.next();
       Phases p;
       std::map<std::string, tg::detail::OpProfile::Times> ops;

@@ -81,12 +81,6 @@ const std::uint16_t* rounded_copy(const Tensor& x) {
   return c->bits;
 }
 
-void share_rounding(const Tensor& x) {
-  if (!dnnl_bf16_native() || x.dtype() != DType::float32 || x.offset() != 0 || !x.is_contiguous()) return;
-  Storage& s = *x.impl()->storage;
-  if (static_cast<std::size_t>(x.numel()) * sizeof(float) == s.bytes) copy_of_storage(s);
-}
-
 std::uint16_t* rounded_copy_to_write(const Tensor& param) {
   if (param.dtype() != DType::float32 || param.offset() != 0 || !param.is_contiguous()) return nullptr;
   const Storage& s = *param.impl()->storage;

@@ -4,8 +4,7 @@
 // first bfloat16 product that reads a float32 leaf requiring grad makes the copy; it is used
 // while the storage's version is unchanged (any in-place write bumps it), and Adam's update
 // writes it in the same pass as the weights while products keep reading it. Its bytes count in
-// memory_stats() and are freed with the weight. share_rounding gives any tensor such a copy for
-// the products that read it next.
+// memory_stats() and are freed with the weight.
 #pragma once
 
 #include <cstdint>
@@ -19,12 +18,6 @@ namespace tapegrad::detail {
 // is at the result + x.offset(). nullptr when x is not float32, or when its storage has no copy
 // and x is not a leaf that requires grad.
 const std::uint16_t* rounded_copy(const Tensor& x);
-
-// Lets the products that read x next share one rounding of it, as a weight's are shared: after
-// this, rounded_copy(x) rounds x's storage once and keeps the bits while it lives (a linear op's
-// backward rounds g once for both dx = g wᵀ and dw = xᵀ g). Does nothing unless x is float32 and
-// fills its storage exactly (and where products read no kept copies: no native bfloat16).
-void share_rounding(const Tensor& x);
 
 // For an update that rewrites all of param's storage (contiguous, from offset 0): the copy to
 // write the rounded new values into, or nullptr when there is none or no product has read it

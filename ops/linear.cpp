@@ -16,7 +16,6 @@
 #include "runtime/parallel.hpp"
 #include "ops/op.hpp"
 #include "kernels/matmul.hpp"
-#include "kernels/rounded_copy.hpp"
 #include "tapegrad/ops/matmul.hpp"
 #include "tapegrad/ops/view.hpp"
 
@@ -165,16 +164,12 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, MatmulP
            const Tensor wt = transpose(weight, 0, 1), xt = transpose(rows, 0, 1);
            auto dx = [&] { grads[0] = product_into_new(g2, wt, x_shape, precision); };
            auto dw = [&] { grads[1] = product_into_new(xt, g2, weight.shape(), precision); };
-           const bool both = needs[0] && needs[1];
-           if (both && side_by_side(rows, weight)) {
+           if (needs[0] && needs[1] && side_by_side(rows, weight)) {
              parallel_for(2, product_cost(rows, weight), [&](std::int64_t i0, std::int64_t i1) {
                const NoGradGuard no_grad;  // a pool thread's own grad mode is on
                for (std::int64_t i = i0; i < i1; ++i) i == 0 ? dx() : dw();
              });
            } else {
-             // In turn, both products round g to bfloat16: once, shared (kernels/rounded_copy.hpp).
-             // Side by side, one would wait for the other's rounding.
-             if (both && precision == MatmulPrecision::bfloat16) share_rounding(g2);
              if (needs[0]) dx();
              if (needs[1]) dw();
            }

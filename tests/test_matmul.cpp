@@ -353,54 +353,6 @@ BOOST_AUTO_TEST_CASE(an_update_rewrites_a_copy_only_after_a_product_read_it) {
   BOOST_TEST(tg::detail::rounded_copy_to_write(w) != nullptr);
 }
 
-// A rounding shared by the products that read a tensor (a linear op's g in its backward) gives
-// the bits of rounding afresh, also after an in-place write; a view that does not fill its
-// storage gets no copy.
-BOOST_AUTO_TEST_CASE(a_shared_rounding_gives_fresh_rounding_bits) {
-  const auto bf16 = tg::MatmulPrecision::bfloat16;
-  const std::int64_t copies_before = tg::detail::rounded_copies();
-  {
-    Tensor g = tg::randn({40, 80}, 90, tg::float32);
-    const Tensor w = tg::randn({96, 80}, 91, tg::float32), x = tg::randn({40, 96}, 92, tg::float32);
-    tg::detail::share_rounding(tg::narrow(g, 0, 0, 20));
-    BOOST_TEST(tg::detail::rounded_copies() == copies_before);
-    tg::detail::share_rounding(g);
-    BOOST_TEST(tg::detail::rounded_copies() == copies_before + (tg::bfloat16_native() ? 1 : 0));
-    auto check = [&](const char* when) {
-      BOOST_TEST_CONTEXT(when) {
-        const Tensor plain = tg::clone(g);
-        BOOST_TEST(same(tg::matmul(g, w.transpose(0, 1), bf16), tg::matmul(plain, w.transpose(0, 1), bf16)));
-        BOOST_TEST(same(tg::matmul(x.transpose(0, 1), g, bf16), tg::matmul(x.transpose(0, 1), plain, bf16)));
-      }
-    };
-    check("new");
-    tg::mul_(g, 1.001);
-    check("after mul_");
-  }
-  BOOST_TEST(tg::detail::rounded_copies() == copies_before);  // freed with g
-}
-
-// linear's backward at bfloat16, which on one thread rounds g once for both products, gives the
-// bits of the two products on their own, for a g that fills its storage and for one that does
-// not, on one thread and on two (where the products may run side by side).
-BOOST_AUTO_TEST_CASE(linear_backward_at_bfloat16_gives_the_products_bits) {
-  const auto bf16 = tg::MatmulPrecision::bfloat16;
-  const int saved = tg::num_threads();
-  const Tensor big = tg::randn({2, 24, 70}, 95, tg::float32);
-  for (const int threads : {1, 2}) {
-    tg::set_num_threads(threads);
-    for (const Tensor& g : {tg::randn({24, 70}, 93, tg::float32), tg::select(big, 0, 1)}) {
-      const Tensor x = tg::randn({24, 96}, 94, tg::float32).set_requires_grad();
-      const Tensor w = tg::randn({96, 70}, 96, tg::float32).set_requires_grad();
-      tg::backward({tg::linear(x, w, Tensor(), bf16)}, {g});
-      const Tensor plain = tg::clone(g);  // a storage without any copy
-      BOOST_TEST(same(x.grad(), tg::matmul(plain, tg::clone(w.detach()).transpose(0, 1), bf16)));
-      BOOST_TEST(same(w.grad(), tg::matmul(tg::clone(x.detach()).transpose(0, 1), plain, bf16)));
-    }
-  }
-  tg::set_num_threads(saved);
-}
-
 // float64 products past dgemm's int sizes go through blocks packed from any strides; the same
 // code on small blocks (3) and odd shapes, transposed and broadcast operands, against the plain
 // product.

@@ -164,12 +164,16 @@ std::string read_text() {
   return {std::istreambuf_iterator<char>(file), {}};
 }
 
-}  // namespace
-
 // Steps in each block of one precision or thread count, and how many of them, first, are not
 // timed (the switch's cost; see the comparisons below).
 constexpr int kBlock = 6;
 constexpr int kUntimed = 2;
+
+// Rounds of blocks (one block per precision or thread count each) that time at least `timed`
+// steps of each, after a first round that only warms up.
+int rounds_for(int timed) { return 1 + (timed + kBlock - kUntimed - 1) / (kBlock - kUntimed); }
+
+}  // namespace
 
 void section_gpt2(Report& report, const Options& options) {
   const Gpt2 s = options.quick ? kQuick : kFull;
@@ -217,7 +221,7 @@ void section_gpt2(Report& report, const Options& options) {
     // training run never switches), and the blocks let the VM's slow phases fall on both alike.
     std::vector<double> total[2], fwd[2], bwd[2], upd[2];
     double peak_mib[2] = {0, 0};
-    const int rounds = 1 + (timed + kBlock - kUntimed - 1) / (kBlock - kUntimed);  // the first warms up
+    const int rounds = rounds_for(timed);
     for (int round = 0; round < rounds; ++round)
       for (const bool bf16 : {false, true})
         for (int i = 0; i < kBlock; ++i) {
@@ -295,7 +299,7 @@ void section_gpt2(Report& report, const Options& options) {
     const auto spinner = busy ? std::make_unique<Spinner>() : nullptr;
     Batches batches(s, 11, text);
     std::vector<double> one, many;
-    const int rounds = 1 + (timed + kBlock - kUntimed - 1) / (kBlock - kUntimed);  // the first round warms up
+    const int rounds = rounds_for(timed);
     for (int i = 0; i < 2 * kBlock * rounds; ++i) {
       const bool alone = i / kBlock % 2 == 0;
       tg::set_num_threads(alone ? 1 : n);

@@ -37,16 +37,37 @@ TAPEGRAD_CPU_CLONES void adam_run(T* __restrict p, const T* __restrict grad, T* 
   }
 }
 
-template <class T> TAPEGRAD_CPU_CLONES double squares_run(const T* x, std::int64_t n) {
-  double total = 0;
-#pragma omp simd reduction(+ : total)
-  for (std::int64_t i = 0; i < n; ++i) total += static_cast<double>(x[i]) * static_cast<double>(x[i]);
-  return total;
-}
-
 // Elements per block of the sums of squares: the blocks' sums are added in block order, so the
 // result does not depend on how many threads computed them.
 constexpr std::int64_t kSquaresBlock = 1 << 16;
+// Each block is summed in kLanes running sums (lane j takes elements j, j + kLanes, ...; the
+// lanes added in order), the same bits on every ISA and however many blocks are summed at once.
+// kStreams blocks side by side: one core reads four streams of memory faster than one.
+constexpr int kLanes = 8;
+constexpr int kStreams = 4;
+
+// The sums of squares of S consecutive blocks of len elements from x, into out[0..S).
+template <class T, int S> TAPEGRAD_CPU_CLONES void block_squares(const T* __restrict x, std::int64_t len, double* out) {
+  double lanes[S][kLanes] = {};
+  const std::int64_t whole = len / kLanes * kLanes;
+  for (std::int64_t i = 0; i < whole; i += kLanes)
+    for (int s = 0; s < S; ++s) {
+#pragma omp simd
+      for (int j = 0; j < kLanes; ++j) {
+        const double v = static_cast<double>(x[s * len + i + j]);
+        lanes[s][j] += v * v;
+      }
+    }
+  for (int s = 0; s < S; ++s) {
+    for (std::int64_t i = whole; i < len; ++i) {
+      const double v = static_cast<double>(x[s * len + i]);
+      lanes[s][i - whole] += v * v;
+    }
+    double total = 0;
+    for (int j = 0; j < kLanes; ++j) total += lanes[s][j];
+    out[s] = total;
+  }
+}
 
 template <class T> void adam_parallel(T* p, const T* grad, T* m, T* v, std::uint16_t* rounded, std::int64_t n, const AdamScalars<T>& s) {
   // Element by element: any split gives the same bits. 7 streams of memory per element.
@@ -58,11 +79,13 @@ template <class T> void adam_parallel(T* p, const T* grad, T* m, T* v, std::uint
 
 template <class T> double squares_parallel(const T* x, std::int64_t n) {
   const std::int64_t blocks = (n + kSquaresBlock - 1) / kSquaresBlock;
-  if (blocks <= 1) return squares_run<T>(x, n);
   std::vector<double> partial(static_cast<std::size_t>(blocks));
   parallel_for(blocks, kSquaresBlock, [&](std::int64_t b0, std::int64_t b1) {
-    for (std::int64_t b = b0; b < b1; ++b)
-      partial[static_cast<std::size_t>(b)] = squares_run<T>(x + b * kSquaresBlock, std::min(kSquaresBlock, n - b * kSquaresBlock));
+    std::int64_t b = b0;
+    for (; b + kStreams <= b1 && (b + kStreams) * kSquaresBlock <= n; b += kStreams)
+      block_squares<T, kStreams>(x + b * kSquaresBlock, kSquaresBlock, &partial[static_cast<std::size_t>(b)]);
+    for (; b < b1; ++b)
+      block_squares<T, 1>(x + b * kSquaresBlock, std::min(kSquaresBlock, n - b * kSquaresBlock), &partial[static_cast<std::size_t>(b)]);
   });
   double total = 0;
   for (double t : partial) total += t;

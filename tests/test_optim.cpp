@@ -183,6 +183,31 @@ BOOST_AUTO_TEST_CASE(clip_grad_norm_clips_from_max_norm_less_one_millionth) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(clip_grad_norm_has_the_same_bits_on_every_thread_count) {
+  // 41 blocks of 2^16 and a part of one: read four at once, then one by one, then a tail, in
+  // whatever ranges the threads get. Every split must give the same bits, within float64
+  // rounding of the exact norm.
+  const std::int64_t n = 41 * 65536 + 12345;
+  std::vector<float> values(static_cast<std::size_t>(n));
+  long double exact = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    values[static_cast<std::size_t>(i)] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)) * 1.7);  // full mantissas: the order shows
+    exact += static_cast<long double>(values[static_cast<std::size_t>(i)]) * values[static_cast<std::size_t>(i)];
+  }
+  const int before = tg::num_threads();
+  std::vector<double> norms;
+  for (const int threads : {1, 2, 3}) {
+    tg::set_num_threads(threads);
+    Tensor w = tg::from_vector(values, {n}).set_requires_grad();
+    tg::backward(tg::sum(w * w) * 0.5f);  // gradient = w
+    norms.push_back(tg::clip_grad_norm({w}, 1e30));
+  }
+  tg::set_num_threads(before);
+  BOOST_TEST(norms[0] == norms[1]);
+  BOOST_TEST(norms[0] == norms[2]);
+  BOOST_TEST(std::abs(norms[0] - std::sqrt(static_cast<double>(exact))) <= 1e-12 * norms[0]);
+}
+
 namespace {
 bool same(const Tensor& x, const Tensor& y) { return x.shape() == y.shape() && x.to_vector<double>() == y.to_vector<double>(); }
 }  // namespace

@@ -5,7 +5,8 @@
 // with the head), batches of 4 sequences of 64 tokens. On each thread count:
 // - the step against its matmul limit: every product of the step (each forward product and the
 //   two of its backward) timed as a raw oneDNN primitive on the same threads just before, summed;
-//   and against the same primitives run once each on operands in memory (the cold limit);
+//   against the same primitives run once each on operands in memory (the cold limit); and
+//   against them run in the step's order on the step's buffers (the chain limit, gpt2_chain.cpp);
 // - where the step's time goes, op by op, with the products apart (one profiled step);
 // - peak storage of the step against the activations llm.c keeps for the same shape;
 // - float32 and bfloat16 products (MatmulPrecisionGuard around forward and backward);
@@ -22,6 +23,7 @@
 #include <tapegrad/tapegrad.hpp>
 
 #include "autodiff/op_profile.hpp"
+#include "gpt2_shape.hpp"
 #include "raw_dnnl.hpp"
 #include "sections.hpp"
 #include "spinner.hpp"
@@ -32,40 +34,8 @@ using tg::Tensor;
 namespace bench {
 namespace {
 
-struct Gpt2 {
-  std::int64_t layers, dim, heads, vocab, t, b;
-};
-constexpr Gpt2 kFull{12, 768, 12, 50257, 64, 4}, kQuick{2, 64, 4, 256, 16, 2};
-
 tg::DecoderConfig config_of(const Gpt2& s) {
   return {.vocab = s.vocab, .max_len = std::max<std::int64_t>(s.t, 1024), .dim = s.dim, .heads = s.heads, .layers = s.layers, .seed = 1};
-}
-
-// A product of the step: count times [batch] m x k @ k x n, operands stored transposed or not.
-struct Product {
-  std::int64_t batch, m, k, n;
-  bool ta, tb;
-  std::int64_t count;
-};
-
-// Every product of one step: y = x w, dx = g w^T, dw = x^T g for each linear map; for attention,
-// S = q k^T and O = A v, then dv = A^T dO, dA = dO v^T, dq = dS k, dk = dS^T q.
-std::vector<Product> step_products(const Gpt2& s) {
-  const std::int64_t rows = s.b * s.t, c = s.dim, bh = s.b * s.heads, d = s.dim / s.heads;
-  std::vector<Product> all;
-  auto linear = [&](std::int64_t k, std::int64_t n, std::int64_t count) {
-    all.push_back({1, rows, k, n, false, false, count});
-    all.push_back({1, rows, n, k, false, true, count});
-    all.push_back({1, k, rows, n, true, false, count});
-  };
-  linear(c, c, 4 * s.layers);  // q, k, v, out
-  linear(c, 4 * c, s.layers);
-  linear(4 * c, c, s.layers);
-  linear(c, s.vocab, 1);
-  all.push_back({bh, s.t, d, s.t, false, true, 2 * s.layers});  // S, dA
-  all.push_back({bh, s.t, s.t, d, false, false, 2 * s.layers});  // O, dq
-  all.push_back({bh, s.t, s.t, d, true, false, 2 * s.layers});  // dv, dk
-  return all;
 }
 
 // The products' time at oneDNN's own throughput, on tapegrad's current thread count.
@@ -197,6 +167,8 @@ void section_gpt2(Report& report, const Options& options) {
        {"limit_percent", "% of limit", 1, 10},
        {"cold_limit_ms", "cold limit", 1, 10},
        {"cold_percent", "% of cold", 1, 9},
+       {"chain_limit_ms", "chain limit", 1, 11},
+       {"chain_percent", "% of chain", 1, 10},
        {"gflops", "GFLOP/s", 1, 8},
        {"speedup_bf16", "x float32", 2, 9},
        {"peak_mib", "peak MiB", 0, 8},
@@ -209,8 +181,11 @@ void section_gpt2(Report& report, const Options& options) {
     tg::set_num_threads(threads);
     // The references first (they run on oneDNN's own team), then float32 and bfloat16 steps in
     // turn, so that the VM's slow phases fall on both alike.
-    double limit[2], cold[2];
-    for (const bool bf16 : {false, true}) limit[bf16] = matmul_limit(s, bf16, options), cold[bf16] = cold_limit(s, bf16, options);
+    double limit[2], cold[2], chain[2];
+    for (const bool bf16 : {false, true}) {
+      limit[bf16] = matmul_limit(s, bf16, options), cold[bf16] = cold_limit(s, bf16, options);
+      chain[bf16] = chain_limit(s, bf16, options.quick ? 1 : 3);
+    }
     Batches batches(s, 7, text);
     // bfloat16 steps train their own copy of the model: on the float32 one, each update would
     // leave the weights' bfloat16 copies to the next bfloat16 step to round afresh.
@@ -239,7 +214,7 @@ void section_gpt2(Report& report, const Options& options) {
       const double activations = llmc_activation_bytes(s) / (1 << 20);
       steps.add({static_cast<std::int64_t>(threads), bf16 ? "bfloat16" : "float32", st, stats_of(fwd[bf16]).median * 1e3,
                  stats_of(bwd[bf16]).median * 1e3, stats_of(upd[bf16]).median * 1e3, limit[bf16] * 1e3, 100 * limit[bf16] / st.median,
-                 cold[bf16] * 1e3, 100 * cold[bf16] / st.median, per_second(flop, st), bf16 ? Cell(f32_median / st.median) : Cell(),
+                 cold[bf16] * 1e3, 100 * cold[bf16] / st.median, chain[bf16] * 1e3, 100 * chain[bf16] / st.median, per_second(flop, st), bf16 ? Cell(f32_median / st.median) : Cell(),
                  peak_mib[bf16], activations, peak_mib[bf16] / activations});
       // One profiled step, after kUntimed more of the same precision: the float32 one would
       // otherwise follow the last bfloat16 block and pay for the switch.

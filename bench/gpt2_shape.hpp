@@ -1,0 +1,29 @@
+// The GPT-2-shaped step's shape and its products, shared by the gpt2 section and its chain.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace bench {
+
+struct Gpt2 {
+  std::int64_t layers, dim, heads, vocab, t, b;
+};
+constexpr Gpt2 kFull{12, 768, 12, 50257, 64, 4}, kQuick{2, 64, 4, 256, 16, 2};
+
+// A product of the step: count times [batch] m x k @ k x n, operands stored transposed or not.
+struct Product {
+  std::int64_t batch, m, k, n;
+  bool ta, tb;
+  std::int64_t count;
+};
+
+// Every product of one step: y = x w, dx = g w^T, dw = x^T g for each linear map; for attention,
+// S = q k^T and O = A v, then dv = A^T dO, dA = dO v^T, dq = dS k, dk = dS^T q.
+std::vector<Product> step_products(const Gpt2& s);
+
+// The step's products run by oneDNN alone, in a step's order on a step's buffers, after a pass
+// that evicts them as the update does: seconds, the median of `passes` (gpt2_chain.cpp).
+double chain_limit(const Gpt2& s, bool bf16, int passes);
+
+}  // namespace bench

@@ -4,6 +4,7 @@
 
 #include "autodiff/check.hpp"
 #include "autodiff/loops.hpp"
+#include "runtime/parallel.hpp"
 
 namespace tapegrad {
 using detail::fail;
@@ -19,7 +20,11 @@ Tensor filled(const char* op, const Shape& shape, double value, DType dtype) {
   detail::visit_any(dtype, [&]<class T>(detail::Tag<T>) {
     T* p = static_cast<T*>(detail::mutable_data(t));
     const T v = detail::convert<T>(value);
-    for (std::int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = v;
+    // Split over the threads when large: a dense gradient starts as zeros (an embedding's is
+    // vocabulary x width).
+    detail::parallel_for(t.numel(), 1, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t i = begin; i < end; ++i) p[i] = v;
+    });
   });
   return t;
 }

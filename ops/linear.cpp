@@ -89,23 +89,29 @@ void add_rows(const Tensor& y, const Tensor& bias) {
   });
 }
 
-template <class T> TAPEGRAD_CPU_CLONES void sum_rows(double* __restrict acc, const T* pg, std::int64_t rows, std::int64_t cols) {
+// acc[j] += pg[r * stride + j] for every row r, in row order, for j < cols.
+template <class T>
+TAPEGRAD_CPU_CLONES void sum_rows(double* __restrict acc, const T* pg, std::int64_t rows, std::int64_t cols, std::int64_t stride) {
   for (std::int64_t r = 0; r < rows; ++r) {
-    const T* __restrict row = pg + r * cols;
+    const T* __restrict row = pg + r * stride;
 #pragma omp simd
     for (std::int64_t j = 0; j < cols; ++j) acc[j] += static_cast<double>(row[j]);
   }
 }
 
-// The column sums of the contiguous [rows, cols] g, accumulated in double.
+// The column sums of the contiguous [rows, cols] g, accumulated in double. The columns are split
+// over the threads; each is summed over the rows in order, so any split gives the same bits.
 Tensor column_sums(const Tensor& g, const Shape& shape) {
   const std::int64_t rows = g.shape()[0], cols = g.shape()[1];
   std::vector<double> acc(static_cast<std::size_t>(cols), 0.0);
   Tensor out = new_tensor(shape, g.dtype(), "linear");
   visit_float(g.dtype(), "linear", [&]<class T>(Tag<T>) {
-    sum_rows<T>(acc.data(), static_cast<const T*>(g.raw_data()), rows, cols);
+    const T* pg = static_cast<const T*>(g.raw_data());
     T* po = static_cast<T*>(mutable_data(out));
-    for (std::int64_t j = 0; j < cols; ++j) po[j] = static_cast<T>(acc[static_cast<std::size_t>(j)]);
+    parallel_for(cols, rows, [&](std::int64_t j0, std::int64_t j1) {
+      sum_rows<T>(acc.data() + j0, pg + j0, rows, j1 - j0, cols);
+      for (std::int64_t j = j0; j < j1; ++j) po[j] = static_cast<T>(acc[static_cast<std::size_t>(j)]);
+    });
   });
   return out;
 }

@@ -387,10 +387,12 @@ int fixed_pieces(std::int64_t extent, std::int64_t least, double macs) {
 // only while a fits in a core's cache (1 MiB of float32), since every panel reads all of a. Past
 // that, panels lost to the whole product on one thread (the head's dx = g wᵀ,
 // [256, 50257] x [50257, 768]). A column-major b gets at most 2: its panels cost more each,
-// where a row-major b's 8 cost nothing (docs/performance-notes.md, Products).
-int column_panels(std::int64_t m, std::int64_t n, std::int64_t k, bool b_column_major) {
+// where a row-major b's 8 cost nothing (docs/performance-notes.md, Products). bfloat16 panels
+// are at least 192 columns wide: a panel writes a strided piece of c, which oneDNN runs on its
+// gemm rather than its faster bfloat16 brgemm, and 96-wide ones lost to it.
+int column_panels(std::int64_t m, std::int64_t n, std::int64_t k, bool b_column_major, bool bf16) {
   if (n < m || static_cast<double>(m) * static_cast<double>(k) * sizeof(float) > (1 << 20)) return 1;
-  const int panels = fixed_pieces(n, 64, static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
+  const int panels = fixed_pieces(n, bf16 ? 192 : 64, static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
   return b_column_major ? std::min(panels, 2) : panels;
 }
 
@@ -404,7 +406,7 @@ int fixed_bands(std::int64_t m, std::int64_t n, std::int64_t k) {
 }
 
 // `a_column_major` and `b_column_major`: a and b are stored column by column.
-Split split_plan(const Shape& shape, std::int64_t k, int wanted, bool a_column_major, bool b_column_major) {
+Split split_plan(const Shape& shape, std::int64_t k, int wanted, bool a_column_major, bool b_column_major, bool bf16) {
   const std::size_t r = shape.size();
   Split best;
   for (std::size_t d = 0; d + 2 < r; ++d)
@@ -413,7 +415,7 @@ Split split_plan(const Shape& shape, std::int64_t k, int wanted, bool a_column_m
   for (std::size_t d = 0; d + 2 < r; ++d)
     if (shape[d] > 1) return best;  // a batched product too small to cut by its batch stays whole
   const std::int64_t m = shape[r - 2], n = shape[r - 1];
-  if (const int panels = column_panels(m, n, k, b_column_major); panels > 1) return {r - 1, panels, std::min(wanted, panels), true};
+  if (const int panels = column_panels(m, n, k, b_column_major, bf16); panels > 1) return {r - 1, panels, std::min(wanted, panels), true};
   if (a_column_major) {
     const int bands = fixed_bands(m, n, k);
     return bands > 1 ? Split{r - 2, bands, std::min(wanted, bands), true} : best;
@@ -523,7 +525,7 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   describe(c, lc);
   // Inside a parallel body this is 1 thread (fixed pieces still run, in order).
   Split split = split_plan(c.shape(), k, dnnl_threads_for(static_cast<double>(c.numel()) * static_cast<double>(k)), column_major(la),
-                           column_major(lb));
+                           column_major(lb), bf16);
   const int wanted = split.threads;
   const std::uint64_t work = wanted > 1 ? work_key(la, lb, lc, bf16) : 0;
   const double start = wanted > 1 ? now_seconds() : 0.0;

@@ -140,7 +140,8 @@ BOOST_AUTO_TEST_CASE(split_products_give_one_threads_bits) {
                         // dW with K = 256, 8 of them; 2 of 32 rows); the batched one is cut by its batch
                         {1, 1, 513, 512, 300, true, false},   {1, 1, 300, 700, 200, true, true},  {2, 2, 512, 512, 64, true, false},
                         {1, 1, 3072, 256, 768, true, false},  {1, 1, 64, 2048, 32, true, false},
-                        // panels of columns, fixed by the shape (8, 4, 2 and 2 of them; at most 2 for a transposed b), a read
+                        // panels of columns, fixed by the shape (in float32 8, 4, 2 and 2 of them; at most 2 for a transposed b;
+                        // bfloat16 panels are at least 192 columns wide, so 4, 1, 1 and 1), a read
                         // whole even when transposed
                         {1, 1, 256, 256, 1000, true, false},  {1, 1, 64, 256, 300, false, false}, {1, 1, 64, 768, 300, false, true},
                         {1, 1, 16, 2048, 130, false, false}};

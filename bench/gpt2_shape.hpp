@@ -22,8 +22,12 @@ struct Product {
 // S = q k^T and O = A v, then dv = A^T dO, dA = dO v^T, dq = dS k, dk = dS^T q.
 std::vector<Product> step_products(const Gpt2& s);
 
-// The step's products run by oneDNN alone, in a step's order on a step's buffers, after a pass
-// that evicts them as the update does: seconds, the median of `passes` (gpt2_chain.cpp).
-double chain_limit(const Gpt2& s, bool bf16, int passes);
+// A pass over 256 MiB (1 MiB when quick) that leaves the caches holding none of a step's
+// operands, as the update leaves them.
+void evict_caches(bool quick);
+
+// The step's products run by oneDNN alone, in a step's order on a step's buffers, each pass after
+// evict_caches: seconds, the median of 3 passes (1 when quick) (gpt2_chain.cpp).
+double chain_limit(const Gpt2& s, bool bf16, bool quick);
 
 }  // namespace bench

@@ -165,19 +165,30 @@ BOOST_AUTO_TEST_CASE(split_products_give_one_threads_bits) {
         for (const auto& two : twos) BOOST_TEST(one == two, boost::test_tools::per_element());
       }
     }
-  // The raw gemm calls of the attention tiles, cut into bands of rows the same way.
+  // The raw gemm calls of the attention tiles, float32 and bfloat16, cut into bands of rows the
+  // same way.
   const std::int64_t m = 1024, n = 384, k = 600;
   const auto a = tg::randn({m, k}, 5).to_vector<float>(), b = tg::randn({k, n}, 6).to_vector<float>();
-  for (const bool ta : {false, true})
-    for (const bool tb : {false, true}) {
-      std::vector<float> one(static_cast<std::size_t>(m * n), 1.0f), two = one;
-      const std::int64_t lda = ta ? m : k, ldb = tb ? k : n;
-      Threads t(2);
-      tg::detail::gemm_f32(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 1.0f, two.data(), n);
-      tg::set_num_threads(1);
-      tg::detail::gemm_f32(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 1.0f, one.data(), n);
-      BOOST_TEST_CONTEXT("gemm_f32 trans_a " << ta << " trans_b " << tb) { BOOST_TEST(one == two, boost::test_tools::per_element()); }
-    }
+  std::vector<std::uint16_t> a16(a.size()), b16(b.size());
+  tg::detail::round_bf16(a.data(), a16.data(), static_cast<std::int64_t>(a.size()));
+  tg::detail::round_bf16(b.data(), b16.data(), static_cast<std::int64_t>(b.size()));
+  for (const bool bf16 : {false, true})
+    for (const bool ta : {false, true})
+      for (const bool tb : {false, true}) {
+        std::vector<float> one(static_cast<std::size_t>(m * n), 1.0f), two = one;
+        const std::int64_t lda = ta ? m : k, ldb = tb ? k : n;
+        const auto gemm = [&](std::vector<float>& c) {
+          if (bf16) tg::detail::gemm_bf16(ta, tb, m, n, k, 0.5f, a16.data(), lda, b16.data(), ldb, 1.0f, c.data(), n);
+          else tg::detail::gemm_f32(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 1.0f, c.data(), n);
+        };
+        Threads t(2);
+        gemm(two);
+        tg::set_num_threads(1);
+        gemm(one);
+        BOOST_TEST_CONTEXT((bf16 ? "gemm_bf16" : "gemm_f32") << " trans_a " << ta << " trans_b " << tb) {
+          BOOST_TEST(one == two, boost::test_tools::per_element());
+        }
+      }
 }
 
 // The workers themselves: every task once, from several calling threads at once (a second

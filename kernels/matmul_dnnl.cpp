@@ -222,35 +222,38 @@ bool dense_block(const Layout& l) {
   return dense_in_some_order({l.dims.data(), l.dims.size()}, {l.strides.data(), l.strides.size()});
 }
 
-// x (float32, any strides) rounded to bfloat16, as a contiguous buffer of the shape `l`
-// describes (a stride-0 batch dim was already turned into size 1 there), in this thread's
-// scratch buffer `which` (0 for a, 1 for b). Out is either raw bfloat16 bits (uint16_t) or
-// float32 holding the rounded values (for the emulated path). Contiguous operands (the common
-// case) are converted by vectorised runs on all threads; bfloat16 bits of a dense permuted
-// operand keep its layout (l is left as it is).
-template <class Out> Out* bf16_copy(const Tensor& x, Layout& l, int which) {
+// x (float32, any strides) rounded to bfloat16 into `out`, laid out as `l` says on return: a
+// dense operand (any order of its dims) keeps its layout, any other becomes contiguous (l's
+// strides are rewritten; a stride-0 batch dim was already turned into size 1 there). Out is raw
+// bfloat16 bits (uint16_t) or float32 holding the rounded values (for the emulated path).
+template <class Out> void round_into(const Tensor& x, Layout& l, Out* out) {
   Shape shape(l.dims.begin(), l.dims.end());
   Tensor region = make_view(x, shape, x.strides(), x.offset(), "matmul");
   const std::int64_t numel = shape_numel(shape);
-  Out* out = scratch<Out>(which, numel);
-  const Shape dense = contiguous_strides(shape);
   const float* src = static_cast<const float*>(region.raw_data());
-  if (region.is_contiguous()) {
+  if (dense_block(l)) {
+    // Contiguous, or a transposed (or otherwise permuted) dense operand such as the activations
+    // in a weight gradient xᵀ g: rounded in memory order, by vectorised runs on all threads
+    // (element by element through the strided loop it cost 5-8% of an attention layer's
+    // bfloat16 step).
     parallel_for(numel, 2, [&](std::int64_t begin, std::int64_t end) { round_run(src + begin, out + begin, end - begin); });
-  } else if (std::is_same_v<Out, std::uint16_t> && dense_block(l)) {
-    // A transposed (or otherwise permuted) dense operand, such as the activations in a weight
-    // gradient xᵀ g: rounded in memory order and passed with its own strides (element by element
-    // through the strided loop it cost 5-8% of an attention layer's bfloat16 step).
-    parallel_for(numel, 2, [&](std::int64_t begin, std::int64_t end) { round_run(src + begin, out + begin, end - begin); });
-    return out;
-  } else {
-    StridedLoop<2> loop(shape.data(), shape.size(), {dense.data(), region.strides().data()});
-    loop.for_each_run([&](const auto& off, std::int64_t n, const auto& inner) {
-      for (std::int64_t i = 0; i < n; ++i) out[off[0] + i * inner[0]] = rounded_as<Out>(src[off[1] + i * inner[1]]);
-    });
+    return;
   }
+  const Shape dense = contiguous_strides(shape);
+  StridedLoop<2> loop(shape.data(), shape.size(), {dense.data(), region.strides().data()});
+  loop.for_each_run([&](const auto& off, std::int64_t n, const auto& inner) {
+    for (std::int64_t i = 0; i < n; ++i) out[off[0] + i * inner[0]] = rounded_as<Out>(src[off[1] + i * inner[1]]);
+  });
   l.strides.assign(dense.begin(), dense.end());
-  return out;
+}
+
+// x's bfloat16 values as float32, in a new tensor of x's layout where that is dense: the
+// operands of the emulated path (a weight read transposed stays transposed, no copy in order).
+Tensor rounded_float32(const Tensor& x, Layout& l) {
+  const Shape shape(l.dims.begin(), l.dims.end());
+  Tensor out = empty({shape_numel(shape)});
+  round_into(x, l, static_cast<float*>(mutable_data(out)));
+  return make_view(out, shape, Shape(l.strides.begin(), l.strides.end()), 0, "matmul");
 }
 
 // A bfloat16 operand: a weight's kept copy (rounded_copy.hpp) where oneDNN can read it as it
@@ -258,7 +261,9 @@ template <class Out> Out* bf16_copy(const Tensor& x, Layout& l, int which) {
 void* bf16_operand(const Tensor& x, Layout& l, int which) {
   if (dnnl_bf16_native() && dense_block(l))
     if (const std::uint16_t* kept = rounded_copy(x)) return const_cast<std::uint16_t*>(kept + x.offset());
-  return bf16_copy<std::uint16_t>(x, l, which);
+  std::uint16_t* out = scratch<std::uint16_t>(which, shape_numel(Shape(l.dims.begin(), l.dims.end())));
+  round_into(x, l, out);
+  return out;
 }
 
 // The cached primitive for this layout, or nullptr when oneDNN has no kernel for it (bfloat16
@@ -534,17 +539,18 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   if (bf16) {
     // Rounded once, whole (on every thread), whatever the pieces: a piece rounding its own band
     // of a transposed operand went element by element, and each rounded all of the other operand.
-    pa = bf16_operand(a, la, 0);
-    pb = bf16_operand(b, lb, 1);
-    if (!primitive_for(la, lb, lc, true)) {
-      // No bfloat16 kernel on this CPU: products of bfloat16 values are exact in float32, so
-      // float32 kernels on the rounded operands compute the same thing.
-      const Shape sa(la.dims.begin(), la.dims.end()), sb(lb.dims.begin(), lb.dims.end());
-      const float* ar = bf16_copy<float>(a, la, 0);
-      const float* br = bf16_copy<float>(b, lb, 1);
-      Tensor ta = from_vector(std::span<const float>(ar, static_cast<std::size_t>(shape_numel(sa))), sa);
-      Tensor tb = from_vector(std::span<const float>(br, static_cast<std::size_t>(shape_numel(sb))), sb);
-      return run(ta, tb, c, false);
+    static const bool native = dnnl_bf16_native();  // oneDNN settles its ISA once per process
+    if (native) {
+      pa = bf16_operand(a, la, 0);
+      pb = bf16_operand(b, lb, 1);
+    }
+    if (!native || !primitive_for(la, lb, lc, true)) {
+      // No bfloat16 dot product on this CPU: products of bfloat16 values are exact in float32, so
+      // float32 kernels on the rounded operands compute the same thing. On AVX-512 without BF16,
+      // oneDNN's own bfloat16 gemm was 3-5x slower than that, and its batch pieces changed bits.
+      describe(a, la);  // bf16_operand may have rewritten the layouts for its copies
+      describe(b, lb);
+      return run(rounded_float32(a, la), rounded_float32(b, lb), c, false);
     }
   } else {
     // Decided once per layout: strided layouts oneDNN only runs on its reference loop are

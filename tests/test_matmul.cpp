@@ -4,6 +4,7 @@
 #include <boost/test/data/monomorphic.hpp>
 #include <boost/test/data/test_case.hpp>
 
+#include <bit>
 #include <thread>
 
 #include "autodiff/tensor_impl.hpp"
@@ -187,6 +188,36 @@ BOOST_AUTO_TEST_CASE(bfloat16_within_its_rounding_bound) {
       worst_ratio = std::max(worst_ratio, std::abs(got[i] - exact[i]) / allowed);
     }
     BOOST_TEST(worst_ratio > 0.0);  // it really rounded
+  }
+}
+
+// Without a bfloat16 dot product (AVX2, or AVX-512 without BF16: ctest also runs this under
+// ONEDNN_MAX_CPU_ISA=AVX512_CORE) a bfloat16 product is the float32 product of the rounded
+// operands, bit for bit. oneDNN's own bfloat16 gemm there was 3-5x slower than float32, and its
+// batch pieces changed bits with the thread count.
+BOOST_AUTO_TEST_CASE(bfloat16_emulated_is_float32_on_rounded_operands) {
+  BOOST_TEST_MESSAGE("bfloat16 native on this CPU: " << tg::bfloat16_native());
+  if (tg::bfloat16_native()) return;
+  const auto rounded = [](const Tensor& x) {
+    const auto v = x.contiguous().to_vector<float>();
+    std::vector<std::uint16_t> bits(v.size());
+    tg::detail::round_bf16(v.data(), bits.data(), static_cast<std::int64_t>(v.size()));
+    std::vector<float> r(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) r[i] = std::bit_cast<float>(static_cast<std::uint32_t>(bits[i]) << 16);
+    return tg::from_vector(r, x.shape());
+  };
+  // Operands transposed as stored (kept so: the float32 kernel depends on the layout), and a
+  // strided one (rounded into a contiguous copy).
+  const Tensor a = tg::randn({3, 129, 1001}, 1), b = tg::randn({3, 129, 257}, 2);
+  const Tensor w = tg::randn({300, 129}, 3), x = tg::randn({2, 70, 258}, 4);
+  const auto t = [](const Tensor& m) { return m.transpose(-2, -1); };
+  const auto half = [](const Tensor& m) { return tg::slice(m, 2, 0, 258, 2); };
+  const std::pair<Tensor, Tensor> products[][2] = {{{t(a), b}, {t(rounded(a)), rounded(b)}},
+                                                   {{half(x), t(w)}, {rounded(half(x)), t(rounded(w))}}};
+  for (const auto& [operands, reference] : products) {
+    const auto got = tg::matmul(operands.first, operands.second, tg::MatmulPrecision::bfloat16).to_vector<float>();
+    const auto want = tg::matmul(reference.first, reference.second).to_vector<float>();
+    BOOST_TEST(got == want, boost::test_tools::per_element());
   }
 }
 

@@ -259,15 +259,15 @@ Tensor rounded_float32(const Tensor& x, Layout& l) {
 // A bfloat16 operand: a weight's kept copy (rounded_copy.hpp) where oneDNN can read it as it
 // is, else x rounded into this thread's scratch. The same bits either way.
 void* bf16_operand(const Tensor& x, Layout& l, int which) {
-  if (dnnl_bf16_native() && dense_block(l))
+  if (dense_block(l))
     if (const std::uint16_t* kept = rounded_copy(x)) return const_cast<std::uint16_t*>(kept + x.offset());
   std::uint16_t* out = scratch<std::uint16_t>(which, shape_numel(Shape(l.dims.begin(), l.dims.end())));
   round_into(x, l, out);
   return out;
 }
 
-// The cached primitive for this layout, or nullptr when oneDNN has no kernel for it (bfloat16
-// on a CPU without AVX512-BF16/AMX). Made for, and run on, one OpenMP thread.
+// The cached primitive for this layout, or nullptr when oneDNN has no bfloat16 kernel for it.
+// Made for, and run on, one OpenMP thread.
 Entry* primitive_for(const Layout& a, const Layout& b, const Layout& c, bool bf16) {
   thread_local LruCache<Entry> cache(kDnnlCacheCapacity);
   thread_local Key key;  // reused: a lookup allocates nothing
@@ -516,11 +516,31 @@ bool execute_split(const Layout& la, const Layout& lb, const Layout& lc, void* p
   return pooled;
 }
 
+// Whether a float32 product is small enough for plain loops (matmul_rows.cpp) rather than oneDNN.
+bool on_rows(const Tensor& a, const Tensor& c) {
+  const std::size_t rank = c.shape().size();
+  const double macs = static_cast<double>(c.numel()) * static_cast<double>(a.shape()[rank - 1]);
+  return macs <= kLoopMacs || (c.shape()[rank - 2] == 1 && macs <= kRowMacs);
+}
+
 // Whether an operand is stored column by column (split_plan cuts such an a otherwise).
 bool column_major(const Layout& l) {
   const std::size_t r = l.dims.size();
   return l.dims[r - 1] > 1 && l.strides[r - 2] == 1 && l.strides[r - 1] != 1;
 }
+
+void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16);
+
+// A bfloat16 product without a bfloat16 dot product: products of bfloat16 values are exact in
+// float32, so the float32 product of the rounded operands computes the same thing, and is
+// what a float32 product of those operands gives, bit for bit. (On AVX-512 without BF16,
+// oneDNN's own bfloat16 gemm was 3-5x slower than that, and its batch pieces changed bits.)
+void emulated(const Tensor& a, Layout& la, const Tensor& b, Layout& lb, const Tensor& c) {
+  const Tensor ra = rounded_float32(a, la), rb = rounded_float32(b, lb);
+  if (on_rows(ra, c)) matmul_rows(ra, rb, c);
+  else run(ra, rb, c, false);
+}
+
 void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   const std::size_t r = c.shape().size();
   const std::int64_t k = a.shape()[r - 1];
@@ -528,6 +548,8 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   if (!describe(a, la)) return run(copy_of(a), b, c, bf16);
   if (!describe(b, lb)) return run(a, copy_of(b), c, bf16);
   describe(c, lc);
+  static const bool native = dnnl_bf16_native();  // oneDNN settles its ISA once per process
+  if (bf16 && !native) return emulated(a, la, b, lb, c);
   // Inside a parallel body this is 1 thread (fixed pieces still run, in order).
   Split split = split_plan(c.shape(), k, dnnl_threads_for(static_cast<double>(c.numel()) * static_cast<double>(k)), column_major(la),
                            column_major(lb), bf16);
@@ -539,18 +561,12 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   if (bf16) {
     // Rounded once, whole (on every thread), whatever the pieces: a piece rounding its own band
     // of a transposed operand went element by element, and each rounded all of the other operand.
-    static const bool native = dnnl_bf16_native();  // oneDNN settles its ISA once per process
-    if (native) {
-      pa = bf16_operand(a, la, 0);
-      pb = bf16_operand(b, lb, 1);
-    }
-    if (!native || !primitive_for(la, lb, lc, true)) {
-      // No bfloat16 dot product on this CPU: products of bfloat16 values are exact in float32, so
-      // float32 kernels on the rounded operands compute the same thing. On AVX-512 without BF16,
-      // oneDNN's own bfloat16 gemm was 3-5x slower than that, and its batch pieces changed bits.
+    pa = bf16_operand(a, la, 0);
+    pb = bf16_operand(b, lb, 1);
+    if (!primitive_for(la, lb, lc, true)) {  // not seen on a CPU with AVX512-BF16 or AMX
       describe(a, la);  // bf16_operand may have rewritten the layouts for its copies
       describe(b, lb);
-      return run(rounded_float32(a, la), rounded_float32(b, lb), c, false);
+      return emulated(a, la, b, lb, c);
     }
   } else {
     // Decided once per layout: strided layouts oneDNN only runs on its reference loop are
@@ -606,8 +622,7 @@ int dnnl_threads_for(double macs) noexcept {
 void matmul_dnnl(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
   const ProductTimer timer;
   const std::size_t rank = c.shape().size();
-  const double macs = static_cast<double>(c.numel()) * static_cast<double>(a.shape()[rank - 1]);
-  if (!bf16 && (macs <= kLoopMacs || (c.shape()[rank - 2] == 1 && macs <= kRowMacs))) return matmul_rows(a, b, c);
+  if (!bf16 && on_rows(a, c)) return matmul_rows(a, b, c);
   if (rank <= DNNL_MAX_NDIMS) return run(a, b, c, bf16);
   // Past oneDNN's rank limit: fold the batch dims into one.
   const std::int64_t m = c.shape()[rank - 2], n = c.shape()[rank - 1], k = a.shape()[rank - 1];

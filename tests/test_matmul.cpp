@@ -206,14 +206,18 @@ BOOST_AUTO_TEST_CASE(bfloat16_emulated_is_float32_on_rounded_operands) {
     for (std::size_t i = 0; i < v.size(); ++i) r[i] = std::bit_cast<float>(static_cast<std::uint32_t>(bits[i]) << 16);
     return tg::from_vector(r, x.shape());
   };
-  // Operands transposed as stored (kept so: the float32 kernel depends on the layout), and a
-  // strided one (rounded into a contiguous copy).
+  // Operands transposed as stored (kept so: the float32 kernel depends on the layout), a batch
+  // large enough to be cut into pieces, a strided operand (rounded into a contiguous copy), a
+  // weight broadcast over the batch, and products small enough for the plain loops.
   const Tensor a = tg::randn({3, 129, 1001}, 1), b = tg::randn({3, 129, 257}, 2);
   const Tensor w = tg::randn({300, 129}, 3), x = tg::randn({2, 70, 258}, 4);
+  const Tensor s = tg::randn({64, 8}, 5), r = tg::randn({1, 512}, 6), v = tg::randn({512, 1024}, 7);
   const auto t = [](const Tensor& m) { return m.transpose(-2, -1); };
-  const auto half = [](const Tensor& m) { return tg::slice(m, 2, 0, 258, 2); };
+  const auto half = [](const Tensor& m) { return tg::narrow(m, 2, 0, 129); };
   const std::pair<Tensor, Tensor> products[][2] = {{{t(a), b}, {t(rounded(a)), rounded(b)}},
-                                                   {{half(x), t(w)}, {rounded(half(x)), t(rounded(w))}}};
+                                                   {{half(x), t(w)}, {rounded(half(x)), t(rounded(w))}},
+                                                   {{t(s), s}, {t(rounded(s)), rounded(s)}},
+                                                   {{r, v}, {rounded(r), rounded(v)}}};
   for (const auto& [operands, reference] : products) {
     const auto got = tg::matmul(operands.first, operands.second, tg::MatmulPrecision::bfloat16).to_vector<float>();
     const auto want = tg::matmul(reference.first, reference.second).to_vector<float>();

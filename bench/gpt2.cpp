@@ -12,7 +12,7 @@
 // - float32 and bfloat16 products (MatmulPrecisionGuard around forward and backward);
 // then the largest thread count against 1, alone and next to a thread that keeps a core busy,
 // and the loss of bfloat16 training against float32's over 200 steps of text from the same
-// start. Its PyTorch twin is bench/torch_gpt2.py.
+// start. Its PyTorch twin is `bench/torch_train.py --model gpt2`.
 #include <algorithm>
 #include <cmath>
 #include <fstream>

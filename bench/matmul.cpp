@@ -99,12 +99,12 @@ void section_matmul(Report& report, const Options& options) {
                  per_second(flop, t[3]), peak});
     }
   }
-  // float64: tapegrad's own kernel (oneDNN has none on CPU), forward only.
+  // float64: OpenBLAS's dgemm through tapegrad's bands (oneDNN has none on CPU), forward only.
   tg::set_num_threads(options.threads.front());
   const std::int64_t n64 = options.quick ? 64 : 256;
   const Tensor a64 = tg::full({n64, n64}, 0.5, tg::float64), b64 = tg::full({n64, n64}, 0.25, tg::float64);
   const Stats t64 = measure([&] { tg::matmul(a64, b64); }, options.runs, options.seconds);
-  table.add({static_cast<std::int64_t>(options.threads.front()), fmt::format("{}^3 float64 (own kernel)", n64), t64,
+  table.add({static_cast<std::int64_t>(options.threads.front()), fmt::format("{}^3 float64 (OpenBLAS)", n64), t64,
              per_second(2.0 * n64 * n64 * n64, t64), Cell(), Cell(), Cell(), Cell(), Cell(), Cell(), Cell(), Cell(), Cell()});
 }
 

@@ -31,7 +31,9 @@ template <class T>
   auto masked = [&](std::int64_t j, T x) { return m.pairs ? select(m(j), x) : select(keys[j], x); };
   if ((m.alibi || m.begin > 0) && m.dense() && m.alibi_in_float(end)) {
     // ALiBi and the window on a row with no other mask, its distances exact in T: a loop that
-    // vectorises (x - m d is x + (-(m d)), the general loop's number).
+    // vectorises (x - m d is x + (-(m d)), the general loop's number). Unit strides get loops of
+    // their own: GCC 12 left the strided ones scalar in every clone ("control flow in loop"),
+    // and the fused blocks' scores are contiguous.
     const T slope = m.alibi ? static_cast<T>(m.slope) : T(0), p = static_cast<T>(m.position);
     // Keys before the window's begin are -inf, written apart: a compare in the loop would have
     // it split there, and the part after the split not vectorised.
@@ -39,8 +41,10 @@ template <class T>
     std::fill_n(a, lo, -std::numeric_limits<T>::infinity());
     const T* index = index_ramp<T>(end) + lo;
     const T* sl = s + lo * ss;
+    if (b == nullptr && ss == 1) return load_row(a + lo, end - lo, [=](std::int64_t j) { return scale * sl[j] - slope * std::abs(p - index[j]); });
     if (b == nullptr) return load_row(a + lo, end - lo, [=](std::int64_t j) { return scale * sl[j * ss] - slope * std::abs(p - index[j]); });
     const T* bl = b + lo * bs;
+    if (ss == 1 && bs == 1) return load_row(a + lo, end - lo, [=](std::int64_t j) { return scale * sl[j] + bl[j] - slope * std::abs(p - index[j]); });
     return load_row(a + lo, end - lo, [=](std::int64_t j) { return scale * sl[j * ss] + bl[j * bs] - slope * std::abs(p - index[j]); });
   }
   if (m.alibi || m.begin > 0) {  // ALiBi and the window with other masks: each key asks the row (still one pass)

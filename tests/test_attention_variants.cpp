@@ -324,6 +324,7 @@ struct CoreCase {
   std::int64_t offset, window;
   bool alibi;  // learnable slopes, one per head: H the product of lead[1:]
   bool masks;  // a key mask, a query mask, a pair mask and a learnable bias [lead[1:]..., Q, K]
+  bool bias = false;  // the bias without the masks: rows stay dense (the softmax's unit-stride loops)
 };
 std::ostream& operator<<(std::ostream& os, const CoreCase& c) { return os << c.name; }
 
@@ -345,6 +346,9 @@ std::vector<CoreCase> core_cases() {
       {"K 300, window 5, ALiBi, masks, bias, offset 40", {1, 2}, 260, 300, 8, 4, true, 40, 5, true, true},
       {"K 300, window 150, ALiBi, masks, bias, offset 150", {1, 2}, 140, 300, 8, 4, true, 150, 150, true, true},
       {"K 300, ALiBi alone, causal, offset 170", {1, 1}, 130, 300, 8, 4, true, 170, 0, true, false},
+      {"window 3, ALiBi, bias without masks, offset 1", {2, 2}, 6, 6, 4, 3, true, 1, 3, true, false, true},
+      {"ALiBi, bias without masks, not causal", {1, 2}, 5, 7, 3, 2, false, 0, 0, true, false, true},
+      {"K 300, ALiBi, bias without masks, causal, offset 170", {1, 2}, 130, 300, 8, 4, true, 170, 0, true, false, true},
   };
 }
 
@@ -404,7 +408,7 @@ CoreProblem make_core_problem(const CoreCase& c, std::uint64_t seed = 7) {
   p.q = exact_in_float32(with_tail(c.lead, {c.q, c.d}), gen);
   p.k = exact_in_float32(with_tail(kv_lead, {c.k, c.d}), gen);
   p.v = exact_in_float32(with_tail(kv_lead, {c.k, c.dv}), gen);
-  if (c.masks) p.bias = exact_in_float32(with_tail(p.heads, {c.q, c.k}), gen);
+  if (c.masks || c.bias) p.bias = exact_in_float32(with_tail(p.heads, {c.q, c.k}), gen);
   if (c.alibi) {  // the defaults, doubled so that the distances matter over these short rows
     std::vector<double> s;
     for (std::int64_t i = 0; i < h; ++i) s.push_back(std::exp2(-(i + 1.0) * 2.0 / static_cast<double>(h)));

@@ -10,15 +10,23 @@
 // - where the step's time goes, op by op, with the products apart (one profiled step);
 // - peak storage of the step against the activations llm.c keeps for the same shape;
 // - float32 and bfloat16 products (MatmulPrecisionGuard around forward and backward);
-// then the largest thread count against 1, alone and next to a thread that keeps a core busy,
-// and the loss of bfloat16 training against float32's over 200 steps of text from the same
-// start. Its PyTorch twin is `bench/torch_train.py --model gpt2`.
+// then the largest thread count against 1, alone and next to a thread that keeps a core busy;
+// PyTorch's twin (`bench/torch_train.py --model gpt2`, another process) against the step, in
+// turn, where /usr/bin/python3 has torch; and the loss of bfloat16 training against float32's
+// over 200 steps of text from the same start.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
+
+#include <nlohmann/json.hpp>
 
 #include <tapegrad/tapegrad.hpp>
 
@@ -141,6 +149,49 @@ constexpr int kUntimed = 2;
 // Rounds of blocks (one block per precision or thread count each) that time at least `timed`
 // steps of each, after a first round that only warms up.
 int rounds_for(int timed) { return 1 + (timed + kBlock - kUntimed - 1) / (kBlock - kUntimed); }
+
+// PyTorch's twin of the step against tapegrad's on the same threads, in turn: a block of
+// tapegrad steps, then one run of the twin (its own median of 5 steps after 2), three rounds per
+// thread count. The two ran minutes apart before (./dev bench ran the twin after the whole
+// benchmark), and this VM's speed drifts by 10-20% in that time; in turn, both see the same
+// machine. Not in --quick runs: one run of the twin takes about a minute.
+void against_torch(Report& report, const Gpt2& s, tg::Decoder& model, tg::AdamW& opt, const std::string& text, const Options& options) {
+  if (options.quick || std::system("/usr/bin/python3 -c 'import torch' > /dev/null 2>&1") != 0) return;
+  auto& table = report.table("gpt2_torch",
+                             fmt::format("GPT-2-shaped step (float32) against PyTorch eager (bench/torch_train.py --model gpt2, another process), in turn: "
+                                         "{} tapegrad steps (the first {} untimed), then a run of the twin (its median of 5 steps after 2): ms median (min-max)",
+                                         kBlock + 1, kUntimed),
+                             {{"threads", "th", 0, 2},
+                              {"round", "round", 0, 5},
+                              {"tapegrad_ms", "tapegrad ms", 1, 24},
+                              {"torch_ms", "PyTorch ms", 1, 24},
+                              {"ratio", "PyTorch / tapegrad", 2, 18}});
+  const std::string json = (std::filesystem::temp_directory_path() / fmt::format("tapegrad_bench_torch_{}.json", ::getpid())).string();
+  for (int threads : options.threads) {
+    tg::set_num_threads(threads);
+    Batches batches(s, 13, text);
+    for (int round = 1; round <= 3; ++round) {
+      std::vector<double> ours;
+      for (int i = 0; i < kBlock + 1; ++i) {
+        const double t = train_step(model, opt, batches.next(), false).total();
+        if (i >= kUntimed) ours.push_back(t);
+      }
+      const std::string command = fmt::format("/usr/bin/python3 {}/bench/torch_train.py --model gpt2 --threads {} --json {} > /dev/null",
+                                              TAPEGRAD_SOURCE_DIR, threads, json);
+      if (std::system(command.c_str()) != 0) {
+        table.note(fmt::format("the twin failed: {}", command));
+        return;
+      }
+      std::ifstream in(json);
+      const nlohmann::json row = nlohmann::json::parse(in).at("rows").at(0);
+      const Stats theirs{row.at("step_ms").get<double>() / 1e3, row.at("step_min_ms").get<double>() / 1e3,
+                         row.at("step_max_ms").get<double>() / 1e3, 5};
+      const Stats a = stats_of(ours);
+      table.add({static_cast<std::int64_t>(threads), static_cast<std::int64_t>(round), a, theirs, theirs.median / a.median});
+    }
+  }
+  std::remove(json.c_str());
+}
 
 }  // namespace
 
@@ -290,6 +341,8 @@ void section_gpt2(Report& report, const Options& options) {
     const Stats a = stats_of(one), b = stats_of(many);
     scaling.add({busy ? "a spinning thread on one core" : "none", static_cast<std::int64_t>(n), a, b, a.median / b.median});
   }
+
+  against_torch(report, s, model, opt, text, options);
 
   // bfloat16 training against float32: the same start, the same batches, on n threads.
   tg::set_num_threads(n);

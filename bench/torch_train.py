@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """The PyTorch twin of tapegrad_bench's train and gpt2 sections, step for step, in PyTorch eager
-(another process and language, so ./dev bench runs it after tapegrad_bench).
+(another process and language: ./dev bench runs it for train_sort's model after tapegrad_bench,
+and the gpt2 section runs it with --json between blocks of its own steps).
 
 Same architecture as tapegrad's Decoder (token embedding + learned positions, pre-LayerNorm
 blocks of causal multi-head attention with biases and an erf-GELU feed-forward of width 4 * dim,

@@ -176,7 +176,7 @@ void against_torch(Report& report, const Gpt2& s, tg::Decoder& model, tg::AdamW&
         const double t = train_step(model, opt, batches.next(), false).total();
         if (i >= kUntimed) ours.push_back(t);
       }
-      const std::string command = fmt::format("/usr/bin/python3 {}/bench/torch_train.py --model gpt2 --threads {} --json {} > /dev/null",
+      const std::string command = fmt::format("/usr/bin/python3 '{}/bench/torch_train.py' --model gpt2 --threads {} --json '{}' > /dev/null",
                                               TAPEGRAD_SOURCE_DIR, threads, json);
       if (std::system(command.c_str()) != 0) {
         table.note(fmt::format("the twin failed: {}", command));

@@ -11,9 +11,14 @@ namespace tapegrad::detail {
 int ThreadChoice::choose(std::uint64_t key, int wanted, double now) {
   if (wanted <= 1) return 1;
   if (arms_.size() >= kMaxKinds && !arms_.contains(key)) arms_.clear();
-  const auto [it, inserted] = arms_.try_emplace(key);
-  Arms& a = it->second;
-  if (inserted && holding(now)) a.current = 0;
+  Arms& a = arms_[key];
+  if (a.team != wanted) {
+    // A new kind, or a new thread count: the team's times were for another team, and a
+    // verdict against two threads says nothing about four.
+    a = Arms{};
+    a.team = wanted;
+    if (holding(now)) a.current = 0;
+  }
   int arm = a.current;
   if (--a.countdown <= 0) {
     const int other = 1 - a.current;

@@ -58,7 +58,8 @@ class ThreadChoice {
   static constexpr double kMaxHold = 2.0;
 
   // The thread count for the next run of work `key`, which the size rule would give `wanted`
-  // threads (> 1): `wanted` or 1. `now` is a monotonic time in seconds.
+  // threads (> 1): `wanted` or 1. `now` is a monotonic time in seconds. A kind seen before with
+  // another `wanted` (set_num_threads changed) starts afresh.
   int choose(std::uint64_t key, int wanted, double now);
   // What that run took, in seconds, with `threads` threads; `now` when it ended. A team's run
   // may also say what one thread would have taken (its chunks' times summed).
@@ -79,6 +80,7 @@ class ThreadChoice {
     int interval = kFirstInterval;
     int countdown = kFirstInterval;
     bool trial = false;  // the next record is a trial of the other arm
+    int team = 0;        // the team size these times are for (`wanted`); 0: none yet
   };
   void judge_team(const Arms& a, double now) noexcept;
   static void note(Arms& a, int arm, double seconds, bool trial_run) noexcept;

@@ -338,6 +338,16 @@ BOOST_AUTO_TEST_CASE(thread_choice_loops_weigh_both_choices_in_one_run) {
   BOOST_TEST(choice.choose(2, 2, 0.0) == 1);
 }
 
+BOOST_AUTO_TEST_CASE(thread_choice_starts_afresh_for_another_team_size) {
+  // A verdict against a team of two (here: too small a piece of work to pay) is not one against
+  // a team of four: after set_num_threads changes, the kind tries its new team first.
+  Machine m;
+  m.calls(100, 1.2e-6, 1e-6);
+  BOOST_REQUIRE(m.choice.choose(7, 2, m.now) == 1);
+  BOOST_TEST(m.choice.choose(7, 4, m.now) == 4);
+  BOOST_TEST(m.choice.kinds() == 1u);
+}
+
 BOOST_AUTO_TEST_CASE(thread_choice_table_is_bounded) {
   ThreadChoice choice;
   for (std::uint64_t key = 0; key < ThreadChoice::kMaxKinds + 10; ++key) choice.record(key, choice.choose(key, 2, 0.0), 1.0, 0.0);

@@ -130,7 +130,8 @@ def main():
               f"{r['update_ms']:>9.2f} {r['step_min_ms']:>7.2f}-{r['step_max_ms']:.2f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"torch": torch.__version__, "model": args.model, "threads": args.threads, "rows": rows}, f, indent=2)
+            json.dump({"torch": torch.__version__, "model": args.model, "threads": args.threads, "warmup": m["warmup"],
+                       "timed": m["timed"], "rows": rows}, f, indent=2)
     if args.markdown:
         append_markdown(args.markdown, args.model, args.threads, rows, m["timed"])
 

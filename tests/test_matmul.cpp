@@ -1,4 +1,4 @@
-// matmul: float32 (oneDNN) against float64 (own kernel) against a plain triple loop, on
+// matmul: float32 (oneDNN) against float64 (OpenBLAS) against a plain triple loop, on
 // awkward shapes and layouts; bfloat16 within its documented bound; gradients in float32.
 #define BOOST_TEST_MODULE matmul
 #include <boost/test/data/monomorphic.hpp>

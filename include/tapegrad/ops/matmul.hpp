@@ -2,9 +2,9 @@
 // broadcast. Both operands have rank >= 2 and one floating dtype.
 //
 // float32 runs on oneDNN; transposed and strided operands are described to it by strides, not
-// copied. Precision::bfloat16 rounds float32 operands to bfloat16 and accumulates in float32
-// (oneDNN's AMX/AVX-512 bf16 kernels); the result and gradients stay float32. float64 runs on
-// tapegrad's own blocked kernel (oneDNN has no float64 matmul on CPU).
+// copied. MatmulPrecision::bfloat16 rounds float32 operands to bfloat16 and accumulates in
+// float32 (oneDNN's AMX/AVX-512 bf16 kernels); the result and gradients stay float32. float64
+// runs on OpenBLAS's cblas_dgemm (oneDNN has no float64 matmul on CPU).
 #pragma once
 
 #include "tapegrad/autodiff/tensor.hpp"

@@ -4,10 +4,9 @@
 // NumPy and others, holds nothing executable, and can be checked completely before any value
 // is used, which is why tapegrad uses it instead of a format of its own.
 //
-// Why this lives in layers/: the tensor-level functions need only tensors (autodiff/) and a
-// row-major copy (ops/), but save(Module&)/load(Module&) need layers/module.hpp, and layers/ is
-// the lowest layer that sees all three; keeping both halves in one file keeps one reader and one
-// writer of the format.
+// Why the tensor-level functions live in train/ too: they need only tensors (autodiff/) and a
+// row-major copy (ops/), but save(Module&)/load(Module&) need layers/module.hpp, which train/
+// sees; keeping both halves in one file keeps one reader and one writer of the format.
 //
 //   tg::save(model, "step1000.safetensors", {{"step", "1000"}});
 //   auto meta = tg::load(model, "step1000.safetensors");   // copy_ into the parameters

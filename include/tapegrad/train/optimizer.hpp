@@ -68,7 +68,7 @@ struct SgdOptions {
   bool nesterov = false;      // needs momentum > 0
 };
 
-// v = momentum v + g (+ weight_decay p);  p -= lr (nesterov ? g + momentum v : v)
+// g = grad (+ weight_decay p);  v = momentum v + g;  p -= lr (nesterov ? g + momentum v : v)
 class SGD : public Optimizer {
  public:
   SGD(std::vector<NamedTensor> parameters, const SgdOptions& options = {});
@@ -90,7 +90,7 @@ struct AdamOptions {
   double max_grad_norm = 0.0;
 };
 
-// m = b1 m + (1 - b1) g,  v = b2 v + (1 - b2) g^2,  p -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+// m = b1 m + (1 - b1) g,  v = b2 v + (1 - b2) g^2,  p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 // with g = grad + weight_decay p (L2), and t the number of steps that updated this parameter
 // (kept per parameter, as PyTorch does: one first reached late starts its bias correction at 1).
 class Adam : public Optimizer {

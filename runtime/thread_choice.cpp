@@ -13,7 +13,7 @@ int ThreadChoice::choose(std::uint64_t key, int wanted, double now) {
   if (arms_.size() >= kMaxKinds && !arms_.contains(key)) arms_.clear();
   Arms& a = arms_[key];
   if (a.team != wanted) {
-    // A new kind, or a new thread count: the team's times were for another team, and a
+    // A new kind, or a new thread count: the kind's times were for another team, and a
     // verdict against two threads says nothing about four.
     a = Arms{};
     a.team = wanted;
@@ -58,6 +58,9 @@ void ThreadChoice::record(std::uint64_t key, int threads, double seconds, double
   const auto it = arms_.find(key);
   if (it == arms_.end()) return;
   Arms& a = it->second;
+  // A team's run that started before the kind was reset for another team size (another
+  // thread called set_num_threads meanwhile) says nothing of the new team.
+  if (threads > 1 && threads != a.team) return;
   const int arm = threads > 1 ? 1 : 0;
   const bool trial_run = a.trial && arm != a.current;
   note(a, arm, seconds, trial_run);

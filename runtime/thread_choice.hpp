@@ -59,7 +59,7 @@ class ThreadChoice {
 
   // The thread count for the next run of work `key`, which the size rule would give `wanted`
   // threads (> 1): `wanted` or 1. `now` is a monotonic time in seconds. A kind seen before with
-  // another `wanted` (set_num_threads changed) starts afresh.
+  // another `wanted` (set_num_threads changed this kind's team) starts afresh.
   int choose(std::uint64_t key, int wanted, double now);
   // What that run took, in seconds, with `threads` threads; `now` when it ended. A team's run
   // may also say what one thread would have taken (its chunks' times summed).

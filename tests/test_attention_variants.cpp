@@ -150,8 +150,10 @@ BOOST_AUTO_TEST_CASE(every_path_of_the_core_takes_the_grouped_views) {
   mask.causal = true;
   mask.causal_offset = 2;
   mask.allowed = tg::gt(tg::randn({2, 4, 7, 9}, 24), tg::scalar(-1.0));
-  for (auto [path, need_weights] : {std::pair{AttentionPath::weights, true}, {AttentionPath::pipelined, true}, {AttentionPath::tiles, false},
-                                    {AttentionPath::fused_blocks, false}}) {
+  for (const auto& choice : {std::pair{AttentionPath::weights, true}, {AttentionPath::pipelined, true}, {AttentionPath::tiles, false},
+                             {AttentionPath::fused_blocks, false}}) {
+    const AttentionPath path = choice.first;  // not a structured binding: clang 14 cannot capture those
+    const bool need_weights = choice.second;
     const auto got = run(
         [&](const std::vector<Tensor>& x) {
           tg::detail::AttentionMask grouped = mask;

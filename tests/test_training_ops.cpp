@@ -432,7 +432,8 @@ BOOST_AUTO_TEST_CASE(trains_with_sgd_and_its_gradients_check_out) {
 
   // The composed gradient in float64 against central differences, for the new ops' parameters.
   TinyModel m64(tg::float64);
-  const auto [ids, targets] = batch(7);
+  const auto check_batch = batch(7);  // a named pair: clang 14 cannot capture structured bindings
+  const Tensor &ids = check_batch.first, &targets = check_batch.second;
   const auto result = tg::gradcheck(
       [&](const std::vector<Tensor>& p) {
         TinyModel::Weights w = m64.w;

@@ -4,7 +4,9 @@
 namespace tg_test::table {
 
 void add_losses(std::vector<OpInfo>& t) {
-  for (const auto& [smoothing, ignore] : std::vector<std::pair<double, std::int64_t>>{{0.0, -100}, {0.2, 1}}) {
+  for (const auto& option : std::vector<std::pair<double, std::int64_t>>{{0.0, -100}, {0.2, 1}}) {
+    const double smoothing = option.first;  // not a structured binding: clang 14 cannot capture those
+    const std::int64_t ignore = option.second;
     // Every reduction at once. Targets: pattern ids, with every fourth row (and every row when
     // there are no classes) set to ignore_index; ignore_index = 1 also ignores pattern ids of 1.
     OpInfo info;

@@ -151,21 +151,31 @@ constexpr int kUntimed = 2;
 int rounds_for(int timed) { return 1 + (timed + kBlock - kUntimed - 1) / (kBlock - kUntimed); }
 
 // PyTorch's twin of the step against tapegrad's on the same threads, in turn: a block of
-// tapegrad steps, then one run of the twin (its own median of 5 steps after 2), three rounds per
-// thread count. The two ran minutes apart before (./dev bench ran the twin after the whole
-// benchmark), and this VM's speed drifts by 10-20% in that time; in turn, both see the same
-// machine. Not in --quick runs: one run of the twin takes about a minute.
-void against_torch(Report& report, const Gpt2& s, tg::Decoder& model, tg::AdamW& opt, const std::string& text, const Options& options) {
+// tapegrad steps, the oneDNN step, then one run of the twin (its own median of 5 steps after 2),
+// three rounds per thread count. The two ran minutes apart before (./dev bench ran the twin after
+// the whole benchmark), and this VM's speed drifts by 10-20% in that time; in turn, all see the
+// same machine. The oneDNN step is a step made of oneDNN's own products, as its chain runs them,
+// and an update at memory speed, with nothing else: PyTorch / oneDNN step is how far ahead a
+// step on this machine's products gets without faster products. Not a floor: on one thread
+// tapegrad's step has come in under it. Not in --quick runs: one run of the twin takes about a
+// minute.
+void against_torch(Report& report, const Gpt2& s, tg::Decoder& model, tg::AdamW& opt, const std::string& text, std::int64_t parameters,
+                   const Options& options) {
   if (options.quick || std::system("/usr/bin/python3 -c 'import torch' > /dev/null 2>&1") != 0) return;
   auto& table = report.table("gpt2_torch",
                              fmt::format("GPT-2-shaped step (float32) against PyTorch eager (bench/torch_train.py --model gpt2, another process), in turn: "
-                                         "{} tapegrad steps (the first {} untimed), then a run of the twin: ms median (min-max)",
+                                         "{} tapegrad steps (the first {} untimed), the oneDNN step, then a run of the twin: ms median (min-max)",
                                          kBlock + 1, kUntimed),
                              {{"threads", "th", 0, 2},
                               {"round", "round", 0, 5},
                               {"tapegrad_ms", "tapegrad ms", 1, 24},
+                              {"onednn_step_ms", "oneDNN step ms", 1, 14},
                               {"torch_ms", "PyTorch ms", 1, 24},
-                              {"ratio", "PyTorch / tapegrad", 2, 18}});
+                              {"ratio", "PyTorch / tapegrad", 2, 18},
+                              {"onednn_step_ratio", "PyTorch / oneDNN step", 2, 21}});
+  table.note("oneDNN step: the step's products at oneDNN's chain limit (gpt2 table) plus one pass of the update's memory streams "
+             "(weights, gradients and both moments read, weights and moments written: 28 bytes per parameter), each the median of 3 in this round");
+  UpdateStreams update(parameters);
   const std::string json = (std::filesystem::temp_directory_path() / fmt::format("tapegrad_bench_torch_{}.json", ::getpid())).string();
   for (int threads : options.threads) {
     tg::set_num_threads(threads);
@@ -176,6 +186,9 @@ void against_torch(Report& report, const Gpt2& s, tg::Decoder& model, tg::AdamW&
         const double t = train_step(model, opt, batches.next(), false).total();
         if (i >= kUntimed) ours.push_back(t);
       }
+      std::vector<double> passes;
+      for (int i = 0; i < 3; ++i) passes.push_back(update());
+      const double reference = chain_limit(s, false, options.quick) + stats_of(passes).median;
       const std::string command = fmt::format("/usr/bin/python3 '{}/bench/torch_train.py' --model gpt2 --threads {} --json '{}' > /dev/null",
                                               TAPEGRAD_SOURCE_DIR, threads, json);
       if (std::system(command.c_str()) != 0) {
@@ -191,7 +204,8 @@ void against_torch(Report& report, const Gpt2& s, tg::Decoder& model, tg::AdamW&
         table.note(fmt::format("PyTorch's figures: the median of {} steps after {} untimed, per run of the twin.", theirs.runs,
                                out.at("warmup").get<int>()));
       const Stats a = stats_of(ours);
-      table.add({static_cast<std::int64_t>(threads), static_cast<std::int64_t>(round), a, theirs, theirs.median / a.median});
+      table.add({static_cast<std::int64_t>(threads), static_cast<std::int64_t>(round), a, reference * 1e3, theirs, theirs.median / a.median,
+                 theirs.median / reference});
     }
   }
   std::remove(json.c_str());
@@ -346,7 +360,7 @@ void section_gpt2(Report& report, const Options& options) {
     scaling.add({busy ? "a spinning thread on one core" : "none", static_cast<std::int64_t>(n), a, b, a.median / b.median});
   }
 
-  against_torch(report, s, model, opt, text, options);
+  against_torch(report, s, model, opt, text, parameters, options);
 
   // bfloat16 training against float32: the same start, the same batches, on n threads.
   tg::set_num_threads(n);

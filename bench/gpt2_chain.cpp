@@ -18,6 +18,7 @@
 #include "gpt2_shape.hpp"
 #include "raw_dnnl.hpp"
 #include "report.hpp"
+#include "runtime/parallel.hpp"
 
 namespace bench {
 
@@ -168,6 +169,24 @@ double chain_limit(const Gpt2& s, bool bf16, bool quick) {
   }
   after_references();
   return stats_of(times).median;
+}
+
+UpdateStreams::UpdateStreams(std::int64_t parameters)
+    : p_(static_cast<std::size_t>(parameters), 1.0f), g_(p_.size(), 1e-3f), m_(p_.size(), 0.0f), v_(p_.size(), 0.0f) {}
+
+double UpdateStreams::operator()() {
+  float *p = p_.data(), *m = m_.data(), *v = v_.data();
+  const float* g = g_.data();
+  const auto t0 = clock_type::now();
+  tapegrad::detail::parallel_for(static_cast<std::int64_t>(p_.size()), 1, [=](std::int64_t b, std::int64_t e) {
+    for (std::int64_t i = b; i < e; ++i) {
+      m[i] += g[i];
+      v[i] += g[i];
+      p[i] += m[i] - v[i];
+    }
+  });
+  asm volatile("" : : "r"(p), "r"(m), "r"(v) : "memory");  // the stores must happen
+  return since(t0);
 }
 
 }  // namespace bench

@@ -30,4 +30,18 @@ void evict_caches(bool quick);
 // evict_caches: seconds, the median of 3 passes (1 when quick) (gpt2_chain.cpp).
 double chain_limit(const Gpt2& s, bool bf16, bool quick);
 
+// The update's memory traffic and nothing else: Adam with float32 moments reads every weight,
+// gradient and both moments and writes back the weight and the moments, 28 bytes per parameter.
+// One pass moves those seven streams over buffers of the model's size with an add per element,
+// on tapegrad's threads: an update at memory speed (the clipping norm's read of the gradients
+// is left out, as it could be fused into the backward). A pass: seconds.
+class UpdateStreams {
+ public:
+  explicit UpdateStreams(std::int64_t parameters);
+  double operator()();
+
+ private:
+  std::vector<float> p_, g_, m_, v_;
+};
+
 }  // namespace bench

@@ -312,7 +312,7 @@ class Reader {
     file.metadata = std::move(header.metadata);
     file.tensors.reserve(header.tensors.size());
     for (detail::TensorSpec& s : header.tensors) file.tensors.push_back({std::move(s.name), empty(s.shape, s.dtype)});
-    read_data(header.tensors, file.tensors);
+    read_data(header.tensors, header.file_order, file.tensors);
     return file;
   }
 
@@ -329,13 +329,11 @@ class Reader {
   }
 
   // The tensors' bytes, in the order they lie in the file (the header checked that they cover it
-  // exactly once): tensors of kReadPiece bytes or more read straight into their storage, runs of
-  // smaller ones a piece at a time through one buffer, so that many small tensors cost a few
-  // large reads rather than one system call each.
-  void read_data(const std::vector<detail::TensorSpec>& specs, std::vector<NamedTensor>& tensors) const {
-    std::vector<std::size_t> order(specs.size());
-    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return specs[a].begin < specs[b].begin; });
+  // exactly once, and gave that order with non-decreasing ends): tensors of kReadPiece bytes or
+  // more read straight into their storage, runs of smaller ones a piece at a time through one
+  // buffer, so that many small tensors cost a few large reads rather than one system call each.
+  void read_data(const std::vector<detail::TensorSpec>& specs, const std::vector<std::size_t>& order,
+                 std::vector<NamedTensor>& tensors) const {
     std::vector<char> piece;
     for (std::size_t i = 0; i < order.size();) {
       const detail::TensorSpec& first = specs[order[i]];

@@ -264,16 +264,19 @@ void HeaderSax::finish_entry() {
 }
 
 // The data must be covered exactly once: no gaps (the format forbids bytes that belong to no
-// tensor, which would let a file be two formats at once) and no overlaps.
-std::string check_coverage(const std::vector<TensorSpec>& specs, std::uint64_t data_size) {
-  std::vector<const TensorSpec*> sorted;
-  sorted.reserve(specs.size());
-  for (const auto& s : specs) sorted.push_back(&s);
-  std::sort(sorted.begin(), sorted.end(),
-            [](const TensorSpec* a, const TensorSpec* b) { return std::pair(a->begin, a->end) < std::pair(b->begin, b->end); });
+// tensor, which would let a file be two formats at once) and no overlaps. Fills `order` with the
+// tensors' indices by (begin, end): a zero-size tensor that starts where another does comes first,
+// so the ends never decrease along it.
+std::string check_coverage(const std::vector<TensorSpec>& specs, std::uint64_t data_size, std::vector<std::size_t>& order) {
+  order.resize(specs.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return std::pair(specs[a].begin, specs[a].end) < std::pair(specs[b].begin, specs[b].end);
+  });
   std::uint64_t covered = 0;
   const TensorSpec* previous = nullptr;
-  for (const TensorSpec* s : sorted) {
+  for (const std::size_t i : order) {
+    const TensorSpec* s = &specs[i];
     if (s->begin < covered)
       return fmt::format("tensor '{}' (bytes [{}, {})) overlaps tensor '{}' (bytes [{}, {}))", printable(s->name), s->begin, s->end,
                          printable(previous->name), previous->begin, previous->end);
@@ -345,7 +348,7 @@ std::string read_safetensors_header(std::string_view text, std::uint64_t data_si
   HeaderSax sax(data_size, out);
   Json::sax_parse(text.begin(), text.end(), &sax);
   if (std::string problem = sax.problem(); !problem.empty()) return problem;
-  return check_coverage(out.tensors, data_size);
+  return check_coverage(out.tensors, data_size, out.file_order);
 }
 
 }  // namespace tapegrad::detail

@@ -31,7 +31,8 @@ struct TensorSpec {
 
 struct SafetensorsHeader {
   std::map<std::string, std::string> metadata;
-  std::vector<TensorSpec> tensors;  // in the header's order
+  std::vector<TensorSpec> tensors;     // in the header's order
+  std::vector<std::size_t> file_order;  // indices into `tensors` in the order their bytes lie
 };
 
 // Reads `text` (the header's bytes, no NUL) for a data section of `data_size` bytes into `out`,

@@ -94,9 +94,19 @@ void check_perturbable(const char* op, const char* list, std::size_t i, const Te
                      op, name, shape_str(x.shape()), shape_str(x.strides()));
 }
 
+void check_parameters(const char* op, const std::vector<Tensor>& parameters) {
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    check_perturbable(op, "parameters", i, parameters[i]);
+    if (!parameters[i].requires_grad() || !parameters[i].is_leaf())
+      fail<GraphError>("{}: argument 'parameters[{}]' (shape {}) must be a leaf that requires grad", op, i,
+                       shape_str(parameters[i].shape()));
+  }
+}
+
 // The method of gradcheck.hpp. `evaluate` computes f from the tensors in `perturbed`, whose
-// elements are changed in place (and restored) one at a time; those with checked[i] are leaves
-// whose .grad the analytic pass fills.
+// elements are changed in place (and restored) one at a time; those with checked[i] are leaves.
+// The analytic gradients come from grad(), so no .grad changes: neither the checked tensors'
+// nor those of other leaves f uses.
 GradcheckResult check(const char* op, const std::function<std::vector<Tensor>()>& evaluate, const std::vector<Tensor>& perturbed,
                       const std::vector<bool>& checked, const GradcheckOptions& options) {
   // Analytic: one backward of L = sum_o <w_o, f(x)_o>, i.e. grad_outputs = w, with grad mode on
@@ -125,16 +135,21 @@ GradcheckResult check(const char* op, const std::function<std::vector<Tensor>()>
       grad_outputs_for.push_back(weights.back());
     }
   }
-  if (!recorded.empty()) backward(recorded, grad_outputs_for);
+  std::vector<Tensor> wanted;
+  for (std::size_t i = 0; i < perturbed.size(); ++i)
+    if (checked[i]) wanted.push_back(perturbed[i]);
+  std::vector<Tensor> gradients(wanted.size());
+  if (!recorded.empty()) gradients = grad(recorded, wanted, grad_outputs_for, {.allow_unused = true});
 
   GradcheckResult result;
   double worst = -std::numeric_limits<double>::infinity();
   NoGradGuard no_grad;
-  for (std::size_t i = 0; i < perturbed.size(); ++i) {
+  for (std::size_t i = 0, k = 0; i < perturbed.size(); ++i) {
     if (!checked[i]) continue;
     const Tensor& x = perturbed[i];
+    const Tensor& g = gradients[k++];
     const std::vector<double> analytic =
-        x.grad().defined() ? x.grad().to_vector<double>() : std::vector<double>(static_cast<std::size_t>(x.numel()), 0.0);
+        g.defined() ? g.to_vector<double>() : std::vector<double>(static_cast<std::size_t>(x.numel()), 0.0);
     double* base = static_cast<double*>(mutable_data(x));
     for (std::int64_t e = 0; e < x.numel(); ++e) {
       const Shape index = unravel(e, x.shape());
@@ -194,27 +209,7 @@ GradcheckResult gradcheck_parameters(const std::function<std::vector<Tensor>()>&
                                      const GradcheckOptions& options) {
   const char* op = "gradcheck_parameters";
   check_options(op, options);
-  std::vector<Tensor> previous_grads;
-  for (std::size_t i = 0; i < parameters.size(); ++i) {
-    check_perturbable(op, "parameters", i, parameters[i]);
-    if (!parameters[i].requires_grad() || !parameters[i].is_leaf())
-      fail<GraphError>("{}: argument 'parameters[{}]' (shape {}) must be a leaf that requires grad", op, i,
-                       shape_str(parameters[i].shape()));
-    previous_grads.push_back(parameters[i].grad());
-    const_cast<Tensor&>(parameters[i]).zero_grad();
-  }
-  // The caller's gradients are put back however the check ends.
-  struct Restore {
-    const std::vector<Tensor>& params;
-    std::vector<Tensor>& grads;
-    ~Restore() {
-      for (std::size_t i = 0; i < params.size(); ++i) {
-        Tensor p = params[i];
-        p.zero_grad();
-        if (grads[i].defined()) p.impl()->grad = grads[i];
-      }
-    }
-  } restore{parameters, previous_grads};
+  check_parameters(op, parameters);
   return check(op, f, parameters, std::vector<bool>(parameters.size(), true), options);
 }
 
@@ -301,12 +296,7 @@ GradcheckResult gradgradcheck_parameters(const std::function<std::vector<Tensor>
                                          const GradcheckOptions& options) {
   const char* op = "gradgradcheck_parameters";
   check_options(op, options);
-  for (std::size_t i = 0; i < parameters.size(); ++i) {
-    check_perturbable(op, "parameters", i, parameters[i]);
-    if (!parameters[i].requires_grad() || !parameters[i].is_leaf())
-      fail<GraphError>("{}: argument 'parameters[{}]' (shape {}) must be a leaf that requires grad", op, i,
-                       shape_str(parameters[i].shape()));
-  }
+  check_parameters(op, parameters);
   std::vector<Tensor> outputs;
   {
     EnableGradGuard grad_on;

@@ -155,6 +155,29 @@ BOOST_AUTO_TEST_CASE(checks_tensors_the_function_captures_and_restores_them) {
   BOOST_TEST(!w.grad().defined());
 }
 
+// The analytic pass takes gradients with grad(), so no leaf's .grad changes: not those of
+// leaves f uses without their being checked, not those of the checked ones, and not when an
+// argument is refused or listed twice.
+BOOST_AUTO_TEST_CASE(no_gradient_of_any_leaf_changes) {
+  Tensor w = tg::randn({3, 3}, 1, tg::float64).set_requires_grad();
+  Tensor b = tg::randn({3}, 2, tg::float64).set_requires_grad();
+  const Tensor x = tg::randn({2, 3}, 3, tg::float64).set_requires_grad();
+  tg::backward(tg::sum(b * 5.0));
+  auto uses_w_and_b = [&] { return std::vector<Tensor>{tg::matmul(x, w) + b}; };
+
+  BOOST_TEST(tg::gradcheck([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{tg::matmul(in[0], w) + b}; }, {x}).ok);
+  BOOST_TEST(tg::gradcheck_parameters(uses_w_and_b, {w}).ok);
+  BOOST_TEST(!w.grad().defined());
+  BOOST_TEST(!x.grad().defined());
+  check_close(b.grad(), {5, 5, 5}, 0, "b's gradient, b not checked");
+
+  BOOST_TEST(tg::gradcheck_parameters(uses_w_and_b, {b, b}).ok);
+  check_close(b.grad(), {5, 5, 5}, 0, "b's gradient, b listed twice");
+
+  check_throws<tg::GraphError>([&] { tg::gradcheck_parameters(uses_w_and_b, {b, w * 1.0}); }, {"parameters[1]", "leaf"});
+  check_close(b.grad(), {5, 5, 5}, 0, "b's gradient, parameters[1] refused");
+}
+
 BOOST_AUTO_TEST_CASE(parameters_are_restored_when_the_function_throws) {
   Tensor w = tg::tensor({1.0, 2.0, 3.0}, tg::float64).set_requires_grad();
   int calls = 0;

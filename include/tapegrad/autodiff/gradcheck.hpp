@@ -49,14 +49,14 @@ using GradcheckFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&
 // through unchanged. The inputs given are not modified. The analytic pass records with grad
 // mode on, whatever the caller's; its graph is freed when gradcheck returns. The number, shapes
 // and dtypes of f's outputs must not depend on the input values (a ValueError otherwise). It may
-// run inside an op's backward.
+// run inside an op's backward. No .grad changes, not even of leaves f uses without taking them.
 GradcheckResult gradcheck(const GradcheckFn& f, const std::vector<Tensor>& inputs,
                           const GradcheckOptions& options = {});
 
 // The same check for a function of tensors it does not take as arguments, such as a model's
 // parameters: f() computes the outputs from `parameters` (float64 leaves that require grad),
-// which are perturbed in place one element at a time and restored exactly. The parameters'
-// accumulated gradients are left as they were. GradcheckResult::input indexes `parameters`.
+// which are perturbed in place one element at a time and restored exactly. No .grad changes (of
+// the parameters or of any other leaf). GradcheckResult::input indexes `parameters`.
 //   gradcheck_parameters([&] { return std::vector{model.forward(ids)}; }, model.parameters());
 GradcheckResult gradcheck_parameters(const std::function<std::vector<Tensor>()>& f, const std::vector<Tensor>& parameters,
                                      const GradcheckOptions& options = {});

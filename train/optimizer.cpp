@@ -106,6 +106,11 @@ void Optimizer::load_state(const std::vector<NamedTensor>& state, std::int64_t s
     if (t.shape() != mine[i].tensor.shape() || t.dtype() != mine[i].tensor.dtype())
       fail<ShapeError>("{}::load_state: state tensor '{}' must be {} {}, got {} {}", kind_, name,
                        mine[i].tensor.dtype(), shape_str(mine[i].tensor.shape()), t.dtype(), shape_str(t.shape()));
+    // A parameter's step count (the int64 slots) is at most the optimizer's: a step updates it once or not at all.
+    if (t.dtype() == DType::int64)
+      if (const auto count = t.to_vector<std::int64_t>()[0]; count < 0 || count > steps)
+        fail<ValueError>("{}::load_state: state tensor '{}' counts {} steps; expected 0 to steps = {}", kind_, name, count,
+                         steps);
   }
   for (std::size_t i = 0; i < mine.size(); ++i) copy_(mine[i].tensor, state[i].tensor);
   steps_ = steps;

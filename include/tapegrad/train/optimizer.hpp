@@ -41,7 +41,8 @@ class Optimizer {
 
   // The optimizer's state for a checkpoint: tensors named "<slot>.<parameter name>" (for
   // example "exp_avg.blocks.0.attn.w_q"), plus steps(). load_state() checks that the names,
-  // shapes and dtypes are exactly those state() would give and copies the values in.
+  // shapes and dtypes are exactly those state() would give, and that each parameter's step count
+  // lies in [0, steps], before it copies the values in.
   std::vector<NamedTensor> state() const;
   void load_state(const std::vector<NamedTensor>& state, std::int64_t steps);
 

@@ -339,11 +339,16 @@ void backward_tile(const Problem<T>& p, std::int64_t bh, std::int64_t j0, std::i
     for (std::int64_t r = 0; r < nq; ++r) {
       T* s = w.s.data() + r * kTileK;
       const T m = lse[2 * (i0 + r)], log_l = lse[2 * (i0 + r) + 1];
+      const RowMask& rm = rows[static_cast<std::size_t>(i0 + r)];
+      if (log_l != log_l) {  // a NaN row: NaN at its allowed keys, as the forward's weights
+        for (std::int64_t j = 0; j < nk; ++j) s[j] = rm(j0 + j) ? std::numeric_limits<T>::quiet_NaN() : T(0);
+        continue;
+      }
       if (m == -kInf<T>) {  // empty row: P = 0
         std::fill_n(s, nk, T(0));
         continue;
       }
-      mask_row(p, rows[static_cast<std::size_t>(i0 + r)], bh, i0 + r, j0, nk, s);
+      mask_row(p, rm, bh, i0 + r, j0, nk, s);
       for (std::int64_t j = 0; j < nk; ++j) s[j] = exp_tile((s[j] - m) - log_l);  // masked: exp(-inf) = 0
     }
     if constexpr (std::is_same_v<T, float>)

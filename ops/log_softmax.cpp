@@ -33,7 +33,7 @@ constexpr std::int64_t kRowCost = 8;
 
 // The rest of one row after load_row wrote it with -inf at the disallowed entries: y = (x - m)
 // - log sum over allowed j of exp(x_j - m), -inf where not allowed (softmax_rows.hpp's row rules). The
-// loops are plain float loops, except in a row whose maximum is -inf with a NaN (all NaN then).
+// loops are plain float loops, except in a NaN row (a NaN or +inf among the allowed scores).
 template <class T, class Allowed>
 [[gnu::always_inline]] inline void log_softmax_loaded(T* y, std::int64_t k, RowMax<T> max, Allowed allowed,
                                                       const void* ahead) {
@@ -48,7 +48,10 @@ template <class T, class Allowed>
   }
   // Every exponent is <= 0, so nothing overflows; NaN and +inf scores make it NaN.
   const T log_z = std::log(simd_sum(k, [&](std::int64_t j) { return softmax_exp<T>(y[j] - m); }, ahead));
-  for (std::int64_t j = 0; j < k; ++j) y[j] = (y[j] - m) - log_z;
+  if (log_z == log_z)
+    for (std::int64_t j = 0; j < k; ++j) y[j] = (y[j] - m) - log_z;
+  else  // a NaN row: NaN at the allowed entries, and the others stay -inf
+    for (std::int64_t j = 0; j < k; ++j) y[j] = allowed(j) ? std::numeric_limits<T>::quiet_NaN() : kMinusInf<T>;
 }
 
 template <class T>

@@ -536,6 +536,38 @@ BOOST_AUTO_TEST_CASE(poison_in_allowed_rows_reaches_the_same_outputs) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
+BOOST_AUTO_TEST_SUITE(nan_rows)
+
+// A NaN key makes every row that may see it NaN, but only at the keys that row allows: keys no
+// query may see (130-139 under the causal mask) keep exactly zero gradients on every path. The
+// tiles once rebuilt such a row's P as NaN at its masked keys too.
+BOOST_AUTO_TEST_CASE(a_nan_row_leaves_the_keys_it_may_not_see_at_zero) {
+  for (auto dtype : {tg::float64, tg::float32}) {
+    const Case c{1, 1, 130, 140, 8, 8, false, false, false, true, 0, 0, false, 43};
+    Problem p = make(c, tg::float64);
+    std::vector<double> k = values(p.k);
+    k[static_cast<std::size_t>(70 * c.d + 3)] = std::numeric_limits<double>::quiet_NaN();
+    p.k = tg::from_vector(k, p.k.shape());
+    if (dtype == tg::float32) p = bfloat16_core::as_float32(p);
+    const auto weights = run(p, false);
+    std::vector<std::int64_t> block_rows{0};
+    if (dtype == tg::float32) block_rows.push_back(16);
+    for (const std::int64_t rows : block_rows)
+      for (const bool bf16 : {false, dtype == tg::float32}) {
+        const tg::MatmulPrecisionGuard precision(bf16 ? tg::MatmulPrecision::bfloat16 : tg::MatmulPrecision::exact);
+        const auto fused = run(p, true, rows);
+        const std::string path = std::string(rows == 0 ? "tiles" : "fused blocks") + (bf16 ? " bf16 " : " ");
+        for (std::size_t r = 0; r < fused.size(); ++r)
+          for (std::size_t n = 0; n < fused[r].size(); ++n)
+            BOOST_TEST(std::isnan(fused[r][n]) == std::isnan(weights[r][n]), path << dtype << " result " << r << "[" << n << "]");
+        for (std::size_t r : {2u, 3u})  // dk, dv
+          for (std::size_t n = 130 * 8; n < 140 * 8; ++n) BOOST_TEST(fused[r][n] == 0.0, path << dtype << " result " << r << "[" << n << "]");
+      }
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
 // The weights path in blocks of query rows (kernels/attention_pipeline.cpp), which attention_core
 // takes for float32 scores of 8 MiB and more, asked for here directly with small blocks so that
 // small problems span many of them: against the whole-tensor weights path (attention_core on

@@ -144,6 +144,28 @@ BOOST_AUTO_TEST_CASE(masked_entries_and_empty_rows_are_minus_inf_with_exactly_ze
   }
 }
 
+// A NaN or +inf among a row's allowed scores makes its allowed entries NaN; its disallowed ones
+// stay -inf with gradient 0, as in masked_softmax (once the NaN reached them too when the row
+// also held a finite allowed score). A NaN at a disallowed entry changes nothing.
+BOOST_AUTO_TEST_CASE(a_nan_row_keeps_its_disallowed_entries_minus_inf) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (auto dtype : {tg::float32, tg::float64}) {
+    const Tensor x = tg::tensor({{nan, 1, 5}, {kInf, 1, 5}, {nan, 5, 1}, {1, nan, 3}}, dtype).set_requires_grad();
+    const Tensor allowed = tg::mask({{true, true, false}, {true, true, false}, {true, false, false}, {true, false, true}});
+    const Tensor y = tg::log_softmax(x, allowed);
+    const auto v = y.to_vector<double>();
+    for (std::size_t i : {0u, 1u, 3u, 4u, 6u}) BOOST_TEST(std::isnan(v[i]), "y[" << i << "] = " << v[i]);
+    for (std::size_t i : {2u, 5u, 7u, 8u, 10u}) BOOST_TEST(v[i] == -kInf, "y[" << i << "] = " << v[i]);
+    const double lse = std::log(std::exp(1.0) + std::exp(3.0));
+    BOOST_TEST(std::abs(v[9] - (1 - lse)) < 1e-6);
+    BOOST_TEST(std::abs(v[11] - (3 - lse)) < 1e-6);
+    tg::backward({y}, {tg::ones_like(y)});
+    const auto g = x.grad().to_vector<double>();
+    for (std::size_t i : {2u, 5u, 7u, 8u, 10u}) BOOST_TEST(g[i] == 0.0, "dx[" << i << "] = " << g[i]);
+    for (std::size_t i : {9u, 11u}) BOOST_TEST(std::isfinite(g[i]));
+  }
+}
+
 BOOST_AUTO_TEST_CASE(agrees_with_log_of_masked_softmax_and_its_gradient) {
   Tensor x = tg::randn({4, 7}, 3, tg::float64).set_requires_grad();
   const Tensor allowed = tg::gt(tg::randn({4, 7}, 4, tg::float64), tg::scalar(-0.5, tg::float64));

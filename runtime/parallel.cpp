@@ -48,14 +48,24 @@ void run_chunk(void* data, int c) noexcept { static_cast<Job*>(data)->run(c); }
 
 }  // namespace
 
+namespace {
+
+// One thread unless OMP_NUM_THREADS asks for more: a library takes the cores its program gives
+// it, and on a machine where other processes hold the cores a second thread gains nothing
+// (docs/threads.md). More threads are an explicit choice.
+int default_threads() noexcept {
+  static const int n = std::getenv("OMP_NUM_THREADS") ? std::max(1, omp_get_max_threads()) : 1;
+  return n;
+}
+// Read when the library loads: the oneDNN calls set the calling thread's OpenMP count to 1 for
+// their duration, and a first read inside one would keep that 1 for the process.
+[[maybe_unused]] const int g_default_at_load = default_threads();
+
+}  // namespace
+
 int max_threads() noexcept {
   const int n = g_threads.load(std::memory_order_relaxed);
-  if (n > 0) return n;
-  // One thread unless OMP_NUM_THREADS asks for more: a library takes the cores its program
-  // gives it, and on a machine where other processes hold the cores a second thread gains
-  // nothing (docs/threads.md). More threads are an explicit choice.
-  static const int fallback = std::getenv("OMP_NUM_THREADS") ? std::max(1, omp_get_max_threads()) : 1;
-  return fallback;
+  return n > 0 ? n : default_threads();
 }
 
 void set_max_threads(int n) noexcept { g_threads.store(std::max(1, n), std::memory_order_relaxed); }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
@@ -18,6 +19,8 @@
 #include "runtime/thread_choice.hpp"
 #include "runtime/thread_pool.hpp"
 #include "kernels/matmul.hpp"
+
+extern "C" void omp_set_num_threads(int n);  // libgomp, which oneDNN runs on
 
 namespace tg = tapegrad;
 using tg::detail::parallel_chunks;
@@ -33,6 +36,18 @@ struct Threads {
 };
 
 }  // namespace
+
+// OMP_NUM_THREADS gives the default whatever the calling thread's OpenMP setting is when tapegrad
+// first asks: products set it to 1 for their duration, and a first read inside one once kept 1
+// for the process. ctest also runs this case alone with OMP_NUM_THREADS=2 (test_parallel_omp_default).
+BOOST_AUTO_TEST_CASE(the_default_is_omp_num_threads_whatever_the_setting_later) {
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  BOOST_TEST_REQUIRE(env != nullptr);
+  const int wanted = std::max(1, std::atoi(env));
+  omp_set_num_threads(1);
+  BOOST_TEST(tg::num_threads() == wanted);
+  omp_set_num_threads(wanted);
+}
 
 BOOST_AUTO_TEST_CASE(every_index_once_for_any_thread_count) {
   for (int threads : {1, 2, 3, 7}) {

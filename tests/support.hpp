@@ -32,7 +32,8 @@ inline void check_close(const std::vector<double>& a, const std::vector<double>&
                         const std::string& what) {
   BOOST_REQUIRE_MESSAGE(a.size() == b.size(), what << ": sizes " << a.size() << " vs " << b.size());
   for (std::size_t i = 0; i < a.size(); ++i) {
-    const bool same_nonfinite = !std::isfinite(a[i]) && !std::isfinite(b[i]) && (std::isnan(a[i]) == std::isnan(b[i]));
+    // Both NaN, or the same infinity: +inf against -inf is a mismatch.
+    const bool same_nonfinite = std::isnan(a[i]) ? std::isnan(b[i]) : std::isinf(a[i]) && a[i] == b[i];
     if (same_nonfinite) continue;
     if (!(std::abs(a[i] - b[i]) <= atol + rtol * std::abs(b[i]))) {
       BOOST_ERROR(what << ": element " << i << " is " << a[i] << ", expected " << b[i]);

@@ -290,6 +290,14 @@ BOOST_AUTO_TEST_CASE(matmul_precision_guard) {
   BOOST_TEST(same(guarded.first, y_explicit));
   for (int i = 0; i < 2; ++i) BOOST_TEST(same(guarded.second[i].grad(), leaves_explicit[i].grad()));
   BOOST_TEST(!same(tg::matmul(a, b), tg::matmul(a, b, tg::MatmulPrecision::bfloat16)));
+  // set_matmul_precision itself, which the guard wraps: per thread.
+  tg::set_matmul_precision(tg::MatmulPrecision::bfloat16);
+  BOOST_TEST(same(tg::matmul(a, b), tg::matmul(a, b, tg::MatmulPrecision::bfloat16)));
+  tg::MatmulPrecision other_thread = tg::MatmulPrecision::bfloat16;
+  std::thread([&] { other_thread = tg::matmul_precision(); }).join();
+  BOOST_TEST((other_thread == tg::MatmulPrecision::exact));
+  tg::set_matmul_precision(tg::MatmulPrecision::exact);
+  BOOST_TEST((tg::matmul_precision() == tg::MatmulPrecision::exact));
 }
 
 // A weight's bfloat16 copy (kept beside a leaf that requires grad, for every bfloat16 product

@@ -77,6 +77,59 @@ BOOST_AUTO_TEST_CASE(adam_and_adamw_follow_the_papers) {
   }
 }
 
+// adam_update_ itself, as a public op: the update above on views (a transposed parameter, an
+// expanded gradient), the same result as on contiguous copies; its arguments named when wrong.
+BOOST_AUTO_TEST_CASE(adam_update_on_views_and_its_bad_arguments) {
+  for (auto dtype : {tg::float64, tg::float32}) {
+    const Tensor p0 = tg::randn({3, 2}, 1, tg::float64), m0 = tg::randn({3, 2}, 2, tg::float64) * 0.1;
+    const Tensor v0 = tg::exp(tg::randn({3, 2}, 3, tg::float64)) * 0.1, g0 = tg::randn({1, 2}, 4, tg::float64);
+    const tg::AdamStep step{.lr = 0.01, .beta1 = 0.8, .beta2 = 0.9, .eps = 1e-6, .weight_decay = 0.1, .step = 3, .grad_scale = 0.5};
+    std::vector<double> p = p0.to_vector<double>(), m = m0.to_vector<double>(), v = v0.to_vector<double>();
+    const std::vector<double> g = g0.to_vector<double>();
+    for (std::size_t i = 0; i < 6; ++i) {
+      const double gi = g[i % 2] * 0.5 + 0.1 * p[i];
+      m[i] = 0.8 * m[i] + 0.2 * gi;
+      v[i] = 0.9 * v[i] + 0.1 * gi * gi;
+      p[i] -= 0.01 * (m[i] / (1 - std::pow(0.8, 3))) / (std::sqrt(v[i] / (1 - std::pow(0.9, 3))) + 1e-6);
+    }
+    // Stored transposed, so that param, exp_avg and exp_avg_sq are [3, 2] views with strides (1, 3).
+    const Tensor pt = p0.transpose(0, 1).contiguous().to(dtype), mt = m0.transpose(0, 1).contiguous().to(dtype);
+    const Tensor vt = v0.transpose(0, 1).contiguous().to(dtype);
+    const Tensor param = pt.transpose(0, 1), exp_avg = mt.transpose(0, 1), exp_avg_sq = vt.transpose(0, 1);
+    BOOST_TEST(!param.is_contiguous());
+    tg::adam_update_(param, tg::expand(g0.to(dtype), {3, 2}), exp_avg, exp_avg_sq, step);
+    const double tol = dtype == tg::float64 ? 1e-14 : 1e-6;
+    check_close(param.to_vector<double>(), p, tol, tol, "param");
+    check_close(exp_avg.to_vector<double>(), m, tol, tol, "exp_avg");
+    check_close(exp_avg_sq.to_vector<double>(), v, tol, tol, "exp_avg_sq");
+  }
+  const Tensor a = tg::zeros({3}), b = tg::zeros({3});
+  check_throws<tg::ShapeError>([&] { tg::adam_update_(a, b, tg::zeros({4}), b, {}); }, {"adam_update_", "'exp_avg'", "[3]", "[4]"});
+  check_throws<tg::ShapeError>([&] { tg::adam_update_(a, tg::zeros({3}, tg::float64), a, b, {}); }, {"adam_update_", "'grad'", "float64"});
+  check_throws<tg::ValueError>([&] { tg::adam_update_(a, b, tg::zeros({3}), tg::zeros({3}), {.step = 0}); }, {"adam_update_", ">= 1", "0"});
+  check_throws<tg::ValueError>([&] { tg::adam_update_(a, b, tg::zeros({3}), tg::zeros({3}), {.grad_scale = INFINITY}); }, {"adam_update_", "grad_scale", "inf"});
+}
+
+// sum_of_squares (clip_grad_norm's sum): in float64 whatever the dtype, on any layout.
+BOOST_AUTO_TEST_CASE(sum_of_squares_on_any_layout) {
+  const Tensor x = tg::randn({4, 5}, 6, tg::float64);
+  double want = 0;
+  for (double e : x.to_vector<double>()) want += e * e;
+  for (auto dtype : {tg::float64, tg::float32}) {
+    const Tensor y = x.to(dtype);
+    const double tol = dtype == tg::float64 ? 1e-14 : 1e-6;
+    BOOST_TEST(std::abs(tg::sum_of_squares(y) - want) <= tol * want);
+    BOOST_TEST(std::abs(tg::sum_of_squares(y.transpose(0, 1)) - want) <= tol * want);
+    BOOST_TEST(std::abs(tg::sum_of_squares(tg::slice(y, 1, 0, 5, 2)) - tg::sum(tg::pow(tg::slice(x, 1, 0, 5, 2), 2.0)).item()) <= tol * want);
+  }
+  // float32 squares summed in float64: next to a 1, each 1e-8 would vanish from a float32 sum.
+  const Tensor small = tg::concat({tg::ones({1}), tg::full({10000}, 1e-4)}, 0);
+  double exact = 0;
+  for (double e : small.to_vector<double>()) exact += e * e;
+  BOOST_TEST(std::abs(tg::sum_of_squares(small) - exact) <= 1e-12);
+  check_throws<tg::DTypeError>([] { tg::sum_of_squares(tg::zeros({2}, tg::int64)); }, {"sum_of_squares", "'x'", "int64"});
+}
+
 BOOST_AUTO_TEST_CASE(parameters_without_a_gradient_are_skipped) {
   Tensor a = tg::ones({2}).set_requires_grad(), b = tg::ones({2}).set_requires_grad();
   tg::Adam opt({{"a", a}, {"b", b}}, {.lr = 0.1});

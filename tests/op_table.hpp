@@ -59,6 +59,21 @@ class ArgCollector {
   ArgCollector* previous_;
 };
 
+// While an ArgLayout lives on the thread, arg() hands out the bool and int64 tensors it is
+// given (masks, ids, targets, positions) with the same values in non-contiguous memory, so that
+// test_ops' transposed and strided layouts reach every input, not only the floating ones.
+class ArgLayout {
+ public:
+  enum Kind { as_made, transposed, strided };
+  explicit ArgLayout(Kind kind);
+  ~ArgLayout();
+  ArgLayout(const ArgLayout&) = delete;
+  ArgLayout& operator=(const ArgLayout&) = delete;
+
+ private:
+  Kind previous_;
+};
+
 // A deterministic bool pattern for ops that take a condition or mask.
 tapegrad::Tensor pattern_mask(const tapegrad::Shape& shape);
 bool pattern_value(std::int64_t flat);

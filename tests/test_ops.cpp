@@ -118,6 +118,10 @@ template <class Check> void for_each_sample_and_layout(const std::string& name, 
   for (const auto& shapes : info.samples)
     for (Layout layout : {Layout::contiguous, Layout::transposed, Layout::strided, Layout::expanded}) {
       if (!layout_applies(shapes, layout)) continue;
+      // Masks and ids the entry makes take the layout too.
+      const ArgLayout args(layout == Layout::transposed ? ArgLayout::transposed
+                           : layout == Layout::strided  ? ArgLayout::strided
+                                                        : ArgLayout::as_made);
       BOOST_TEST_CONTEXT(name << " on " << shapes_str(shapes) << ", " << layout_name(layout)) { check(shapes, layout, ++seed); }
       tg::clear_tape();
     }

@@ -11,12 +11,33 @@ using tg::Tensor;
 
 namespace {
 thread_local ArgCollector* collector = nullptr;
+thread_local ArgLayout::Kind arg_layout = ArgLayout::as_made;
+
+// The same values in non-contiguous memory: dims reversed, made contiguous and reversed back
+// (rank >= 2), or every other element of a buffer twice the size.
+Tensor relaid(const Tensor& t, ArgLayout::Kind kind) {
+  tg::NoGradGuard no_grad;
+  if (kind == ArgLayout::transposed && t.dim() >= 2) {
+    std::vector<std::int64_t> rev;
+    for (auto d = t.dim() - 1; d >= 0; --d) rev.push_back(d);
+    return tg::permute(tg::contiguous(tg::permute(t, rev)), rev);
+  }
+  Shape wide = t.shape();
+  wide.push_back(2);
+  const Tensor view = tg::select(tg::zeros(wide, t.dtype()), -1, 0);
+  tg::copy_(view, t);
+  return view;
+}
 }  // namespace
 
 ArgCollector::ArgCollector() : previous_(collector) { collector = this; }
 ArgCollector::~ArgCollector() { collector = previous_; }
+ArgLayout::ArgLayout(Kind kind) : previous_(arg_layout) { arg_layout = kind; }
+ArgLayout::~ArgLayout() { arg_layout = previous_; }
 
 Tensor arg(Tensor t) {
+  if (arg_layout != ArgLayout::as_made && t.defined() && t.dim() >= 1 && (t.dtype() == tg::bool_ || t.dtype() == tg::int64))
+    t = relaid(t, arg_layout);
   if (collector != nullptr) collector->args.push_back(t);
   return t;
 }

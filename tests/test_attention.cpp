@@ -214,6 +214,18 @@ BOOST_AUTO_TEST_CASE(T2_leading_dims_of_v_broadcast_the_weights) {
   tg::clear_tape();
 }
 
+// T2 and T3 run on both paths: scaled_dot_product_attention (the weights path, the reference)
+// and attention (the fused path, which keeps no weights and is a kernel of its own).
+struct Path {
+  const char* name;
+  bool weights;  // whether the path returns the weights (sdpa) or the output only
+  tg::AttentionResult run(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask = Tensor()) const {
+    if (weights) return tg::scaled_dot_product_attention(q, k, v, mask);
+    return {tg::attention(q, k, v, mask), Tensor()};
+  }
+};
+const Path kPaths[] = {{"weights path", true}, {"fused path", false}};
+
 BOOST_AUTO_TEST_CASE(T2_permutation_invariance) {
   const Tensor q = tg::randn({3, 4}, 7, tg::float64), k = tg::randn({5, 4}, 8, tg::float64), v = tg::randn({5, 2}, 9, tg::float64);
   const std::vector<std::int64_t> perm_k{3, 0, 4, 1, 2}, perm_q{2, 0, 1};
@@ -222,16 +234,20 @@ BOOST_AUTO_TEST_CASE(T2_permutation_invariance) {
     for (auto r : rows) parts.push_back(tg::select(x, 0, r));
     return tg::stack(parts, 0);
   };
-  const Tensor base = tg::scaled_dot_product_attention(q, k, v).output;
-  // Permuting keys and values together changes nothing.
-  check_close(tg::scaled_dot_product_attention(q, pick(k, perm_k), pick(v, perm_k)).output, values(base), 1e-14, "keys permuted");
-  // Permuting queries permutes the outputs.
-  check_close(tg::scaled_dot_product_attention(pick(q, perm_q), k, v).output, values(pick(base, perm_q)), 1e-14, "queries permuted");
+  for (const Path& path : kPaths) {
+    BOOST_TEST_CONTEXT(path.name) {
+      const Tensor base = path.run(q, k, v).output;
+      // Permuting keys and values together changes nothing.
+      check_close(path.run(q, pick(k, perm_k), pick(v, perm_k)).output, values(base), 1e-14, "keys permuted");
+      // Permuting queries permutes the outputs.
+      check_close(path.run(pick(q, perm_q), k, v).output, values(pick(base, perm_q)), 1e-14, "queries permuted");
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(T2_shift_invariance) {
-  // Adding a per-query constant to every score of that query changes nothing. With q' = q + c k0
-  // ... simpler and exact: masked_softmax(S + c_i) for a per-row constant.
+  // Adding a per-query constant to every score of that query changes nothing: first on
+  // masked_softmax(S + c_i) directly.
   const Tensor s = tg::randn({4, 6}, 10, tg::float64);
   const Tensor c = tg::tensor({{3.0}, {-100.0}, {1e3}, {0.5}}, tg::float64);
   const Tensor m = tg::from_bools({true, true, false, true, false, true}, {6});
@@ -240,49 +256,55 @@ BOOST_AUTO_TEST_CASE(T2_shift_invariance) {
   // scores by q_i . u / sqrt(D), a per-query constant.
   const Tensor q = tg::randn({3, 4}, 11, tg::float64), k = tg::randn({5, 4}, 12, tg::float64), v = tg::randn({5, 2}, 13, tg::float64);
   const Tensor u = tg::randn({4}, 14, tg::float64);
-  check_close(tg::scaled_dot_product_attention(q, k + u, v).output, values(tg::scaled_dot_product_attention(q, k, v).output), 1e-13,
-              "keys shifted");
+  for (const Path& path : kPaths)
+    check_close(path.run(q, k + u, v).output, values(path.run(q, k, v).output), 1e-13, std::string("keys shifted, ") + path.name);
 }
 
 BOOST_AUTO_TEST_CASE(T2_independent_gradients) {
   // Output row i depends on no other query: the gradient of output i w.r.t. q is zero off row i.
-  Tensor q = tg::randn({4, 3}, 15, tg::float64).set_requires_grad();
   const Tensor k = tg::randn({5, 3}, 16, tg::float64), v = tg::randn({5, 2}, 17, tg::float64);
-  for (std::int64_t i = 0; i < 4; ++i) {
-    q.zero_grad();
-    auto [out, w] = tg::scaled_dot_product_attention(q, k, v);
-    tg::backward(tg::sum(tg::select(out, 0, i)) + tg::sum(tg::select(w, 0, i)));
-    const auto g = values(q.grad());
-    for (std::int64_t r = 0; r < 4; ++r)
-      for (std::int64_t c = 0; c < 3; ++c) {
-        const double x = g[static_cast<std::size_t>(r * 3 + c)];
-        if (r == i) BOOST_TEST(x != 0.0);
-        else BOOST_TEST(x == 0.0);
-      }
-    tg::clear_tape();
+  for (const Path& path : kPaths) {
+    Tensor q = tg::randn({4, 3}, 15, tg::float64).set_requires_grad();
+    for (std::int64_t i = 0; i < 4; ++i) {
+      q.zero_grad();
+      const auto [out, w] = path.run(q, k, v);
+      tg::backward(path.weights ? tg::sum(tg::select(out, 0, i)) + tg::sum(tg::select(w, 0, i)) : tg::sum(tg::select(out, 0, i)));
+      const auto g = values(q.grad());
+      for (std::int64_t r = 0; r < 4; ++r)
+        for (std::int64_t c = 0; c < 3; ++c) {
+          const double x = g[static_cast<std::size_t>(r * 3 + c)];
+          if (r == i) BOOST_TEST(x != 0.0, path.name << ": dq[" << r << ", " << c << "] from output " << i);
+          else BOOST_TEST(x == 0.0, path.name << ": dq[" << r << ", " << c << "] from output " << i);
+        }
+      tg::clear_tape();
+    }
   }
 }
 
 BOOST_AUTO_TEST_CASE(T2_causal_isolation) {
   // With causal offset o, nothing from output i reaches keys or values j > i + o.
-  for (std::int64_t offset : {-1, 0, 2}) {
-    Tensor q = tg::randn({4, 3}, 18, tg::float64).set_requires_grad();
-    Tensor k = tg::randn({6, 3}, 19, tg::float64).set_requires_grad();
-    Tensor v = tg::randn({6, 2}, 20, tg::float64).set_requires_grad();
-    for (std::int64_t i = 0; i < 4; ++i) {
-      k.zero_grad();
-      v.zero_grad();
-      auto [out, w] = tg::scaled_dot_product_attention(q, k, v, tg::causal_mask(4, 6, offset));
-      tg::backward(tg::sum(tg::select(out, 0, i)) * 1.7 + tg::sum(tg::select(w, 0, i)));
-      const auto gk = values(k.grad()), gv = values(v.grad());
-      for (std::int64_t j = 0; j < 6; ++j)
-        if (j > i + offset) {
-          BOOST_TEST((gk[static_cast<std::size_t>(3 * j)] == 0 && gk[static_cast<std::size_t>(3 * j + 1)] == 0 && gk[static_cast<std::size_t>(3 * j + 2)] == 0));
-          BOOST_TEST((gv[static_cast<std::size_t>(2 * j)] == 0 && gv[static_cast<std::size_t>(2 * j + 1)] == 0));
-        }
-      tg::clear_tape();
+  for (const Path& path : kPaths)
+    for (std::int64_t offset : {-1, 0, 2}) {
+      Tensor q = tg::randn({4, 3}, 18, tg::float64).set_requires_grad();
+      Tensor k = tg::randn({6, 3}, 19, tg::float64).set_requires_grad();
+      Tensor v = tg::randn({6, 2}, 20, tg::float64).set_requires_grad();
+      for (std::int64_t i = 0; i < 4; ++i) {
+        k.zero_grad();
+        v.zero_grad();
+        const auto [out, w] = path.run(q, k, v, tg::causal_mask(4, 6, offset));
+        const Tensor from_out = tg::sum(tg::select(out, 0, i)) * 1.7;
+        tg::backward(path.weights ? from_out + tg::sum(tg::select(w, 0, i)) : from_out);
+        const auto gk = values(k.grad()), gv = values(v.grad());
+        for (std::int64_t j = 0; j < 6; ++j)
+          if (j > i + offset) {
+            BOOST_TEST((gk[static_cast<std::size_t>(3 * j)] == 0 && gk[static_cast<std::size_t>(3 * j + 1)] == 0 && gk[static_cast<std::size_t>(3 * j + 2)] == 0),
+                       path.name << ", offset " << offset << ": dk[" << j << "] from output " << i);
+            BOOST_TEST((gv[static_cast<std::size_t>(2 * j)] == 0 && gv[static_cast<std::size_t>(2 * j + 1)] == 0),
+                       path.name << ", offset " << offset << ": dv[" << j << "] from output " << i);
+          }
+        tg::clear_tape();
+      }
     }
-  }
 }
 
 BOOST_AUTO_TEST_CASE(T3_prefix_averaging_experiment) {
@@ -290,22 +312,26 @@ BOOST_AUTO_TEST_CASE(T3_prefix_averaging_experiment) {
   const std::vector<double> vals{3, -1, 4, 1, -5, 9};
   const Tensor q = tg::zeros({6, 2}, tg::float64), k = tg::zeros({6, 2}, tg::float64);
   const Tensor v = tg::from_vector(vals, {6, 1});
-  auto [out, w] = tg::scaled_dot_product_attention(q, k, v, tg::causal_mask(6, 6));
-  double running = 0;
-  for (std::size_t i = 0; i < 6; ++i) {
-    running += vals[i];
-    BOOST_TEST(std::abs(values(out)[i] - running / static_cast<double>(i + 1)) < 1e-15);
-    for (std::size_t j = 0; j < 6; ++j)
-      BOOST_TEST(values(w)[i * 6 + j] == (j <= i ? 1.0 / static_cast<double>(i + 1) : 0.0), boost::test_tools::tolerance(1e-15));
+  for (const Path& path : kPaths) {
+    BOOST_TEST_CONTEXT(path.name) {
+      const auto [out, w] = path.run(q, k, v, tg::causal_mask(6, 6));
+      double running = 0;
+      for (std::size_t i = 0; i < 6; ++i) {
+        running += vals[i];
+        BOOST_TEST(std::abs(values(out)[i] - running / static_cast<double>(i + 1)) < 1e-15);
+        for (std::size_t j = 0; path.weights && j < 6; ++j)
+          BOOST_TEST(values(w)[i * 6 + j] == (j <= i ? 1.0 / static_cast<double>(i + 1) : 0.0), boost::test_tools::tolerance(1e-15));
+      }
+      double leakage = 0;
+      for (std::size_t i = 0; i < 6; ++i) {
+        std::vector<double> raised = vals;
+        for (std::size_t j = i + 1; j < 6; ++j) raised[j] += 1000;
+        const Tensor out2 = path.run(q, k, tg::from_vector(raised, {6, 1}), tg::causal_mask(6, 6)).output;
+        leakage = std::max(leakage, std::abs(values(out2)[i] - values(out)[i]));
+      }
+      BOOST_TEST(leakage == 0.0);
+    }
   }
-  double leakage = 0;
-  for (std::size_t i = 0; i < 6; ++i) {
-    std::vector<double> raised = vals;
-    for (std::size_t j = i + 1; j < 6; ++j) raised[j] += 1000;
-    const Tensor out2 = tg::scaled_dot_product_attention(q, k, tg::from_vector(raised, {6, 1}), tg::causal_mask(6, 6)).output;
-    leakage = std::max(leakage, std::abs(values(out2)[i] - values(out)[i]));
-  }
-  BOOST_TEST(leakage == 0.0);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

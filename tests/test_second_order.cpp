@@ -402,43 +402,44 @@ BOOST_AUTO_TEST_CASE(gradgradcheck_of_every_input_and_parameter_on_both_paths) {
 }
 
 BOOST_AUTO_TEST_CASE(suppressed_queries_and_masked_keys_holding_nan_change_no_second_order_term) {
-  // Query 0 of batch 0 is suppressed, batch 0's keys all masked (empty_batch): NaN in their rows
-  // of the query and the context leaves every second-order term as with zeros there.
-  for (bool weights : {true, false}) {
-    BOOST_TEST_CONTEXT((weights ? "weights path" : "fused path")) {
-      std::vector<std::vector<double>> second[2];
-      for (bool poison : {false, true}) {
-        tg_test::MhaProblem p = tg_test::make_problem(7, tg::float64, tg_test::MaskKind::empty_query, tg_test::BiasKind::none,
-                                                      /*all_biases=*/true, false);
-        p.need_weights = weights;
-        const auto qm = p.masks.query_mask.to_vector<bool>();
-        const auto km = p.masks.key_mask.to_vector<bool>();
-        std::vector<Tensor> in = p.inputs();
-        auto rows_to = [&](const Tensor& t, const std::vector<bool>& keep) {
-          std::vector<double> v = t.to_vector<double>();
-          const auto w = static_cast<std::size_t>(t.shape().back());
-          for (std::size_t n = 0; n < v.size(); ++n)
-            if (!keep[n / w]) v[n] = poison ? std::numeric_limits<double>::quiet_NaN() : 0.0;
-          return f64(v, t.shape());
-        };
-        in[0] = rows_to(in[0], qm);  // query [B, Q, Cq]
-        in[1] = rows_to(in[1], km);  // context [B, K, Cctx]
-        for (auto& t : in) t = t.detach().set_requires_grad();
-        const auto out = p.run(in);
-        const Tensor w = tg::randn(out.output.shape(), 9, tg::float64);
-        const auto g = tg::grad({tg::sum(out.output * w)}, in, {}, {.create_graph = true, .allow_unused = true});
-        Tensor penalty = tg::zeros({}, tg::float64);
-        for (const auto& gi : g)
-          if (gi.defined() && gi.requires_grad()) penalty = penalty + tg::sum(gi * gi);
-        for (const auto& t : tg::grad({penalty}, in, {}, {.allow_unused = true}))
-          second[poison ? 1 : 0].push_back(t.defined() ? t.to_vector<double>() : std::vector<double>{});
-      }
-      for (std::size_t i = 0; i < second[0].size(); ++i) {
-        BOOST_TEST(second[1][i] == second[0][i], "input " << i << ": NaN in masked rows changed a second-order term");
-        for (double e : second[1][i]) BOOST_TEST(std::isfinite(e));
+  // Query 0 of batch 0 suppressed (empty_query), or batch 0's keys all masked (empty_batch), on
+  // top of the random masks: NaN in the masked rows of the query and the context leaves every
+  // second-order term as with zeros there.
+  for (const auto kind : {tg_test::MaskKind::empty_query, tg_test::MaskKind::empty_batch})
+    for (bool weights : {true, false}) {
+      BOOST_TEST_CONTEXT((weights ? "weights path" : "fused path") << (kind == tg_test::MaskKind::empty_query ? ", empty query" : ", empty batch")) {
+        std::vector<std::vector<double>> second[2];
+        for (bool poison : {false, true}) {
+          tg_test::MhaProblem p = tg_test::make_problem(7, tg::float64, kind, tg_test::BiasKind::none, /*all_biases=*/true, false);
+          p.need_weights = weights;
+          const auto qm = p.masks.query_mask.to_vector<bool>();
+          const auto km = p.masks.key_mask.to_vector<bool>();
+          std::vector<Tensor> in = p.inputs();
+          auto rows_to = [&](const Tensor& t, const std::vector<bool>& keep) {
+            std::vector<double> v = t.to_vector<double>();
+            const auto w = static_cast<std::size_t>(t.shape().back());
+            for (std::size_t n = 0; n < v.size(); ++n)
+              if (!keep[n / w]) v[n] = poison ? std::numeric_limits<double>::quiet_NaN() : 0.0;
+            return f64(v, t.shape());
+          };
+          in[0] = rows_to(in[0], qm);  // query [B, Q, Cq]
+          in[1] = rows_to(in[1], km);  // context [B, K, Cctx]
+          for (auto& t : in) t = t.detach().set_requires_grad();
+          const auto out = p.run(in);
+          const Tensor w = tg::randn(out.output.shape(), 9, tg::float64);
+          const auto g = tg::grad({tg::sum(out.output * w)}, in, {}, {.create_graph = true, .allow_unused = true});
+          Tensor penalty = tg::zeros({}, tg::float64);
+          for (const auto& gi : g)
+            if (gi.defined() && gi.requires_grad()) penalty = penalty + tg::sum(gi * gi);
+          for (const auto& t : tg::grad({penalty}, in, {}, {.allow_unused = true}))
+            second[poison ? 1 : 0].push_back(t.defined() ? t.to_vector<double>() : std::vector<double>{});
+        }
+        for (std::size_t i = 0; i < second[0].size(); ++i) {
+          BOOST_TEST(second[1][i] == second[0][i], "input " << i << ": NaN in masked rows changed a second-order term");
+          for (double e : second[1][i]) BOOST_TEST(std::isfinite(e));
+        }
       }
     }
-  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

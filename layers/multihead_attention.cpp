@@ -59,8 +59,9 @@ MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
       fail<ValueError>("{}: config.rotary.base must be finite and > 0, got {}", kLayer, c.rotary->base);
     const std::int64_t r = c.rotary->rotary_dim == 0 ? c.head_dim : c.rotary->rotary_dim;
     if (r < 0 || r % 2 != 0 || r > c.head_dim)
-      fail<ValueError>("{}: config.rotary.rotary_dim must be even and in [0, config.head_dim = {}] (0 means head_dim), got {}{}", kLayer,
-                       c.head_dim, c.rotary->rotary_dim, defaults);
+      fail<ValueError>("{}: config.rotary.rotary_dim must be even and in [0, config.head_dim = {}] (0 means head_dim{}), got {}{}",
+                       kLayer, c.head_dim, c.head_dim % 2 != 0 ? ", which is odd here: give an even rotary_dim" : "",
+                       c.rotary->rotary_dim, defaults);
   }
 
   // kv_heads divides heads, so its products are no larger than these.
@@ -215,10 +216,10 @@ AttentionResult MultiHeadAttention::decode(const Tensor& query, KVCache& cache, 
     const bool fits = cache.k_.size(0) == query.size(0) && cache.k_.size(2) == params_.w_k.size(1) &&
                       cache.v_.size(2) == params_.w_v.size(1) && cache.k_.dtype() == query.dtype();
     if (!fits && cache.held() > 0)
-      fail<ShapeError>("{}: argument 'cache' holds keys [{}, {}, {}] of {} from another batch or layer; 'query' is {} {} and this "
-                       "layer's keys are {} wide (clear() the cache to start over)",
-                       kDecode, cache.k_.size(0), cache.held(), cache.k_.size(2), cache.k_.dtype(), detail::shape_str(query.shape()),
-                       query.dtype(), params_.w_k.size(1));
+      fail<ShapeError>("{}: argument 'cache' holds {} {} keys [B, L, width] = [{}, {}, {}] from another batch or layer; 'query' is {} {} "
+                       "(B = {}) and this layer's keys are {} wide (clear() the cache to start over)",
+                       kDecode, cache.held(), cache.k_.dtype(), cache.k_.size(0), cache.held(), cache.k_.size(2),
+                       detail::shape_str(query.shape()), query.dtype(), query.size(0), params_.w_k.size(1));
     if (!fits) cache.k_ = cache.v_ = Tensor();
   }
   const std::int64_t before = cache.length(), n = query.size(1);

@@ -47,9 +47,10 @@ const DecoderConfig& checked(const DecoderConfig& c) {
     if (!(std::isfinite(c.rotary.base) && c.rotary.base > 0))
       detail::fail<ValueError>("Decoder: config.rotary.base must be finite and > 0, got {}", c.rotary.base);
     if (r < 0 || r % 2 != 0 || r > head_dim)
-      detail::fail<ValueError>("Decoder: config.rotary.rotary_dim must be even and in [0, dim / heads = {}] (0 means dim / heads), "
+      detail::fail<ValueError>("Decoder: config.rotary.rotary_dim must be even and in [0, dim / heads = {}] (0 means dim / heads{}), "
                                "got {}",
-                               head_dim, c.rotary.rotary_dim);
+                               head_dim, head_dim % 2 != 0 ? ", which is odd here: give an even rotary_dim" : "",
+                               c.rotary.rotary_dim);
   }
   if (!(c.dropout >= 0 && c.dropout < 1)) detail::fail<ValueError>("Decoder: config.dropout must be in [0, 1), got {}", c.dropout);
   detail::checked_product(layer, "vocab", c.vocab, "dim", c.dim);

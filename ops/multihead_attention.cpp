@@ -22,11 +22,14 @@ namespace tapegrad {
 namespace detail {
 namespace {
 
-void check_matrix(const char* op, const char* name, const Tensor& w, std::int64_t rows, DType dtype) {
+// `rows_from` says where the row count comes from, for the message.
+void check_matrix(const char* op, const char* name, const Tensor& w, std::int64_t rows, DType dtype,
+                  const std::string& rows_from = {}) {
   check_floating(op, name, w);
   if (w.dim() != 2 || (rows >= 0 && w.size(0) != rows))
-    fail<ShapeError>("{}: argument '{}' must be a matrix with {} rows, got shape {}", op, name,
-                     rows >= 0 ? fmt::format("{}", rows) : std::string("any number of"), shape_str(w.shape()));
+    fail<ShapeError>("{}: argument '{}' must be a matrix with {} rows{}, got shape {}", op, name,
+                     rows >= 0 ? fmt::format("{}", rows) : std::string("any number of"),
+                     rows_from.empty() ? "" : " (" + rows_from + ")", shape_str(w.shape()));
   if (w.dtype() != dtype)
     fail<DTypeError>("{}: argument '{}' ({}) is {} but 'query' is {}; convert it with to()", op, name, shape_str(w.shape()),
                      w.dtype(), dtype);
@@ -148,9 +151,9 @@ MhaShapes check_mha(const char* op, const MhaActivations& a, const MhaParameters
   if (a.query.dim() != 3) fail<ShapeError>("{}: argument 'query' must be [B, Q, Cq], got shape {}", op, shape_str(a.query.shape()));
   const std::int64_t heads = o.heads;
   MhaShapes s{op, a.query.size(0), a.query.size(1), context_length, heads, 0, 0, 0, check_options(op, o)};
-  check_matrix(op, "w_q", p.w_q, a.query.size(2), dtype);
+  check_matrix(op, "w_q", p.w_q, a.query.size(2), dtype, fmt::format("Cq, the last dim of 'query' {}", shape_str(a.query.shape())));
   check_matrix(op, "w_k", p.w_k, -1, dtype);
-  check_matrix(op, "w_v", p.w_v, p.w_k.size(0), dtype);
+  check_matrix(op, "w_v", p.w_v, p.w_k.size(0), dtype, fmt::format("Cctx, as 'w_k' {} has", shape_str(p.w_k.shape())));
   if (p.w_q.size(1) % heads != 0)
     fail<ShapeError>("{}: heads = {} must divide the projection width of 'w_q', shape {}", op, heads, shape_str(p.w_q.shape()));
   s.d = p.w_q.size(1) / heads;
@@ -163,7 +166,7 @@ MhaShapes check_mha(const char* op, const MhaActivations& a, const MhaParameters
   std::int64_t merged = 0;
   if (__builtin_mul_overflow(heads, s.dv, &merged))
     fail<ShapeError>("{}: heads * Dv = {} * {} overflows int64 ('w_v' {}, kv_heads = {})", op, heads, s.dv, shape_str(p.w_v.shape()), s.hkv);
-  check_matrix(op, "w_o", p.w_o, merged, dtype);
+  check_matrix(op, "w_o", p.w_o, merged, dtype, fmt::format("heads * Dv = {} * {}", heads, s.dv));
   s.cout = p.w_o.size(1);
   check_vector(op, "b_q", p.b_q, heads * s.d, dtype);
   check_vector(op, "b_k", p.b_k, s.hkv * s.d, dtype);

@@ -33,8 +33,8 @@ std::int64_t checked_rotary_dim(const Tensor& x, const RotaryOptions& o) {
   const std::int64_t d = x.size(-1);
   const std::int64_t r = o.rotary_dim == 0 ? d : o.rotary_dim;
   if (r < 0 || r % 2 != 0 || r > d)
-    fail<ValueError>("{}: options.rotary_dim must be even and in [0, D = {}] (0 means D), got {} for 'x' with shape {}", kOp, d,
-                     o.rotary_dim, shape_str(x.shape()));
+    fail<ValueError>("{}: options.rotary_dim must be even and in [0, D = {}] (0 means D{}), got {} for 'x' with shape {}", kOp, d,
+                     d % 2 != 0 ? ", which is odd here: give an even rotary_dim" : "", o.rotary_dim, shape_str(x.shape()));
   return r;
 }
 

@@ -664,7 +664,7 @@ BOOST_AUTO_TEST_CASE(kv_cache_is_checked_and_reusable) {
   layer.decode(tg::randn({3, 2, 4}, 1, tg::float64), cache);
   // Another batch size while positions are cached: an error, not a read past the buffers.
   check_throws<tg::ShapeError>([&] { layer.decode(tg::randn({2, 1, 4}, 2, tg::float64), cache); },
-                               {"MultiHeadAttention::decode", "'cache'", "[3, 2, 4]", "[2, 1, 4]"});
+                               {"MultiHeadAttention::decode", "'cache'", "[B, L, width] = [3, 2, 4]", "[2, 1, 4]", "(B = 2)"});
   tg::MultiHeadAttention wider({.query_dim = 6, .heads = 2, .dtype = tg::float64, .seed = 6});
   check_throws<tg::ShapeError>([&] { wider.decode(tg::randn({3, 1, 6}, 2, tg::float64), cache); }, {"'cache'", "another batch or layer"});
   check_throws<tg::DTypeError>([&] { layer.decode(tg::randn({3, 1, 4}, 2, tg::float32), cache); }, {"'query'", "float32", "float64"});
@@ -767,7 +767,7 @@ BOOST_AUTO_TEST_CASE(every_argument_is_checked) {
   };
   check_throws<tg::ShapeError>([&] { run([](MhaProblem& x) { x.act.query = tg::zeros({2, 3}); }); }, {"multihead_attention", "'query'", "[B, Q, Cq]", "[2, 3]"});
   check_throws<tg::ShapeError>([&] { run([](MhaProblem& x) { x.act.context = tg::zeros({x.b, x.k}); }); }, {"'context'", "[B, K, Cctx]"});
-  check_throws<tg::ShapeError>([&] { run([](MhaProblem& x) { x.par.w_q = tg::zeros({x.cq + 1, x.h * x.d}); }); }, {"'w_q'", "rows"});
+  check_throws<tg::ShapeError>([&] { run([](MhaProblem& x) { x.par.w_q = tg::zeros({x.cq + 1, x.h * x.d}); }); }, {"'w_q'", "rows (Cq, the last dim of 'query'"});
   check_throws<tg::ShapeError>([&] { run([](MhaProblem& x) { x.par.w_k = tg::zeros({x.cctx + 1, x.h * x.d}); x.par.w_v = tg::zeros({x.cctx + 1, x.h * x.dv}); }); },
                                {"'w_k'", "context"});
   check_throws<tg::ShapeError>([&] { run([](MhaProblem& x) { x.par.w_o = tg::zeros({x.h * x.dv + 1, x.cout}); }); }, {"'w_o'"});
@@ -968,10 +968,10 @@ BOOST_AUTO_TEST_CASE(the_rotary_config_is_validated) {
   };
   fails({.query_dim = 8, .heads = 2, .rotary = tg::RotaryOptions{.rotary_dim = 3}}, {"config.rotary.rotary_dim", "even", "head_dim = 4", "got 3"});
   fails({.query_dim = 8, .heads = 2, .rotary = tg::RotaryOptions{.rotary_dim = 6}}, {"config.rotary.rotary_dim", "got 6"});
-  fails({.query_dim = 6, .heads = 2, .rotary = tg::RotaryOptions{}}, {"config.rotary.rotary_dim", "head_dim = 3", "got 0"});
+  fails({.query_dim = 6, .heads = 2, .rotary = tg::RotaryOptions{}}, {"config.rotary.rotary_dim", "head_dim = 3", "odd here", "got 0"});
   fails({.query_dim = 8, .rotary = tg::RotaryOptions{.base = -1}}, {"config.rotary.base", "> 0", "-1"});
   check_throws<tg::ValueError>([] { tg::Decoder({.vocab = 4, .max_len = 4, .dim = 6, .heads = 2, .positions = tg::PositionKind::rotary}); },
-                               {"Decoder", "config.rotary.rotary_dim", "dim / heads = 3"});
+                               {"Decoder", "config.rotary.rotary_dim", "dim / heads = 3", "odd here"});
   // An odd head_dim is fine when fewer channels rotate.
   const tg::MultiHeadAttention ok({.query_dim = 6, .heads = 2, .rotary = tg::RotaryOptions{.rotary_dim = 2}});
   BOOST_TEST(ok.forward(tg::randn({1, 3, 6}, 1)).output.shape() == (Shape{1, 3, 6}));

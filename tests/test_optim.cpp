@@ -179,6 +179,8 @@ BOOST_AUTO_TEST_CASE(state_round_trips_and_resumes_identically) {
                                {"load_state", "'m.p'", "exp_avg.p"});
   check_throws<tg::Error>([&] { opt.load_state({{"exp_avg.p", Tensor()}, {"exp_avg_sq.p", tg::zeros({3}, tg::float64)}, {"step.p", zero_step}}, 1); },
                           {"Adam::load_state", "'exp_avg.p'", "undefined"});
+  check_throws<tg::ValueError>([&] { opt.load_state({{"exp_avg.p", tg::zeros({3}, tg::float64)}, {"step.p", zero_step}}, 1); },
+                               {"Adam::load_state", "expected 3 state tensors, got 2", "1 missing: exp_avg_sq.p", "0 not expected"});
   for (const std::int64_t count : {-1, 2})
     check_throws<tg::ValueError>([&] { opt.load_state({{"exp_avg.p", tg::zeros({3}, tg::float64)}, {"exp_avg_sq.p", tg::zeros({3}, tg::float64)}, {"step.p", tg::full({}, static_cast<double>(count), tg::int64)}}, 1); },
                                  {"Adam::load_state", "'step.p'", fmt::format("counts {} steps", count), "steps = 1"});

@@ -1,7 +1,9 @@
 // Optimizers, gradient clipping and the warm-up + cosine schedule (see optimizer.hpp).
 #include "tapegrad/train/optimizer.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <numbers>
 #include <map>
@@ -96,8 +98,21 @@ std::vector<NamedTensor> Optimizer::state() const {
 void Optimizer::load_state(const std::vector<NamedTensor>& state, std::int64_t steps) {
   if (steps < 0) fail<ValueError>("{}::load_state: argument 'steps' must be >= 0, got {}", kind_, steps);
   const std::vector<NamedTensor> mine = this->state();
-  if (state.size() != mine.size())
-    fail<ValueError>("{}::load_state: expected {} state tensors, got {}", kind_, mine.size(), state.size());
+  if (state.size() != mine.size()) {
+    std::set<std::string> given, expected;
+    for (const auto& t : state) given.insert(t.name);
+    for (const auto& t : mine) expected.insert(t.name);
+    std::vector<std::string> missing, extra;
+    std::set_difference(expected.begin(), expected.end(), given.begin(), given.end(), std::back_inserter(missing));
+    std::set_difference(given.begin(), given.end(), expected.begin(), expected.end(), std::back_inserter(extra));
+    auto some = [](const std::vector<std::string>& v) {
+      const std::size_t shown = std::min<std::size_t>(v.size(), 3);
+      return fmt::format("{}", fmt::join(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(shown), ", ")) + (v.size() > shown ? ", ..." : "");
+    };
+    fail<ValueError>("{}::load_state: expected {} state tensors, got {} ({} missing{}{}; {} not expected{}{})", kind_, mine.size(),
+                     state.size(), missing.size(), missing.empty() ? "" : ": ", some(missing), extra.size(), extra.empty() ? "" : ": ",
+                     some(extra));
+  }
   for (std::size_t i = 0; i < mine.size(); ++i) {
     const auto& [name, t] = state[i];
     if (name != mine[i].name)

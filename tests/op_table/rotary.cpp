@@ -76,7 +76,7 @@ void add_rotary(std::vector<OpInfo>& t) {
       {"one position too few", [ids] { tg::rotary(f32({3, 4}), ids({0, 1})); }, Raises::shape, {"rotary", "'positions'", "[3]", "[2]", "[3, 4]"}},
       {"positions of rank 2", [] { tg::rotary(f32({3, 4}), tg::zeros({1, 3}, tg::int64)); }, Raises::shape, {"rotary", "'positions'", "[3]", "[1, 3]"}},
       {"odd rotary_dim", [ids] { tg::rotary(f32({1, 4}), ids({0}), {.rotary_dim = 3}); }, Raises::value, {"rotary", "options.rotary_dim", "even", "got 3"}},
-      {"odd D, rotary_dim all of it", [ids] { tg::rotary(f32({1, 5}), ids({0})); }, Raises::value, {"rotary", "options.rotary_dim", "D = 5", "[1, 5]"}},
+      {"odd D, rotary_dim all of it", [ids] { tg::rotary(f32({1, 5}), ids({0})); }, Raises::value, {"rotary", "options.rotary_dim", "D = 5", "odd here", "[1, 5]"}},
       {"rotary_dim past D", [ids] { tg::rotary(f32({1, 4}), ids({0}), {.rotary_dim = 6}); }, Raises::value, {"rotary", "options.rotary_dim", "D = 4", "got 6"}},
       {"negative rotary_dim", [ids] { tg::rotary(f32({1, 4}), ids({0}), {.rotary_dim = -2}); }, Raises::value, {"rotary", "options.rotary_dim", "got -2"}},
       {"zero base", [ids] { tg::rotary(f32({1, 4}), ids({0}), {.base = 0.0}); }, Raises::value, {"rotary", "options.base", "> 0", "got 0"}},

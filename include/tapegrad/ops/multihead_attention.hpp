@@ -37,7 +37,7 @@ struct MhaMasks {  // all optional, bool, True = allowed
   Tensor attention_mask{};  // broadcastable to [B, H, Q, K]
 };
 
-// Returns output [B, Q, Cout] and attention [B, H, Q, K]. With need_weights = false the
+// Returns output [B, Q, Cout] and the attention [B, H, Q, K] (AttentionResult::weights). With need_weights = false the
 // attention is left undefined and is never formed: the heads run fused, block by block over the
 // keys (memory O(B H Q) on top of the activations instead of O(B H Q K)); the output and every
 // gradient are the same up to float rounding.

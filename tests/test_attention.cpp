@@ -14,6 +14,7 @@ using tg::Tensor;
 namespace {
 std::vector<double> values(const Tensor& t) { return t.to_vector<double>(); }
 Tensor f64(const tg::Literal& v) { return tg::tensor(v, tg::float64); }
+Tensor f64(const std::vector<double>& v, const Shape& shape) { return tg::from_vector(v, shape); }
 bool bitwise_equal(const Tensor& a, const Tensor& b) { return a.to_vector<double>() == b.to_vector<double>(); }
 }  // namespace
 
@@ -37,9 +38,12 @@ BOOST_AUTO_TEST_CASE(masked_two_by_two) {
 
 BOOST_AUTO_TEST_CASE(scaled_scores_and_a_masked_key) {
   const Tensor q = tg::tensor({{2, 0, 0, 0}}), k = tg::tensor({{1, 0, 0, 0}, {0, 0, 0, 0}}), v = tg::tensor({{1}, {2}});
-  // Scaled scores [1, 0]: q k^T / sqrt(4).
-  check_close(tg::matmul(q, tg::transpose(k, 0, 1)) / 2.0, {1, 0}, 0, "scaled scores");
-  check_close(tg::scaled_dot_product_attention(q, k, v).weights, {0.7311, 0.2689}, 5e-5, "weights");
+  // Scaled scores [1, 0] (q k^T / sqrt(4)), read back from the library's weights: their log ratio
+  // is the score gap, which is 2 without the scale.
+  const auto w = values(tg::scaled_dot_product_attention(q, k, v).weights);
+  check_close({std::log(w[0] / w[1])}, {1.0}, 1e-6, 0, "scaled score gap");
+  check_close(w, {0.7311, 0.2689}, 5e-5, 0, "weights");
+  check_close(tg::attention(q, k, v), {0.7311 + 2 * 0.2689}, 5e-5, "fused output");
   BOOST_TEST(values(tg::scaled_dot_product_attention(q, k, v, tg::mask({{true, false}})).weights) == (std::vector<double>{1, 0}));
 }
 
@@ -156,12 +160,22 @@ BOOST_AUTO_TEST_CASE(T0_shapes_dtypes_and_inputs_unmodified) {
 }
 
 BOOST_AUTO_TEST_CASE(T1_two_keys_analytic) {
-  // One query, two keys, D = 1: weights are a logistic of the score gap.
+  // One query, two keys: weights are a logistic of the score gap q.(k0 - k1) / sqrt(D); D = 1,
+  // and D = 4, where the scale is 1/2.
   const double a = 0.7, b = -0.4, qv = 1.3;
   auto [out, w] = tg::scaled_dot_product_attention(f64({{qv}}), f64({{a}, {b}}), f64({{2.0}, {-3.0}}));
   const double p = 1 / (1 + std::exp(-(qv * a - qv * b)));
   check_close(w, {p, 1 - p}, 1e-15, "weights");
   check_close(out, {2 * p - 3 * (1 - p)}, 1e-14, "output");
+  const std::vector<double> q4{1.3, -0.2, 0.5, 2.0}, k0{0.7, 1.0, -1.5, 0.25}, k1{-0.4, 0.3, 0.0, -0.5};
+  double gap = 0;
+  for (std::size_t i = 0; i < 4; ++i) gap += q4[i] * (k0[i] - k1[i]) / 2;
+  const double p4 = 1 / (1 + std::exp(-gap));
+  const Tensor keys = tg::stack({f64(k0, {4}), f64(k1, {4})}, 0), vals = f64({{2.0}, {-3.0}});
+  auto [out4, w4] = tg::scaled_dot_product_attention(f64(q4, {1, 4}), keys, vals);
+  check_close(w4, {p4, 1 - p4}, 1e-15, "weights, D = 4");
+  check_close(out4, {2 * p4 - 3 * (1 - p4)}, 1e-14, "output, D = 4");
+  check_close(tg::attention(f64(q4, {1, 4}), keys, vals), {2 * p4 - 3 * (1 - p4)}, 1e-14, "fused output, D = 4");
 }
 
 BOOST_AUTO_TEST_CASE(T2_broadcast_masks_and_empty_rows) {

@@ -120,33 +120,37 @@ void add_attention(std::vector<OpInfo>& t) {
     t.push_back(info);
   }
   {
-    // Property: multihead_attention equals the heads computed one by one with
-    // scaled_dot_product_attention, concatenated and projected, with suppressed queries zeroed.
+    // Against plain loops: the heads one by one, concatenated and projected, plus b_o, with
+    // queries that have no allowed key in any head zeroed (b_o too). Head 1 has an attention
+    // mask of its own, so some queries are active through one head only.
     OpInfo info;
     info.name = "multihead_attention";
     info.covers = {"multihead_attention"};
-    info.samples = {{{2, 3, 4}, {2, 5, 3}, {4, 4}, {3, 4}, {3, 6}, {6, 2}}, {{1, 1, 2}, {1, 2, 2}, {2, 2}, {2, 2}, {2, 2}, {2, 3}}};
+    info.samples = {{{2, 3, 4}, {2, 5, 3}, {4, 4}, {3, 4}, {3, 6}, {6, 2}, {2}}, {{1, 1, 2}, {1, 2, 2}, {2, 2}, {2, 2}, {2, 2}, {2, 3}, {3}}};
     auto masks = [](const Ins& in) {
       const std::int64_t b = in[0].size(0), q = in[0].size(1), k = in[1].size(1);
-      return tg::MhaMasks{.key_mask = pattern_mask({b, k}), .query_mask = arg(tg::logical_not(pattern_mask({b, q})))};
+      std::vector<bool> pairs;  // [B, 2, Q, K]: all of head 0, a pattern in head 1
+      for (std::int64_t n = 0; n < b * 2 * q * k; ++n) pairs.push_back(n / (q * k) % 2 == 0 || pattern_value(n + 1));
+      return tg::MhaMasks{.key_mask = pattern_mask({b, k}), .query_mask = arg(tg::logical_not(pattern_mask({b, q}))),
+                          .attention_mask = arg(tg::from_bools(pairs, {b, 2, q, k}))};
     };
     // Outputs 2 and 3 run again with NaN in the masked queries' rows and -inf in the padding
     // keys' context rows: they must equal outputs 0 and 1, gradients included. Outputs 4 and 5 are
     // the fused path (need_weights = false), clean and poisoned.
     info.op = [masks](const Ins& in) {
       const tg::MhaMasks m = masks(in);
-      auto [out, attn] = tg::multihead_attention({in[0], in[1]}, {in[2], in[3], in[4], in[5]}, m, 2, true, 2);
+      auto [out, attn] = tg::multihead_attention({in[0], in[1]}, {in[2], in[3], in[4], in[5], {}, {}, {}, in[6]}, m, 2, true, 2);
       const Tensor query = tg::where(tg::unsqueeze(tg::logical_not(m.query_mask), -1), tg::scalar(std::nan(""), in[0].dtype()), in[0]);
       const Tensor context = tg::where(tg::unsqueeze(tg::logical_not(m.key_mask), -1),
                                        tg::scalar(-std::numeric_limits<double>::infinity(), in[1].dtype()), in[1]);
-      auto [out_p, attn_p] = tg::multihead_attention({query, context}, {in[2], in[3], in[4], in[5]}, m, 2, true, 2);
-      const Tensor fused = tg::multihead_attention({in[0], in[1]}, {in[2], in[3], in[4], in[5]}, m, 2, true, 2, false).output;
-      const Tensor fused_p = tg::multihead_attention({query, context}, {in[2], in[3], in[4], in[5]}, m, 2, true, 2, false).output;
+      auto [out_p, attn_p] = tg::multihead_attention({query, context}, {in[2], in[3], in[4], in[5], {}, {}, {}, in[6]}, m, 2, true, 2);
+      const Tensor fused = tg::multihead_attention({in[0], in[1]}, {in[2], in[3], in[4], in[5], {}, {}, {}, in[6]}, m, 2, true, 2, false).output;
+      const Tensor fused_p = tg::multihead_attention({query, context}, {in[2], in[3], in[4], in[5], {}, {}, {}, in[6]}, m, 2, true, 2, false).output;
       return Outs{out, attn, out_p, attn_p, fused, fused_p};
     };
     info.reference = [](const Refs& in) {
       // Written out with plain loops: b, h, i, j indices, D = cols(w_q) / 2, Dv = cols(w_v) / 2.
-      const Ref &x = in[0], &c = in[1], &wq = in[2], &wk = in[3], &wv = in[4], &wo = in[5];
+      const Ref &x = in[0], &c = in[1], &wq = in[2], &wk = in[3], &wv = in[4], &wo = in[5], &bo = in[6];
       const std::int64_t B = x.shape[0], Q = x.shape[1], K = c.shape[1], H = 2, D = wq.shape[1] / 2, Dv = wv.shape[1] / 2,
                          Cout = wo.shape[1];
       const Ref q = ref_matmul(x, wq), k = ref_matmul(c, wk), v = ref_matmul(c, wv);
@@ -158,7 +162,10 @@ void add_attention(std::vector<OpInfo>& t) {
         for (std::int64_t i = 0; i < Q; ++i) {
           bool active = false;
           for (std::int64_t h = 0; h < H; ++h) {
-            auto allowed = [&](std::int64_t j) { return pattern_value(b * K + j) && !pattern_value(b * Q + i) && j <= i + 2; };
+            auto allowed = [&](std::int64_t j) {
+              return pattern_value(b * K + j) && !pattern_value(b * Q + i) && j <= i + 2 &&
+                     (h == 0 || pattern_value(((b * H + h) * Q + i) * K + j + 1));
+            };
             std::vector<double> s(static_cast<std::size_t>(K), 0.0);
             double m = -1e300, z = 0;
             for (std::int64_t j = 0; j < K; ++j) {
@@ -174,9 +181,11 @@ void add_attention(std::vector<OpInfo>& t) {
                 merged.v[static_cast<std::size_t>((b * Q + i) * H * Dv + h * Dv + e)] += a * at(v, b, j, h * Dv + e);
             }
           }
-          for (std::int64_t o = 0; o < Cout && active; ++o)
+          for (std::int64_t o = 0; o < Cout && active; ++o) {
+            out.v[static_cast<std::size_t>((b * Q + i) * Cout + o)] = bo.v[static_cast<std::size_t>(o)];
             for (std::int64_t e = 0; e < H * Dv; ++e)
               out.v[static_cast<std::size_t>((b * Q + i) * Cout + o)] += merged.v[static_cast<std::size_t>((b * Q + i) * H * Dv + e)] * wo.v[static_cast<std::size_t>(e * Cout + o)];
+          }
         }
       return Refs{out, attn, out, attn, out, out};
     };

@@ -46,10 +46,6 @@ struct Job {
 
 void run_chunk(void* data, int c) noexcept { static_cast<Job*>(data)->run(c); }
 
-}  // namespace
-
-namespace {
-
 // One thread unless OMP_NUM_THREADS asks for more: a library takes the cores its program gives
 // it, and on a machine where other processes hold the cores a second thread gains nothing
 // (docs/threads.md). More threads are an explicit choice.

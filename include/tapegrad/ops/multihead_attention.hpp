@@ -37,10 +37,10 @@ struct MhaMasks {  // all optional, bool, True = allowed
   Tensor attention_mask{};  // broadcastable to [B, H, Q, K]
 };
 
-// Returns output [B, Q, Cout] and the attention [B, H, Q, K] (AttentionResult::weights). With need_weights = false the
-// attention is left undefined and is never formed: the heads run fused, block by block over the
-// keys (memory O(B H Q) on top of the activations instead of O(B H Q K)); the output and every
-// gradient are the same up to float rounding.
+// Returns output [B, Q, Cout] and the attention [B, H, Q, K] (AttentionResult::weights). With
+// need_weights = false the attention is left undefined and is never formed: the heads run fused,
+// block by block over the keys (memory O(B H Q) on top of the activations instead of
+// O(B H Q K)); the output and every gradient are the same up to float rounding.
 //  1. q = query w_q (+ b_q), k = context w_k (+ b_k), v = context w_v (+ b_v)
 //  2. head h owns channels [h*D, (h+1)*D) of q and k, [h*Dv, (h+1)*Dv) of v
 //  3. scores = q k^T / sqrt(D) + bias

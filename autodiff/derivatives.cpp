@@ -96,10 +96,12 @@ Tensor hessian(const std::function<Tensor(const Tensor&)>& f, const Tensor& x) {
   const Tensor leaf = fresh_leaf(op, "x", x);
   EnableGradGuard grad_on;
   const Tensor y = scalar_output(op, f(leaf));
-  const Tensor g = grad({y}, {leaf}, {}, {.create_graph = true})[0];
+  // Undefined when y depends on other leaves only: then H = 0, as jacobian's rows.
+  const Tensor g = grad({y}, {leaf}, {}, {.create_graph = true, .allow_unused = true})[0];
   std::vector<Tensor> rows;
   for (std::int64_t i = 0; i < x.numel(); ++i)
-    rows.push_back(g.requires_grad() ? grad({g}, {leaf}, {unit(x.shape(), x.dtype(), i)}, {.allow_unused = true})[0] : Tensor());
+    rows.push_back(g.defined() && g.requires_grad() ? grad({g}, {leaf}, {unit(x.shape(), x.dtype(), i)}, {.allow_unused = true})[0]
+                                                    : Tensor());
   return stack_rows(rows, x.shape(), x.shape(), x.dtype());
 }
 

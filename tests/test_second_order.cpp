@@ -192,6 +192,10 @@ BOOST_AUTO_TEST_CASE(hessian_vector_products_hessians_and_jacobians_are_exact) {
   check_throws<tg::ShapeError>([&] { tg::hessian_vector_product(f, x, f64({1}, {1})); },
                                {"hessian_vector_product", "vs[0]", "[3, 1]", "[1]"});
   check_throws<tg::ShapeError>([&] { tg::hessian([](const Tensor& t) { return t * 2.0; }, x); }, {"hessian", "one-element"});
+  // f of a captured leaf only: zeros, as jacobian's and hessian_vector_product's.
+  const Tensor w = f64({1.5, -2.0}, {2}).set_requires_grad();
+  check_close(tg::hessian([&](const Tensor&) { return tg::sum(w * w); }, x), std::vector<double>(9, 0.0), 0, "H of an unused x");
+  BOOST_TEST(!w.grad().defined());
 }
 
 BOOST_AUTO_TEST_CASE(the_tiny_decoder_to_second_order_over_its_parameters) {

@@ -25,7 +25,8 @@ Tensor hessian_vector_product(const std::function<Tensor(const Tensor&)>& f, con
 Tensor jacobian(const std::function<Tensor(const Tensor&)>& f, const Tensor& x);
 
 // The Hessian of the one-element f(x): shape x.shape() + x.shape(). One backward per element of x
-// through the gradient's graph: meant for small tensors.
+// through the gradient's graph: meant for small tensors. Zeros when f depends on x through no
+// recorded op (but on other tensors that require grad).
 Tensor hessian(const std::function<Tensor(const Tensor&)>& f, const Tensor& x);
 
 }  // namespace tapegrad

@@ -7,14 +7,17 @@
 //   size), between a prefix and a suffix, and zero bytes for the data. Small inputs so reach
 //   headers of megabytes: a reader that is not linear in the header is a timeout, which
 //   ./dev fuzz sets per input for this target.
-// Every load either throws a FormatError or returns tensors; those are saved again and loaded
-// back, and must come back the same (names in order, dtypes, shapes, bytes, metadata).
+// Every load either throws a FormatError or returns tensors. Each tensor's bytes must be the
+// file's bytes at its data_offsets (the header read again apart, so that a reader that copies
+// the wrong bytes is seen); then they are saved again and loaded back, and must come back the
+// same (names in order, dtypes, shapes, bytes, metadata).
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 
 #include "fuzz_support.hpp"
+#include "train/safetensors_header.hpp"
 
 namespace {
 using namespace fuzz;
@@ -36,7 +39,7 @@ std::string replace_all(std::string s, const std::string& from, const std::strin
 
 std::string repeated_file(FuzzedDataProvider& fdp) {
   const auto count = fdp.ConsumeIntegralInRange<std::uint32_t>(0, 20000);
-  const auto size = fdp.ConsumeIntegralInRange<std::uint32_t>(0, 16);
+  const auto size = fdp.ConsumeIntegralInRange<std::uint32_t>(0, 64);  // up to 1.28 MB: runs across read pieces
   const std::string prefix = fdp.ConsumeRandomLengthString(64), suffix = fdp.ConsumeRandomLengthString(64);
   const std::string fragment = fdp.ConsumeRemainingBytesAsString();
   std::string header = prefix;
@@ -50,7 +53,8 @@ std::string repeated_file(FuzzedDataProvider& fdp) {
   const std::uint64_t length = header.size();
   std::string file(reinterpret_cast<const char*>(&length), sizeof length);
   file += header;
-  file.append(std::size_t{count} * size, '\0');
+  // Data of 0 and 1 bytes (valid BOOL too), not all zero, so that misplaced bytes show.
+  for (std::size_t k = 0; k < std::size_t{count} * size; ++k) file.push_back(static_cast<char>(k % 3 == 0));
   return file;
 }
 
@@ -72,6 +76,24 @@ void same(const tg::SafetensorsFile& a, const tg::SafetensorsFile& b) {
   }
 }
 
+// The loaded tensors hold the file's bytes at their offsets, in header order.
+void holds_the_files_bytes(const std::string& file, const tg::SafetensorsFile& loaded) {
+  std::uint64_t n = 0;
+  std::memcpy(&n, file.data(), sizeof n);
+  const std::string_view header(file.data() + sizeof n, n);
+  const std::uint64_t data_start = sizeof n + n;
+  tg::detail::SafetensorsHeader parsed;
+  require(tg::detail::read_safetensors_header(header, file.size() - data_start, parsed).empty(), "the header read apart was refused");
+  require(parsed.tensors.size() == loaded.tensors.size(), "{} tensors in the header, {} loaded", parsed.tensors.size(), loaded.tensors.size());
+  for (std::size_t i = 0; i < parsed.tensors.size(); ++i) {
+    const tg::detail::TensorSpec& s = parsed.tensors[i];
+    const Tensor& t = loaded.tensors[i].tensor;
+    require(s.end - s.begin == static_cast<std::uint64_t>(t.numel()) * tg::itemsize(t.dtype()), "tensor '{}' has another size", s.name);
+    require(s.end == s.begin || std::memcmp(t.raw_data(), file.data() + data_start + s.begin, s.end - s.begin) == 0,
+            "tensor '{}' does not hold the file's bytes [{}, {})", s.name, s.begin, s.end);
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -87,6 +109,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;
   }
   narrate("loaded {} tensors", loaded.tensors.size());
+  holds_the_files_bytes(file, loaded);
   try {
     tg::save_safetensors(out, loaded.tensors, loaded.metadata);
   } catch (const tg::ValueError& e) {

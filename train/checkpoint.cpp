@@ -4,7 +4,8 @@
 // it is private to these files, so no public header and no consumer of the installed library
 // sees it. The reader never
 // trusts a number from the file before checking it against the file's real size, so a corrupt or
-// hostile file costs at most its own size in memory and ends in a FormatError.
+// hostile file costs memory in proportion to its size (a small multiple of it: each shape entry
+// of two bytes becomes an int64, each tensor entry a tensor) and ends in a FormatError.
 #include "tapegrad/train/checkpoint.hpp"
 
 #include <fcntl.h>
@@ -299,6 +300,8 @@ class Reader {
     std::string text(n, '\0');
     read_at(kLengthBytes, text.data(), n);
 
+    // The format's reference reader refuses a byte-order mark, which nlohmann's parser skips.
+    if (text.starts_with("\xEF\xBB\xBF")) format_fail("the header starts with a UTF-8 byte-order mark, which the format does not allow");
     // JSON allows no raw NUL, but nlohmann's parser takes one as the end of its input and would
     // ignore whatever follows it.
     if (const auto nul = text.find('\0'); nul != std::string::npos)

@@ -20,7 +20,9 @@
 // Saving is atomic: the file is written under a temporary name in the destination directory,
 // flushed to disk (fsync), then renamed over `path`, and the directory is synced. A failure at
 // any point (disk full, no permission, a missing directory) removes the temporary and throws;
-// `path` then still holds whatever it held before (or nothing). Like every save-by-rename, a
+// `path` then still holds whatever it held before (or nothing). Only a failure of the last step,
+// the directory's sync, comes after the rename: its IOError says that `path` holds the new file,
+// which may not survive a power loss. Like every save-by-rename, a
 // symbolic link at `path` is replaced by the new file rather than written through, and the new
 // file gets the default permissions (0666 less the umask), not those of the file it replaces.
 //

@@ -256,8 +256,9 @@ void HeaderSax::finish_entry() {
   std::int64_t addressed = static_cast<std::int64_t>(itemsize(s.dtype)), numel = 1;
   bool overflow = false;
   for (std::int64_t dim : s.shape) {
-    overflow = overflow || __builtin_mul_overflow(addressed, std::max<std::int64_t>(dim, 1), &addressed);
-    numel *= dim;  // cannot overflow once `addressed` does not
+    overflow = __builtin_mul_overflow(addressed, std::max<std::int64_t>(dim, 1), &addressed);
+    if (overflow) break;
+    numel *= dim;  // at most `addressed`, which did not overflow
   }
   if (overflow || addressed > kMaxBytes)
     return problem_once("tensor '{}': shape {} has more elements than can be addressed (its sizes, with 0 counted as 1, "

@@ -74,6 +74,10 @@ class ArgLayout {
   Kind previous_;
 };
 
+// The same values in non-contiguous memory: dims reversed, made contiguous and reversed back
+// (transposed, rank >= 2), or every other element of a buffer twice the size (otherwise).
+tapegrad::Tensor relaid(const tapegrad::Tensor& t, ArgLayout::Kind kind);
+
 // A deterministic bool pattern for ops that take a condition or mask.
 tapegrad::Tensor pattern_mask(const tapegrad::Shape& shape);
 bool pattern_value(std::int64_t flat);

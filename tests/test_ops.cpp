@@ -70,19 +70,12 @@ Shape expanded_leaf_shape(Shape s) {
 
 // Same values, different memory layout.
 Tensor arrange(const Tensor& base, Layout layout) {
-  tg::NoGradGuard no_grad;
-  const auto rank = base.dim();
-  if (layout == Layout::transposed && rank >= 2) {
-    std::vector<std::int64_t> rev;
-    for (auto d = rank - 1; d >= 0; --d) rev.push_back(d);
-    Tensor t = tg::permute(tg::contiguous(tg::permute(base, rev)), rev);
+  if (layout == Layout::transposed && base.dim() >= 2) {
+    Tensor t = relaid(base, ArgLayout::transposed).detach();
     BOOST_REQUIRE(!t.is_contiguous() || base.numel() <= 1 || base.shape()[0] == 1 || base.shape().back() == 1);
-    return t.detach();
+    return t;
   }
-  if (layout == Layout::strided && rank >= 1) {
-    Tensor t = tg::select(tg::stack({base, tg::zeros_like(base)}, -1), -1, 0);
-    return t.detach();
-  }
+  if (layout == Layout::strided && base.dim() >= 1) return relaid(base, ArgLayout::strided).detach();
   return base;
 }
 

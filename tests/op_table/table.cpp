@@ -12,9 +12,8 @@ using tg::Tensor;
 namespace {
 thread_local ArgCollector* collector = nullptr;
 thread_local ArgLayout::Kind arg_layout = ArgLayout::as_made;
+}  // namespace
 
-// The same values in non-contiguous memory: dims reversed, made contiguous and reversed back
-// (rank >= 2), or every other element of a buffer twice the size.
 Tensor relaid(const Tensor& t, ArgLayout::Kind kind) {
   tg::NoGradGuard no_grad;
   if (kind == ArgLayout::transposed && t.dim() >= 2) {
@@ -28,7 +27,6 @@ Tensor relaid(const Tensor& t, ArgLayout::Kind kind) {
   tg::copy_(view, t);
   return view;
 }
-}  // namespace
 
 ArgCollector::ArgCollector() : previous_(collector) { collector = this; }
 ArgCollector::~ArgCollector() { collector = previous_; }

@@ -203,9 +203,18 @@ int main(int argc, char** argv) try {
   tg::AdamW opt(model.named_parameters(), {.lr = o.lr, .weight_decay = 0.01});
   std::int64_t done = 0;
   if (o.resume) {
-    tg::load(model, model_path);
+    // The two files are saved one after the other; a run stopped between the two renames
+    // leaves a model and moments from different steps, which must not train on together.
+    const auto model_meta = tg::load(model, model_path);
     const auto state = tg::load_safetensors(optimizer_path);
-    done = std::stoll(state.metadata.at("steps"));
+    const auto model_steps = model_meta.find("steps"), optimizer_steps = state.metadata.find("steps");
+    if (model_steps == model_meta.end() || optimizer_steps == state.metadata.end())
+      throw std::runtime_error(fmt::format("{} or {} has no 'steps' in its metadata; not a train_chars checkpoint", model_path, optimizer_path));
+    if (model_steps->second != optimizer_steps->second)
+      throw std::runtime_error(fmt::format("{} is from step {} but {} from step {}: a save was interrupted between the two files, "
+                                           "so they cannot resume together",
+                                           model_path, model_steps->second, optimizer_path, optimizer_steps->second));
+    done = std::stoll(optimizer_steps->second);
     opt.load_state(state.tensors, done);
   }
   const std::int64_t total = done + o.steps;

@@ -16,15 +16,16 @@ endfunction()
 
 file(REMOVE_RECURSE ${OUT})
 run(TRUE --steps 2)
-file(COPY_FILE ${OUT}/model.safetensors ${OUT}/model_at_2.safetensors)
+file(COPY_FILE ${OUT}/optimizer.safetensors ${OUT}/optimizer_at_2.safetensors)
 run(TRUE --resume --steps 1)
 if(NOT out MATCHES "steps 2 to 3")
   message(FATAL_ERROR "the resumed run did not continue from step 2:\n${out}")
 endif()
 
-# The model of step 2 beside the optimizer of step 3.
-file(COPY_FILE ${OUT}/model_at_2.safetensors ${OUT}/model.safetensors)
+# What a run stopped between the two saves leaves (the model is saved first): the model of
+# step 3 beside the optimizer of step 2.
+file(COPY_FILE ${OUT}/optimizer_at_2.safetensors ${OUT}/optimizer.safetensors)
 run(FALSE --resume --steps 1)
-if(NOT err MATCHES "is from step 2 but [^\n]*optimizer.safetensors from step 3: a save was interrupted")
+if(NOT err MATCHES "is from step 3 but [^\n]*optimizer.safetensors from step 2: a save was interrupted")
   message(FATAL_ERROR "mismatched files refused without saying why:\n${err}")
 endif()

@@ -282,6 +282,40 @@ BOOST_AUTO_TEST_CASE(zero_size_tensor_at_another_tensors_offset) {
   }
 }
 
+// The reader groups small tensors into reads of up to 1 MiB and reads larger ones straight
+// into their storage: tensors just under, at and over that size, runs of small ones that end
+// exactly at it or just past it, all land bit for bit, and a bad byte deep in a large BOOL
+// tensor (read the direct way) is still refused.
+BOOST_AUTO_TEST_CASE(tensors_around_the_reads_piece_size) {
+  const TempDir dir;
+  constexpr std::int64_t kMiBFloats = (1 << 20) / 4;
+  const std::vector<tg::NamedTensor> tensors{
+      {"small_a", tg::randn({3}, 1)},
+      {"just_under", tg::randn({kMiBFloats - 1}, 2)},
+      {"small_b", tg::randn({1}, 3)},
+      {"exactly", tg::randn({kMiBFloats}, 4)},
+      {"half_1", tg::randn({kMiBFloats / 2}, 5)},
+      {"half_2", tg::randn({kMiBFloats / 2}, 6)},
+      {"over", tg::randn({kMiBFloats + 1}, 7)},
+      {"tail", tg::randn({kMiBFloats / 2 + 1}, 8)},
+      {"tail_2", tg::randn({kMiBFloats / 2}, 9)},
+      {"wide", tg::randn({kMiBFloats / 2 + 3}, 10, tg::float64)},
+      {"ids", tg::arange(0.0, 300000.0, 1.0, tg::int64)},
+      {"mask", tg::gt(tg::randn({1 << 21}, 11), tg::scalar(0.0))},
+  };
+  tg::save_safetensors(dir / "p.safetensors", tensors);
+  const auto file = tg::load_safetensors(dir / "p.safetensors");
+  BOOST_TEST(names_of(file).size() == tensors.size());
+  for (const auto& t : tensors) check_bit_equal(file.find(t.name), t.tensor, t.name);
+
+  // The mask is the last 2 MiB of the file; make its 1,500,000th byte a 2.
+  std::string bytes = read_bytes(dir / "p.safetensors");
+  bytes[bytes.size() - (std::size_t{1} << 21) + 1500000] = 2;
+  write_bytes(dir / "bad.safetensors", bytes);
+  check_throws<tg::FormatError>([&] { tg::load_safetensors(dir / "bad.safetensors"); },
+                                {"tensor 'mask' (BOOL) holds byte 2 at element 1500000"});
+}
+
 BOOST_AUTO_TEST_CASE(metadata_and_names_survive_json_escaping) {
   const TempDir dir;
   const std::map<std::string, std::string> metadata{

@@ -54,15 +54,7 @@ MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
   fill(c.value_head_dim, c.head_dim, "value_head_dim = head_dim");
   fill(c.out_dim, c.query_dim, "out_dim = query_dim");
   if (!defaults.empty()) defaults += ")";
-  if (c.rotary) {
-    if (!(std::isfinite(c.rotary->base) && c.rotary->base > 0))
-      fail<ValueError>("{}: config.rotary.base must be finite and > 0, got {}", kLayer, c.rotary->base);
-    const std::int64_t r = c.rotary->rotary_dim == 0 ? c.head_dim : c.rotary->rotary_dim;
-    if (r < 0 || r % 2 != 0 || r > c.head_dim)
-      fail<ValueError>("{}: config.rotary.rotary_dim must be even and in [0, config.head_dim = {}] (0 means head_dim{}), got {}{}",
-                       kLayer, c.head_dim, c.head_dim % 2 != 0 ? ", which is odd here: give an even rotary_dim" : "",
-                       c.rotary->rotary_dim, defaults);
-  }
+  if (c.rotary) check_rotary_options(*c.rotary, c.head_dim, kLayer, "config.rotary", "config.head_dim", defaults);
 
   // kv_heads divides heads, so its products are no larger than these.
   std::int64_t hd = 0, hdv = 0;

@@ -42,16 +42,7 @@ const DecoderConfig& checked(const DecoderConfig& c) {
   if (c.kv_heads > 0 && c.heads % c.kv_heads != 0)
     detail::fail<ValueError>("Decoder: config.kv_heads = {} must divide config.heads = {}", c.kv_heads, c.heads);
   detail::check_field(layer, "window", c.window, 0);
-  if (c.positions == PositionKind::rotary) {
-    const std::int64_t head_dim = c.dim / c.heads, r = c.rotary.rotary_dim == 0 ? head_dim : c.rotary.rotary_dim;
-    if (!(std::isfinite(c.rotary.base) && c.rotary.base > 0))
-      detail::fail<ValueError>("Decoder: config.rotary.base must be finite and > 0, got {}", c.rotary.base);
-    if (r < 0 || r % 2 != 0 || r > head_dim)
-      detail::fail<ValueError>("Decoder: config.rotary.rotary_dim must be even and in [0, dim / heads = {}] (0 means dim / heads{}), "
-                               "got {}",
-                               head_dim, head_dim % 2 != 0 ? ", which is odd here: give an even rotary_dim" : "",
-                               c.rotary.rotary_dim);
-  }
+  if (c.positions == PositionKind::rotary) check_rotary_options(c.rotary, c.dim / c.heads, layer, "config.rotary", "dim / heads");
   if (!(c.dropout >= 0 && c.dropout < 1)) detail::fail<ValueError>("Decoder: config.dropout must be in [0, 1), got {}", c.dropout);
   detail::checked_product(layer, "vocab", c.vocab, "dim", c.dim);
   detail::checked_product(layer, "max_len", c.max_len, "dim", c.dim);

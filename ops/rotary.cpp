@@ -29,15 +29,6 @@ struct Angles {
   RotaryLayout layout{};
 };
 
-std::int64_t checked_rotary_dim(const Tensor& x, const RotaryOptions& o) {
-  const std::int64_t d = x.size(-1);
-  const std::int64_t r = o.rotary_dim == 0 ? d : o.rotary_dim;
-  if (r < 0 || r % 2 != 0 || r > d)
-    fail<ValueError>("{}: options.rotary_dim must be even and in [0, D = {}] (0 means D{}), got {} for 'x' with shape {}", kOp, d,
-                     d % 2 != 0 ? ", which is odd here: give an even rotary_dim" : "", o.rotary_dim, shape_str(x.shape()));
-  return r;
-}
-
 std::shared_ptr<const Angles> angles(const Tensor& x, const Tensor& positions, const RotaryOptions& o) {
   check_floating(kOp, "x", x);
   check_defined(kOp, "positions", positions);
@@ -48,8 +39,8 @@ std::shared_ptr<const Angles> angles(const Tensor& x, const Tensor& positions, c
   if (positions.shape() != want)
     fail<ShapeError>("{}: argument 'positions' must have shape {} (one per row L of 'x', shape {}), got {}", kOp, shape_str(want),
                      shape_str(x.shape()), shape_str(positions.shape()));
-  if (!(std::isfinite(o.base) && o.base > 0)) fail<ValueError>("{}: options.base must be finite and > 0, got {}", kOp, o.base);
-  const std::int64_t r = checked_rotary_dim(x, o);
+  const std::int64_t r =
+      check_rotary_options(o, x.size(-1), kOp, "options", "D", fmt::format(" for 'x' with shape {}", shape_str(x.shape())));
   const std::vector<std::int64_t> pos = positions.to_vector<std::int64_t>();
   for (std::size_t l = 0; l < pos.size(); ++l)
     if (pos[l] < -kMaxPosition || pos[l] > kMaxPosition)
@@ -112,6 +103,20 @@ Tensor rotate(const char* name, const Tensor& x_in, const std::shared_ptr<const 
 }
 
 }  // namespace
+
+std::int64_t check_rotary_options(const RotaryOptions& o, std::int64_t width, std::string_view who, std::string_view name,
+                                  std::string_view width_name, std::string_view context) {
+  // Below 1, later pairs would turn faster than the first, and a tiny base overflows the angle
+  // |p| base^(-2i/r) to infinity (cos and sin of it are NaN).
+  if (!(std::isfinite(o.base) && o.base >= 1))
+    fail<ValueError>("{}: {}.base must be finite and >= 1 (frequencies base^(-2i/r) in (0, 1]), got {}{}", who, name, o.base,
+                     context);
+  const std::int64_t r = o.rotary_dim == 0 ? width : o.rotary_dim;
+  if (r < 0 || r % 2 != 0 || r > width)
+    fail<ValueError>("{}: {}.rotary_dim must be even and in [0, {} = {}] (0 means {}{}), got {}{}", who, name, width_name, width,
+                     width_name, width % 2 != 0 ? ", which is odd here: give an even rotary_dim" : "", o.rotary_dim, context);
+  return r;
+}
 
 Tensor rotary(const Tensor& x, const Tensor& positions, const RotaryOptions& options) {
   return rotate(kOp, x, angles(x, positions, options), /*inverse=*/false);

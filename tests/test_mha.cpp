@@ -961,6 +961,20 @@ BOOST_AUTO_TEST_CASE(decoding_through_the_cache_equals_the_full_forward) {
   }
 }
 
+// A rotation maps a finite row to a finite row for every base the op accepts, at the extreme
+// positions; the bases whose angles overflowed (to NaN outputs) are refused.
+BOOST_AUTO_TEST_CASE(every_accepted_rotary_base_turns_finite_rows_to_finite_rows) {
+  const std::int64_t far = std::int64_t{1} << 53;
+  const Tensor positions = tg::from_vector(std::vector<std::int64_t>{0, 1, -far, far}, {4});
+  for (const tg::DType dtype : {tg::float64, tg::float32})
+    for (const double base : {1.0, 1.0 + 1e-15, 2.0, 10000.0, 1e300, std::numeric_limits<double>::max()}) {
+      const Tensor y = tg::rotary(tg::ones({4, 64}, dtype), positions, {.base = base});
+      for (const double v : values(y)) BOOST_TEST_REQUIRE(std::isfinite(v), "base " << base << " dtype " << dtype);
+    }
+  for (const double base : {std::numeric_limits<double>::denorm_min(), std::numeric_limits<double>::min(), 0.999})
+    check_throws<tg::ValueError>([&] { tg::rotary(tg::ones({4, 64}), positions, {.base = base}); }, {"rotary", "options.base", ">= 1"});
+}
+
 BOOST_AUTO_TEST_CASE(the_rotary_config_is_validated) {
   auto fails = [](tg::MultiHeadAttentionConfig c, std::vector<std::string> fragments) {
     fragments.insert(fragments.begin(), "MultiHeadAttention");
@@ -969,7 +983,10 @@ BOOST_AUTO_TEST_CASE(the_rotary_config_is_validated) {
   fails({.query_dim = 8, .heads = 2, .rotary = tg::RotaryOptions{.rotary_dim = 3}}, {"config.rotary.rotary_dim", "even", "head_dim = 4", "got 3"});
   fails({.query_dim = 8, .heads = 2, .rotary = tg::RotaryOptions{.rotary_dim = 6}}, {"config.rotary.rotary_dim", "got 6"});
   fails({.query_dim = 6, .heads = 2, .rotary = tg::RotaryOptions{}}, {"config.rotary.rotary_dim", "head_dim = 3", "odd here", "got 0"});
-  fails({.query_dim = 8, .rotary = tg::RotaryOptions{.base = -1}}, {"config.rotary.base", "> 0", "-1"});
+  fails({.query_dim = 8, .rotary = tg::RotaryOptions{.base = -1}}, {"config.rotary.base", ">= 1", "-1"});
+  check_throws<tg::ValueError>(
+      [] { tg::Decoder({.vocab = 4, .max_len = 4, .dim = 8, .heads = 2, .positions = tg::PositionKind::rotary, .rotary = {.base = 0.25}}); },
+      {"Decoder", "config.rotary.base", ">= 1", "0.25"});
   check_throws<tg::ValueError>([] { tg::Decoder({.vocab = 4, .max_len = 4, .dim = 6, .heads = 2, .positions = tg::PositionKind::rotary}); },
                                {"Decoder", "config.rotary.rotary_dim", "dim / heads = 3", "odd here"});
   // An odd head_dim is fine when fewer channels rotate.

@@ -1,6 +1,7 @@
 // Finite-difference gradient checker (see gradcheck.hpp for the method).
 #include "tapegrad/autodiff/gradcheck.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -71,7 +72,7 @@ Shape unravel(std::int64_t flat, const Shape& shape) {
 }  // namespace
 
 std::string GradcheckResult::report() const {
-  if (elements_checked == 0) return check + ": no input requires grad, nothing was checked";
+  if (elements_checked == 0) return check + ": nothing was checked";
   return fmt::format(
       "{}: {} over {} element(s); worst: input {} at {}: analytic {:.10g}, numeric {:.10g}, |diff| {:.3g}",
       check, ok ? "passed" : "FAILED", elements_checked, input, shape_str(index), analytic, numeric, abs_error);
@@ -92,6 +93,19 @@ void check_perturbable(const char* op, const char* list, std::size_t i, const Te
     fail<ValueError>("{}: argument '{}' (shape {}, strides {}) has elements that share memory (an expanded view); pass "
                      "the unexpanded tensor and expand inside the function",
                      op, name, shape_str(x.shape()), shape_str(x.strides()));
+}
+
+// A check over no element would pass whatever the gradient: refused, as PyTorch's gradcheck does.
+void check_something_checked(const char* op, const char* list, const std::vector<Tensor>& xs, const std::vector<bool>& checked) {
+  std::int64_t elements = 0;
+  for (std::size_t i = 0; i < xs.size(); ++i)
+    if (checked[i]) elements += xs[i].numel();
+  if (elements == 0)
+    fail<ValueError>("{}: nothing to check: {}; give at least one {} that requires grad and has elements "
+                     "(got {} {}: {})",
+                     op, std::count(checked.begin(), checked.end(), true) == 0 ? fmt::format("no {} requires grad", list)
+                                                                              : fmt::format("every {} that requires grad is empty", list),
+                     list, xs.size(), list, shapes_str(xs));
 }
 
 void check_parameters(const char* op, const std::vector<Tensor>& parameters) {
@@ -142,6 +156,7 @@ GradcheckResult check(const char* op, const std::function<std::vector<Tensor>()>
   if (!recorded.empty()) gradients = grad(recorded, wanted, grad_outputs_for, {.allow_unused = true});
 
   GradcheckResult result;
+  result.ok = true;
   double worst = -std::numeric_limits<double>::infinity();
   NoGradGuard no_grad;
   for (std::size_t i = 0, k = 0; i < perturbed.size(); ++i) {
@@ -202,6 +217,7 @@ GradcheckResult gradcheck(const GradcheckFn& f, const std::vector<Tensor>& input
     xs.push_back(private_copy(inputs[i]));
     checked.push_back(inputs[i].requires_grad());
   }
+  check_something_checked("gradcheck", "input", xs, checked);
   return check("gradcheck", [&] { return f(xs); }, xs, checked, options);
 }
 
@@ -210,7 +226,9 @@ GradcheckResult gradcheck_parameters(const std::function<std::vector<Tensor>()>&
   const char* op = "gradcheck_parameters";
   check_options(op, options);
   check_parameters(op, parameters);
-  return check(op, f, parameters, std::vector<bool>(parameters.size(), true), options);
+  const std::vector<bool> checked(parameters.size(), true);
+  check_something_checked(op, "parameter", parameters, checked);
+  return check(op, f, parameters, checked, options);
 }
 
 namespace {
@@ -255,11 +273,20 @@ GradcheckResult gradgradcheck(const GradcheckFn& f, const std::vector<Tensor>& i
                               const GradcheckOptions& options) {
   const char* op = "gradgradcheck";
   check_options(op, options);
-  for (std::size_t i = 0; i < inputs.size(); ++i) check_perturbable(op, "inputs", i, inputs[i]);
+  // f only ever sees private copies: the first evaluation below, which draws the upstream
+  // gradients, must not let an f that writes its argument reach the caller's tensors.
+  std::vector<Tensor> own;
+  std::vector<bool> checked;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    check_perturbable(op, "inputs", i, inputs[i]);
+    own.push_back(private_copy(inputs[i]));
+    checked.push_back(inputs[i].requires_grad());
+  }
+  check_something_checked(op, "input", own, checked);
   std::vector<Tensor> outputs;
   {
     EnableGradGuard grad_on;
-    outputs = f(inputs);
+    outputs = f(own);
   }
   std::vector<Tensor> gs = grad_outputs;
   if (grad_outputs.empty()) {
@@ -270,9 +297,7 @@ GradcheckResult gradgradcheck(const GradcheckFn& f, const std::vector<Tensor>& i
                        grad_outputs.size());
     for (std::size_t o = 0; o < outputs.size(); ++o) {
       check_perturbable(op, "grad_outputs", o, grad_outputs[o]);
-      if (grad_outputs[o].shape() != outputs[o].shape())
-        fail<ShapeError>("{}: grad_outputs[{}] must have the shape of f(inputs)[{}], {}; got {}", op, o, o,
-                         shape_str(outputs[o].shape()), shape_str(grad_outputs[o].shape()));
+      check_like(op, fmt::format("grad_outputs[{}]", o).c_str(), grad_outputs[o], fmt::format("f(inputs)[{}]", o).c_str(), outputs[o]);
     }
   }
   const std::size_t n = inputs.size();
@@ -285,7 +310,7 @@ GradcheckResult gradgradcheck(const GradcheckFn& f, const std::vector<Tensor>& i
       if (x.requires_grad()) wanted.push_back(x);
     return first_gradients(f(xs), wanted, all.data() + n, all.size() - n, analytic);
   };
-  std::vector<Tensor> all = inputs;
+  std::vector<Tensor> all = own;
   all.insert(all.end(), gs.begin(), gs.end());
   GradcheckResult r = gradcheck(h, all, options);
   r.check = op;
@@ -297,6 +322,7 @@ GradcheckResult gradgradcheck_parameters(const std::function<std::vector<Tensor>
   const char* op = "gradgradcheck_parameters";
   check_options(op, options);
   check_parameters(op, parameters);
+  check_something_checked(op, "parameter", parameters, std::vector<bool>(parameters.size(), true));
   std::vector<Tensor> outputs;
   {
     EnableGradGuard grad_on;

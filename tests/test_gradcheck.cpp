@@ -117,6 +117,46 @@ BOOST_AUTO_TEST_CASE(rejects_what_it_cannot_check) {
   check_throws<tg::ValueError>([&] { tg::gradcheck(id, {x}, {.eps = 0}); }, {"gradcheck", "eps"});
 }
 
+// A check that compared nothing would pass any gradient: every checker refuses it, whether no
+// input requires grad or those that do are empty.
+BOOST_AUTO_TEST_CASE(a_check_with_nothing_to_compare_is_a_value_error) {
+  auto id = [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0] * 2.0}; };
+  const Tensor constant = tg::randn({3}, 1, tg::float64);
+  const Tensor empty = tg::zeros({0, 2}, tg::float64).set_requires_grad();
+  for (const auto& [what, inputs] : std::vector<std::pair<std::string, std::vector<Tensor>>>{
+           {"no input requires grad", {constant}}, {"every input that requires grad is empty", {empty}}}) {
+    check_throws<tg::ValueError>([&] { tg::gradcheck(id, inputs); }, {"gradcheck", "nothing to check", what});
+    check_throws<tg::ValueError>([&] { tg::gradgradcheck(id, inputs); }, {"gradgradcheck", "nothing to check", what});
+  }
+  check_throws<tg::ValueError>([&] { tg::gradcheck_parameters([&] { return std::vector<Tensor>{constant * 2.0}; }, {}); },
+                               {"gradcheck_parameters", "nothing to check", "no parameter"});
+  check_throws<tg::ValueError>([&] { tg::gradgradcheck_parameters([&] { return std::vector<Tensor>{empty * 2.0}; }, {empty}); },
+                               {"gradgradcheck_parameters", "nothing to check", "every parameter that requires grad is empty"});
+  BOOST_TEST(!tg::GradcheckResult{}.ok);  // a result no check produced does not pass either
+}
+
+// f may write into its argument (a clone filled in place): whichever checker runs it, the
+// caller's tensors keep their values and their version.
+BOOST_AUTO_TEST_CASE(the_callers_inputs_are_never_handed_to_f) {
+  const Tensor x = tg::tensor({1.0, 2.0, 3.0}, tg::float64).set_requires_grad();
+  const Tensor c = tg::tensor({4.0, 5.0, 6.0}, tg::float64);
+  const std::uint64_t x_version = x.version(), c_version = c.version();
+  auto writes_its_arguments = [](const std::vector<Tensor>& in) {
+    for (const Tensor& t : in) {
+      tg::NoGradGuard off;
+      tg::fill_(t.requires_grad() ? t.detach() : t, 42.0);
+    }
+    return std::vector<Tensor>{tg::sum(in[0] * in[0])};
+  };
+  (void)tg::gradcheck(writes_its_arguments, {x, c});
+  (void)tg::gradgradcheck(writes_its_arguments, {x, c});
+  BOOST_TEST(x.to_vector<double>() == (std::vector<double>{1, 2, 3}));
+  BOOST_TEST(c.to_vector<double>() == (std::vector<double>{4, 5, 6}));
+  BOOST_TEST(x.version() == x_version);
+  BOOST_TEST(c.version() == c_version);
+  BOOST_TEST(!x.grad().defined());
+}
+
 BOOST_AUTO_TEST_SUITE(value_dependent_outputs)
 
 // The outputs a perturbation would change: gradcheck must refuse them, not read past the

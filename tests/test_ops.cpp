@@ -120,6 +120,26 @@ template <class Check> void for_each_sample_and_layout(const std::string& name, 
     }
 }
 
+
+bool no_elements(const std::vector<Tensor>& leaves) {
+  return std::all_of(leaves.begin(), leaves.end(), [](const Tensor& t) { return t.numel() == 0; });
+}
+
+// A sample with no element to perturb: gradcheck refuses it (it would compare nothing), but the
+// backward still runs on the empty tensors and gives each input a gradient of its own shape.
+void check_empty_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& leaves) {
+  std::vector<Tensor> recorded, upstream;
+  for (const Tensor& o : outputs)
+    if (o.requires_grad()) {
+      recorded.push_back(o);
+      upstream.push_back(tg::ones_like(o));
+    }
+  if (recorded.empty()) return;
+  const std::vector<Tensor> grads = tg::grad(recorded, leaves, upstream, {.allow_unused = true});
+  for (std::size_t i = 0; i < grads.size(); ++i)
+    if (grads[i].defined()) BOOST_CHECK_MESSAGE(grads[i].shape() == leaves[i].shape(), "the gradient of empty input " << i);
+}
+
 void check_against_reference(const std::string& name) {
   const OpInfo& info = find_op(name);
   for_each_sample_and_layout(name, info, [&](const std::vector<Shape>& shapes, Layout layout, std::uint64_t seed) {
@@ -153,8 +173,14 @@ void check_against_reference(const std::string& name) {
     if (info.differentiable) {
       std::vector<Tensor> leaves = in64.leaves;
       for (auto& l : leaves) l = l.detach().set_requires_grad();
-      const auto result = tg::gradcheck([&](const std::vector<Tensor>& xs) { return info.op(in64.apply(xs)); }, leaves, info.grad);
-      BOOST_CHECK_MESSAGE(result.ok, result.report());
+      const auto f = [&](const std::vector<Tensor>& xs) { return info.op(in64.apply(xs)); };
+      if (no_elements(leaves)) {
+        check_empty_backward(f(leaves), leaves);
+        BOOST_CHECK_THROW(tg::gradcheck(f, leaves, info.grad), tg::ValueError);  // nothing to check
+      } else {
+        const auto result = tg::gradcheck(f, leaves, info.grad);
+        BOOST_CHECK_MESSAGE(result.ok, result.report());
+      }
     }
   });
 }
@@ -168,8 +194,12 @@ void check_second_order(const std::string& name) {
     const Inputs in64 = make_inputs(info, shapes, layout, tg::float64, seed);
     std::vector<Tensor> leaves = in64.leaves;
     for (auto& l : leaves) l = l.detach().set_requires_grad();
-    const auto result =
-        tg::gradgradcheck([&](const std::vector<Tensor>& xs) { return info.op(in64.apply(xs)); }, leaves, {}, info.grad);
+    const auto f = [&](const std::vector<Tensor>& xs) { return info.op(in64.apply(xs)); };
+    if (no_elements(leaves)) {
+      BOOST_CHECK_THROW(tg::gradgradcheck(f, leaves, {}, info.grad), tg::ValueError);  // nothing to check
+      return;
+    }
+    const auto result = tg::gradgradcheck(f, leaves, {}, info.grad);
     BOOST_CHECK_MESSAGE(result.ok, result.report());
   });
 }
@@ -184,7 +214,6 @@ void check_error_inputs(const std::string& name) {
         case Raises::value: check_throws<tg::ValueError>(e.call, e.fragments); break;
         case Raises::graph: check_throws<tg::GraphError>(e.call, e.fragments); break;
         case Raises::error: check_throws<tg::Error>(e.call, e.fragments); break;
-        case Raises::any: check_throws<std::invalid_argument>(e.call, e.fragments); break;
       }
     }
   }

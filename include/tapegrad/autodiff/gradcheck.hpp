@@ -30,7 +30,7 @@ struct GradcheckOptions {
 };
 
 struct GradcheckResult {
-  bool ok = true;
+  bool ok = false;  // true only from a check that compared at least one element, all within tolerance
   std::size_t elements_checked = 0;
   // The worst element: largest |analytic - numeric| / (atol + rtol |numeric|), its error as a
   // multiple of its own tolerance (the check fails when that is above 1).
@@ -46,7 +46,9 @@ struct GradcheckResult {
 using GradcheckFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
 
 // `inputs` must be float64. Those with requires_grad() are checked; the others are passed
-// through unchanged. The inputs given are not modified. The analytic pass records with grad
+// through unchanged. A check with nothing to compare (no input that requires grad, or only empty
+// ones) is a ValueError, as in every checker below: it would pass whatever the gradient. f only
+// ever sees private copies: the inputs given are not modified. The analytic pass records with grad
 // mode on, whatever the caller's; its graph is freed when gradcheck returns. The number, shapes
 // and dtypes of f's outputs must not depend on the input values (a ValueError otherwise). It may
 // run inside an op's backward. No .grad changes, not even of leaves f uses without taking them.

@@ -34,6 +34,9 @@ void check_floating(const char* op, const char* name, const Tensor& t);
 DType check_same_float(const char* op, const char* a_name, const Tensor& a, const char* b_name,
                        const Tensor& b);
 void check_dtype(const char* op, const char* name, const Tensor& t, DType expected);
+// Requires t to have like's dtype (else a DTypeError) and shape (else a ShapeError):
+// "op: argument 'name' must be float64 [2, 3] as 'like_name' is, got float32 [2, 3]".
+void check_like(const char* op, const char* name, const Tensor& t, const char* like_name, const Tensor& like);
 // Normalises a possibly negative dim against rank (rank + 1 when inserting).
 std::int64_t wrap_dim(const char* op, const char* name, std::int64_t dim, std::int64_t rank);
 

@@ -55,10 +55,7 @@ std::vector<Tensor> hessian_vector_product(const std::function<Tensor(const std:
   std::vector<Tensor> leaves;
   for (std::size_t i = 0; i < xs.size(); ++i) {
     leaves.push_back(fresh_leaf(op, fmt::format("xs[{}]", i).c_str(), xs[i]));
-    check_defined(op, fmt::format("vs[{}]", i).c_str(), vs[i]);
-    if (vs[i].shape() != xs[i].shape() || vs[i].dtype() != xs[i].dtype())
-      fail<ShapeError>("{}: vs[{}] must match xs[{}]: expected {} {}, got {} {}", op, i, i, xs[i].dtype(),
-                       shape_str(xs[i].shape()), vs[i].dtype(), shape_str(vs[i].shape()));
+    check_like(op, fmt::format("vs[{}]", i).c_str(), vs[i], fmt::format("xs[{}]", i).c_str(), xs[i]);
   }
   EnableGradGuard grad_on;
   const Tensor y = scalar_output(op, f(leaves));

@@ -321,10 +321,7 @@ void check_pass_arguments(const char* op, const std::vector<Tensor>& outputs, co
                        "ops that made it requires grad, it was made under NoGradGuard, or its tape "
                        "was cleared",
                        op, i, shape_str(out.shape()), out.dtype());
-    if (!g.defined()) fail<Error>("{}: argument 'grad_outputs[{}]' is an undefined tensor", op, i);
-    if (g.shape() != out.shape() || g.dtype() != out.dtype())
-      fail<ShapeError>("{}: grad_outputs[{}] must match outputs[{}]: expected {} {}, got {} {}", op, i, i, out.dtype(),
-                       shape_str(out.shape()), g.dtype(), shape_str(g.shape()));
+    check_like(op, fmt::format("grad_outputs[{}]", i).c_str(), g, fmt::format("outputs[{}]", i).c_str(), out);
   }
 }
 
@@ -527,7 +524,8 @@ bool record_op(const char* name, std::span<const Tensor> inputs, std::span<Tenso
       fail<DTypeError>("{}: output {} is {}; only floating outputs can carry gradient", name, k, out.dtype());
     if (out.requires_grad())
       fail<GraphError>("{}: output {} (shape {}) already requires grad (a leaf, an input, or the output of another "
-                       "recorded op); an op's outputs must be new tensors",
+                       "recorded op); an op's outputs must be new tensors: compute the forward under NoGradGuard, so "
+                       "that the ops it uses record nothing (docs/api.md, \"Writing your own op\")",
                        name, k, shape_str(out.shape()));
     // An output that is also an input, or listed twice, would make the node hold itself.
     for (std::size_t i = 0; i < inputs.size(); ++i)

@@ -144,6 +144,16 @@ void check_dtype(const char* op, const char* name, const Tensor& t, DType expect
                      t.dtype(), shape_str(t.shape()));
 }
 
+void check_like(const char* op, const char* name, const Tensor& t, const char* like_name, const Tensor& like) {
+  check_defined(op, name, t);
+  if (t.dtype() != like.dtype())
+    fail<DTypeError>("{}: argument '{}' must be {} {} as '{}' is, got {} {}", op, name, like.dtype(), shape_str(like.shape()),
+                     like_name, t.dtype(), shape_str(t.shape()));
+  if (t.shape() != like.shape())
+    fail<ShapeError>("{}: argument '{}' must be {} {} as '{}' is, got {} {}", op, name, like.dtype(), shape_str(like.shape()),
+                     like_name, t.dtype(), shape_str(t.shape()));
+}
+
 std::int64_t wrap_dim(const char* op, const char* name, std::int64_t dim, std::int64_t rank) {
   if (dim < -rank || dim >= rank || rank == 0)
     fail<ShapeError>("{}: argument '{}' = {} is out of range for rank {} (expected {} <= {} < {})",

@@ -114,9 +114,7 @@ void adam_update_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg
   for (auto [name, t] : {std::pair{"param", &param}, {"exp_avg", &exp_avg}, {"exp_avg_sq", &exp_avg_sq}}) check_dst(op, *t, true, name);
   check_floating(op, "grad", grad);
   for (auto [name, t] : {std::pair{"grad", &grad}, {"exp_avg", &exp_avg}, {"exp_avg_sq", &exp_avg_sq}})
-    if (t->shape() != param.shape() || t->dtype() != param.dtype())
-      fail<ShapeError>("{}: argument '{}' must be {} {} as 'param' is, got {} {}", op, name, param.dtype(), shape_str(param.shape()),
-                       t->dtype(), shape_str(t->shape()));
+    check_like(op, name, *t, "param", param);
   if (!(s.step >= 1)) fail<ValueError>("{}: the step count t must be >= 1, got {}", op, s.step);
   if (!std::isfinite(s.grad_scale)) fail<ValueError>("{}: grad_scale must be finite, got {}", op, s.grad_scale);
   // One pass over contiguous arrays that share no memory; anything else runs on copies, which

@@ -10,7 +10,7 @@
 
 namespace tg_test {
 
-enum class Raises { shape, dtype, value, graph, error, any };  // error: tapegrad::Error itself
+enum class Raises { shape, dtype, value, graph, error };  // error: tapegrad::Error itself (an undefined argument)
 
 struct ErrorInput {
   std::string description;

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 #include <boost/test/unit_test.hpp>
@@ -14,7 +15,8 @@ namespace tg_test {
 using tapegrad::Shape;
 using tapegrad::Tensor;
 
-// Checks that `call` throws E (or a subclass) and that the message contains every fragment.
+// Checks that `call` throws exactly E (not a subclass: each kind of mistake has its own class)
+// and that the message contains every fragment.
 template <class E, class F>
 void check_throws(F&& call, const std::vector<std::string>& fragments) {
   try {
@@ -22,6 +24,8 @@ void check_throws(F&& call, const std::vector<std::string>& fragments) {
     BOOST_ERROR("expected an exception mentioning '" << (fragments.empty() ? "" : fragments[0]) << "'");
   } catch (const E& e) {
     const std::string msg = e.what();
+    BOOST_CHECK_MESSAGE(typeid(e) == typeid(E), "message '" << msg << "' came in " << typeid(e).name() << ", expected exactly "
+                                                            << typeid(E).name());
     for (const auto& f : fragments)
       BOOST_CHECK_MESSAGE(msg.find(f) != std::string::npos, "message '" << msg << "' lacks '" << f << "'");
   }

@@ -78,6 +78,10 @@ BOOST_AUTO_TEST_CASE(unused_inputs_and_bad_arguments_are_named) {
   check_throws<tg::GraphError>([&] { tg::grad({y}, {f64({1}, {1})}); }, {"grad", "inputs[0]", "does not require grad"});
   check_throws<tg::ShapeError>([&] { tg::grad({x * 2.0}, {x}); }, {"grad", "outputs[0]", "[2]", "one element"});
   check_throws<tg::ShapeError>([&] { tg::grad({x * 2.0}, {x}, {f64({1}, {1})}); }, {"grad", "grad_outputs[0]", "[2]", "[1]"});
+  check_throws<tg::DTypeError>([&] { tg::grad({x * 2.0}, {x}, {tg::ones({2}, tg::float32)}); },
+                               {"grad", "grad_outputs[0]", "float64 [2]", "float32 [2]"});
+  check_throws<tg::DTypeError>([&] { tg::backward({x * 2.0}, {tg::ones({2}, tg::float32)}); },
+                               {"backward", "grad_outputs[0]", "float64 [2]", "float32 [2]"});
   check_throws<tg::Error>([&] { tg::grad({y}, {Tensor()}); }, {"grad", "'inputs[0]'", "undefined"});
 }
 
@@ -191,6 +195,8 @@ BOOST_AUTO_TEST_CASE(hessian_vector_products_hessians_and_jacobians_are_exact) {
   BOOST_TEST(!x.requires_grad());
   check_throws<tg::ShapeError>([&] { tg::hessian_vector_product(f, x, f64({1}, {1})); },
                                {"hessian_vector_product", "vs[0]", "[3, 1]", "[1]"});
+  check_throws<tg::DTypeError>([&] { tg::hessian_vector_product(f, x, v.to(tg::float32)); },
+                               {"hessian_vector_product", "vs[0]", "float64 [3, 1]", "float32 [3, 1]"});
   check_throws<tg::ShapeError>([&] { tg::hessian([](const Tensor& t) { return t * 2.0; }, x); }, {"hessian", "one-element"});
   // f of a captured leaf only: zeros, as jacobian's and hessian_vector_product's.
   const Tensor w = f64({1.5, -2.0}, {2}).set_requires_grad();

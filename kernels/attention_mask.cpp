@@ -1,6 +1,7 @@
 #include "kernels/attention_mask.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "autodiff/check.hpp"
 #include "autodiff/loops.hpp"
@@ -41,6 +42,15 @@ RowMasks::RowMasks(const char* op, const AttentionMask& m, const Shape& scores_s
   if (alibi.defined()) {
     const Tensor c = alibi.detach().to(DType::float64).contiguous();
     slopes_.assign(c.data<double>(), c.data<double>() + c.numel());
+    // A non-finite slope has no value at distance 0 (inf * 0); a distance past 2^53 is no longer
+    // an exact double. Refused, so every bias is one rounding of slope * |i + offset - j|.
+    for (std::size_t h = 0; h < slopes_.size(); ++h)
+      if (!std::isfinite(slopes_[h]))
+        fail<ValueError>("{}: argument 'alibi_slopes' holds {} for head {}; every slope must be finite", op, slopes_[h], h);
+    if (m.causal_offset < -kMaxAlibiOffset || m.causal_offset > kMaxAlibiOffset)
+      fail<ValueError>("{}: with alibi_slopes, causal_offset must lie in [-2^52, 2^52] (the distances |i + causal_offset - j| "
+                       "stay exact doubles), got {}",
+                       op, m.causal_offset);
   }
 }
 
@@ -57,18 +67,18 @@ RowMask RowMasks::row(std::int64_t r) const noexcept {
   // j <= i + offset, written so that extreme offsets cannot overflow.
   out.end = !causal_ ? k_ : offset_ >= k_ - i ? k_ : offset_ < -i ? 0 : i + offset_ + 1;
   if (queries_.defined() && !static_cast<const bool*>(queries_.raw_data())[b * q_ + i]) out.end = 0;
-  // Query i sits at position i + offset, held within +-2^62 (distances to keys j < 2^62 then
-  // fit in int64).
-  constexpr std::int64_t kFar = std::int64_t{1} << 62;
-  std::int64_t position = 0;
-  if (__builtin_add_overflow(i, offset_, &position)) position = offset_ > 0 ? kFar : -kFar;
-  position = std::clamp(position, -kFar, kFar);
-  if (window_ > 0)  // j > i + offset - window
-    out.begin = window_ - 1 >= position ? 0 : std::min(position - (window_ - 1), out.end);
+  if (window_ > 0) {
+    // j > i + offset - window: the first key is i + offset - (window - 1), exactly for any int64
+    // offset and window. Below INT64_MIN it stays below 0 after adding i; past INT64_MAX, past K.
+    std::int64_t first = 0;
+    if (__builtin_sub_overflow(offset_, window_ - 1, &first)) out.begin = 0;
+    else if (__builtin_add_overflow(first, i, &first)) out.begin = out.end;
+    else out.begin = std::clamp<std::int64_t>(first, 0, out.end);
+  }
   if (!slopes_.empty()) {
     out.alibi = true;
     out.slope = slopes_[static_cast<std::size_t>((r / std::max<std::int64_t>(q_, 1)) % static_cast<std::int64_t>(slopes_.size()))];
-    out.position = position;
+    out.position = i + offset_;  // |offset| <= 2^52 with ALiBi, and i < 2^48: exact
   }
   if (keys_.defined()) out.keys = static_cast<const bool*>(keys_.raw_data()) + b * k_;
   if (allowed_.defined()) {

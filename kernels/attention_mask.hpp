@@ -35,6 +35,7 @@ struct RowMask {
   const bool* pairs = nullptr;          // the row of `allowed`, read as pairs[j * pairs_stride], or null
   std::int64_t pairs_stride = 0;
   // ALiBi (when `alibi`): the row's scores get -slope |position - j| added, position = i + causal_offset.
+  // The position is set with ALiBi only (0 otherwise).
   bool alibi = false;
   double slope = 0;
   std::int64_t position = 0;
@@ -61,6 +62,10 @@ template <class T> const T* index_ramp(std::int64_t n) {
   for (auto j = static_cast<std::int64_t>(ramp.size()); j < n; ++j) ramp.push_back(static_cast<T>(j));
   return ramp.data();
 }
+
+// With ALiBi, |causal_offset| is at most 2^52: every distance |i + causal_offset - j| is then an
+// exact integer in a double (i and j stay below 2^48, the largest tensor's size).
+inline constexpr std::int64_t kMaxAlibiOffset = std::int64_t{1} << 52;
 
 // Row lookup for scores of a given shape. Validates the parts against that shape (ShapeError /
 // DTypeError / ValueError naming `op`) and makes the bool tensors contiguous once, up front.

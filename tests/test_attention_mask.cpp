@@ -2,6 +2,7 @@
 // offsets on both sides of the diagonal and beyond the matrix, and rejects misshapen parts.
 #define BOOST_TEST_MODULE attention_mask
 #include <boost/test/unit_test.hpp>
+#include <cmath>
 
 #include <tapegrad/tapegrad.hpp>
 
@@ -26,6 +27,53 @@ BOOST_AUTO_TEST_CASE(rows_match_the_materialised_mask) {
     for (std::int64_t r = 0; r < B * H * Q; ++r) {
       const tg::detail::RowMask row = rows.row(r);
       for (std::int64_t j = 0; j < K; ++j) BOOST_REQUIRE_MESSAGE(row(j) == expected[r * K + j], "offset " << offset << " row " << r << " key " << j);
+    }
+  }
+}
+
+// The window's rule p_i - W < j <= p_i with p_i = i + offset holds exactly for every int64 offset
+// and window, however far past 2^62 (the rule computed here in 128 bits).
+BOOST_AUTO_TEST_CASE(windows_and_offsets_at_the_ends_of_int64_follow_the_rule_exactly) {
+  __extension__ typedef __int128 wide;
+  const std::int64_t Q = 3, K = 9, far = std::int64_t{1} << 62;
+  const std::int64_t offsets[] = {INT64_MIN, INT64_MIN + 1, -far - 10, -far, -5, 0, 3, far, far + 10, INT64_MAX - 1, INT64_MAX};
+  const std::int64_t windows[] = {1, 2, 5, far, far + 5, far + 12, INT64_MAX - 1, INT64_MAX};
+  for (const std::int64_t offset : offsets)
+    for (const std::int64_t window : windows) {
+      const tg::detail::RowMasks rows("test", {.causal = true, .causal_offset = offset, .window = window}, {Q, K});
+      for (std::int64_t i = 0; i < Q; ++i) {
+        const tg::detail::RowMask row = rows.row(i);
+        BOOST_REQUIRE(row.begin <= row.end);
+        for (std::int64_t j = 0; j < K; ++j) {
+          const wide p = static_cast<wide>(i) + offset;
+          const bool allowed = static_cast<wide>(j) <= p && static_cast<wide>(j) > p - window;
+          BOOST_REQUIRE_MESSAGE(row(j) == allowed, "offset " << offset << " window " << window << " query " << i << " key " << j);
+        }
+      }
+    }
+}
+
+// ALiBi reads the distances |i + offset - j| as exact doubles: an offset past 2^52 is refused, as
+// is a slope that is not finite (inf * 0 at distance 0), naming the head.
+BOOST_AUTO_TEST_CASE(alibi_refuses_what_it_cannot_compute_exactly) {
+  const tg::Shape scores{1, 3, 2, 4};
+  const std::int64_t limit = std::int64_t{1} << 52;
+  for (const std::int64_t offset : {-limit, limit})
+    BOOST_CHECK_NO_THROW(tg::detail::RowMasks("attn", {.causal_offset = offset}, scores, tg::alibi_slopes(3, tg::float64)));
+  for (const std::int64_t offset : {-limit - 1, limit + 1, INT64_MAX}) {
+    try {
+      tg::detail::RowMasks("attn", {.causal_offset = offset}, scores, tg::alibi_slopes(3, tg::float64));
+      BOOST_ERROR("expected a ValueError for offset " << offset);
+    } catch (const tg::ValueError& e) {
+      BOOST_TEST(std::string(e.what()).find("causal_offset must lie in [-2^52, 2^52]") != std::string::npos, e.what());
+    }
+  }
+  for (const double bad : {HUGE_VAL, -HUGE_VAL, std::nan("")}) {
+    try {
+      tg::detail::RowMasks("attn", {}, scores, tg::tensor({0.5, bad, 0.25}, tg::float64));
+      BOOST_ERROR("expected a ValueError for slope " << bad);
+    } catch (const tg::ValueError& e) {
+      BOOST_TEST(std::string(e.what()).find("for head 1; every slope must be finite") != std::string::npos, e.what());
     }
   }
 }

@@ -716,6 +716,25 @@ BOOST_AUTO_TEST_CASE(the_tiles_skip_key_tiles_before_every_window) {
   tg::set_num_threads(before);
 }
 
+// Positions far past 2^62 keep the window's rule p_i - W < j <= p_i exactly on every path: with
+// offset 2^62 + 10 and window 2^62 + 5, query i may see keys j > i + 5 only, so with 6 keys every
+// row is empty (zeros); with window 2^62 + 8, keys i + 3 .. 5 are allowed.
+BOOST_DATA_TEST_CASE(windows_past_2_62_follow_the_rule_on_every_path, bdata::make(core_paths()), path) {
+  const std::int64_t far = std::int64_t{1} << 62, Q = 3, K = 6;
+  const Tensor q = tg::randn({1, 2, Q, 4}, 1, path.dtype), k = tg::randn({1, 2, K, 4}, 2, path.dtype), v = tg::randn({1, 2, K, 3}, 3, path.dtype);
+  for (const std::int64_t window : {far + 5, far + 8}) {
+    tg::detail::AttentionMask m{.causal = true, .causal_offset = far + 10, .window = window};
+    const auto got = tg::detail::attention_core({"path", q, k, v, Tensor(), m, path.need_weights()}, path.path, path.block_rows);
+    // Every key is before the causal end; the window leaves j > i + offset - window.
+    tg::detail::AttentionMask explicit_mask{.allowed = tg::logical_not(tg::causal_mask(Q, K, window == far + 5 ? 5 : 2))};
+    const auto want = tg::detail::attention_core({"path", q, k, v, Tensor(), explicit_mask, path.need_weights()}, path.path, path.block_rows);
+    const double tol = path.dtype == tg::float64 ? 1e-13 : 1e-5;
+    check_close(values(got.output), values(want.output), tol, tol, fmt::format("window 2^62 + {}", window - far));
+    if (window == far + 5)
+      for (const double o : values(got.output)) BOOST_TEST_REQUIRE(o == 0.0);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(slopes_and_bias_gradients_are_deterministic_on_the_tiles) {
   // Two batch entries by heads over three key tiles: the backward splits them into groups and
   // sums the slopes' (and the broadcast bias's) gradient in per-chunk buffers, added in an order
@@ -784,6 +803,19 @@ std::vector<ErrorCase> error_cases() {
       {"op: float32 slopes",
        [=] { check_throws<DTypeError>([&] { sdpa({.causal = true, .window = 2, .alibi_slopes = tg::alibi_slopes(3)}); }, {"'options.alibi_slopes'", "float32"}); }},
       {"op: int64 slopes", [=] { check_throws<DTypeError>([&] { sdpa({.alibi_slopes = tg::zeros({3}, tg::int64)}); }, {"'options.alibi_slopes'", "int64"}); }},
+      {"op: an infinite slope",
+       [=] { check_throws<ValueError>([&] { sdpa({.alibi_slopes = tg::tensor({0.5, 0.25, HUGE_VAL}, tg::float64)}); }, {"alibi_slopes", "inf", "head 2", "finite"}); }},
+      {"op: a NaN slope",
+       [=] { check_throws<ValueError>([&] { sdpa({.alibi_slopes = tg::tensor({std::nan(""), 0.25, 1.0}, tg::float64)}); }, {"alibi_slopes", "nan", "head 0"}); }},
+      {"op: slopes with an offset past 2^52",
+       [=] { check_throws<ValueError>([&] { sdpa({.causal = true, .causal_offset = (std::int64_t{1} << 52) + 1, .alibi_slopes = tg::alibi_slopes(3, tg::float64)}); },
+                                      {"scaled_dot_product_attention", "causal_offset", "2^52", "4503599627370497"}); }},
+      {"mha: an infinite slope",
+       [=] { check_throws<ValueError>([&] {
+               const Tensor x = tg::randn({1, 2, 6}, 4, tg::float64), w = tg::randn({6, 6}, 5, tg::float64);
+               tg::multihead_attention({.query = x, .context = x}, {.w_q = w, .w_k = w, .w_v = w, .w_o = w}, {},
+                                       {.heads = 3, .alibi_slopes = tg::tensor({0.5, -HUGE_VAL, 1.0}, tg::float64)});
+             }, {"multihead_attention", "-inf", "head 1"}); }},
   };
 }
 

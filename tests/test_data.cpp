@@ -35,6 +35,10 @@ BOOST_AUTO_TEST_CASE(vocabulary_errors_name_the_position) {
   check_throws<tg::ValueError>([] { tg::CharVocab(""); }, {"CharVocab", "empty"});
   check_throws<tg::ValueError>([] { tg::CharVocab::from_codes("97,,98"); }, {"from_codes", "position 3"});
   check_throws<tg::ValueError>([] { tg::CharVocab::from_codes("97,256"); }, {"from_codes", "'256'"});
+  // Ids are positions in the list: a repeated or reordered code would renumber them silently.
+  check_throws<tg::ValueError>([] { tg::CharVocab::from_codes("66,65,65"); }, {"from_codes", "ascending", "got 65 after 66", "position 3"});
+  check_throws<tg::ValueError>([] { tg::CharVocab::from_codes("65,66,66"); }, {"from_codes", "distinct", "got 66 after 66", "position 6"});
+  check_throws<tg::ValueError>([] { tg::CharVocab::from_codes(""); }, {"from_codes", "''", "position 0"});
 }
 
 BOOST_AUTO_TEST_CASE(windows_are_consecutive_tokens_and_their_successors) {

@@ -70,6 +70,12 @@ CharVocab CharVocab::from_codes(std::string_view codes) {
     if (ec != std::errc() || ptr != codes.data() + end || value < 0 || value > 255)
       fail<ValueError>("CharVocab::from_codes: argument 'codes' must be byte values 0-255 separated by commas, got '{}' at position {}",
                        codes.substr(at, end - at), at);
+    // Ids are positions in the list, so a repeated or reordered code would renumber the tokens:
+    // only the list to_codes() writes, strictly ascending, is taken.
+    if (!bytes.empty() && value <= static_cast<unsigned char>(bytes.back()))
+      fail<ValueError>("CharVocab::from_codes: argument 'codes' must list distinct byte values in ascending order (as to_codes() "
+                       "writes them), got {} after {} at position {}",
+                       value, static_cast<unsigned char>(bytes.back()), at);
     bytes.push_back(static_cast<char>(value));
     at = end + 1;
   }

@@ -26,8 +26,9 @@ class CharVocab {
   std::string decode(std::span<const std::int64_t> ids) const;
   std::string decode(const Tensor& ids) const;  // int64 of any shape, in row-major order
 
-  // The vocabulary as text that checkpoint metadata can hold (the byte values, comma-separated),
-  // and back (ValueError for anything else).
+  // The vocabulary as text that checkpoint metadata can hold (its byte values, comma-separated,
+  // ascending), and back: from_codes takes exactly such a list, distinct byte values 0-255 in
+  // ascending order, and refuses anything else (ValueError naming the first bad code).
   std::string to_codes() const;
   static CharVocab from_codes(std::string_view codes);
 

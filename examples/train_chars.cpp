@@ -15,12 +15,14 @@
 // Writes OUT/loss.png, OUT/attention.png, OUT/model.safetensors, OUT/optimizer.safetensors.
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <fstream>
 #include <sstream>
 
 #include <CLI/CLI.hpp>
 #include <tapegrad/tapegrad.hpp>
 
+#include "support/parse.hpp"
 #include "support/plot.hpp"
 #include "support/progress.hpp"
 
@@ -66,7 +68,8 @@ tg::PositionKind position_kind(const std::string& name) {
   if (name == "learned") return tg::PositionKind::learned;
   if (name == "rotary") return tg::PositionKind::rotary;
   if (name == "alibi") return tg::PositionKind::alibi;
-  return tg::PositionKind::sinusoidal;
+  if (name == "sinusoidal") return tg::PositionKind::sinusoidal;
+  throw std::invalid_argument(fmt::format("'{}' is not a kind of positions (learned, sinusoidal, rotary or alibi)", name));
 }
 
 tg::Decoder make_model(const Options& o, const tg::CharVocab& vocab) {
@@ -75,24 +78,47 @@ tg::Decoder make_model(const Options& o, const tg::CharVocab& vocab) {
                       .positions = position_kind(o.positions), .seed = o.seed, .kv_heads = o.kv_heads, .window = o.window});
 }
 
-// Reads the shape and the alphabet back from a checkpoint's metadata into `o`.
+// Reads the shape and the alphabet back from a checkpoint's metadata into `o`; a field that is
+// missing or cannot be read is named with the file and its value.
 tg::CharVocab restore_description(Options& o, const std::string& path) {
   const auto meta = tg::load_safetensors(path).metadata;
+  auto where = [&](const char* key) { return fmt::format("{}: metadata field '{}'", path, key); };
   auto field = [&](const char* key) {
     const auto it = meta.find(key);
     if (it == meta.end()) throw std::runtime_error(fmt::format("{}: no '{}' in the metadata; not a train_chars checkpoint", path, key));
     return it->second;
   };
-  o.context = std::stoll(field("context"));
-  o.dim = std::stoll(field("dim"));
-  o.heads = std::stoll(field("heads"));
-  o.layers = std::stoll(field("layers"));
-  // Checkpoints from before --positions existed were sinusoidal.
+  // Checkpoints from before --positions, --kv-heads and --window existed: sinusoidal positions,
+  // plain multi-head attention.
+  auto number = [&](const char* key, std::optional<std::int64_t> missing = std::nullopt) {
+    return !meta.contains(key) && missing ? *missing : ex::parse_int(field(key), where(key));
+  };
+  o.context = number("context");
+  o.dim = number("dim");
+  o.heads = number("heads");
+  o.layers = number("layers");
+  o.kv_heads = number("kv_heads", 0);
+  o.window = number("window", 0);
   o.positions = meta.contains("positions") ? meta.at("positions") : "sinusoidal";
-  // And from before --kv-heads and --window, plain multi-head attention.
-  o.kv_heads = meta.contains("kv_heads") ? std::stoll(meta.at("kv_heads")) : 0;
-  o.window = meta.contains("window") ? std::stoll(meta.at("window")) : 0;
-  return tg::CharVocab::from_codes(field("alphabet"));
+  // The library's messages name the value; the file and the field go in front.
+  auto in_field = [&](const char* key, auto&& read) {
+    try {
+      return read();
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(fmt::format("{}: {}", where(key), e.what()));
+    }
+  };
+  in_field("positions", [&] { return position_kind(o.positions); });
+  return in_field("alphabet", [&] { return tg::CharVocab::from_codes(field("alphabet")); });
+}
+
+// The model a checkpoint's metadata describes: an impossible shape names the file.
+tg::Decoder restored_model(const Options& o, const tg::CharVocab& vocab, const std::string& path) {
+  try {
+    return make_model(o, vocab);
+  } catch (const tg::Error& e) {
+    throw std::invalid_argument(fmt::format("{}: the metadata describe no model this example can build: {}", path, e.what()));
+  }
 }
 
 // Mean cross-entropy over consecutive windows covering the validation text, 64 windows per
@@ -185,7 +211,7 @@ int main(int argc, char** argv) try {
 
   if (o.generate_only) {
     const tg::CharVocab vocab = restore_description(o, model_path);
-    tg::Decoder model = make_model(o, vocab);
+    tg::Decoder model = restored_model(o, vocab, model_path);
     tg::load(model, model_path);
     model.eval();
     show_samples(model, vocab, o);
@@ -199,7 +225,7 @@ int main(int argc, char** argv) try {
   if (text.size() - split < static_cast<std::size_t>(o.context) + 2)
     throw std::runtime_error(fmt::format("{} is too short for windows of {} characters", o.text, o.context));
 
-  tg::Decoder model = make_model(o, vocab);
+  tg::Decoder model = o.resume ? restored_model(o, vocab, model_path) : make_model(o, vocab);
   tg::AdamW opt(model.named_parameters(), {.lr = o.lr, .weight_decay = 0.01});
   std::int64_t done = 0;
   if (o.resume) {
@@ -214,7 +240,7 @@ int main(int argc, char** argv) try {
       throw std::runtime_error(fmt::format("{} is from step {} but {} from step {}: a save was interrupted between the two files, "
                                            "so they cannot resume together",
                                            model_path, model_steps->second, optimizer_path, optimizer_steps->second));
-    done = std::stoll(optimizer_steps->second);
+    done = ex::parse_int(optimizer_steps->second, fmt::format("{}: metadata field 'steps'", optimizer_path));
     opt.load_state(state.tensors, done);
   }
   const std::int64_t total = done + o.steps;

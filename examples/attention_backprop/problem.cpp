@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "attention_backprop/walkthrough.hpp"
+#include "support/parse.hpp"
 
 namespace tg = tapegrad;
 
@@ -44,9 +45,9 @@ Tensor blocked_pairs(const std::string& text, const Sizes& n) {
     const auto f = split(item, ':');
     std::vector<std::int64_t> v;
     try {
-      for (const auto& x : f) v.push_back(std::stoll(x));
-    } catch (const std::exception&) {
-      v.clear();
+      for (const auto& x : f) v.push_back(tapegrad_examples::parse_int(x, "--block"));
+    } catch (const std::invalid_argument&) {
+      v.clear();  // reported below with the item and the rule
     }
     if ((v.size() != 2 && v.size() != 3) || v[0] < 0 || v[0] >= n.h || v[1] < 0 || v[1] >= n.q ||
         (v.size() == 3 && (v[2] < 0 || v[2] >= n.k)))

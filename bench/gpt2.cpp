@@ -1,7 +1,7 @@
 // Section "gpt2": one training step (forward, cross-entropy, backward, AdamW clipping to norm 1
 // inside its update: max_grad_norm) of a
 // GPT-2-shaped decoder: 12 pre-norm blocks of width 768 and 12 heads, GELU 4x, learned
-// positions, a final LayerNorm and an untied head over GPT-2's 50,257 tokens (124M parameters
+// positions, a final LayerNorm and an untied head over GPT-2's 50,257 tokens (163M parameters
 // with the head), batches of 4 sequences of 64 tokens. On each thread count:
 // - the step against its matmul limit: every product of the step (each forward product and the
 //   two of its backward) timed as a raw oneDNN primitive on the same threads just before, summed;

@@ -50,7 +50,7 @@ constexpr Section kSections[] = {
     {"decode", bench::section_decode, "KV-cache decoding: the cost of one token as the cache grows, and generation's tokens per second."},
     {"threads", bench::section_threads, "Each operation on 1 thread against 2, alone and next to a process that keeps a core busy."},
     {"train", bench::section_train, "A training step of train_sort's model: time per step and where it goes."},
-    {"gpt2", bench::section_gpt2, "One training step of a GPT-2-shaped decoder (124M parameters, 4 x 64 tokens): against the sum of its products at oneDNN's throughput (hot: each on operands it has just used; cold: all in memory; chain: in the step's order on the step's buffers), op by op, on 1 and 2 threads, float32 and bfloat16, peak memory against llm.c's activations, against PyTorch's twin in turn (where python3-torch is installed), and bfloat16's loss against float32's over 200 steps."},
+    {"gpt2", bench::section_gpt2, "One training step of a GPT-2-shaped decoder (163M parameters: GPT-2 small with an untied head; 4 x 64 tokens): against the sum of its products at oneDNN's throughput (hot: each on operands it has just used; cold: all in memory; chain: in the step's order on the step's buffers), op by op, on 1 and 2 threads, float32 and bfloat16, peak memory against llm.c's activations, against PyTorch's twin in turn (where python3-torch is installed), and bfloat16's loss against float32's over 200 steps."},
     {"checkpoint", bench::section_checkpoint, "Saving and loading checkpoints of 1k to 100k tensors: time per tensor and resident memory."},
 };
 

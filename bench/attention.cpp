@@ -54,7 +54,7 @@ struct Step {
   explicit Step(const Case& c)
       : layer({.query_dim = c.e, .heads = c.h, .seed = 1}),
         x(tg::randn({c.b, c.q, c.e}, 2)),
-        call{.masks = {.key_mask = key_padding(c)}, .causal = true, .need_weights = true} {}
+        call{.masking = {.key_mask = key_padding(c), .causal = true}, .need_weights = true} {}
   void forward() const {
     tg::NoGradGuard no_grad;
     layer.forward(x, call);

@@ -68,14 +68,14 @@ void section_bf16(Report& report, const Options& options) {
           return [&, p] {
             tg::MatmulPrecisionGuard guard(p);
             tg::NoGradGuard no_grad;
-            layer.forward(x, {.causal = true, .need_weights = weights});
+            layer.forward(x, {.masking = {.causal = true}, .need_weights = weights});
           };
         };
         const auto fwd_bwd = [&](tg::MatmulPrecision p) {
           return [&, p] {
             tg::MatmulPrecisionGuard guard(p);
             layer.zero_grad();
-            const Tensor out = layer.forward(x, {.causal = true, .need_weights = weights}).output;
+            const Tensor out = layer.forward(x, {.masking = {.causal = true}, .need_weights = weights}).output;
             tg::backward({out}, {tg::ones_like(out)});
             tg::clear_tape();
           };
@@ -100,10 +100,10 @@ void section_bf16(Report& report, const Options& options) {
   tg::MultiHeadAttention l32({.query_dim = c.e, .heads = c.h, .seed = 1});
   const Tensor x64 = tg::randn({c.b, c.q, c.e}, 2, tg::float64);
   tg::NoGradGuard no_grad;
-  const auto want = l64.forward(x64, {.causal = true}).output.to_vector<double>();
+  const auto want = l64.forward(x64, {.masking = {.causal = true}}).output.to_vector<double>();
   for (bool bf16 : {false, true}) {
     tg::MatmulPrecisionGuard guard(bf16 ? tg::MatmulPrecision::bfloat16 : tg::MatmulPrecision::exact);
-    const auto got = l32.forward(x64.to(tg::float32), {.causal = true, .need_weights = true}).output.to_vector<double>();
+    const auto got = l32.forward(x64.to(tg::float32), {.masking = {.causal = true}, .need_weights = true}).output.to_vector<double>();
     double num = 0, den = 0, worst = 0;
     for (std::size_t i = 0; i < got.size(); ++i) {
       const double d = got[i] - want[i];

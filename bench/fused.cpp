@@ -40,7 +40,7 @@ struct Setup {
   Setup(std::int64_t len, bool need_weights) : x(tg::randn({1, len, kE}, 2)) {
     std::vector<bool> keys(static_cast<std::size_t>(len), true);
     for (std::int64_t j = len - len / 8; j < len; ++j) keys[static_cast<std::size_t>(j)] = false;
-    call = {.masks = {.key_mask = tg::from_bools(keys, {1, len})}, .causal = true, .need_weights = need_weights};
+    call = {.masking = {.key_mask = tg::from_bools(keys, {1, len}), .causal = true}, .need_weights = need_weights};
   }
   void forward() {
     tg::NoGradGuard no_grad;

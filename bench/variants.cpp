@@ -41,7 +41,7 @@ void training_calls(Table& table, int threads, const Options& options) {
     for (auto& layer : layers)
       calls.push_back([&layer, &x] {
         layer.zero_grad();
-        const Tensor out = layer.forward(x, {.causal = true}).output;
+        const Tensor out = layer.forward(x, {.masking = {.causal = true}}).output;
         tg::backward({out}, {tg::ones_like(out)});
         tg::clear_tape();
       });

@@ -33,7 +33,7 @@ int main() {
 
   // The layer owns its weights; with need_weights it returns them too, [B, heads, Q, K].
   tg::MultiHeadAttention mha({.query_dim = 16, .heads = 4, .seed = 7});
-  tg::AttentionResult r = mha.forward(tg::randn({2, 5, 16}, 5), {.causal = true, .need_weights = true});
+  tg::AttentionResult r = mha.forward(tg::randn({2, 5, 16}, 5), {.masking = {.causal = true}, .need_weights = true});
   fmt::print("output {}, weights {}\n", r.output.shape(), r.weights.shape());
   return check.ok ? 0 : 1;
 }

@@ -132,7 +132,7 @@ struct Fuzzer {
     const Tensor x = in.tensor({b, q, r.query_dim}, r.dtype).set_requires_grad();
     const bool self = r.context_dim == r.query_dim && in.flag();
     const Tensor ctx = self ? x : in.tensor({b, k, r.context_dim}, r.dtype).set_requires_grad();
-    auto [out, w] = layer.forward(x, ctx, {.causal = in.flag(), .need_weights = true});
+    auto [out, w] = layer.forward(x, ctx, {.masking = {.causal = in.flag()}, .need_weights = true});
     require(out.shape() == Shape{b, q, r.out_dim}, "output shape {}", out.shape());
     require(w.shape() == Shape{b, r.heads, q, ctx.size(1)}, "weights shape {}", w.shape());
     require_finite(out, "the output");
@@ -159,9 +159,9 @@ struct Fuzzer {
 
   tg::MhaCall call(std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t k, tg::DType dtype) {
     tg::MhaCall c;
-    if (in.flag()) c.masks.key_mask = mask({b, k});
-    if (in.flag()) c.masks.query_mask = mask({b, n});
-    if (in.in(0, 3) == 0) c.masks.attention_mask = mask(in.flag() ? Shape{n, k} : Shape{b, h, n, k});
+    if (in.flag()) c.masking.key_mask = mask({b, k});
+    if (in.flag()) c.masking.query_mask = mask({b, n});
+    if (in.in(0, 3) == 0) c.masking.mask = mask(in.flag() ? Shape{n, k} : Shape{b, h, n, k});
     if (in.in(0, 3) == 0) {
       Shape s = in.flag() ? Shape{1, h, 1, k} : Shape{b, h, n, k};
       if (in.in(0, 7) == 0) s.back() += 1;
@@ -247,8 +247,8 @@ struct Fuzzer {
     std::vector<Tensor> all = shadow.steps;
     all.push_back(x);
     tg::MhaCall full = call;
-    full.causal = true;
-    full.causal_offset = shadow.length;
+    full.masking.causal = true;
+    full.masking.causal_offset = shadow.length;
     std::optional<tg::AttentionResult> want;
     try {
       tg::NoGradGuard off;

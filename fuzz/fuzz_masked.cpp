@@ -194,7 +194,8 @@ struct Fuzzer {
       }
       auto [out, w] = kind == 5 || ts.defined()
                           ? tg::scaled_dot_product_attention(
-                                tq, tk, tv, {.mask = mask, .causal = kind == 5, .causal_offset = offset, .window = window, .alibi_slopes = ts})
+                                tq, tk, tv, {.masking = {.mask = mask, .causal = kind == 5, .causal_offset = offset, .window = window, .alibi_slopes = ts},
+                                                 .need_weights = true})
                           : tg::scaled_dot_product_attention(tq, tk, tv, mask);
       if (both) tg::backward({out, w}, {d_out.make(poisoned, dtype), d_w.make(poisoned, dtype)});
       else tg::backward({out}, {d_out.make(poisoned, dtype)});
@@ -286,7 +287,10 @@ struct Fuzzer {
         mod.emplace(tg::MultiHeadAttentionConfig{.query_dim = cq, .heads = h, .context_dim = cc, .head_dim = d, .value_head_dim = dv,
                                                  .out_dim = cout, .bias = biases, .dtype = dtype, .seed = seed});
         ps = mod->parameters();
-        const tg::MhaCall call{masks, tb, causal, offset, /*need_weights=*/true};
+        const tg::MhaCall call{{.mask = masks.attention_mask, .key_mask = masks.key_mask, .query_mask = masks.query_mask, .causal = causal,
+                                .causal_offset = offset},
+                               tb,
+                               /*need_weights=*/true};
         r = self ? mod->forward(tx, call) : mod->forward(tx, tc, call);
       } else {
         for (const auto& p : params) ps.push_back(p.make(poisoned, dtype));

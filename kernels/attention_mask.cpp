@@ -1,56 +1,27 @@
 #include "kernels/attention_mask.hpp"
 
 #include <algorithm>
-#include <cmath>
-
-#include "autodiff/check.hpp"
-#include "autodiff/loops.hpp"
 
 namespace tapegrad::detail {
 
-RowMasks::RowMasks(const char* op, const AttentionMask& m, const Shape& scores_shape, const Tensor& alibi)
+RowMasks::RowMasks(MaskParts m, const Shape& scores_shape)
     : shape_(scores_shape), causal_(m.causal), offset_(m.causal_offset), window_(m.window) {
-  if (m.window < 0) fail<ValueError>("{}: argument 'window' must be >= 0 (0: no window), got {}", op, m.window);
-  if (m.window > 0 && !m.causal)
-    fail<ValueError>("{}: argument 'window' ({}) applies to causal attention only: set causal as well", op, m.window);
   const std::size_t rank = shape_.size();
-  if (rank < 2) fail<ShapeError>("{}: the scores must have rank >= 2, got shape {}", op, shape_str(shape_));
   q_ = shape_[rank - 2];
   k_ = shape_[rank - 1];
   rows_per_batch_ = 1;
   for (std::size_t d = 1; d + 2 < rank; ++d) rows_per_batch_ *= shape_[d];  // the dims between B and Q
-  const std::int64_t batch = rank > 2 ? shape_[0] : 1;
-  auto batch_rows = [&](const char* name, const Tensor& t, std::int64_t width) {
-    if (!t.defined()) return Tensor();
-    check_dtype(op, name, t, DType::bool_);
-    if (rank < 3 || t.shape() != Shape{batch, width})
-      fail<ShapeError>("{}: argument '{}' must have shape [B, {}] = [{}, {}] for scores {}, got {}", op, name,
-                       width == k_ ? "K" : "Q", batch, width, shape_str(shape_), shape_str(t.shape()));
-    return t.is_contiguous() ? t : copy_of(t);
-  };
-  keys_ = batch_rows("key_mask", m.key_mask, k_);
-  queries_ = batch_rows("query_mask", m.query_mask, q_);
+  keys_ = !m.key_mask.defined() || m.key_mask.is_contiguous() ? m.key_mask : copy_of(m.key_mask);
+  queries_ = !m.query_mask.defined() || m.query_mask.is_contiguous() ? m.query_mask : copy_of(m.query_mask);
   if (m.allowed.defined()) {
-    check_dtype(op, "mask", m.allowed, DType::bool_);
-    if (broadcast_args(op, "scores", shape_, "mask", m.allowed.shape()) != shape_)
-      fail<ShapeError>("{}: argument 'mask' with shape {} must broadcast to the scores' shape {}", op,
-                       shape_str(m.allowed.shape()), shape_str(shape_));
     allowed_ = m.allowed;
     allowed_strides_ = broadcast_strides(allowed_, shape_);
   }
-  empty_ = m.empty();
-  if (alibi.defined()) {
-    const Tensor c = alibi.detach().to(DType::float64).contiguous();
+  empty_ = !allowed_.defined() && !keys_.defined() && !queries_.defined() && !causal_;
+  if (m.slopes.defined()) {
+    slopes_tensor_ = m.slopes;
+    const Tensor c = m.slopes.detach().to(DType::float64).contiguous();
     slopes_.assign(c.data<double>(), c.data<double>() + c.numel());
-    // A non-finite slope has no value at distance 0 (inf * 0); a distance past 2^53 is no longer
-    // an exact double. Refused, so every bias is one rounding of slope * |i + offset - j|.
-    for (std::size_t h = 0; h < slopes_.size(); ++h)
-      if (!std::isfinite(slopes_[h]))
-        fail<ValueError>("{}: argument 'alibi_slopes' holds {} for head {}; every slope must be finite", op, slopes_[h], h);
-    if (m.causal_offset < -kMaxAlibiOffset || m.causal_offset > kMaxAlibiOffset)
-      fail<ValueError>("{}: with alibi_slopes, causal_offset must lie in [-2^52, 2^52] (the distances |i + causal_offset - j| "
-                       "stay exact doubles), got {}",
-                       op, m.causal_offset);
   }
 }
 
@@ -58,6 +29,13 @@ std::vector<Tensor> RowMasks::saved_with(std::vector<Tensor> saved, bool ends_on
   for (const Tensor* t : {&queries_, &keys_, &allowed_})
     if (t->defined() && (t == &queries_ || !ends_only)) saved.push_back(*t);
   return saved;
+}
+
+std::vector<Tensor> RowMasks::tensors() const {
+  std::vector<Tensor> out;
+  for (const Tensor* t : {&allowed_, &keys_, &queries_, &slopes_tensor_})
+    if (t->defined()) out.push_back(*t);
+  return out;
 }
 
 RowMask RowMasks::row(std::int64_t r) const noexcept {
@@ -92,6 +70,17 @@ RowMask RowMasks::row(std::int64_t r) const noexcept {
     out.pairs_stride = allowed_strides_[shape_.size() - 1];
   }
   return out;
+}
+
+Tensor RowMasks::materialise(const Shape& shape) const {
+  Tensor m = new_tensor(shape, DType::bool_, "attention");
+  bool* p = static_cast<bool*>(mutable_data(m));
+  const std::int64_t rows = k_ == 0 ? 0 : shape_numel(shape) / k_;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const RowMask row = this->row(r);
+    for (std::int64_t j = 0; j < k_; ++j) p[r * k_ + j] = row(j);
+  }
+  return m;
 }
 
 }  // namespace tapegrad::detail

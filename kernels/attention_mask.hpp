@@ -1,6 +1,7 @@
 // Internal: which (query, key) pairs may attend, described rather than materialised. Attention
-// kernels (the weights path and the fused path) ask for one row's mask at a time; nothing of
-// size [B, H, Q, K] or [B, 1, Q, K] is ever built from the masks.
+// kernels (the weights paths and the fused paths) ask for one row's mask at a time; nothing of
+// size [B, H, Q, K] or [B, 1, Q, K] is ever built from the masks. The parts come validated
+// (ops/attention_masking.cpp checks an AttentionMasking and builds its RowMasks, once per call).
 #pragma once
 
 #include <cstdint>
@@ -11,18 +12,21 @@
 
 namespace tapegrad::detail {
 
-// The pairs allowed are those that every given part allows. Scores are [..., Q, K]; key_mask and
-// query_mask refer to the first leading dim of the scores as the batch B (the scores of
+// With ALiBi, |causal_offset| is at most 2^52: every distance |i + causal_offset - j| is then an
+// exact integer in a double (i and j stay below 2^48, the largest tensor's size).
+inline constexpr std::int64_t kMaxAlibiOffset = std::int64_t{1} << 52;
+
+// The validated parts of one call's masking, for scores [..., Q, K]. key_mask and query_mask
+// refer to the first leading dim of the scores as the batch B (the scores of
 // multihead_attention are [B, H, Q, K]).
-struct AttentionMask {
+struct MaskParts {
   Tensor allowed{};                // optional bool, broadcasts to [..., Q, K]
   Tensor key_mask{};               // optional bool [B, K]
   Tensor query_mask{};             // optional bool [B, Q]
   bool causal = false;             // key j is allowed for query i only if j <= i + causal_offset
   std::int64_t causal_offset = 0;  // query i sits at position i + causal_offset (ALiBi's distances too)
   std::int64_t window = 0;         // > 0, with causal only: also j > i + causal_offset - window
-
-  bool empty() const noexcept { return !allowed.defined() && !key_mask.defined() && !query_mask.defined() && !causal; }
+  Tensor slopes{};                 // optional floating [H], finite: ALiBi
 };
 
 // One row of the mask: query i of one [..., Q, K] slice. Keys outside [begin, end) are never
@@ -63,27 +67,30 @@ template <class T> const T* index_ramp(std::int64_t n) {
   return ramp.data();
 }
 
-// With ALiBi, |causal_offset| is at most 2^52: every distance |i + causal_offset - j| is then an
-// exact integer in a double (i and j stay below 2^48, the largest tensor's size).
-inline constexpr std::int64_t kMaxAlibiOffset = std::int64_t{1} << 52;
-
-// Row lookup for scores of a given shape. Validates the parts against that shape (ShapeError /
-// DTypeError / ValueError naming `op`) and makes the bool tensors contiguous once, up front.
-// Cheap to copy between threads: row() is const and allocation-free. With `alibi` (floating
-// [H], validated by the caller) each row also carries its head's slope, read once here: row r
-// belongs to head (r / Q) mod H.
+// Row lookup for scores of a given shape, from validated parts: the bool tensors are made
+// contiguous once, the slopes read once. Cheap to copy between threads: row() is const and
+// allocation-free. Row r of the scores (rows numbered over [..., Q]) belongs to head (r / Q) mod H.
+// A grouped view of the same scores ([B, Hkv, G, Q, K] for [B, H, Q, K]) numbers its rows alike.
 class RowMasks {
  public:
-  RowMasks(const char* op, const AttentionMask& mask, const Shape& scores_shape, const Tensor& alibi = Tensor());
+  RowMasks() = default;  // no masking, no scores: call the other constructor for rows
+  RowMasks(MaskParts parts, const Shape& scores_shape);
   // r numbers the rows of the scores in row-major order over [..., Q].
   RowMask row(std::int64_t r) const noexcept;
-  bool empty() const noexcept { return empty_; }
+  bool empty() const noexcept { return empty_; }  // every pair allowed (ALiBi aside)
+  std::int64_t window() const noexcept { return window_; }
+  const Tensor& slopes() const noexcept { return slopes_tensor_; }  // ALiBi's [H], undefined without
   std::int64_t alibi_heads() const noexcept { return static_cast<std::int64_t>(slopes_.size()); }  // 0: no ALiBi
   // `saved` and the bool tensors that a node's backward reads through row(): all of them for a
   // backward that makes the weights again from the masks (the fused paths), or with ends_only
   // only what a row's end depends on (the query mask), for one that reads the weights and asks
   // the masks only how far each row goes. A write into one of them before backward is refused.
   std::vector<Tensor> saved_with(std::vector<Tensor> saved, bool ends_only = false) const;
+  // The tensors a second-order pass reads whole (the masks and the slopes), for its version check.
+  std::vector<Tensor> tensors() const;
+  // The allowed pairs as a bool tensor of `shape`: the scores' or a view of them numbering its rows
+  // alike (the grouped [B, Hkv, G, Q, K]), for a path that reads them whole.
+  Tensor materialise(const Shape& shape) const;
 
  private:
   Shape shape_;            // the scores' shape
@@ -91,7 +98,7 @@ class RowMasks {
   bool empty_ = true, causal_ = false;
   std::int64_t offset_ = 0, window_ = 0;
   std::vector<double> slopes_;
-  Tensor keys_, queries_, allowed_;
+  Tensor slopes_tensor_, keys_, queries_, allowed_;
   Dims8 allowed_strides_;  // broadcast strides of `allowed` against the scores' shape
 };
 

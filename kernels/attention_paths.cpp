@@ -1,6 +1,8 @@
 // Which attention path a call takes, and running the fast ones (attention_paths.hpp).
 #include "kernels/attention_paths.hpp"
 
+#include "autodiff/check.hpp"
+
 namespace tapegrad::detail {
 namespace {
 
@@ -11,18 +13,27 @@ bool blocks_pay(const AttentionArgs& a, const Shape& scores_shape) {
   return a.q.dtype() == DType::float32 && shape_numel(scores_shape) >= (std::int64_t{2} << 20);
 }
 
+// Up to this many keys, one tile of the fused path holds every key of a row, and its per-head
+// tile products (thousands of small gemm calls per training step) cost more than the weights
+// path's batched products (docs/performance-notes.md); the weights, small at this length, are
+// then made and dropped.
+constexpr std::int64_t kWeightsPathMaxKeys = 32;
+
 }  // namespace
 
-AttentionPath attention_path(const AttentionArgs& a, const Shape& scores_shape, bool bf16) {
+AttentionPath attention_path(const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks, bool bf16) {
   // No scores, no work: the fast paths keep per-matrix bookkeeping, and [2^49, 0, 0] would
   // ask them for 2^49 entries of it.
   if (shape_numel(scores_shape) == 0) return AttentionPath::weights;
-  if (!a.need_weights) {
+  // (The weights of a short row are made only where they can be: the output was checked, not them.)
+  const bool short_rows = scores_shape.back() <= kWeightsPathMaxKeys &&
+                          shape_numel(scores_shape) <= kMaxBytes / static_cast<std::int64_t>(itemsize(a.q.dtype()));
+  if (!a.need_weights && !short_rows) {
     // A bias or ALiBi slopes that need a gradient would make the blocks hold dS whole,
     // [..., Q, K] (their gradients are summed from it); the tiles sum them as they go instead.
     // A window: the tiles skip the key tiles before it (cost O(W), not O(K)), the blocks do not.
-    const bool ds_grad = (a.bias.defined() && a.bias.requires_grad()) || (a.alibi.defined() && a.alibi.requires_grad());
-    return blocks_pay(a, scores_shape) && !ds_grad && a.mask.window == 0 ? AttentionPath::fused_blocks : AttentionPath::tiles;
+    const bool ds_grad = (a.bias.defined() && a.bias.requires_grad()) || (masks.slopes().defined() && masks.slopes().requires_grad());
+    return blocks_pay(a, scores_shape) && !ds_grad && masks.window() == 0 ? AttentionPath::fused_blocks : AttentionPath::tiles;
   }
   if (blocks_pay(a, scores_shape)) return AttentionPath::pipelined;
   return bf16 ? AttentionPath::weights_bf16 : AttentionPath::weights;

@@ -12,20 +12,17 @@
 
 namespace tapegrad::detail {
 
-// Validated arguments of one attention call.
+// Validated arguments of one attention call. The masks and ALiBi's slopes come as its RowMasks:
+// row r of the scores (rows numbered over [..., Q]) belongs to head (r / Q) mod H, and its scores
+// get -slopes[head] |i + causal_offset - j| added after the scaling (and with the bias). For
+// [B, H, Q, K] scores that is head h; for [B, Hkv, G, Q, K] (grouped queries) head hkv G + g.
 struct AttentionArgs {
   const char* op;  // for error messages and the node's name
   Tensor q, k, v;
-  Tensor bias;         // optional, floating, broadcasts to [..., Q, K]
-  AttentionMask mask;  // which (query, key) pairs may attend; empty: all
+  Tensor bias;  // optional, floating, broadcasts to [..., Q, K]
   // false: only the output is wanted (a fused path, which never holds the [..., Q, K] weights;
   // the result's weights are then undefined).
   bool need_weights = true;
-  // Optional floating [H], the activations' dtype: ALiBi's slopes. Row r of the scores (rows
-  // numbered over [..., Q]) belongs to head (r / Q) mod H, and its scores get
-  // -alibi[head] |i + causal_offset - j| added after the scaling (and with the bias). For
-  // [B, H, Q, K] scores that is head h; for [B, Hkv, G, Q, K] (grouped queries) head hkv G + g.
-  Tensor alibi{};
 };
 
 // batch + [rows, cols]: the shape of a [..., rows, cols] operand or result.
@@ -44,12 +41,13 @@ enum class AttentionPath {
   fused_blocks,    // fused on the pipelined path's blocks, each block's weights made again in backward
 };
 
-// The path a call takes. With need_weights: the weights path, or in blocks when the float32
-// scores are too large for the cache (8 MiB and up: whole-tensor passes would stream them through
-// memory), or on bfloat16 products under that precision. Without: the tiles, or the blocks for
-// large float32 scores when the bias needs no gradient (dbias would make the blocks hold dS whole).
+// The path a call takes, the one place that chooses. With need_weights, or at most 32 keys (one
+// tile: the weights are then dropped): the weights path, or in blocks when the float32 scores are
+// too large for the cache (8 MiB and up: whole-tensor passes would stream them through memory), or
+// on bfloat16 products under that precision. Otherwise: the tiles, or the blocks for large
+// float32 scores when the bias needs no gradient (dbias would make the blocks hold dS whole).
 // `bf16`: float32 operands under a bfloat16 matmul precision.
-AttentionPath attention_path(const AttentionArgs& args, const Shape& scores_shape, bool bf16);
+AttentionPath attention_path(const AttentionArgs& args, const Shape& scores_shape, const RowMasks& masks, bool bf16);
 
 // A fast path's gradients of q, k, v and the bias, as the node's backward finishes them: dq, dk
 // and dv in the scores' batch shape [batch..., rows, width] (summed to each input's own shape

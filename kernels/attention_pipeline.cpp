@@ -345,7 +345,7 @@ AttentionRun attention_pipelined(const AttentionArgs& a, const Shape& scores_sha
   // The weights path reads A, the fused one makes it again from the masks and the bias; O is
   // read for Δ = rowsum(dO O) unless dbias is asked for (Δ then comes from P dA).
   AttentionRun run{output, weights, masks.saved_with({a.q, a.k, a.v}, /*ends_only=*/keep), nullptr};
-  const bool bias_grad = (a.bias.defined() && a.bias.requires_grad()) || (a.alibi.defined() && a.alibi.requires_grad());
+  const bool bias_grad = (a.bias.defined() && a.bias.requires_grad()) || (masks.slopes().defined() && masks.slopes().requires_grad());
   if (keep) run.saved.push_back(weights);
   if (!keep && !bias_grad) run.saved.push_back(output);
   if (!keep && a.bias.defined()) run.saved.push_back(a.bias);

@@ -1,16 +1,15 @@
-// The MultiHeadAttention layer and its KV cache.
+// The MultiHeadAttention layer: its weights and config around multihead_attention, whose
+// decoding form keeps the KV cache.
 #include "tapegrad/layers/multihead_attention.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <string_view>
 #include <utility>
 
-#include "autodiff/check.hpp"
-#include "ops/multihead_attention_detail.hpp"
+#include "layers/layer_support.hpp"
 #include "tapegrad/autodiff/tape.hpp"
-#include "tapegrad/ops/inplace.hpp"
-#include "tapegrad/ops/view.hpp"
 
 namespace tapegrad {
 namespace {
@@ -31,9 +30,8 @@ Tensor xavier(std::int64_t fan_in, std::int64_t fan_out, Generator& gen, DType d
 MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
   if (c.query_dim < 1) fail<ValueError>("{}: config.query_dim must be >= 1, got {}", kLayer, c.query_dim);
   if (c.heads < 1) fail<ValueError>("{}: config.heads must be >= 1, got {}", kLayer, c.heads);
-  if (c.kv_heads < 0 || (c.kv_heads > 0 && c.heads % c.kv_heads != 0))
-    fail<ValueError>("{}: config.kv_heads must divide config.heads = {} (or be 0 for heads), got {}", kLayer, c.heads, c.kv_heads);
-  if (c.window < 0) fail<ValueError>("{}: config.window must be >= 0 (0: no window), got {}", kLayer, c.window);
+  check_kv_heads(kLayer, "config.", c.heads, c.kv_heads);
+  check_window(kLayer, "config.window", c.window);
   for (auto [field, value] : {std::pair{"context_dim", c.context_dim}, {"head_dim", c.head_dim}, {"value_head_dim", c.value_head_dim},
                               {"out_dim", c.out_dim}})
     if (value < 0) fail<ValueError>("{}: config.{} must be >= 1, or 0 for its default, got {}", kLayer, field, value);
@@ -92,6 +90,32 @@ MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
 constexpr const char* kForward = "MultiHeadAttention::forward";
 constexpr const char* kDecode = "MultiHeadAttention::decode";
 
+// f(), with an error of the op it calls reported as the layer's own: the same class, the message
+// naming `layer` where it named the op, and the call's fields as the caller wrote them
+// ("multihead_attention: argument 'options.masking.key_mask' ..." becomes
+// "MultiHeadAttention::forward: argument 'call.masking.key_mask' ...").
+std::string caller_message(const char* layer, std::string message) {
+  constexpr std::string_view op = "multihead_attention: ";
+  message = message.starts_with(op) ? message.substr(op.size()) : message;
+  for (std::size_t at = 0; (at = message.find("options.masking.", at)) != std::string::npos;) message.replace(at, 8, "call.");
+  return fmt::format("{}: {}", layer, message);
+}
+template <class F> AttentionResult as_caller(const char* layer, F&& f) {
+  try {
+    return f();
+  } catch (const ShapeError& e) {
+    throw ShapeError(caller_message(layer, e.what()));
+  } catch (const DTypeError& e) {
+    throw DTypeError(caller_message(layer, e.what()));
+  } catch (const ValueError& e) {
+    throw ValueError(caller_message(layer, e.what()));
+  } catch (const GraphError& e) {
+    throw GraphError(caller_message(layer, e.what()));
+  } catch (const Error& e) {
+    throw Error(caller_message(layer, e.what()));
+  }
+}
+
 // An input as the caller passed it: its argument name, and how it is used when that is not
 // obvious from the name.
 struct Input {
@@ -114,30 +138,6 @@ void check_input(const char* op, const Input& in, const char* width_field, std::
   if (x.dtype() != dtype)
     fail<DTypeError>("{}: argument '{}'{} is {} but the layer's config.dtype is {}; convert it with to()", op, in.name, in.role,
                      x.dtype(), dtype);
-}
-
-AttentionResult run_forward(const MultiHeadAttention& layer, const MhaOptions& options, const Input& query, const Input& context,
-                            const MhaCall& call) {
-  const MultiHeadAttentionConfig& c = layer.config();
-  check_input(kForward, query, "query_dim", c.query_dim, c.dtype);
-  check_input(kForward, context, "context_dim", c.context_dim, c.dtype);
-  return detail::multihead_attention(kForward, {query.tensor, context.tensor, call.bias}, layer.weights(), call.masks, options,
-                                     c.rotary ? &*c.rotary : nullptr);
-}
-
-// A fresh [B, capacity, width] buffer holding positions [from, from + length) of `buffer` at its
-// front (the positions past them are not read: they were never written).
-Tensor reallocated(const Tensor& buffer, std::int64_t from, std::int64_t length, std::int64_t capacity) {
-  const NoGradGuard no_grad;
-  Tensor out = empty({buffer.size(0), capacity, buffer.size(2)}, buffer.dtype());
-  if (length > 0) copy_(slice(out, 1, 0, length), slice(buffer, 1, from, from + length));
-  return out;
-}
-
-// Those of a decode call's masks and bias that cover keys (K = L + n, every position decoded),
-// cut to the held ones (from `start` on). A size-1 key dim broadcasts and stays.
-Tensor held_keys(const Tensor& t, std::int64_t start) {
-  return !t.defined() || start == 0 || t.dim() == 0 || t.size(-1) == 1 ? t : slice(t, -1, start, t.size(-1));
 }
 
 }  // namespace
@@ -175,131 +175,46 @@ void MultiHeadAttention::visit(ModuleVisitor& v) {
   if (config_.alibi == Alibi::learnable) v.parameter("alibi_slopes", alibi_);
 }
 
-MhaOptions MultiHeadAttention::options(bool causal, std::int64_t causal_offset, bool need_weights) const {
-  return {.heads = config_.heads,
-          .kv_heads = config_.kv_heads,
-          .causal = causal,
-          .causal_offset = causal_offset,
-          .window = causal ? config_.window : 0,
-          .alibi_slopes = alibi_,
-          .need_weights = need_weights};
+MhaOptions MultiHeadAttention::options(const Call& call, const char* op) const {
+  AttentionMasking m = call.masking;
+  // The config's window applies to causal calls, its slopes to every call.
+  if (config_.window > 0 && m.causal) {
+    if (m.window != 0 && m.window != config_.window)
+      fail<ValueError>("{}: argument 'call.masking.window' = {} differs from the layer's config.window = {}; set one of them", op, m.window,
+                       config_.window);
+    m.window = config_.window;
+  }
+  if (alibi_.defined()) {
+    if (m.alibi_slopes.defined())
+      fail<ValueError>("{}: argument 'call.masking.alibi_slopes' is given but the layer's config.alibi supplies the slopes; set one of "
+                       "them",
+                       op);
+    m.alibi_slopes = alibi_;
+  }
+  return {.heads = config_.heads, .kv_heads = config_.kv_heads, .masking = m, .rotary = config_.rotary, .need_weights = call.need_weights};
 }
 
 AttentionResult MultiHeadAttention::forward(const Tensor& query, const Tensor& context, const Call& call) const {
-  return run_forward(*this, options(call.causal, call.causal_offset, call.need_weights), {"query", "", query}, {"context", "", context},
-                     call);
+  check_input(kForward, {"query", "", query}, "query_dim", config_.query_dim, config_.dtype);
+  check_input(kForward, {"context", "", context}, "context_dim", config_.context_dim, config_.dtype);
+  return as_caller(kForward, [&] { return multihead_attention({query, context, call.bias}, params_, options(call, kForward)); });
 }
 
 AttentionResult MultiHeadAttention::forward(const Tensor& x, const Call& call) const {
-  return run_forward(*this, options(call.causal, call.causal_offset, call.need_weights), {"x", "", x},
-                     {"x", " (the context too: forward(x) is self-attention)", x}, call);
+  check_input(kForward, {"x", "", x}, "query_dim", config_.query_dim, config_.dtype);
+  check_input(kForward, {"x", " (the context too: forward(x) is self-attention)", x}, "context_dim", config_.context_dim, config_.dtype);
+  return as_caller(kForward, [&] { return multihead_attention({x, x, call.bias}, params_, options(call, kForward)); });
 }
 
 AttentionResult MultiHeadAttention::decode(const Tensor& query, KVCache& cache, const Call& call) const {
-  NoGradGuard no_grad;
   if (config_.context_dim != config_.query_dim)
     fail<ValueError>("{}: incremental decoding is self-attention; this layer's config.context_dim {} differs from its "
                      "config.query_dim {}",
                      kDecode, config_.context_dim, config_.query_dim);
   check_input(kDecode, {"query", "", query}, "query_dim", config_.query_dim, config_.dtype);
-  if (cache.k_.defined()) {
-    // A cache holds one batch of one layer's keys and values. An empty (cleared) cache with
-    // other buffers is re-made; a non-empty one must match.
-    const bool fits = cache.k_.size(0) == query.size(0) && cache.k_.size(2) == params_.w_k.size(1) &&
-                      cache.v_.size(2) == params_.w_v.size(1) && cache.k_.dtype() == query.dtype();
-    if (!fits && cache.held() > 0)
-      fail<ShapeError>("{}: argument 'cache' holds {} {} keys [B, L, width] = [{}, {}, {}] from another batch or layer; 'query' is {} {} "
-                       "(B = {}) and this layer's keys are {} wide (clear() the cache to start over)",
-                       kDecode, cache.held(), cache.k_.dtype(), cache.k_.size(0), cache.held(), cache.k_.size(2),
-                       detail::shape_str(query.shape()), query.dtype(), query.size(0), params_.w_k.size(1));
-    if (!fits) cache.k_ = cache.v_ = Tensor();
-  }
-  const std::int64_t before = cache.length(), n = query.size(1);
-  const MhaActivations a{query, Tensor(), call.bias};
-  // Masks and bias are checked against every position decoded (K = L + n) before the cache changes.
-  MhaOptions o = options(/*causal=*/true, before, call.need_weights);
-  detail::MhaShapes s = detail::check_mha(kDecode, a, params_, call.masks, o, before + n);
-  Tensor q = detail::project_heads(kDecode, query, params_.w_q, params_.b_q, config_.heads);
-  Tensor k = detail::project(query, params_.w_k, params_.b_k);
-  if (config_.rotary) {
-    // The cache holds rotated keys: each is turned once, by its absolute position, as the full
-    // forward turns it.
-    const Tensor positions = detail::positions_from(before, n);
-    q = rotary(q, positions, *config_.rotary);
-    k = reshape(permute(rotary(detail::split_heads(k, config_.kv_heads), positions, *config_.rotary), {0, 2, 1, 3}), k.shape());
-  }
-  // The first new query (position L) sees keys after L - window: older ones may go.
-  const std::int64_t keep_from = config_.window > 0 ? std::max<std::int64_t>(0, before - config_.window + 1) : 0;
-  cache.append(k, detail::project(query, params_.w_v, params_.b_v), keep_from);
-  // The held keys are positions start .. L + n - 1: in their coordinates the queries sit at
-  // L - start + i, which the causal rule, the window and ALiBi's distances all read.
-  const std::int64_t start = cache.start();
-  o.causal_offset = before - start;
-  s.k = cache.held();
-  const MhaMasks masks{held_keys(call.masks.key_mask, start), call.masks.query_mask, held_keys(call.masks.attention_mask, start)};
-  // Unlike multihead_attention, the rows of inactive queries and unattended keys are kept: the
-  // new keys may serve later queries, and nothing here has a gradient.
-  const std::int64_t hkv = config_.kv_heads;
-  return detail::attend_projected(q, detail::split_heads(cache.keys(), hkv), detail::split_heads(cache.values(), hkv),
-                                  held_keys(call.bias, start), params_, detail::allowed_pairs(masks, s, o), s, o);
+  Call causal = call;
+  causal.masking.causal = true;  // decoding is causal: the config's window applies
+  return as_caller(kDecode, [&] { return multihead_attention({.query = query, .bias = call.bias}, params_, options(causal, kDecode), cache); });
 }
-
-KVCache::KVCache(const KVCache& other)
-    : k_(other.k_.defined() ? reallocated(other.k_, 0, other.held_, other.capacity()) : Tensor()),
-      v_(other.v_.defined() ? reallocated(other.v_, 0, other.held_, other.capacity()) : Tensor()),
-      start_(other.start_),
-      held_(other.held_) {}
-
-KVCache& KVCache::operator=(const KVCache& other) {
-  if (this != &other) *this = KVCache(other);
-  return *this;
-}
-
-KVCache::KVCache(KVCache&& other) noexcept
-    : k_(std::move(other.k_)), v_(std::move(other.v_)), start_(std::exchange(other.start_, 0)), held_(std::exchange(other.held_, 0)) {}
-
-KVCache& KVCache::operator=(KVCache&& other) noexcept {
-  if (this == &other) return *this;
-  k_ = std::move(other.k_);  // a moved-from Tensor is undefined
-  v_ = std::move(other.v_);
-  start_ = std::exchange(other.start_, 0);
-  held_ = std::exchange(other.held_, 0);
-  return *this;
-}
-
-void KVCache::append(const Tensor& k, const Tensor& v, std::int64_t keep_from) {
-  const std::int64_t n = k.size(1);
-  const NoGradGuard no_grad;
-  if (held_ + n > capacity()) {
-    // Full. Positions before keep_from are dropped rather than kept: the kept ones move to the
-    // front, in place when at most half the buffer is then in use (they cannot overlap their
-    // destination: more than kept + n rows are dropped), else into a buffer twice that size, so
-    // each move of `kept` rows is paid for by at least as many appends.
-    const std::int64_t drop = std::clamp<std::int64_t>(keep_from - start_, 0, held_), kept = held_ - drop;
-    if (drop > 0 && 2 * (kept + n) <= capacity()) {
-      copy_(slice(k_, 1, 0, kept), slice(k_, 1, drop, held_));
-      copy_(slice(v_, 1, 0, kept), slice(v_, 1, drop, held_));
-    } else {
-      // Grow by doubling: each position is copied O(1) times on average. Not past what can be
-      // allocated, while what is needed still can be.
-      std::int64_t grown = drop > 0 ? std::max<std::int64_t>(2 * (kept + n), 16) : std::max<std::int64_t>({2 * capacity(), kept + n, 16});
-      try {
-        detail::check_shape("KVCache", "buffer", {k.size(0), grown, std::max(k.size(2), v.size(2))}, k.dtype());
-      } catch (const ShapeError&) {
-        grown = kept + n;
-      }
-      k_ = reallocated(k_.defined() ? k_ : k, drop, kept, grown);
-      v_ = reallocated(v_.defined() ? v_ : v, drop, kept, grown);
-    }
-    start_ += drop;
-    held_ = kept;
-  }
-  copy_(slice(k_, 1, held_, held_ + n), k);
-  copy_(slice(v_, 1, held_, held_ + n), v);
-  held_ += n;
-}
-
-Tensor KVCache::keys() const { return slice(k_, 1, 0, held_); }
-Tensor KVCache::values() const { return slice(v_, 1, 0, held_); }
 
 }  // namespace tapegrad

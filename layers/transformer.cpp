@@ -19,10 +19,8 @@ const TransformerBlockConfig& checked(const TransformerBlockConfig& c) {
   detail::check_field("TransformerBlock", "heads", c.heads);
   if (c.dim % c.heads != 0)
     detail::fail<ValueError>("TransformerBlock: config.heads = {} must divide config.dim = {}", c.heads, c.dim);
-  detail::check_field("TransformerBlock", "kv_heads", c.kv_heads, 0);
-  if (c.kv_heads > 0 && c.heads % c.kv_heads != 0)
-    detail::fail<ValueError>("TransformerBlock: config.kv_heads = {} must divide config.heads = {}", c.kv_heads, c.heads);
-  detail::check_field("TransformerBlock", "window", c.window, 0);
+  check_kv_heads("TransformerBlock", "config.", c.heads, c.kv_heads);
+  check_window("TransformerBlock", "config.window", c.window);
   return c;
 }
 
@@ -38,10 +36,8 @@ const DecoderConfig& checked(const DecoderConfig& c) {
   detail::check_field(layer, "hidden", c.hidden, 0);
   detail::check_float_dtype(layer, c.dtype);
   if (c.dim % c.heads != 0) detail::fail<ValueError>("Decoder: config.heads = {} must divide config.dim = {}", c.heads, c.dim);
-  detail::check_field(layer, "kv_heads", c.kv_heads, 0);
-  if (c.kv_heads > 0 && c.heads % c.kv_heads != 0)
-    detail::fail<ValueError>("Decoder: config.kv_heads = {} must divide config.heads = {}", c.kv_heads, c.heads);
-  detail::check_field(layer, "window", c.window, 0);
+  check_kv_heads(layer, "config.", c.heads, c.kv_heads);
+  check_window(layer, "config.window", c.window);
   if (c.positions == PositionKind::rotary) check_rotary_options(c.rotary, c.dim / c.heads, layer, "config.rotary", "dim / heads");
   if (!(c.dropout >= 0 && c.dropout < 1)) detail::fail<ValueError>("Decoder: config.dropout must be in [0, 1), got {}", c.dropout);
   detail::checked_product(layer, "vocab", c.vocab, "dim", c.dim);
@@ -107,17 +103,9 @@ TransformerBlock::TransformerBlock(const TransformerBlockConfig& config)
           .dtype = config.dtype,
           .seed = detail::child_seed(config.seed, 2)}) {}
 
-// Sequences up to this length fit one tile of the fused attention path for every head, and
-// there its per-head tile products (thousands of small gemm calls per training step) cost more
-// than the weights path's batched products (docs/performance-notes.md). The weights ([B, H, T,
-// T], small at this length) are then dropped.
-constexpr std::int64_t kWeightsPathMaxLength = 32;
-
 Tensor TransformerBlock::forward(const Tensor& x, const Tensor& key_mask, Tensor* attention) const {
-  const bool short_sequence = x.size(-2) <= kWeightsPathMaxLength;
-  const auto [a, weights] = attn.forward(
-      ln1.forward(x),
-      {.masks = {.key_mask = key_mask}, .causal = true, .need_weights = attention != nullptr || short_sequence});
+  const auto [a, weights] =
+      attn.forward(ln1.forward(x), {.masking = {.key_mask = key_mask, .causal = true}, .need_weights = attention != nullptr});
   if (attention != nullptr) *attention = weights;
   const Tensor h = x + drop.forward(a);
   return h + ff.forward(ln2.forward(h));

@@ -21,6 +21,7 @@
 #include "kernels/attention_softmax.hpp"
 #include "kernels/weighted_matmul.hpp"
 #include "ops/attention_core.hpp"
+#include "ops/attention_masking.hpp"
 #include "ops/op.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/matmul.hpp"
@@ -29,10 +30,9 @@
 namespace tapegrad {
 namespace detail {
 namespace {
-
 Shape leading(const Tensor& t) { return Shape(t.shape().begin(), t.shape().end() - 2); }
+}  // namespace
 
-// Validates q, k, v and bias; returns the scores' shape [..., Q, K].
 Shape check_attention(const AttentionArgs& a) {
   const DType dtype = check_same_float(a.op, "q", a.q, "k", a.k);
   check_same_float(a.op, "q", a.q, "v", a.v);
@@ -63,26 +63,15 @@ Shape check_attention(const AttentionArgs& a) {
       fail<ShapeError>("{}: argument 'bias' with shape {} must broadcast to the scores' shape {}", a.op,
                        shape_str(a.bias.shape()), shape_str(scores));
   }
-  if (a.alibi.defined()) {
-    check_floating(a.op, "alibi_slopes", a.alibi);
-    if (a.alibi.dtype() != dtype)
-      fail<DTypeError>("{}: argument 'alibi_slopes' is {} but the activations are {}; convert it with to()", a.op,
-                       a.alibi.dtype(), dtype);
-    // H must be the size of the trailing leading dims ([B, H] or [B, Hkv, G]): the rows' heads.
-    std::int64_t trailing = 1;
-    bool found = a.alibi.dim() == 1 && a.alibi.size(0) == 1;
-    for (std::size_t d = batch.size(); !found && d-- > 0;) found = a.alibi.dim() == 1 && (trailing *= batch[d]) == a.alibi.size(0);
-    if (!found)
-      fail<ShapeError>("{}: argument 'alibi_slopes' must have shape [H], one slope per head (dim -3 of the scores {}), got {}",
-                       a.op, shape_str(scores), shape_str(a.alibi.shape()));
-  }
   check_countable(a.op, fmt::format("q {}, k {} and v {} give the scores", shape_str(a.q.shape()), shape_str(a.k.shape()),
                                     shape_str(a.v.shape())).c_str(), scores);
   // What will be allocated is checked before anything is computed.
   check_shape(a.op, "the output [..., Q, Dv]", with_matrix(batch, a.q.size(-2), a.v.size(-1)), dtype);
   if (a.need_weights) check_shape(a.op, "the weights [..., Q, K]", scores, dtype);
-  return scores;  // the mask is checked by RowMasks
+  return scores;  // the masking is checked against it (masking_rows)
 }
+
+namespace {
 
 // The plain path, as the table above says it.
 AttentionResult weights_path(const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks, double scale) {
@@ -99,12 +88,12 @@ AttentionResult weights_path(const AttentionArgs& a, const Shape& scores_shape, 
                               weights);
     output = weighted_matmul(weights, a.v);
   }
-  const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias, a.alibi};
+  const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias, masks.slopes()};
   if (!should_record(inputs)) return {output, weights};
   std::vector<Tensor> outputs{output, weights};
   record_op(a.op, inputs, outputs,
             [q = a.q, k = a.k, v = a.v, bias_shape = a.bias.defined() ? a.bias.shape() : Shape{}, A = weights.detach(), masks,
-             scale, a, scores_shape, reads = SecondOrderReads(a)](std::span<const Tensor> g, const std::vector<bool>& needs) {
+             scale, a, scores_shape, reads = SecondOrderReads(a, masks)](std::span<const Tensor> g, const std::vector<bool>& needs) {
               if (creating_graph()) return attention_backward_with_graph(a, scores_shape, masks, scale, reads, g, needs);
               const Tensor& d_out = g[0];
               const Tensor& d_weights = g[1];
@@ -137,13 +126,13 @@ AttentionResult weights_path(const AttentionArgs& a, const Shape& scores_shape, 
 // path and finishes what it returns (the sums over broadcast dims, the factor 1/sqrt(D) where
 // the path left it).
 AttentionResult record_fast(const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks, AttentionRun run, double scale) {
-  const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias, a.alibi};
+  const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias, masks.slopes()};
   if (!should_record(inputs)) return {run.output, run.weights};
   std::vector<Tensor> outputs{run.output};
   if (run.weights.defined()) outputs.push_back(run.weights);
   record_op(a.op, inputs, outputs,
             [backward = run.backward, shapes = std::array<Shape, 4>{a.q.shape(), a.k.shape(), a.v.shape(), a.bias.defined() ? a.bias.shape() : Shape{}},
-             scale, a, scores_shape = scores_shape, masks, reads = SecondOrderReads(a)](std::span<const Tensor> g,
+             scale, a, scores_shape = scores_shape, masks, reads = SecondOrderReads(a, masks)](std::span<const Tensor> g,
                                                                                         const std::vector<bool>& needs) {
               if (creating_graph()) return attention_backward_with_graph(a, scores_shape, masks, scale, reads, g, needs);
               const AttentionGrads r = (*backward)(g[0], g.size() > 1 ? g[1] : Tensor(), needs);
@@ -163,19 +152,19 @@ AttentionResult record_fast(const AttentionArgs& a, const Shape& scores_shape, c
 // so is every gradient. Nothing of [..., Q, K] is formed: counted with 0 as 1, its shape may be
 // one that no tensor can have (K = 2^46 with an empty batch), and the weights exist only when
 // asked for, when check_attention has found them addressable.
-AttentionResult no_scores(const AttentionArgs& a, const Shape& scores_shape) {
+AttentionResult no_scores(const AttentionArgs& a, const Shape& scores_shape, const Tensor& slopes) {
   const Shape batch(scores_shape.begin(), scores_shape.end() - 2);
   const DType dtype = a.q.dtype();
   Tensor output = zeros(with_matrix(batch, a.q.size(-2), a.v.size(-1)), dtype);
   Tensor weights = a.need_weights ? zeros(scores_shape, dtype) : Tensor();
-  const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias, a.alibi};
+  const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias, slopes};
   if (!should_record(inputs)) return {output, weights};
   std::vector<Tensor> outputs{output};
   if (weights.defined()) outputs.push_back(weights);
   // dq = dk = dv = dbias = dslopes = 0
   record_op(a.op, inputs, outputs,
             [shapes = std::array<Shape, 5>{a.q.shape(), a.k.shape(), a.v.shape(), a.bias.defined() ? a.bias.shape() : Shape{},
-                                           a.alibi.defined() ? a.alibi.shape() : Shape{}},
+                                           slopes.defined() ? slopes.shape() : Shape{}},
              dtype](std::span<const Tensor>, const std::vector<bool>& needs) {
               std::vector<Tensor> grads(5);
               for (std::size_t i = 0; i < 5; ++i)
@@ -188,38 +177,37 @@ AttentionResult no_scores(const AttentionArgs& a, const Shape& scores_shape) {
 
 }  // namespace
 
-AttentionResult attention_core(const AttentionArgs& a, std::optional<AttentionPath> path, std::int64_t block_rows) {
-  const Shape scores_shape = check_attention(a);
+AttentionResult attention_core(const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks, std::optional<AttentionPath> path,
+                               std::int64_t block_rows) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(a.q.size(-1)));
-  const RowMasks masks(a.op, a.mask, scores_shape, a.alibi);
-  if (shape_numel(scores_shape) == 0) return no_scores(a, scores_shape);
+  if (shape_numel(scores_shape) == 0) return no_scores(a, scores_shape, masks.slopes());
   const bool bf16 = a.q.dtype() == DType::float32 && matmul_precision() == MatmulPrecision::bfloat16;
-  const AttentionPath taken = path ? *path : attention_path(a, scores_shape, bf16);
-  if (taken == AttentionPath::weights) {
-    AttentionResult r = weights_path(a, scores_shape, masks, scale);
-    if (!a.need_weights) r.weights = Tensor();  // as on the fused paths
-    return r;
-  }
-  return record_fast(a, scores_shape, masks, run_attention(taken, a, scores_shape, masks, scale, bf16, block_rows), scale);
+  const AttentionPath taken = path ? *path : attention_path(a, scores_shape, masks, bf16);
+  AttentionResult r = taken == AttentionPath::weights
+                          ? weights_path(a, scores_shape, masks, scale)
+                          : record_fast(a, scores_shape, masks, run_attention(taken, a, scores_shape, masks, scale, bf16, block_rows), scale);
+  if (!a.need_weights) r.weights = Tensor();  // a short row's weights path made them: dropped, as the fused paths never make them
+  return r;
+}
+
+AttentionResult attention_core(const AttentionArgs& a, const AttentionMasking& masking, std::optional<AttentionPath> path,
+                               std::int64_t block_rows, const MaskNames& names) {
+  const Shape scores_shape = check_attention(a);
+  return attention_core(a, scores_shape, masking_rows(a.op, masking, scores_shape, a.q.dtype(), names), path, block_rows);
 }
 
 }  // namespace detail
 
-namespace {
-detail::AttentionMask allowed_only(const Tensor& allowed) {
-  detail::AttentionMask m;
-  m.allowed = allowed;
-  return m;
-}
-}  // namespace
-
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) {
-  return detail::attention_core({"scaled_dot_product_attention", q, k, v, Tensor(), allowed_only(mask)});
+  return detail::attention_core({"scaled_dot_product_attention", q, k, v, Tensor()}, AttentionMasking{.mask = mask}, std::nullopt, 0,
+                                {.prefix = "", .mask = "mask"});
 }
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) {
   // Only the output is wanted: the fused path, which never holds the [..., Q, K] weights.
-  return detail::attention_core({"attention", q, k, v, Tensor(), allowed_only(mask), /*need_weights=*/false}).output;
+  return detail::attention_core({"attention", q, k, v, Tensor(), /*need_weights=*/false}, AttentionMasking{.mask = mask}, std::nullopt,
+                                0, {.prefix = "", .mask = "mask"})
+      .output;
 }
 
 Tensor causal_mask(std::int64_t queries, std::int64_t keys, std::int64_t offset) {

@@ -1,8 +1,8 @@
 // scaled_dot_product_attention with AttentionOptions (docs/semantics.md §14.2), and ALiBi's
-// default slopes. Everything here is validation and views: the causal rule, the window and the
-// ALiBi slopes go to the attention core as they are (it applies them inside its softmax passes
-// and differentiates the slopes), and grouped-query heads become views of q, k, v and the mask
-// (ops/grouped_heads.hpp), so that nothing of k or v is copied per group.
+// default slopes. Everything here is validation and views: the masking is checked once against
+// the scores (masking_rows) and goes to the attention core as its rows (it applies them inside
+// its softmax passes and differentiates the slopes), and grouped-query heads become views of q,
+// k and v (ops/grouped_heads.hpp), so that nothing of k or v is copied per group.
 #include <cmath>
 #include <span>
 #include <utility>
@@ -10,6 +10,7 @@
 
 #include "autodiff/check.hpp"
 #include "ops/attention_core.hpp"
+#include "ops/attention_masking.hpp"
 #include "ops/grouped_heads.hpp"
 #include "tapegrad/ops/view.hpp"
 
@@ -26,14 +27,16 @@ Tensor group_queries(const Tensor& q, std::int64_t kv_heads) {
 
 Tensor group_keys(const Tensor& k) { return unsqueeze(k, -3); }
 
-Tensor group_pairs(const char* op, const char* name, const Tensor& t, std::int64_t heads, std::int64_t kv_heads) {
+Tensor group_pairs(const Tensor& t, std::int64_t kv_heads) {
   if (!t.defined() || t.dim() < 3) return t;  // broadcasts over every head as it is
-  const std::int64_t h = t.size(-3);
-  if (h == 1) return unsqueeze(t, -3);
-  if (h != heads)
-    fail<ShapeError>("{}: argument '{}' with shape {} must broadcast to [..., H, Q, K]: its dim -3 must be 1 or H = {}, got {}", op, name,
-                     shape_str(t.shape()), heads, h);
-  return group_queries(t, kv_heads);
+  return t.size(-3) == 1 ? unsqueeze(t, -3) : group_queries(t, kv_heads);
+}
+
+Shape ungrouped(const Shape& scores) {
+  Shape s = scores;
+  s[s.size() - 4] *= s[s.size() - 3];
+  s.erase(s.end() - 3);
+  return s;
 }
 
 Tensor merge_groups(const Tensor& x) {
@@ -74,25 +77,6 @@ Heads check_groups(const Tensor& q, const Tensor& k, const Tensor& v) {
   return heads;
 }
 
-// The slopes are floating [H], the activations' dtype, H the scores' heads (dim -3).
-void check_slopes(const Tensor& slopes, const Tensor& q, const Tensor& k, const Tensor& v, const Heads& groups) {
-  detail::check_floating(kOp, "options.alibi_slopes", slopes);
-  if (slopes.dtype() != q.dtype())
-    fail<DTypeError>("{}: argument 'options.alibi_slopes' is {} but 'q' is {}; convert it with to()", kOp, slopes.dtype(), q.dtype());
-  if (q.dim() < 3)
-    fail<ShapeError>("{}: argument 'options.alibi_slopes' needs 'q' of rank >= 3 ([..., H, Q, D]: one slope per head at dim -3), got "
-                     "'q' {}",
-                     kOp, shape_str(q.shape()));
-  // The heads of the scores: q's, or (without grouping) k's or v's where q has 1 to broadcast.
-  std::int64_t heads = q.size(-3);
-  if (groups.kv == 0)
-    for (const Tensor* t : {&k, &v})
-      if (heads == 1 && t->dim() >= 3) heads = t->size(-3);
-  if (slopes.shape() != Shape{heads})
-    fail<ShapeError>("{}: argument 'options.alibi_slopes' must have shape [H] = [{}], one slope per head (dim -3 of 'q' {}), got {}", kOp,
-                     heads, shape_str(q.shape()), shape_str(slopes.shape()));
-}
-
 // ALiBi's slopes for a power of two n: 2^(-8 (h + 1) / n), h = 0 .. n - 1.
 std::vector<double> geometric_slopes(std::int64_t n) {
   std::vector<double> s(static_cast<std::size_t>(n));
@@ -105,25 +89,21 @@ std::vector<double> geometric_slopes(std::int64_t n) {
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) {
   detail::check_same_float(kOp, "q", q, "k", k);
   detail::check_same_float(kOp, "q", q, "v", v);
-  if (o.window < 0) fail<ValueError>("{}: options.window must be >= 0 (0: no window), got {}", kOp, o.window);
-  if (o.window > 0 && !o.causal)
-    fail<ValueError>("{}: options.window = {} needs options.causal = true (the window reaches back from each query's causal end), got "
-                     "causal = false",
-                     kOp, o.window);
   const Heads groups = o.enable_gqa ? check_groups(q, k, v) : Heads{};
-  if (o.alibi_slopes.defined()) check_slopes(o.alibi_slopes, q, k, v, groups);
-
-  detail::AttentionArgs a{kOp, q, k, v, Tensor(), {o.mask, Tensor(), Tensor(), o.causal, o.causal_offset, o.window}, o.need_weights,
-                          o.alibi_slopes};
   // One group per head is plain attention: no views.
   const bool grouped = groups.kv != 0 && groups.kv != groups.h;
+  detail::AttentionArgs a{kOp, q, k, v, Tensor(), o.need_weights};
   if (grouped) {
     a.q = detail::group_queries(q, groups.kv);
     a.k = detail::group_keys(k);
     a.v = detail::group_keys(v);
-    a.mask.allowed = detail::group_pairs(kOp, "options.mask", o.mask, groups.h, groups.kv);
   }
-  AttentionResult r = detail::attention_core(a);
+  // The masking is checked against the scores [..., H, Q, K]; the grouped view numbers its rows
+  // alike, so the same rows serve it.
+  const Shape scores = detail::check_attention(a);
+  const detail::RowMasks masks =
+      detail::masking_rows(kOp, o.masking, grouped ? detail::ungrouped(scores) : scores, q.dtype(), {.prefix = "options.masking."});
+  AttentionResult r = detail::attention_core(a, scores, masks);
   if (grouped) r = {detail::merge_groups(r.output), detail::merge_groups(r.weights)};
   return r;
 }

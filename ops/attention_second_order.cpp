@@ -72,19 +72,6 @@ Tensor alias(const Tensor& x) {
   return out;
 }
 
-// The masks, materialised as a bool tensor of the scores' shape (only this pass pays for it).
-Tensor materialise(const RowMasks& masks, const Shape& scores_shape) {
-  if (masks.empty()) return Tensor();
-  Tensor m = new_tensor(scores_shape, DType::bool_, "attention");
-  bool* p = static_cast<bool*>(mutable_data(m));
-  const std::int64_t k = scores_shape.back(), rows = k == 0 ? 0 : shape_numel(scores_shape) / k;
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const RowMask row = masks.row(r);
-    for (std::int64_t j = 0; j < k; ++j) p[r * k + j] = row(j);
-  }
-  return m;
-}
-
 // ALiBi's bias -slopes[h] |i + offset - j| in recorded ops (the slopes' gradients of every order
 // come from mul's): the slopes [H] laid over the scores' trailing leading dims whose sizes
 // multiply to H ([H] of [B, H, Q, K], [Hkv, G] of [B, Hkv, G, Q, K]), times the distances.
@@ -112,9 +99,9 @@ std::uint64_t version_of(const Tensor& t) { return t.impl()->storage->version.lo
 
 }  // namespace
 
-SecondOrderReads::SecondOrderReads(const AttentionArgs& a) {
-  for (const Tensor* t : {&a.bias, &a.alibi, &a.mask.allowed, &a.mask.key_mask, &a.mask.query_mask})
-    if (t->defined()) read_.emplace_back(*t, version_of(*t));
+SecondOrderReads::SecondOrderReads(const AttentionArgs& a, const RowMasks& masks) {
+  if (a.bias.defined()) read_.emplace_back(a.bias, version_of(a.bias));
+  for (const Tensor& t : masks.tensors()) read_.emplace_back(t, version_of(t));
 }
 
 void SecondOrderReads::check(const char* op) const {
@@ -130,12 +117,12 @@ std::vector<Tensor> attention_backward_with_graph(const AttentionArgs& a, const 
                                                   const std::vector<bool>& needs) {
   reads.check(a.op);
   const MatmulPrecisionGuard exact(MatmulPrecision::exact);
-  const Tensor q = alias(a.q), k = alias(a.k), v = alias(a.v), bias = alias(a.bias), slopes = alias(a.alibi);
+  const Tensor q = alias(a.q), k = alias(a.k), v = alias(a.v), bias = alias(a.bias), slopes = alias(masks.slopes());
   Tensor s = mul(scores_product(q, k), scale);
   if (bias.defined()) s = add(s, bias);
   if (slopes.defined()) s = add(s, alibi_bias(slopes, masks, scores_shape));
   if (s.shape() != scores_shape) s = expand(s, scores_shape);
-  const Tensor weights = masked_softmax(s, materialise(masks, scores_shape));
+  const Tensor weights = masked_softmax(s, masks.empty() ? Tensor() : masks.materialise(scores_shape));
   // The outputs an upstream gradient reached (and that depend on something wanted), with it.
   std::vector<Tensor> outs, upstream, wanted;
   const Tensor results[2] = {g[0].defined() ? weighted_product(weights, v) : Tensor(), weights};

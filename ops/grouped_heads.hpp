@@ -2,7 +2,7 @@
 // key/value head h / G, G = H / Hkv. Instead of repeating k and v G times, the queries are
 // viewed as [..., Hkv, G, Q, D] and k, v as [..., Hkv, 1, K, D]: the attention core broadcasts
 // the size-1 group dim and, in backward, sums the gradients of k and v over it (sum_to). Score
-// row r then belongs to head (r / Q) mod H = hkv G + g, the ALiBi rule of AttentionArgs.
+// row r then belongs to head (r / Q) mod H = hkv G + g, the rows' numbering of RowMasks.
 #pragma once
 
 #include <cstdint>
@@ -15,10 +15,11 @@ namespace tapegrad::detail {
 Tensor group_queries(const Tensor& q, std::int64_t kv_heads);
 // k or v [..., Hkv, K, W] -> [..., Hkv, 1, K, W], a view.
 Tensor group_keys(const Tensor& k);
-// A mask or bias broadcasting to [..., H, Q, K] -> one broadcasting to [..., Hkv, G, Q, K]: its dim
-// -3 split when it is H, a size-1 group dim inserted when it is 1, unchanged below rank 3. Any
-// other dim -3 is a ShapeError naming `op` and `name`.
-Tensor group_pairs(const char* op, const char* name, const Tensor& t, std::int64_t heads, std::int64_t kv_heads);
+// A bias broadcasting to [..., H, Q, K] (validated so) -> one broadcasting to [..., Hkv, G, Q, K]:
+// its dim -3 split when it is H, a size-1 group dim inserted when it is 1, unchanged below rank 3.
+Tensor group_pairs(const Tensor& t, std::int64_t kv_heads);
+// The grouped scores' shape [..., Hkv, G, Q, K] -> [..., Hkv G, Q, K], which masks are checked against.
+Shape ungrouped(const Shape& scores);
 // [..., Hkv, G, L, W] -> [..., Hkv G, L, W]: the heads back in order h = hkv G + g (a view of a
 // contiguous result; undefined stays undefined).
 Tensor merge_groups(const Tensor& x);

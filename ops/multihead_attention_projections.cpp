@@ -13,7 +13,7 @@
 //     M = o permuted to [B Q, H Dv]            do = (dout w_o^T) viewed [B, H, Q, Dv]
 //     out = M w_o (+ b_o)                      dw_o = M^T dout,  db_o = colsum(dout)
 #include "runtime/parallel.hpp"
-#include "ops/multihead_attention_detail.hpp"
+#include "ops/multihead_projections.hpp"
 #include "ops/op.hpp"
 #include "tapegrad/ops/matmul.hpp"
 #include "tapegrad/ops/view.hpp"

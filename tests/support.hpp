@@ -15,6 +15,12 @@ namespace tg_test {
 using tapegrad::Shape;
 using tapegrad::Tensor;
 
+// m with ALiBi's slopes (tests that hold them beside a masking).
+inline tapegrad::AttentionMasking with_slopes(tapegrad::AttentionMasking m, const Tensor& slopes) {
+  m.alibi_slopes = slopes;
+  return m;
+}
+
 // Checks that `call` throws exactly E (not a subclass: each kind of mistake has its own class)
 // and that the message contains every fragment.
 template <class E, class F>

@@ -39,7 +39,7 @@ std::ostream& operator<<(std::ostream& os, const Case& c) {
 struct Problem {
   Tensor q, k, v, bias, d_out;
   bool bias_grad = true;  // false: the bias is a constant (no dbias asked for)
-  tg::detail::AttentionMask parts;
+  tg::AttentionMasking parts;
   Tensor combined;  // [B, 1, Q, K]
 };
 
@@ -62,7 +62,7 @@ Problem make(const Case& c, tg::DType dtype) {
   const auto km = coin(gen, c.b * c.k, 0.8), qm = coin(gen, c.b * c.q, 0.85), am = coin(gen, c.b * c.q * c.k, 0.8);
   if (c.keys) p.parts.key_mask = tg::from_bools(km, {c.b, c.k});
   if (c.queries) p.parts.query_mask = tg::from_bools(qm, {c.b, c.q});
-  if (c.pairs) p.parts.allowed = tg::from_bools(am, {c.b, 1, c.q, c.k});
+  if (c.pairs) p.parts.mask = tg::from_bools(am, {c.b, 1, c.q, c.k});
   p.parts.causal = c.causal;
   p.parts.causal_offset = c.offset;
   std::vector<bool> all(static_cast<std::size_t>(c.b * c.q * c.k));
@@ -95,8 +95,8 @@ Problem make(const Case& c, tg::DType dtype) {
 // The fused path (float32) on the weights path's blocks of block_rows rows, which attention_core
 // takes for large scores only.
 tg::AttentionResult fused_blocks(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
-                                         const tg::detail::AttentionMask& mask, std::int64_t block_rows) {
-  return tg::detail::attention_core({"attention", q, k, v, bias, mask, false}, tg::detail::AttentionPath::fused_blocks, block_rows);
+                                         const tg::AttentionMasking& mask, std::int64_t block_rows) {
+  return tg::detail::attention_core({"attention", q, k, v, bias, false}, mask, tg::detail::AttentionPath::fused_blocks, block_rows);
 }
 
 // Output and the gradients of q, k, v (and bias) through one path; block_rows > 0: the fused path
@@ -104,11 +104,12 @@ tg::AttentionResult fused_blocks(const Tensor& q, const Tensor& k, const Tensor&
 std::vector<std::vector<double>> run(const Problem& p, bool fused, std::int64_t block_rows = 0) {
   Tensor q = p.q.detach().set_requires_grad(), k = p.k.detach().set_requires_grad(), v = p.v.detach().set_requires_grad();
   Tensor bias = p.bias.defined() ? p.bias.detach().set_requires_grad(p.bias_grad) : Tensor();
-  tg::detail::AttentionMask mask;
+  tg::AttentionMasking mask;
   if (fused || !p.combined.defined()) mask = p.parts;
-  else mask.allowed = p.combined;
+  else mask.mask = p.combined;
   const auto r = fused && block_rows > 0 ? fused_blocks(q, k, v, bias, mask, block_rows)
-                                         : tg::detail::attention_core({"attention", q, k, v, bias, mask, /*need_weights=*/!fused});
+                 : fused ? tg::detail::attention_core({"attention", q, k, v, bias, false}, mask, tg::detail::AttentionPath::tiles)
+                         : tg::detail::attention_core({"attention", q, k, v, bias, true}, mask);
   BOOST_TEST(r.weights.defined() == !fused);
   tg::backward({r.output}, {p.d_out});
   std::vector<std::vector<double>> out{values(r.output), values(q.grad()), values(k.grad()), values(v.grad())};
@@ -273,12 +274,12 @@ BOOST_AUTO_TEST_CASE(empty_rows_are_exactly_zero_with_zero_gradient) {
     Tensor k = tg::randn({1, 1, 4, 2}, 4, tg::float64).to(dtype).set_requires_grad();
     Tensor v = tg::randn({1, 1, 4, 3}, 5, tg::float64).to(dtype).set_requires_grad();
     Tensor bias = tg::tensor({{0, 0, 0, 0}, {0, 0, 0, 0}, {-inf, -inf, 0, 0}}, dtype).set_requires_grad();
-    tg::detail::AttentionMask mask;
+    tg::AttentionMasking mask;
     mask.query_mask = tg::from_bools({true, false, true}, {1, 3});
     mask.key_mask = tg::from_bools({true, true, false, true}, {1, 4});
     mask.causal = true;
     mask.causal_offset = 0;  // query 2 may see keys 0 and 1 (key 2 is masked), both -inf
-    const Tensor out = tg::detail::attention_core({"attention", q, k, v, bias, mask, false}).output;
+    const Tensor out = tg::detail::attention_core({"attention", q, k, v, bias, false}, mask).output;
     tg::backward({out}, {tg::ones_like(out)});
     const auto o = values(out), gq = values(q.grad());
     for (std::size_t n = 0; n < 9; ++n) BOOST_TEST(o[n] == (n < 3 ? o[n] : 0.0));
@@ -309,7 +310,7 @@ BOOST_DATA_TEST_CASE(float64_finite_differences, bdata::make(gradcheck_grid()), 
   BOOST_TEST_CONTEXT(c) {
     const auto r = tg::gradcheck([&](const std::vector<Tensor>& in) {
       const Tensor bias = in.size() > 3 ? in[3] : Tensor();
-      return std::vector<Tensor>{tg::detail::attention_core({"attention", in[0], in[1], in[2], bias, p.parts, false}).output};
+      return std::vector<Tensor>{tg::detail::attention_core({"attention", in[0], in[1], in[2], bias, false}, p.parts).output};
     }, xs);
     BOOST_TEST(r.ok, r.report());
   }
@@ -321,12 +322,12 @@ BOOST_AUTO_TEST_CASE(broadcast_leading_dims_and_strided_inputs) {
   Tensor q = tg::randn({2, 3, 5, 4}, 60, tg::float64).set_requires_grad();
   Tensor k = tg::randn({3, 6, 4}, 61, tg::float64).set_requires_grad();
   Tensor v = tg::transpose(tg::randn({2, 1, 3, 6}, 62, tg::float64), -1, -2).set_requires_grad();
-  tg::detail::AttentionMask mask;
+  tg::AttentionMasking mask;
   mask.causal = true;
   mask.causal_offset = 1;
   mask.key_mask = tg::from_bools({true, true, false, true, true, true, true, false, true, true, true, true}, {2, 6});
   const auto r = tg::gradcheck([&](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{tg::detail::attention_core({"attention", in[0], in[1], in[2], Tensor(), mask, false}).output};
+    return std::vector<Tensor>{tg::detail::attention_core({"attention", in[0], in[1], in[2], Tensor(), false}, mask).output};
   }, {q, k, v});
   BOOST_TEST(r.ok, r.report());
   tg::clear_tape();
@@ -481,9 +482,9 @@ BOOST_AUTO_TEST_CASE(masked_weights_are_exactly_zero) {
   const Case c{2, 2, 150, 140, 16, 8, true, true, true, true, 2, 1, false, 21};
   const Problem p = as_float32(make(c, tg::float64));
   const tg::MatmulPrecisionGuard bf16(tg::MatmulPrecision::bfloat16);
-  tg::detail::AttentionMask mask;
-  mask.allowed = p.combined;
-  const auto r = tg::detail::attention_core({"attention", p.q, p.k, p.v, p.bias, mask, true});
+  tg::AttentionMasking mask;
+  mask.mask = p.combined;
+  const auto r = tg::detail::attention_core({"attention", p.q, p.k, p.v, p.bias, true}, mask);
   const auto w = values(r.weights);
   const auto allowed = p.combined.to_vector<bool>();
   const auto per_head = static_cast<std::size_t>(c.q * c.k);
@@ -579,10 +580,11 @@ BOOST_AUTO_TEST_SUITE(pipelined_weights_path)
 std::vector<std::vector<double>> run_weights(const Problem& p, std::int64_t block_rows) {
   Tensor q = p.q.detach().set_requires_grad(), k = p.k.detach().set_requires_grad(), v = p.v.detach().set_requires_grad();
   Tensor bias = p.bias.defined() ? p.bias.detach().set_requires_grad() : Tensor();
-  const tg::detail::AttentionArgs args{"attention", q, k, v, bias, p.parts, true};
+  const tg::detail::AttentionArgs args{"attention", q, k, v, bias, true};
   Shape scores{q.size(0), q.size(1), q.size(2), k.size(2)};
   if (v.dim() > q.dim()) scores.insert(scores.begin(), v.size(0));
-  const auto r = block_rows == 0 ? tg::detail::attention_core(args) : tg::detail::attention_core(args, tg::detail::AttentionPath::pipelined, block_rows);
+  const auto r = block_rows == 0 ? tg::detail::attention_core(args, p.parts)
+                                 : tg::detail::attention_core(args, p.parts, tg::detail::AttentionPath::pipelined, block_rows);
   const Tensor d_weights = tg::randn(scores, 77, tg::float64).to(r.weights.dtype());
   tg::backward({r.output, r.weights}, {p.d_out, d_weights});
   std::vector<std::vector<double>> out{values(r.output), values(r.weights), values(q.grad()), values(k.grad()), values(v.grad())};
@@ -657,8 +659,8 @@ BOOST_AUTO_TEST_CASE(head_split_inputs_give_a_head_interleaved_output) {
   compare_pipelined(p, 16, 2e-5, 2e-4, "weights path, head split");
   compare(p, 2e-5, 2e-4, "fused path, head split", 16);
   for (bool weights : {true, false}) {
-    const tg::detail::AttentionArgs args{"attention", p.q, p.k, p.v, Tensor(), p.parts, weights};
-    const auto r = tg::detail::attention_core(args, weights ? tg::detail::AttentionPath::pipelined : tg::detail::AttentionPath::fused_blocks, 16);
+    const tg::detail::AttentionArgs args{"attention", p.q, p.k, p.v, Tensor(), weights};
+    const auto r = tg::detail::attention_core(args, p.parts, weights ? tg::detail::AttentionPath::pipelined : tg::detail::AttentionPath::fused_blocks, 16);
     BOOST_TEST(r.output.strides() == (Shape{40 * 3 * 5, 5, 3 * 5, 1}), "need_weights " << weights);
     const Tensor merged = tg::reshape(tg::permute(r.output, {0, 2, 1, 3}), {80, 15});
     BOOST_TEST(merged.raw_data() == r.output.raw_data(), "need_weights " << weights << ": the merge copied");
@@ -745,7 +747,7 @@ BOOST_AUTO_TEST_CASE(empty_rows_are_exactly_zero_with_zero_gradient) {
     Tensor k = tg::randn({1, 1, 4, 2}, 4).set_requires_grad();
     Tensor v = tg::randn({1, 1, 4, 3}, 5).set_requires_grad();
     Tensor bias = tg::tensor({{0, 0, 0, 0}, {0, 0, 0, 0}, {-inf, -inf, 0, 0}}).set_requires_grad();
-    tg::detail::AttentionMask mask;
+    tg::AttentionMasking mask;
     mask.query_mask = tg::from_bools({true, false, true}, {1, 3});
     mask.key_mask = tg::from_bools({true, true, false, true}, {1, 4});
     mask.causal = true;

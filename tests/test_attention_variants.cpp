@@ -112,7 +112,7 @@ BOOST_DATA_TEST_CASE(equals_the_repeated_key_value_heads, bdata::make(gqa_cases(
     const double tol = dtype == tg::float64 ? 1e-12 : 2e-6;
     const Tensor q = draw({2, 4, 5, 3}, 1, dtype), k = draw({2, c.kv_heads, 6, 3}, 2, dtype), v = draw({2, c.kv_heads, 6, 2}, 3, dtype);
     const Tensor mask = gqa_mask(c.mask, 2, 4, 5, 6, 4);
-    const tg::AttentionOptions grouped{.mask = mask, .causal = c.causal, .causal_offset = 1, .enable_gqa = true, .need_weights = c.need_weights};
+    const tg::AttentionOptions grouped{.masking = {.mask = mask, .causal = c.causal, .causal_offset = 1}, .enable_gqa = true, .need_weights = c.need_weights};
     tg::AttentionOptions plain = grouped;
     plain.enable_gqa = false;
     const auto got = run([&](const std::vector<Tensor>& x) { return tg::scaled_dot_product_attention(x[0], x[1], x[2], grouped); }, {q, k, v}, 5);
@@ -128,7 +128,7 @@ BOOST_DATA_TEST_CASE(equals_the_repeated_key_value_heads, bdata::make(gqa_cases(
 BOOST_AUTO_TEST_CASE(shapes_without_a_batch_and_broadcast_queries) {
   // Rank 3 (no batch) and a q whose batch broadcasts against k's.
   const Tensor q3 = draw({6, 3, 4}, 10), k3 = draw({2, 5, 4}, 11), v3 = draw({2, 5, 3}, 12);
-  auto r = tg::scaled_dot_product_attention(q3, k3, v3, {.enable_gqa = true});
+  auto r = tg::scaled_dot_product_attention(q3, k3, v3, {.enable_gqa = true, .need_weights = true});
   BOOST_TEST(r.output.shape() == (Shape{6, 3, 3}));
   BOOST_TEST(r.weights.shape() == (Shape{6, 3, 5}));
   check_close(values(r.output), values(tg::scaled_dot_product_attention(q3, repeat_heads(k3, 3), repeat_heads(v3, 3)).output), 1e-12, 1e-12,
@@ -145,21 +145,23 @@ BOOST_AUTO_TEST_CASE(every_path_of_the_core_takes_the_grouped_views) {
   // weights path; blocks of 2 rows so that the pipelined paths run several.
   using tg::detail::AttentionPath;
   const Tensor q = draw({2, 4, 7, 3}, 20, tg::float32), k = draw({2, 2, 9, 3}, 21, tg::float32), v = draw({2, 2, 9, 2}, 22, tg::float32);
-  tg::detail::AttentionMask mask;
+  tg::AttentionMasking mask;
   mask.key_mask = tg::gt(tg::randn({2, 9}, 23), tg::scalar(-1.0));
   mask.causal = true;
   mask.causal_offset = 2;
-  mask.allowed = tg::gt(tg::randn({2, 4, 7, 9}, 24), tg::scalar(-1.0));
+  mask.mask = tg::gt(tg::randn({2, 4, 7, 9}, 24), tg::scalar(-1.0));
   for (const auto& choice : {std::pair{AttentionPath::weights, true}, {AttentionPath::pipelined, true}, {AttentionPath::tiles, false},
                              {AttentionPath::fused_blocks, false}}) {
     const AttentionPath path = choice.first;  // not a structured binding: clang 14 cannot capture those
     const bool need_weights = choice.second;
     const auto got = run(
         [&](const std::vector<Tensor>& x) {
-          tg::detail::AttentionMask grouped = mask;
-          grouped.allowed = tg::detail::group_pairs("test", "mask", mask.allowed, 4, 2);
-          auto r = tg::detail::attention_core({"grouped", tg::detail::group_queries(x[0], 2), tg::detail::group_keys(x[1]),
-                                               tg::detail::group_keys(x[2]), Tensor(), grouped, need_weights},
+          // The masks checked against the scores [B, H, Q, K] serve their grouped view, whose rows
+          // are numbered alike.
+          const tg::detail::AttentionArgs args{"grouped", tg::detail::group_queries(x[0], 2), tg::detail::group_keys(x[1]),
+                                               tg::detail::group_keys(x[2]), Tensor(), need_weights};
+          const Shape scores = tg::detail::check_attention(args);
+          auto r = tg::detail::attention_core(args, scores, tg::detail::masking_rows("grouped", mask, tg::detail::ungrouped(scores), tg::float32),
                                               path, 2);
           return tg::AttentionResult{tg::detail::merge_groups(r.output), tg::detail::merge_groups(r.weights)};
         },
@@ -167,7 +169,7 @@ BOOST_AUTO_TEST_CASE(every_path_of_the_core_takes_the_grouped_views) {
     // The reference: repeated heads on the weights path (its weights dropped when not asked for).
     const auto want = run(
         [&](const std::vector<Tensor>& x) {
-          return tg::detail::attention_core({"ref", x[0], repeat_heads(x[1], 2), repeat_heads(x[2], 2), Tensor(), mask, need_weights},
+          return tg::detail::attention_core({"ref", x[0], repeat_heads(x[1], 2), repeat_heads(x[2], 2), Tensor(), need_weights}, mask,
                                             AttentionPath::weights);
         },
         {q, k, v}, 25);
@@ -183,8 +185,7 @@ BOOST_AUTO_TEST_CASE(gradcheck_on_both_paths) {
       const Tensor mask = tg::gt(tg::randn({2, 4, 3, 4}, 33), tg::scalar(-1.0));
       const auto r = tg::gradcheck(
           [&](const std::vector<Tensor>& x) {
-            auto [o, w] = tg::scaled_dot_product_attention(x[0], x[1], x[2], {.mask = mask, .causal = true, .causal_offset = 1, .enable_gqa = true,
-                                                                              .need_weights = need_weights});
+            auto [o, w] = tg::scaled_dot_product_attention(x[0], x[1], x[2], {.masking = {.mask = mask, .causal = true, .causal_offset = 1}, .enable_gqa = true, .need_weights = need_weights});
             return need_weights ? std::vector<Tensor>{o, w} : std::vector<Tensor>{o};
           },
           {q, k, v});
@@ -199,7 +200,7 @@ BOOST_AUTO_TEST_CASE(gradgradcheck_on_both_paths) {
     const Tensor v = draw({1, 2, 4, 2}, 36).set_requires_grad();
     const auto r = tg::gradgradcheck(
         [&](const std::vector<Tensor>& x) {
-          auto [o, w] = tg::scaled_dot_product_attention(x[0], x[1], x[2], {.causal = true, .enable_gqa = true, .need_weights = need_weights});
+          auto [o, w] = tg::scaled_dot_product_attention(x[0], x[1], x[2], {.masking = {.causal = true}, .enable_gqa = true, .need_weights = need_weights});
           return need_weights ? std::vector<Tensor>{o, w} : std::vector<Tensor>{o};
         },
         {q, k, v});
@@ -216,16 +217,20 @@ BOOST_AUTO_TEST_CASE(bad_arguments_name_themselves) {
   check_throws<tg::ShapeError>([&] { sdpa(q, k2, v, {.enable_gqa = true}); }, {"'k' [2, 2, 5, 3]", "'v' [2, 3, 5, 2]", "dim -3"});
   check_throws<tg::ShapeError>([&] { sdpa(draw({3, 3}, 5), draw({5, 3}, 6), draw({5, 2}, 7), {.enable_gqa = true}); },
                                {"argument 'q'", "rank >= 3", "[3, 3]"});
-  check_throws<tg::ShapeError>([&] { sdpa(q, k2, draw({2, 2, 5, 2}, 8), {.mask = tg::ones({2, 3, 3, 5}, tg::bool_), .enable_gqa = true}); },
-                               {"'options.mask'", "[2, 3, 3, 5]", "H = 4"});
-  check_throws<tg::ValueError>([&] { sdpa(q, q, q, {.window = 2}); }, {"options.window = 2", "causal"});
-  check_throws<tg::ValueError>([&] { sdpa(q, q, q, {.causal = true, .window = -1}); }, {"options.window", ">= 0", "-1"});
-  check_throws<tg::ShapeError>([&] { sdpa(q, q, q, {.alibi_slopes = tg::alibi_slopes(3, tg::float64)}); },
-                               {"'options.alibi_slopes'", "[H] = [4]", "[3]"});
-  check_throws<tg::DTypeError>([&] { sdpa(q, q, q, {.alibi_slopes = tg::alibi_slopes(4)}); }, {"'options.alibi_slopes'", "float32", "float64"});
-  check_throws<tg::DTypeError>([&] { sdpa(q, q, q, {.alibi_slopes = tg::zeros({4}, tg::int64)}); }, {"'options.alibi_slopes'", "int64"});
-  check_throws<tg::ShapeError>([&] { sdpa(draw({3, 3}, 5), draw({5, 3}, 6), draw({5, 2}, 7), {.alibi_slopes = tg::alibi_slopes(1, tg::float64)}); },
-                               {"'options.alibi_slopes'", "rank >= 3", "[3, 3]"});
+  check_throws<tg::ShapeError>(
+      [&] { sdpa(q, k2, draw({2, 2, 5, 2}, 8), {.masking = {.mask = tg::ones({2, 3, 3, 5}, tg::bool_)}, .enable_gqa = true}); },
+      {"'options.masking.mask'", "[2, 3, 3, 5]", "[2, 4, 3, 5]"});
+  check_throws<tg::ValueError>([&] { sdpa(q, q, q, {.masking = {.window = 2}}); }, {"options.masking.window = 2", "causal"});
+  check_throws<tg::ValueError>([&] { sdpa(q, q, q, {.masking = {.causal = true, .window = -1}}); }, {"options.masking.window", ">= 0", "-1"});
+  check_throws<tg::ShapeError>([&] { sdpa(q, q, q, {.masking = {.alibi_slopes = tg::alibi_slopes(3, tg::float64)}}); },
+                               {"'options.masking.alibi_slopes'", "[H]", "[2, 4, 3, 3]", "[3]"});
+  check_throws<tg::DTypeError>([&] { sdpa(q, q, q, {.masking = {.alibi_slopes = tg::alibi_slopes(4)}}); },
+                               {"'options.masking.alibi_slopes'", "float32", "float64"});
+  check_throws<tg::DTypeError>([&] { sdpa(q, q, q, {.masking = {.alibi_slopes = tg::zeros({4}, tg::int64)}}); },
+                               {"'options.masking.alibi_slopes'", "int64"});
+  check_throws<tg::ShapeError>(
+      [&] { sdpa(draw({3, 3}, 5), draw({5, 3}, 6), draw({5, 2}, 7), {.masking = {.alibi_slopes = tg::alibi_slopes(1, tg::float64)}}); },
+      {"'options.masking.alibi_slopes'", "[H]", "[3, 5]"});
   // Every error is an invalid_argument.
   BOOST_CHECK_THROW(sdpa(q, k, v, {.enable_gqa = true}), std::invalid_argument);
 }
@@ -275,17 +280,16 @@ BOOST_DATA_TEST_CASE(equal_their_explicit_construction, bdata::make(variant_case
   const auto got = run(
       [&](const std::vector<Tensor>& x) {
         return tg::scaled_dot_product_attention(x[0], x[1], x[2],
-                                                {.causal = true, .causal_offset = c.offset, .window = c.window,
-                                                 .alibi_slopes = c.alibi ? x[3] : Tensor(), .enable_gqa = true, .need_weights = c.need_weights});
+                                                {.masking = {.causal = true, .causal_offset = c.offset, .window = c.window, .alibi_slopes = c.alibi ? x[3] : Tensor()}, .enable_gqa = true, .need_weights = c.need_weights});
       },
       inputs, 43);
   const auto want = run(
       [&](const std::vector<Tensor>& x) {
-        tg::detail::AttentionMask m;
-        m.allowed = window_mask(q_len, k_len, c.offset, c.window);
+        tg::AttentionMasking m;
+        m.mask = window_mask(q_len, k_len, c.offset, c.window);
         const Tensor bias = c.alibi ? alibi_bias(x[3], q_len, k_len, c.offset) : Tensor();
         const std::int64_t g = 4 / c.kv_heads;
-        return tg::detail::attention_core({"reference", x[0], repeat_heads(x[1], g), repeat_heads(x[2], g), bias, m, c.need_weights});
+        return tg::detail::attention_core({"reference", x[0], repeat_heads(x[1], g), repeat_heads(x[2], g), bias, c.need_weights}, m);
       },
       inputs, 43);
   check_runs(got, want, 1e-12, "float64");
@@ -298,7 +302,7 @@ BOOST_AUTO_TEST_CASE(gradcheck_of_the_slopes_on_both_paths) {
     const auto r = tg::gradcheck(
         [&](const std::vector<Tensor>& x) {
           auto [o, w] = tg::scaled_dot_product_attention(
-              x[0], x[1], x[2], {.causal = true, .causal_offset = 2, .window = 4, .alibi_slopes = x[3], .need_weights = need_weights});
+              x[0], x[1], x[2], {.masking = {.causal = true, .causal_offset = 2, .window = 4, .alibi_slopes = x[3]}, .need_weights = need_weights});
           return need_weights ? std::vector<Tensor>{o, w} : std::vector<Tensor>{o};
         },
         {q, k, v, slopes});
@@ -370,8 +374,8 @@ Shape with_tail(Shape s, std::initializer_list<std::int64_t> tail) {
 
 struct CoreProblem {
   Tensor q, k, v, bias, slopes;     // bias and slopes undefined when the case has none
-  tg::detail::AttentionMask parts;  // as the core takes them: causal, window and the masks in parts
-  Tensor allowed;                   // all of those as one bool tensor [B, 1.., Q, K], for the reference
+  tg::AttentionMasking parts;  // as the core takes them: causal, window and the masks in parts
+  Tensor mask;                   // all of those as one bool tensor [B, 1.., Q, K], for the reference
   Shape heads;                      // lead[1:]: the dims the slopes are laid over
 
   std::vector<Tensor> inputs() const {
@@ -425,7 +429,7 @@ CoreProblem make_core_problem(const CoreCase& c, std::uint64_t seed = 7) {
     p.parts.query_mask = tg::from_bools(queries, {b, c.q});
     Shape pair_shape(c.lead.size(), 1);
     pair_shape[0] = b;
-    p.parts.allowed = tg::from_bools(pairs, with_tail(pair_shape, {c.q, c.k}));
+    p.parts.mask = tg::from_bools(pairs, with_tail(pair_shape, {c.q, c.k}));
   }
   p.parts.causal = c.causal;
   p.parts.causal_offset = c.offset;
@@ -441,7 +445,7 @@ CoreProblem make_core_problem(const CoreCase& c, std::uint64_t seed = 7) {
       }
   Shape all_shape(c.lead.size(), 1);
   all_shape[0] = b;
-  p.allowed = tg::from_bools(all, with_tail(all_shape, {c.q, c.k}));
+  p.mask = tg::from_bools(all, with_tail(all_shape, {c.q, c.k}));
   return p;
 }
 
@@ -460,9 +464,9 @@ tg::AttentionResult reference(const CoreCase& c, const CoreProblem& p, const std
     const Tensor a = alibi_over(slopes, p.heads, c.q, c.k, c.offset);
     total = total.defined() ? total + a : a;
   }
-  tg::detail::AttentionMask m;
-  m.allowed = p.allowed;
-  return tg::detail::attention_core({"reference", q, k, v, total, m, need_weights}, AttentionPath::weights);
+  tg::AttentionMasking m;
+  m.mask = p.mask;
+  return tg::detail::attention_core({"reference", q, k, v, total, need_weights}, m, AttentionPath::weights);
 }
 
 // One way through the core: a path forced, the dtype, blocks for the pipelined paths, and
@@ -486,9 +490,17 @@ std::vector<CorePath> core_paths() {
           {AttentionPath::fused_blocks, tg::float32, 5}, {AttentionPath::tiles, tg::float64, 0},         {AttentionPath::tiles, tg::float32, 0}};
 }
 
+// As the ops call it: the masking checked against the scores [B, H, Q, K], which a grouped view
+// [B, Hkv, G, Q, K] numbers its rows as (its pair mask [B, 1, 1, Q, K] then read as [B, 1, Q, K]).
 tg::AttentionResult through(const CorePath& path, const CoreProblem& p, const std::vector<Tensor>& x) {
   const auto [q, k, v, bias, slopes] = p.unpack(x);
-  return tg::detail::attention_core({"path", q, k, v, bias, p.parts, path.need_weights(), slopes}, path.path, path.block_rows);
+  const tg::detail::AttentionArgs args{"path", q, k, v, bias, path.need_weights()};
+  const Shape scores = tg::detail::check_attention(args);
+  const bool grouped = scores.size() == 5;
+  tg::AttentionMasking m = with_slopes(p.parts, slopes);
+  if (grouped && m.mask.defined()) m.mask = tg::reshape(m.mask, {m.mask.size(0), 1, m.mask.size(-2), m.mask.size(-1)});
+  const auto rows = tg::detail::masking_rows("path", m, grouped ? tg::detail::ungrouped(scores) : scores, q.dtype());
+  return tg::detail::attention_core(args, scores, rows, path.path, path.block_rows);
 }
 
 // ||got - want|| / ||want||, ||want|| taken as at least an RMS of 1/16 (gradients that are
@@ -723,11 +735,11 @@ BOOST_DATA_TEST_CASE(windows_past_2_62_follow_the_rule_on_every_path, bdata::mak
   const std::int64_t far = std::int64_t{1} << 62, Q = 3, K = 6;
   const Tensor q = tg::randn({1, 2, Q, 4}, 1, path.dtype), k = tg::randn({1, 2, K, 4}, 2, path.dtype), v = tg::randn({1, 2, K, 3}, 3, path.dtype);
   for (const std::int64_t window : {far + 5, far + 8}) {
-    tg::detail::AttentionMask m{.causal = true, .causal_offset = far + 10, .window = window};
-    const auto got = tg::detail::attention_core({"path", q, k, v, Tensor(), m, path.need_weights()}, path.path, path.block_rows);
+    tg::AttentionMasking m{.causal = true, .causal_offset = far + 10, .window = window};
+    const auto got = tg::detail::attention_core({"path", q, k, v, Tensor(), path.need_weights()}, m, path.path, path.block_rows);
     // Every key is before the causal end; the window leaves j > i + offset - window.
-    tg::detail::AttentionMask explicit_mask{.allowed = tg::logical_not(tg::causal_mask(Q, K, window == far + 5 ? 5 : 2))};
-    const auto want = tg::detail::attention_core({"path", q, k, v, Tensor(), explicit_mask, path.need_weights()}, path.path, path.block_rows);
+    tg::AttentionMasking explicit_mask{.mask = tg::logical_not(tg::causal_mask(Q, K, window == far + 5 ? 5 : 2))};
+    const auto want = tg::detail::attention_core({"path", q, k, v, Tensor(), path.need_weights()}, explicit_mask, path.path, path.block_rows);
     const double tol = path.dtype == tg::float64 ? 1e-13 : 1e-5;
     check_close(values(got.output), values(want.output), tol, tol, fmt::format("window 2^62 + {}", window - far));
     if (window == far + 5)
@@ -761,10 +773,8 @@ BOOST_AUTO_TEST_CASE(a_window_or_learnable_slopes_keep_the_fused_path_on_tiles) 
   const Tensor q = tg::zeros({1, 2, 4, 8}, tg::float32), slopes = tg::alibi_slopes(2);
   const Shape large{1, 2, 2048, 2048};
   auto path_of = [&](std::int64_t window, const Tensor& s) {
-    tg::detail::AttentionMask m;
-    m.causal = true;
-    m.window = window;
-    return tg::detail::attention_path({"path", q, q, q, Tensor(), m, false, s}, large, false);
+    const tg::detail::RowMasks rows({.causal = true, .window = window, .slopes = s}, large);
+    return tg::detail::attention_path({"path", q, q, q, Tensor(), false}, large, rows, false);
   };
   BOOST_TEST((path_of(0, Tensor()) == AttentionPath::fused_blocks));
   BOOST_TEST((path_of(0, slopes) == AttentionPath::fused_blocks));  // fixed slopes: no dS needed
@@ -783,38 +793,38 @@ std::vector<ErrorCase> error_cases() {
   // H = 3 heads; both entries to the core: detail::attention_core and the public op.
   static const Tensor q = tg::randn({2, 3, 4, 5}, 1, tg::float64), k = tg::randn({2, 3, 6, 5}, 2, tg::float64), v = tg::randn({2, 3, 6, 2}, 3, tg::float64);
   auto core = [](std::int64_t window, bool causal, const Tensor& slopes) {
-    tg::detail::AttentionMask m;
+    tg::AttentionMasking m;
     m.causal = causal;
     m.window = window;
-    tg::detail::attention_core({"attention_core", q, k, v, Tensor(), m, true, slopes});
+    tg::detail::attention_core({"attention_core", q, k, v, Tensor(), true}, with_slopes(m, slopes));
   };
   auto sdpa = [](const tg::AttentionOptions& o) { tg::scaled_dot_product_attention(q, k, v, o); };
   return {
-      {"core: window < 0", [=] { check_throws<ValueError>([&] { core(-1, true, Tensor()); }, {"attention_core", "'window'", ">= 0", "-1"}); }},
-      {"core: window without causal", [=] { check_throws<ValueError>([&] { core(2, false, Tensor()); }, {"attention_core", "'window'", "causal"}); }},
-      {"core: slopes [H + 1]", [=] { check_throws<ShapeError>([&] { core(0, false, tg::alibi_slopes(4, tg::float64)); }, {"'alibi_slopes'", "[H]", "[4]"}); }},
-      {"core: slopes [H, 1]", [=] { check_throws<ShapeError>([&] { core(0, false, tg::ones({3, 1}, tg::float64)); }, {"'alibi_slopes'", "[3, 1]"}); }},
-      {"core: float32 slopes", [=] { check_throws<DTypeError>([&] { core(2, true, tg::alibi_slopes(3)); }, {"'alibi_slopes'", "float32", "float64"}); }},
-      {"core: int64 slopes", [=] { check_throws<DTypeError>([&] { core(0, true, tg::zeros({3}, tg::int64)); }, {"'alibi_slopes'", "int64"}); }},
-      {"op: window < 0", [=] { check_throws<ValueError>([&] { sdpa({.causal = true, .window = -1}); }, {"scaled_dot_product_attention", "options.window", "-1"}); }},
-      {"op: window without causal", [=] { check_throws<ValueError>([&] { sdpa({.window = 3}); }, {"options.window = 3", "causal"}); }},
+      {"core: window < 0", [=] { check_throws<ValueError>([&] { core(-1, true, Tensor()); }, {"attention_core", "masking.window", ">= 0", "-1"}); }},
+      {"core: window without causal", [=] { check_throws<ValueError>([&] { core(2, false, Tensor()); }, {"attention_core", "masking.window = 2", "causal"}); }},
+      {"core: slopes [H + 1]", [=] { check_throws<ShapeError>([&] { core(0, false, tg::alibi_slopes(4, tg::float64)); }, {"'masking.alibi_slopes'", "[H]", "[4]"}); }},
+      {"core: slopes [H, 1]", [=] { check_throws<ShapeError>([&] { core(0, false, tg::ones({3, 1}, tg::float64)); }, {"'masking.alibi_slopes'", "[3, 1]"}); }},
+      {"core: float32 slopes", [=] { check_throws<DTypeError>([&] { core(2, true, tg::alibi_slopes(3)); }, {"'masking.alibi_slopes'", "float32", "float64"}); }},
+      {"core: int64 slopes", [=] { check_throws<DTypeError>([&] { core(0, true, tg::zeros({3}, tg::int64)); }, {"'masking.alibi_slopes'", "int64"}); }},
+      {"op: window < 0", [=] { check_throws<ValueError>([&] { sdpa({.masking = {.causal = true, .window = -1}}); }, {"scaled_dot_product_attention", "options.masking.window", "-1"}); }},
+      {"op: window without causal", [=] { check_throws<ValueError>([&] { sdpa({.masking = {.window = 3}}); }, {"options.masking.window = 3", "options.masking.causal"}); }},
       {"op: slopes [H + 1]",
-       [=] { check_throws<ShapeError>([&] { sdpa({.alibi_slopes = tg::alibi_slopes(4, tg::float64)}); }, {"'options.alibi_slopes'", "[H] = [3]", "[4]"}); }},
+       [=] { check_throws<ShapeError>([&] { sdpa({.masking = {.alibi_slopes = tg::alibi_slopes(4, tg::float64)}}); }, {"'options.masking.alibi_slopes'", "[H]", "[2, 3, 4, 6]", "[4]"}); }},
       {"op: float32 slopes",
-       [=] { check_throws<DTypeError>([&] { sdpa({.causal = true, .window = 2, .alibi_slopes = tg::alibi_slopes(3)}); }, {"'options.alibi_slopes'", "float32"}); }},
-      {"op: int64 slopes", [=] { check_throws<DTypeError>([&] { sdpa({.alibi_slopes = tg::zeros({3}, tg::int64)}); }, {"'options.alibi_slopes'", "int64"}); }},
+       [=] { check_throws<DTypeError>([&] { sdpa({.masking = {.causal = true, .window = 2, .alibi_slopes = tg::alibi_slopes(3)}}); }, {"'options.masking.alibi_slopes'", "float32"}); }},
+      {"op: int64 slopes", [=] { check_throws<DTypeError>([&] { sdpa({.masking = {.alibi_slopes = tg::zeros({3}, tg::int64)}}); }, {"'options.masking.alibi_slopes'", "int64"}); }},
       {"op: an infinite slope",
-       [=] { check_throws<ValueError>([&] { sdpa({.alibi_slopes = tg::tensor({0.5, 0.25, HUGE_VAL}, tg::float64)}); }, {"alibi_slopes", "inf", "head 2", "finite"}); }},
+       [=] { check_throws<ValueError>([&] { sdpa({.masking = {.alibi_slopes = tg::tensor({0.5, 0.25, HUGE_VAL}, tg::float64)}}); }, {"alibi_slopes", "inf", "head 2", "finite"}); }},
       {"op: a NaN slope",
-       [=] { check_throws<ValueError>([&] { sdpa({.alibi_slopes = tg::tensor({std::nan(""), 0.25, 1.0}, tg::float64)}); }, {"alibi_slopes", "nan", "head 0"}); }},
+       [=] { check_throws<ValueError>([&] { sdpa({.masking = {.alibi_slopes = tg::tensor({std::nan(""), 0.25, 1.0}, tg::float64)}}); }, {"alibi_slopes", "nan", "head 0"}); }},
       {"op: slopes with an offset past 2^52",
-       [=] { check_throws<ValueError>([&] { sdpa({.causal = true, .causal_offset = (std::int64_t{1} << 52) + 1, .alibi_slopes = tg::alibi_slopes(3, tg::float64)}); },
+       [=] { check_throws<ValueError>([&] { sdpa({.masking = {.causal = true, .causal_offset = (std::int64_t{1} << 52) + 1, .alibi_slopes = tg::alibi_slopes(3, tg::float64)}}); },
                                       {"scaled_dot_product_attention", "causal_offset", "2^52", "4503599627370497"}); }},
       {"mha: an infinite slope",
        [=] { check_throws<ValueError>([&] {
                const Tensor x = tg::randn({1, 2, 6}, 4, tg::float64), w = tg::randn({6, 6}, 5, tg::float64);
-               tg::multihead_attention({.query = x, .context = x}, {.w_q = w, .w_k = w, .w_v = w, .w_o = w}, {},
-                                       {.heads = 3, .alibi_slopes = tg::tensor({0.5, -HUGE_VAL, 1.0}, tg::float64)});
+               tg::multihead_attention({.query = x, .context = x}, {.w_q = w, .w_k = w, .w_v = w, .w_o = w},
+                                       {.heads = 3, .masking = {.alibi_slopes = tg::tensor({0.5, -HUGE_VAL, 1.0}, tg::float64)}});
              }, {"multihead_attention", "-inf", "head 1"}); }},
   };
 }
@@ -832,6 +842,14 @@ Tensor repeat_columns(const Tensor& w, std::int64_t kv_heads, std::int64_t g) {
   const std::int64_t rows = vec ? 1 : w.size(0), width = w.size(-1) / kv_heads;
   const Tensor r = tg::reshape(tg::expand(tg::reshape(w, {rows, kv_heads, 1, width}), {rows, kv_heads, g, width}), {rows, kv_heads * g * width});
   return vec ? tg::reshape(r, {kv_heads * g * width}) : r;
+}
+
+// o with m's masks in its masking.
+tg::MhaOptions masked(tg::MhaOptions o, const tg::MhaMasks& m) {
+  o.masking.mask = m.attention_mask;
+  o.masking.key_mask = m.key_mask;
+  o.masking.query_mask = m.query_mask;
+  return o;
 }
 
 struct Problem {
@@ -859,7 +877,7 @@ tg::AttentionResult call(const Problem& p, const std::vector<Tensor>& x, const t
   auto rep = [&](const Tensor& t) { return repeat ? repeat_columns(t, kv, g) : t; };
   tg::MhaOptions options = o;
   if (repeat) options.kv_heads = 0;
-  return tg::multihead_attention({x[0], x[1], x[2]}, {x[3], rep(x[4]), rep(x[5]), x[6], x[7], rep(x[8]), rep(x[9]), x[10]}, p.masks, options);
+  return tg::multihead_attention({x[0], x[1], x[2]}, {x[3], rep(x[4]), rep(x[5]), x[6], x[7], rep(x[8]), rep(x[9]), x[10]}, masked(options, p.masks));
 }
 
 BOOST_AUTO_TEST_CASE(kv_heads_equal_repeated_projections) {
@@ -867,7 +885,7 @@ BOOST_AUTO_TEST_CASE(kv_heads_equal_repeated_projections) {
     for (std::int64_t kv : {1, 2, 4})
       for (bool need_weights : {true, false}) {
         const Problem p = problem(kv, dtype);
-        const tg::MhaOptions o{.heads = 4, .kv_heads = kv, .causal = true, .causal_offset = 2, .need_weights = need_weights};
+        const tg::MhaOptions o{.heads = 4, .kv_heads = kv, .masking = {.causal = true, .causal_offset = 2}, .need_weights = need_weights};
         const auto got = run([&](const std::vector<Tensor>& x) { return call(p, x, o); }, p.inputs(), 72);
         const auto want = run([&](const std::vector<Tensor>& x) { return call(p, x, o, 1); }, p.inputs(), 72);
         check_runs(got, want, dtype == tg::float64 ? 1e-12 : 5e-5, fmt::format("{} Hkv {} need_weights {}", dtype, kv, need_weights));
@@ -878,7 +896,7 @@ BOOST_AUTO_TEST_CASE(the_options_overload_is_the_plain_call_with_defaults) {
   const Problem p = problem(4, tg::float64);
   for (bool need_weights : {true, false}) {
     auto a = tg::multihead_attention(p.act, p.par, p.masks, 4, true, 1, need_weights);
-    auto b = tg::multihead_attention(p.act, p.par, p.masks, {.heads = 4, .causal = true, .causal_offset = 1, .need_weights = need_weights});
+    auto b = tg::multihead_attention(p.act, p.par, masked({.heads = 4, .masking = {.causal = true, .causal_offset = 1}, .need_weights = need_weights}, p.masks));
     BOOST_TEST(values(a.output) == values(b.output));
     if (need_weights) BOOST_TEST(values(a.weights) == values(b.weights));
   }
@@ -893,8 +911,7 @@ BOOST_AUTO_TEST_CASE(gradcheck_with_kv_heads_window_and_slopes) {
     for (Tensor& x : xs) x = x.detach().set_requires_grad();
     const auto r = tg::gradcheck(
         [&](const std::vector<Tensor>& x) {
-          auto [o, w] = call(p, x, {.heads = 4, .kv_heads = 2, .causal = true, .causal_offset = 2, .window = 3, .alibi_slopes = x[11],
-                                    .need_weights = need_weights});
+          auto [o, w] = call(p, x, {.heads = 4, .kv_heads = 2, .masking = {.causal = true, .causal_offset = 2, .window = 3, .alibi_slopes = x[11]}, .need_weights = need_weights});
           return need_weights ? std::vector<Tensor>{o, w} : std::vector<Tensor>{o};
         },
         xs);
@@ -906,8 +923,7 @@ BOOST_AUTO_TEST_CASE(window_and_alibi_equal_a_mask_and_a_bias) {
   for (bool need_weights : {true, false}) {
     const Problem p = problem(2, tg::float64);
     const Tensor slopes = tg::alibi_slopes(4, tg::float64);
-    const tg::MhaOptions o{.heads = 4, .kv_heads = 2, .causal = true, .causal_offset = 2, .window = 3, .alibi_slopes = slopes,
-                           .need_weights = need_weights};
+    const tg::MhaOptions o{.heads = 4, .kv_heads = 2, .masking = {.causal = true, .causal_offset = 2, .window = 3, .alibi_slopes = slopes}, .need_weights = need_weights};
     const auto got = run([&](const std::vector<Tensor>& x) { return call(p, x, o); }, p.inputs(), 73);
     Problem explicit_ = p;
     explicit_.masks.attention_mask = tg::logical_and(p.masks.attention_mask, window_mask(4, 6, 2, 3));
@@ -928,7 +944,7 @@ BOOST_AUTO_TEST_CASE(keys_outside_every_window_change_nothing) {
   Problem p = problem(2, tg::float64);
   p.masks = {};
   p.act.bias = Tensor();
-  const tg::MhaOptions o{.heads = 4, .kv_heads = 2, .causal = true, .causal_offset = 3, .window = 2};
+  const tg::MhaOptions o{.heads = 4, .kv_heads = 2, .masking = {.causal = true, .causal_offset = 3, .window = 2}, .need_weights = true};
   auto with_context = [&](double poison) {
     std::vector<double> c = values(p.act.context);
     for (std::size_t b = 0; b < 2; ++b)
@@ -939,7 +955,7 @@ BOOST_AUTO_TEST_CASE(keys_outside_every_window_change_nothing) {
     xs.erase(xs.begin() + 2);  // no bias
     return run(
         [&](const std::vector<Tensor>& x) {
-          return tg::multihead_attention({x[0], x[1]}, {x[2], x[3], x[4], x[5], x[6], x[7], x[8], x[9]}, {}, o);
+          return tg::multihead_attention({x[0], x[1]}, {x[2], x[3], x[4], x[5], x[6], x[7], x[8], x[9]}, o);
         },
         xs, 74);
   };
@@ -952,20 +968,20 @@ BOOST_AUTO_TEST_CASE(keys_outside_every_window_change_nothing) {
 
 BOOST_AUTO_TEST_CASE(bad_options_name_themselves) {
   const Problem p = problem(2, tg::float64);
-  auto mha = [&](const tg::MhaParameters& par, const tg::MhaOptions& o) { tg::multihead_attention(p.act, par, p.masks, o); };
-  check_throws<tg::ValueError>([&] { mha(p.par, {.heads = 4, .kv_heads = 3}); }, {"multihead_attention", "'kv_heads'", "heads = 4", "got 3"});
+  auto mha = [&](const tg::MhaParameters& par, const tg::MhaOptions& o) { tg::multihead_attention(p.act, par, masked(o, p.masks)); };
+  check_throws<tg::ValueError>([&] { mha(p.par, {.heads = 4, .kv_heads = 3}); }, {"multihead_attention", "options.kv_heads = 3", "options.heads = 4"});
   check_throws<tg::ShapeError>([&] { mha(p.par, {.heads = 4, .kv_heads = 1}); }, {"'w_k' [7, 6]", "kv_heads * D = 1 * 3 = 3", "'w_q' [5, 12]"});
   tg::MhaParameters odd = p.par;
   odd.w_v = draw({7, 3}, 1);
   odd.b_v = Tensor();
   check_throws<tg::ShapeError>([&] { mha(odd, {.heads = 4, .kv_heads = 2}); }, {"kv_heads = 2", "'w_v'", "[7, 3]"});
   check_throws<tg::ShapeError>([&] { mha(p.par, {.heads = 4}); }, {"'w_q' [5, 12]", "'w_k' [7, 6]", "same width"});
-  check_throws<tg::ValueError>([&] { mha(p.par, {.heads = 4, .kv_heads = 2, .window = 2}); }, {"'window' = 2", "causal"});
-  check_throws<tg::ValueError>([&] { mha(p.par, {.heads = 4, .kv_heads = 2, .causal = true, .window = -3}); }, {"'window'", "-3"});
-  check_throws<tg::ShapeError>([&] { mha(p.par, {.heads = 4, .kv_heads = 2, .alibi_slopes = tg::alibi_slopes(2, tg::float64)}); },
-                               {"'alibi_slopes'", "[heads] = [4]", "[2]"});
-  check_throws<tg::DTypeError>([&] { mha(p.par, {.heads = 4, .kv_heads = 2, .alibi_slopes = tg::alibi_slopes(4)}); },
-                               {"'alibi_slopes'", "float32", "float64"});
+  check_throws<tg::ValueError>([&] { mha(p.par, {.heads = 4, .kv_heads = 2, .masking = {.window = 2}}); }, {"options.masking.window = 2", "options.masking.causal"});
+  check_throws<tg::ValueError>([&] { mha(p.par, {.heads = 4, .kv_heads = 2, .masking = {.causal = true, .window = -3}}); }, {"options.masking.window", "-3"});
+  check_throws<tg::ShapeError>([&] { mha(p.par, {.heads = 4, .kv_heads = 2, .masking = {.alibi_slopes = tg::alibi_slopes(2, tg::float64)}}); },
+                               {"'options.masking.alibi_slopes'", "[H]", "[2, 4, 4, 6]", "[2]"});
+  check_throws<tg::DTypeError>([&] { mha(p.par, {.heads = 4, .kv_heads = 2, .masking = {.alibi_slopes = tg::alibi_slopes(4)}}); },
+                               {"'options.masking.alibi_slopes'", "float32", "float64"});
 }
 
 BOOST_AUTO_TEST_SUITE_END()
@@ -1003,7 +1019,7 @@ BOOST_DATA_TEST_CASE(decoding_equals_the_full_forward, bdata::make(layer_cases()
     const tg::MultiHeadAttention layer = make_layer(c, dtype);
     const std::int64_t len = 11;
     const Tensor x = draw({2, len, 8}, 82, dtype);
-    auto [full, full_attn] = layer.forward(x, {.causal = true, .need_weights = true});
+    auto [full, full_attn] = layer.forward(x, {.masking = {.causal = true}, .need_weights = true});
     for (std::int64_t chunk : {1, 3})
       for (bool need_weights : {true, false}) {
         tg::KVCache cache;
@@ -1027,7 +1043,7 @@ BOOST_AUTO_TEST_CASE(a_window_bounds_the_cache) {
   const tg::MultiHeadAttention layer = make_layer({2, 5, tg::Alibi::fixed, true}, tg::float64);
   const std::int64_t len = 300;
   const Tensor x = draw({1, len, 8}, 90);
-  const Tensor full = layer.forward(x, {.causal = true}).output;
+  const Tensor full = layer.forward(x, {.masking = {.causal = true}}).output;
   tg::KVCache cache;
   std::int64_t largest = 0;
   std::vector<Tensor> outs;
@@ -1053,16 +1069,16 @@ BOOST_AUTO_TEST_CASE(decode_masks_cover_every_position_decoded) {
   std::vector<bool> keep;
   for (std::int64_t n = 0; n < 2 * len; ++n) keep.push_back(n % 7 != 3);
   const Tensor key_mask = tg::from_bools(keep, {2, len}), bias = draw({2, 4, len, len}, 92);
-  const Tensor full = layer.forward(x, {.masks = {.key_mask = key_mask}, .bias = bias, .causal = true}).output;
+  const Tensor full = layer.forward(x, {.masking = {.key_mask = key_mask, .causal = true}, .bias = bias}).output;
   tg::KVCache cache;
   std::vector<Tensor> outs;
   for (std::int64_t t = 0; t < len; ++t)
     outs.push_back(layer.decode(tg::slice(x, 1, t, t + 1), cache,
-                                {.masks = {.key_mask = tg::slice(key_mask, 1, 0, t + 1)}, .bias = tg::slice(tg::slice(bias, 2, t, t + 1), 3, 0, t + 1)})
+                                {.masking = {.key_mask = tg::slice(key_mask, 1, 0, t + 1)}, .bias = tg::slice(tg::slice(bias, 2, t, t + 1), 3, 0, t + 1)})
                        .output);
   BOOST_TEST(cache.start() > 0);
   check_close(values(tg::concat(outs, 1)), values(full), 1e-12, 1e-12, "masked, biased, windowed decoding");
-  check_throws<tg::ShapeError>([&] { layer.decode(tg::slice(x, 1, 0, 1), cache, {.masks = {.key_mask = tg::ones({2, 3}, tg::bool_)}}); },
+  check_throws<tg::ShapeError>([&] { layer.decode(tg::slice(x, 1, 0, 1), cache, {.masking = {.key_mask = tg::ones({2, 3}, tg::bool_)}}); },
                                {"MultiHeadAttention::decode", "key_mask", "[2, 41]"});
 }
 
@@ -1080,10 +1096,10 @@ BOOST_AUTO_TEST_CASE(learnable_slopes_are_a_parameter_with_a_gradient) {
   const Tensor x = draw({2, 6, 8}, 94);
   for (bool need_weights : {true, false}) {
     const auto r = tg::gradcheck_parameters(
-        [&] { return std::vector<Tensor>{layer.forward(x, {.causal = true, .need_weights = need_weights}).output}; }, layer.parameters());
+        [&] { return std::vector<Tensor>{layer.forward(x, {.masking = {.causal = true}, .need_weights = need_weights}).output}; }, layer.parameters());
     BOOST_TEST(r.ok, "need_weights " << need_weights << ": " << r.report());
   }
-  const Tensor out = layer.forward(x, {.causal = true}).output;
+  const Tensor out = layer.forward(x, {.masking = {.causal = true}}).output;
   BOOST_TEST(tg::grad({tg::sum(out * out)}, {layer.alibi_slopes()})[0].shape() == (Shape{4}));
 }
 
@@ -1091,12 +1107,17 @@ BOOST_AUTO_TEST_CASE(the_config_is_validated) {
   auto fails = [](tg::MultiHeadAttentionConfig c, std::vector<std::string> fragments) {
     check_throws<tg::ValueError>([&] { tg::MultiHeadAttention{c}; }, fragments);
   };
-  fails({.query_dim = 8, .heads = 4, .kv_heads = 3}, {"MultiHeadAttention", "config.kv_heads", "config.heads = 4", "got 3"});
+  fails({.query_dim = 8, .heads = 4, .kv_heads = 3}, {"MultiHeadAttention", "config.kv_heads = 3", "config.heads = 4"});
   fails({.query_dim = 8, .heads = 4, .kv_heads = -1}, {"config.kv_heads", "-1"});
   fails({.query_dim = 8, .heads = 4, .window = -2}, {"config.window", ">= 0", "-2"});
   check_throws<tg::ValueError>([] { tg::Decoder({.vocab = 4, .max_len = 4, .dim = 8, .heads = 4, .kv_heads = 3}); },
                                {"Decoder", "config.kv_heads = 3", "config.heads = 4"});
   check_throws<tg::ValueError>([] { tg::Decoder({.vocab = 4, .max_len = 4, .dim = 8, .heads = 4, .window = -1}); }, {"Decoder", "config.window"});
+  // Every config takes its rules from the same two checks, which callers of their own can use too.
+  check_throws<tg::ValueError>([] { tg::check_kv_heads("mine", "my.", 6, 4); }, {"mine: my.kv_heads = 4 must divide my.heads = 6"});
+  check_throws<tg::ValueError>([] { tg::check_window("mine", "my.window", -1); }, {"mine: my.window must be >= 0", "got -1"});
+  BOOST_CHECK_NO_THROW(tg::check_kv_heads("mine", "my.", 6, 0));
+  BOOST_CHECK_NO_THROW(tg::check_window("mine", "my.window", 0));
   const tg::MultiHeadAttention mqa({.query_dim = 8, .heads = 4, .kv_heads = 1, .value_head_dim = 3});
   BOOST_TEST(mqa.weights().w_k.shape() == (Shape{8, 2}));
   BOOST_TEST(mqa.weights().w_v.shape() == (Shape{8, 3}));

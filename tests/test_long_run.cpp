@@ -42,7 +42,7 @@ Run train(int steps, bool clear, int backward_every) {
   Run run;
   Tensor loss;  // kept across iterations on purpose: the previous step's graph dies on reassignment
   auto step = [&](int i) {
-    auto [y, attn] = layer.forward(x, x, {.causal = true});
+    auto [y, attn] = layer.forward(x, x, {.masking = {.causal = true}});
     loss = tg::mean(tg::pow(y - target, 2.0));
     if (i % backward_every == 0) {
       tg::backward(loss);

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <limits>
 
-#include "ops/multihead_attention_detail.hpp"
+#include "ops/multihead_projections.hpp"
 #include "mha_support.hpp"
 
 namespace tg = tapegrad;
@@ -17,6 +17,11 @@ using tg::Tensor;
 
 namespace {
 std::vector<double> values(const Tensor& t) { return t.to_vector<double>(); }
+// x w (+ b), and [B, L, H*W] -> [B, H, L, W]: the projections' steps as separate ops.
+Tensor project(const Tensor& x, const Tensor& w, const Tensor& b) { return b.defined() ? tg::matmul(x, w) + b : tg::matmul(x, w); }
+Tensor split_heads(const Tensor& x, std::int64_t heads) {
+  return tg::permute(tg::reshape(x, {x.size(0), x.size(1), heads, x.size(2) / heads}), {0, 2, 1, 3});
+}
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(worked_example)
@@ -157,12 +162,12 @@ BOOST_DATA_TEST_CASE(projection_nodes_gradcheck, bdata::make(projection_cases())
   BOOST_TEST(r.ok, r.report());
   // The same steps as separate ops.
   const auto got = run(xs);
-  const Tensor q = tg::detail::project(xs[0], xs[1], c.biases ? xs[3] : Tensor());
+  const Tensor q = project(xs[0], xs[1], c.biases ? xs[3] : Tensor());
   const Tensor split = tg::permute(tg::reshape(q, {c.b, c.l, c.heads, c.width}), {0, 2, 1, 3});
   BOOST_TEST(got[0].shape() == (Shape{c.b, c.heads, c.l, c.width}));
   check_close(values(got[0]), values(split), 1e-12, 1e-12, "heads");
   const Tensor merged = tg::reshape(tg::permute(split, {0, 2, 1, 3}), {c.b, c.l, n});
-  check_close(values(got[1]), values(tg::detail::project(merged, xs[2], c.biases ? xs[4] : Tensor())), 1e-12, 1e-12, "output");
+  check_close(values(got[1]), values(project(merged, xs[2], c.biases ? xs[4] : Tensor())), 1e-12, 1e-12, "output");
   tg::clear_tape();
 }
 
@@ -180,9 +185,9 @@ BOOST_AUTO_TEST_CASE(projection_nodes_follow_the_matmul_precision) {
     out = tg::detail::merge_heads_project("test", tg::contiguous(heads.detach()), w_o, Tensor());
     tg::backward({heads}, {g});
   }
-  const Tensor split = tg::detail::split_heads(tg::reshape(tg::matmul(x2, w.detach(), bf16), {2, 3, 4}), 2);
+  const Tensor split = split_heads(tg::reshape(tg::matmul(x2, w.detach(), bf16), {2, 3, 4}), 2);
   BOOST_TEST(values(heads) == values(split));
-  BOOST_TEST(values(heads) != values(tg::detail::split_heads(tg::matmul(x, w.detach()), 2)));
+  BOOST_TEST(values(heads) != values(split_heads(tg::matmul(x, w.detach()), 2)));
   const Tensor merged = tg::reshape(tg::permute(split, {0, 2, 1, 3}), {6, 4});
   BOOST_TEST(values(out) == values(tg::matmul(merged, w_o, bf16)));
   const Tensor dy = tg::reshape(tg::permute(g, {0, 2, 1, 3}), {6, 4});
@@ -498,7 +503,7 @@ BOOST_AUTO_TEST_CASE(layer_forward_with_padding_and_inactive_queries) {
     const Tensor key_mask = tg::from_bools({true, true, true, true, false, false, true, false, true, true}, {2, 5});
     const Tensor query_mask = tg::from_bools({true, false, true, true, true, true}, {2, 3});
     for (bool need_weights : {true, false}) {
-      const tg::MhaCall call{.masks = {.key_mask = key_mask, .query_mask = query_mask}, .need_weights = need_weights};
+      const tg::MhaCall call{.masking = {.key_mask = key_mask, .query_mask = query_mask}, .need_weights = need_weights};
       const Tensor query = tg::randn({2, 3, 4}, 14, tg::float64).to(dtype), context = tg::randn({2, 5, 3}, 15, tg::float64).to(dtype);
       const Tensor d_out = tg::randn({2, 3, 5}, 16, tg::float64).to(dtype);
       const std::vector<bool> padding_keys{false, false, false, false, true, true, false, true, false, false};
@@ -528,8 +533,7 @@ BOOST_AUTO_TEST_CASE(decode_with_a_poisoned_padding_position) {
           std::vector<bool> km, qm{true, t != 2};
           for (std::int64_t b = 0; b < 2; ++b)
             for (std::int64_t j = 0; j <= t; ++j) km.push_back(!padding[static_cast<std::size_t>(b * 6 + j)]);
-          const tg::MhaCall call{.masks = {.key_mask = tg::from_bools(km, {2, t + 1}), .query_mask = tg::from_bools(qm, {2, 1})},
-                                 .need_weights = need_weights};
+          const tg::MhaCall call{.masking = {.key_mask = tg::from_bools(km, {2, t + 1}), .query_mask = tg::from_bools(qm, {2, 1})}, .need_weights = need_weights};
           for (double v : values(layer.decode(tg::slice(seq, 1, t, t + 1), cache, call).output)) outs.push_back(v);
         }
         return outs;
@@ -560,7 +564,7 @@ BOOST_AUTO_TEST_CASE(self_and_cross_attention_with_and_without_bias) {
                                 .bias = false, .dtype = tg::float64, .seed = 2});
   BOOST_TEST(cross.parameters().size() == 4u);
   const Tensor q = tg::randn({2, 3, 6}, 4, tg::float64), ctx = tg::randn({2, 7, 10}, 5, tg::float64);
-  auto r = cross.forward(q, ctx, {.masks = {.key_mask = tg::from_bools(std::vector<bool>(14, true), {2, 7})}});  // need_weights is off by default
+  auto r = cross.forward(q, ctx, {.masking = {.key_mask = tg::from_bools(std::vector<bool>(14, true), {2, 7})}});  // need_weights is off by default
   BOOST_TEST(r.output.shape() == (Shape{2, 3, 4}));
   BOOST_TEST(!r.weights.defined());
   tg::backward(tg::sum(r.output));
@@ -616,7 +620,7 @@ BOOST_AUTO_TEST_CASE(long_one_token_decoding_equals_the_full_causal_forward) {
   // output is the full forward's row within float32 rounding.
   tg::MultiHeadAttention layer({.query_dim = 32, .heads = 4, .seed = 5});
   const Tensor x = tg::randn({2, 40, 32}, 12);
-  const Tensor full = layer.forward(x, {.causal = true}).output;
+  const Tensor full = layer.forward(x, {.masking = {.causal = true}}).output;
   tg::KVCache cache;
   for (std::int64_t t = 0; t < 40; ++t) {
     const Tensor out = layer.decode(tg::slice(x, 1, t, t + 1), cache).output;
@@ -630,7 +634,7 @@ BOOST_AUTO_TEST_CASE(kv_cache_decoding_equals_the_full_causal_forward) {
     const double tol = dtype == tg::float64 ? 1e-12 : 1e-5;
     tg::MultiHeadAttention layer({.query_dim = 6, .heads = 2, .head_dim = 4, .value_head_dim = 3, .out_dim = 5, .dtype = dtype, .seed = 3});
     const Tensor x = tg::randn({2, 8, 6}, 11, tg::float64).to(dtype);
-    auto [full, full_attn] = layer.forward(x, x, {.causal = true, .need_weights = true});
+    auto [full, full_attn] = layer.forward(x, x, {.masking = {.causal = true}, .need_weights = true});
     for (std::int64_t chunk : {1, 3}) {
       tg::KVCache cache;
       std::vector<Tensor> outs;
@@ -682,12 +686,13 @@ BOOST_AUTO_TEST_CASE(kv_cache_decoding_with_masks_and_bias) {
   const Tensor x = tg::randn({2, 5, 4}, 4, tg::float64);
   const Tensor key_mask = tg::from_bools({true, false, true, true, true, true, true, false, true, true}, {2, 5});
   const Tensor bias = tg::randn({1, 2, 5, 5}, 5, tg::float64);
-  auto [full, full_attn] = layer.forward(x, x, {.masks = {.key_mask = key_mask}, .bias = bias, .causal = true});
+  auto [full, full_attn] = layer.forward(x, x, {.masking = {.key_mask = key_mask, .causal = true}, .bias = bias});
   tg::KVCache cache;
   std::vector<Tensor> outs;
   for (std::int64_t t = 0; t < 5; ++t) {
-    const tg::MhaCall call{.masks = {.key_mask = tg::slice(key_mask, 1, 0, t + 1)},
-                           .bias = tg::slice(tg::slice(bias, 2, t, t + 1), 3, 0, t + 1)};
+    tg::MhaCall call;  // (field by field: GCC 12 warns of an uninitialised slope tensor in the nested initializer)
+    call.masking.key_mask = tg::slice(key_mask, 1, 0, t + 1);
+    call.bias = tg::slice(tg::slice(bias, 2, t, t + 1), 3, 0, t + 1);
     outs.push_back(layer.decode(tg::slice(x, 1, t, t + 1), cache, call).output);
   }
   check_close(values(tg::concat(outs, 1)), values(full), 1e-12, 1e-12, "masked, biased decoding");
@@ -811,15 +816,15 @@ BOOST_AUTO_TEST_CASE(the_layer_blames_what_the_caller_passed) {
   blames([&] { self.forward(tg::zeros({5, 32})); }, {"MultiHeadAttention::forward", "argument 'x'", "[5, 32]", "[B, L, config.query_dim = 32]"});
   blames([&] { cross.forward(tg::zeros({2, 5, 32})); }, {"argument 'x'", "self-attention", "config.context_dim is 16"});
   blames([&] { self.forward(tg::zeros({0, 5, 32})); }, {"argument 'x'", "B, L >= 1", "[0, 5, 32]"});
-  blames([&] { self.forward(query, query, {.masks = {.key_mask = tg::zeros({2, 4}, tg::bool_)}}); },
-         {"MultiHeadAttention::forward", "'key_mask'", "[2, 5]", "[2, 4]"});
+  blames([&] { self.forward(query, query, {.masking = {.key_mask = tg::zeros({2, 4}, tg::bool_)}}); },
+         {"MultiHeadAttention::forward", "'call.masking.key_mask'", "[2, 5]", "[2, 4]"});
   tg::KVCache cache;
   blames([&] { self.decode(tg::zeros({2, 1, 64}), cache); }, {"MultiHeadAttention::decode", "'query'", "width 64", "config.query_dim is 32"});
   blames([&] { self.decode(tg::zeros({2, 1, 32}, tg::float64), cache); }, {"MultiHeadAttention::decode", "'query'", "float64", "config.dtype is float32"});
   blames([&] { self.decode(tg::zeros({2, 0, 32}), cache); }, {"MultiHeadAttention::decode", "'query'", "[2, 0, 32]"});
   blames([&] { cross.decode(query, cache); }, {"MultiHeadAttention::decode", "self-attention", "config.context_dim 16"});
-  blames([&] { self.decode(tg::zeros({2, 1, 32}), cache, {.masks = {.key_mask = tg::zeros({2, 4}, tg::bool_)}}); },
-         {"MultiHeadAttention::decode", "'key_mask'", "[2, 1]"});
+  blames([&] { self.decode(tg::zeros({2, 1, 32}), cache, {.masking = {.key_mask = tg::zeros({2, 4}, tg::bool_)}}); },
+         {"MultiHeadAttention::decode", "'call.masking.key_mask'", "[2, 1]"});
   BOOST_TEST(cache.length() == 0);  // nothing appended by a call that failed
   // Exception types: shapes are ShapeError, dtypes DTypeError.
   check_throws<tg::ShapeError>([&] { cross.forward(tg::zeros({2, 5, 64}), context); }, {"'query'"});
@@ -863,16 +868,16 @@ BOOST_AUTO_TEST_CASE(the_layer_rotates_q_and_k_per_head_on_both_paths) {
     for (std::int64_t r : {0, 2}) {
       const tg::MultiHeadAttention layer = rotary_layer(tg::float64, layout, r);
       const auto want = by_definition(layer, x);
-      const auto got = layer.forward(x, {.causal = true, .need_weights = true});
+      const auto got = layer.forward(x, {.masking = {.causal = true}, .need_weights = true});
       const std::string what = fmt::format("layout {} rotary_dim {}", static_cast<int>(layout), r);
       check_close(values(got.output), values(want.output), 1e-12, 1e-12, what);
       check_close(values(got.weights), values(want.weights), 1e-12, 1e-12, what + " weights");
-      check_close(values(layer.forward(x, {.causal = true}).output), values(want.output), 1e-12, 1e-12, what + " fused");
+      check_close(values(layer.forward(x, {.masking = {.causal = true}}).output), values(want.output), 1e-12, 1e-12, what + " fused");
     }
   // Rotation is not the identity: without it the output differs.
   tg::MultiHeadAttention plain({.query_dim = 8, .heads = 2, .out_dim = 5, .dtype = tg::float64, .seed = 21});
   for (const Tensor& w : plain.parameters()) tg::copy_(w, tg::randn(w.shape(), 22, tg::float64));
-  BOOST_TEST(values(plain.forward(x, {.causal = true}).output) != values(rotary_layer(tg::float64, kLayouts[0]).forward(x, {.causal = true}).output));
+  BOOST_TEST(values(plain.forward(x, {.masking = {.causal = true}}).output) != values(rotary_layer(tg::float64, kLayouts[0]).forward(x, {.masking = {.causal = true}}).output));
 }
 
 BOOST_AUTO_TEST_CASE(gradcheck_on_both_paths_with_masks) {
@@ -887,7 +892,7 @@ BOOST_AUTO_TEST_CASE(gradcheck_on_both_paths_with_masks) {
       const auto r = tg::gradcheck_parameters(
           [&] {
             return std::vector<Tensor>{
-                layer.forward(x, {.masks = {.key_mask = key_mask, .query_mask = query_mask}, .causal = true, .need_weights = need_weights}).output};
+                layer.forward(x, {.masking = {.key_mask = key_mask, .query_mask = query_mask, .causal = true}, .need_weights = need_weights}).output};
           },
           params);
       BOOST_TEST(r.ok, "need_weights " << need_weights << ": " << r.report());
@@ -900,8 +905,8 @@ BOOST_AUTO_TEST_CASE(fused_equals_weights_path_within_float32_rounding) {
   for (auto layout : kLayouts) {
     tg::MultiHeadAttention layer = rotary_layer(tg::float32, layout);
     const Tensor x = tg::randn({2, 7, 8}, 25), d_out = tg::randn({2, 7, 5}, 26);
-    const tg::MhaCall call{.masks = {.key_mask = key_mask}, .causal = true};
-    auto weights = run_layer(layer, x, x, {call.masks, {}, true, 0, true}, d_out);
+    const tg::MhaCall call{.masking = {.key_mask = key_mask, .causal = true}};
+    auto weights = run_layer(layer, x, x, {call.masking, {}, true}, d_out);
     weights.erase(weights.begin() + 3);  // the attention weights
     const auto fused = run_layer(layer, x, x, call, d_out);
     BOOST_TEST_REQUIRE(fused.size() == weights.size());
@@ -922,7 +927,7 @@ BOOST_AUTO_TEST_CASE(masked_positions_change_nothing_and_suppressed_queries_are_
       const std::vector<bool> padding_keys{false, false, false, false, true, true, false, true, false, false};
       const std::vector<bool> padding_queries{false, true, false, false, false, false, false, false, false, false};
       for (bool need_weights : {true, false}) {
-        const tg::MhaCall call{.masks = {.key_mask = key_mask, .query_mask = query_mask}, .need_weights = need_weights};
+        const tg::MhaCall call{.masking = {.key_mask = key_mask, .query_mask = query_mask}, .need_weights = need_weights};
         const auto zeroed = run_layer(layer, poison(query, padding_queries, false, 0), poison(context, padding_keys, false, 0), call, d_out);
         for (std::size_t c = 0; c < 5; ++c) BOOST_TEST(zeroed[0][5 + c] == 0.0);  // query 1's output, b_o included
         for (std::size_t c = 0; c < 8; ++c) BOOST_TEST(zeroed[1][8 + c] == 0.0);  // and its gradient
@@ -939,7 +944,7 @@ BOOST_AUTO_TEST_CASE(decoding_through_the_cache_equals_the_full_forward) {
     for (auto layout : kLayouts) {
       const tg::MultiHeadAttention layer = rotary_layer(dtype, layout);
       const Tensor x = tg::randn({2, 9, 8}, 30, tg::float64).to(dtype);
-      auto [full, full_attn] = layer.forward(x, {.causal = true, .need_weights = true});
+      auto [full, full_attn] = layer.forward(x, {.masking = {.causal = true}, .need_weights = true});
       for (std::int64_t chunk : {1, 4})
         for (bool need_weights : {true, false}) {
           tg::KVCache cache;
@@ -955,7 +960,7 @@ BOOST_AUTO_TEST_CASE(decoding_through_the_cache_equals_the_full_forward) {
         }
       // The forward places query i at causal_offset + i: the last rows alone, attending to the
       // whole sequence, are the full forward's last rows.
-      const Tensor tail = layer.forward(tg::slice(x, 1, 6, 9), x, {.causal = true, .causal_offset = 6}).output;
+      const Tensor tail = layer.forward(tg::slice(x, 1, 6, 9), x, {.masking = {.causal = true, .causal_offset = 6}}).output;
       check_close(values(tail), values(tg::slice(full, 1, 6, 9)), tol, tol, "forward with causal_offset");
     }
   }

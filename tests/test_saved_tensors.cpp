@@ -65,23 +65,22 @@ Case attention_case(const PathCase& p) {
             Recording r;
             const Tensor q = leaf({B, H, Q, D}, 1, p.dtype), k = leaf({B, H, K, D}, 2, p.dtype), v = leaf({B, H, K, Dv}, 3, p.dtype);
             const Tensor bias = leaf({1, H, Q, K}, 4, p.dtype, p.bias_grad);
-            tg::detail::AttentionMask mask{.allowed = bools({B, 1, Q, K}, 5, 0.85), .key_mask = bools({B, K}, 6, 0.8),
-                                           .query_mask = bools({B, Q}, 7, 0.85), .causal = true, .causal_offset = 1};
+            tg::AttentionMasking mask{.mask = bools({B, 1, Q, K}, 5, 0.85), .key_mask = bools({B, K}, 6, 0.8), .query_mask = bools({B, Q}, 7, 0.85), .causal = true, .causal_offset = 1};
             const bool bf16 = p.path == Path::weights_bf16 || p.path == Path::tiles_bf16 || p.path == Path::pipelined_bf16 ||
                               p.path == Path::fused_blocks_bf16;
             const tg::MatmulPrecisionGuard precision(bf16 ? tg::MatmulPrecision::bfloat16 : tg::MatmulPrecision::exact);
             const bool weights = p.path == Path::weights || p.path == Path::weights_bf16 || p.path == Path::pipelined ||
                                  p.path == Path::pipelined_bf16;
-            const tg::detail::AttentionArgs args{"attention", q, k, v, bias, mask, weights};
+            const tg::detail::AttentionArgs args{"attention", q, k, v, bias, weights};
             tg::AttentionResult out;
             if (p.path == Path::pipelined || p.path == Path::pipelined_bf16 || p.path == Path::fused_blocks || p.path == Path::fused_blocks_bf16) {
-              out = tg::detail::attention_core(args, weights ? tg::detail::AttentionPath::pipelined : tg::detail::AttentionPath::fused_blocks, 4);
+              out = tg::detail::attention_core(args, mask, weights ? tg::detail::AttentionPath::pipelined : tg::detail::AttentionPath::fused_blocks, 4);
             } else {
-              out = tg::detail::attention_core(args);
+              out = tg::detail::attention_core(args, mask);
             }
             r.outputs = {out.output, out.weights};
             r.grad_leaves = {q, k, v, bias};
-            r.writable = {{"q", q}, {"k", k}, {"v", v}, {"bias", bias}, {"allowed", mask.allowed}, {"key_mask", mask.key_mask},
+            r.writable = {{"q", q}, {"k", k}, {"v", v}, {"bias", bias}, {"allowed", mask.mask}, {"key_mask", mask.key_mask},
                           {"query_mask", mask.query_mask}, {"output", out.output}};
             if (out.weights.defined()) r.writable.emplace_back("weights", out.weights);
             return r;
@@ -167,7 +166,9 @@ std::vector<Case> layer_cases() {
                        const Tensor x = leaf({2, 5, 4}, 2, dtype), c = leaf({2, 6, 3}, 3, dtype), bias = leaf({2, 1, 5, 6}, 4, dtype);
                        const tg::MhaMasks masks{.key_mask = bools({2, 6}, 5, 0.8), .query_mask = bools({2, 5}, 6, 0.85),
                                                 .attention_mask = bools({1, 2, 5, 6}, 7, 0.85)};
-                       auto [o, w] = m.forward(x, c, {.masks = masks, .bias = bias, .causal = true, .causal_offset = 1, .need_weights = need_weights});
+                       auto [o, w] = m.forward(x, c, {.masking = {.mask = masks.attention_mask, .key_mask = masks.key_mask, .query_mask = masks.query_mask, .causal = true, .causal_offset = 1},
+                                                          .bias = bias,
+                                                          .need_weights = need_weights});
                        return layer_recording(m,
                                               {{"query", x}, {"context", c}, {"bias", bias}, {"key_mask", masks.key_mask},
                                                {"query_mask", masks.query_mask}, {"attention_mask", masks.attention_mask}},

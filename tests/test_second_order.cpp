@@ -230,7 +230,7 @@ BOOST_AUTO_TEST_CASE(the_rotary_attention_layer_to_second_order_on_both_paths) {
       const auto r = tg::gradgradcheck_parameters(
           [&] {
             return std::vector<Tensor>{
-                layer.forward(x, {.masks = {.key_mask = key_mask, .query_mask = query_mask}, .causal = true, .need_weights = need_weights}).output};
+                layer.forward(x, {.masking = {.key_mask = key_mask, .query_mask = query_mask, .causal = true}, .need_weights = need_weights}).output};
           },
           params, {.atol = 1e-6, .rtol = 1e-5});
       BOOST_TEST(r.ok, "need_weights " << need_weights << ": " << r.report());
@@ -247,7 +247,7 @@ using tg::detail::AttentionPath;
 
 struct Case {
   Tensor q, k, v, bias;
-  tg::detail::AttentionMask mask;
+  tg::AttentionMasking mask;
 };
 
 // B = 2, H = 2, Q = 3, K = 4, D = 3: causal with an offset, key 3 of batch 0 masked for every
@@ -267,7 +267,7 @@ Case masked_case(std::uint64_t seed) {
 
 tg::AttentionResult run(const Case& c, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, AttentionPath path) {
   const bool weights = path == AttentionPath::weights || path == AttentionPath::pipelined;
-  return tg::detail::attention_core({"attention", q, k, v, bias, c.mask, weights}, path, 2);
+  return tg::detail::attention_core({"attention", q, k, v, bias, weights}, c.mask, path, 2);
 }
 
 }  // namespace

@@ -405,7 +405,7 @@ struct TinyModel {
   Tensor loss(const Weights& p, const Tensor& ids, const Tensor& targets, tg::Generator& gen, bool training) const {
     const Tensor x = tg::embedding(p.tokens, ids) + p.positions;
     const Tensor n = tg::layer_norm(x, p.ln1_w, p.ln1_b);
-    const Tensor h = x + mha.forward(n, n, {.causal = true, .need_weights = false}).output;
+    const Tensor h = x + mha.forward(n, n, {.masking = {.causal = true}, .need_weights = false}).output;
     const Tensor logits = tg::matmul(tg::dropout(tg::layer_norm(h, p.ln2_w, p.ln2_b), 0.1, gen, training), p.out);
     return tg::cross_entropy(logits, targets, {.label_smoothing = 0.05});
   }

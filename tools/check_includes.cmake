@@ -8,8 +8,7 @@
 #   autodiff   autodiff/ and runtime's entry points
 #   kernels    kernels/, autodiff/ and runtime's entry points
 #   ops        ops/, kernels/ (not kernels' own private headers), autodiff/, runtime's entry points
-#   layers     layers/, the public headers, autodiff/check.hpp (errors), and the one door into
-#              ops that the KV cache's decode uses, ops/multihead_attention_detail.hpp
+#   layers     layers/, the public headers, autodiff/check.hpp (errors)
 #   train      train/, the public headers, autodiff/check.hpp
 #   public headers (include/tapegrad/<room>/): public headers of their own room and those below
 #   examples   the public headers (<tapegrad/...>) and examples/support/
@@ -26,7 +25,7 @@ set(allowed_runtime "runtime/" "tapegrad/runtime/" "tapegrad/autodiff/error.hpp"
 set(allowed_autodiff "autodiff/" ${entry_runtime} "tapegrad/autodiff/" "tapegrad/runtime/")
 set(allowed_kernels "kernels/" "autodiff/" ${entry_runtime} "tapegrad/autodiff/" "tapegrad/runtime/")
 set(allowed_ops "ops/" "kernels/" "autodiff/" ${entry_runtime} "tapegrad/autodiff/" "tapegrad/ops/" "tapegrad/runtime/")
-set(allowed_layers "layers/" "tapegrad/" "autodiff/check.hpp" "ops/multihead_attention_detail.hpp")
+set(allowed_layers "layers/" "tapegrad/" "autodiff/check.hpp")
 set(allowed_train "train/" "tapegrad/" "autodiff/check.hpp")
 set(allowed_public_autodiff "tapegrad/autodiff/")
 set(allowed_public_runtime "tapegrad/runtime/")

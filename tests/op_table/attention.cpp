@@ -213,7 +213,7 @@ void add_attention(std::vector<OpInfo>& t) {
     info.op = [layer](const Ins& in) {
       tg::MultiHeadAttention l = layer(in[0].dtype());
       for (const Tensor& p : l.parameters()) arg(p);
-      auto [out, attn] = l.forward(in[0], {.causal = true, .need_weights = true});
+      auto [out, attn] = l.forward(in[0], {.masking = {.causal = true}, .need_weights = true});
       return Outs{out, attn};
     };
     info.reference = [layer](const Refs& in) {
@@ -252,7 +252,7 @@ void add_attention(std::vector<OpInfo>& t) {
     info.reference = [](const Refs& in) {
       tg::MultiHeadAttention layer({.query_dim = 4, .heads = 2, .value_head_dim = 3, .dtype = tg::float64, .seed = 3});
       const Tensor x = tg::from_vector(in[0].v, in[0].shape);
-      return Refs{Ref::of(layer.forward(x, x, {.causal = true}).output)};
+      return Refs{Ref::of(layer.forward(x, x, {.masking = {.causal = true}}).output)};
     };
     info.errors = {{"query of the wrong width", [] {
                       tg::KVCache cache;

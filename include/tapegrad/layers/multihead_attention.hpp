@@ -43,54 +43,13 @@ struct MultiHeadAttentionConfig {
   Alibi alibi = Alibi::none;
 };
 
-// Keys and values of the positions decoded so far, for one layer and one batch. Appending is
-// amortised O(1) per position: storage grows by doubling and is never re-copied per step. A
-// layer with a window drops the keys that no later query can see when the buffer is full (the
-// kept ones move to its front), instead of growing it: its capacity stays at most
-// max(16, 2 (window - 1 + n)) for at most n positions per decode call (docs/semantics.md §14.4).
-//
-// A copy is deep: it gets buffers of its own holding the cached positions, so decoding on a copy
-// (to branch a beam, say) leaves the original exactly as it was. Copying costs one pass over the
-// cached keys and values. A move takes the buffers and leaves the source empty (length 0, no
-// storage), ready for a new sequence.
-class KVCache {
- public:
-  KVCache() = default;
-  KVCache(const KVCache& other);
-  KVCache& operator=(const KVCache& other);
-  KVCache(KVCache&& other) noexcept;
-  KVCache& operator=(KVCache&& other) noexcept;
-  ~KVCache() = default;
-
-  // Positions decoded so far (the next call's first position), dropped ones included.
-  std::int64_t length() const noexcept { return start_ + held_; }
-  // The first position still held (0 unless a window dropped older ones); held() positions follow it.
-  std::int64_t start() const noexcept { return start_; }
-  std::int64_t held() const noexcept { return held_; }
-  std::int64_t capacity() const noexcept { return k_.defined() ? k_.size(1) : 0; }
-  // Width of one cached position's keys and values: kv_heads * head_dim, kv_heads * value_head_dim.
-  std::int64_t key_width() const noexcept { return k_.defined() ? k_.size(2) : 0; }
-  std::int64_t value_width() const noexcept { return v_.defined() ? v_.size(2) : 0; }
-  // Forgets every position but keeps the storage for the next sequence of the same shape.
-  void clear() noexcept { start_ = held_ = 0; }
-
- private:
-  friend class MultiHeadAttention;
-  // k [B, n, Hkv*D], v [B, n, Hkv*Dv]. Positions before `keep_from` may be dropped first.
-  void append(const Tensor& k, const Tensor& v, std::int64_t keep_from = 0);
-  Tensor keys() const;  // views [B, held, Hkv*D]
-  Tensor values() const;
-  Tensor k_, v_;                              // [B, capacity, width]: positions start_ .. start_ + held_ - 1 at rows 0 ..
-  std::int64_t start_ = 0, held_ = 0;
-};
-
-// Per-call options of MultiHeadAttention::forward and decode.
+// Per-call options of MultiHeadAttention::forward and decode. The layer's config adds its window
+// (to causal calls) and its ALiBi slopes to `masking`; a call that sets either one as well must
+// agree with the config (a ValueError otherwise).
 struct MhaCall {
-  MhaMasks masks{};
-  Tensor bias{};  // additive, broadcastable to [B, H, Q, K]
-  bool causal = false;
-  std::int64_t causal_offset = 0;
-  bool need_weights = false;  // true: also return the attention weights [B, H, Q, K]
+  AttentionMasking masking{};  // mask broadcasts to [B, H, Q, K], key_mask [B, K], query_mask [B, Q]
+  Tensor bias{};               // additive, broadcastable to [B, H, Q, K]
+  bool need_weights = false;   // true: also return the attention weights [B, H, Q, K]
 };
 
 class MultiHeadAttention : public Module {
@@ -109,13 +68,13 @@ class MultiHeadAttention : public Module {
   // Each input is checked against the config first: a query or context of the wrong rank,
   // width or dtype is reported as such (against config.query_dim, context_dim or dtype).
 
-  // Incremental causal self-attention: projects `query` [B, n, Cq] (n new positions), appends
-  // their keys and values to `cache`, and attends over every cached position with
-  // causal_offset = the cache length L before this call (call.causal/causal_offset are ignored).
-  // Masks and bias cover every position decoded so far, K = L + n, dropped ones included (only
-  // the held keys' part is read); the returned weights cover the held keys, positions
-  // cache.start() .. L + n - 1. Equal to the full causal forward over the whole sequence
-  // (with the window and ALiBi too). Decoding is inference: it records nothing on the tape.
+  // Incremental causal self-attention: multihead_attention's decoding form with this layer's
+  // weights and config. `query` [B, n, Cq] holds the n positions after the cache's L; their keys
+  // and values are appended to `cache`, and query i attends to every held position up to L + i
+  // (call.masking.causal is implied, its causal_offset must be 0). Masks and bias cover every
+  // position decoded so far, K = L + n, dropped ones included; the returned weights cover the
+  // held keys, positions cache.start() .. L + n - 1. Equal to the full causal forward over the
+  // whole sequence (with the window, ALiBi and rotary too). Records nothing on the tape.
   AttentionResult decode(const Tensor& query, KVCache& cache, const Call& call = Call{}) const;
 
   // Parameters, named "w_q", "w_k", "w_v", "w_o" and, with config.bias, "b_q", "b_k", "b_v",
@@ -128,7 +87,7 @@ class MultiHeadAttention : public Module {
   const MultiHeadAttentionConfig& config() const noexcept { return config_; }
 
  private:
-  MhaOptions options(bool causal, std::int64_t causal_offset, bool need_weights) const;
+  MhaOptions options(const Call& call, const char* op) const;
   MultiHeadAttentionConfig config_;
   MhaParameters params_;
   Tensor alibi_;

@@ -123,10 +123,11 @@ BOOST_AUTO_TEST_CASE(a_check_with_nothing_to_compare_is_a_value_error) {
   auto id = [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0] * 2.0}; };
   const Tensor constant = tg::randn({3}, 1, tg::float64);
   const Tensor empty = tg::zeros({0, 2}, tg::float64).set_requires_grad();
-  for (const auto& [what, inputs] : std::vector<std::pair<std::string, std::vector<Tensor>>>{
+  for (const auto& c : std::vector<std::pair<std::string, std::vector<Tensor>>>{
            {"no input requires grad", {constant}}, {"every input that requires grad is empty", {empty}}}) {
-    check_throws<tg::ValueError>([&] { tg::gradcheck(id, inputs); }, {"gradcheck", "nothing to check", what});
-    check_throws<tg::ValueError>([&] { tg::gradgradcheck(id, inputs); }, {"gradgradcheck", "nothing to check", what});
+    const std::vector<Tensor>& inputs = c.second;  // (not a structured binding: clang 14 cannot capture those)
+    check_throws<tg::ValueError>([&] { tg::gradcheck(id, inputs); }, {"gradcheck", "nothing to check", c.first});
+    check_throws<tg::ValueError>([&] { tg::gradgradcheck(id, inputs); }, {"gradgradcheck", "nothing to check", c.first});
   }
   check_throws<tg::ValueError>([&] { tg::gradcheck_parameters([&] { return std::vector<Tensor>{constant * 2.0}; }, {}); },
                                {"gradcheck_parameters", "nothing to check", "no parameter"});

@@ -12,7 +12,7 @@
 #include "runtime/cpu.hpp"
 #include "runtime/parallel.hpp"
 #include "autodiff/loops.hpp"
-#include "kernels/matmul.hpp"
+#include "kernels/matmul_dnnl.hpp"
 #include "kernels/softmax_rows.hpp"
 
 namespace tapegrad::detail {

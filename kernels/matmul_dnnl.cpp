@@ -23,7 +23,8 @@
 
 #include "autodiff/loops.hpp"
 #include "autodiff/op_profile.hpp"
-#include "kernels/matmul.hpp"
+#include "kernels/matmul_dnnl.hpp"
+#include "kernels/matmul_rows.hpp"
 #include "kernels/rounded_copy.hpp"
 #include "runtime/cpu.hpp"
 #include "runtime/parallel.hpp"

@@ -16,7 +16,8 @@
 
 #include "autodiff/loops.hpp"
 #include "autodiff/op_profile.hpp"
-#include "kernels/matmul.hpp"
+#include "kernels/matmul_dnnl.hpp"
+#include "kernels/matmul_f64.hpp"
 #include "runtime/parallel.hpp"
 
 namespace tapegrad::detail {

@@ -15,7 +15,8 @@
 
 #include "runtime/parallel.hpp"
 #include "ops/op.hpp"
-#include "kernels/matmul.hpp"
+#include "kernels/matmul_dnnl.hpp"
+#include "kernels/product.hpp"
 #include "tapegrad/ops/matmul.hpp"
 #include "tapegrad/ops/view.hpp"
 
@@ -55,17 +56,11 @@ Tensor as_matrix(const Tensor& t) {
   return make_view(c, {rows, cols}, {cols, 1}, c.offset(), "linear");
 }
 
-// c = a b for 2-D operands of any strides, c fresh and contiguous, every size nonzero.
-void product(const Tensor& a, const Tensor& b, const Tensor& c, MatmulPrecision precision) {
-  if (a.dtype() == DType::float64) matmul_f64(a, b, c);
-  else matmul_dnnl(a, b, c, precision == MatmulPrecision::bfloat16);
-}
-
 // A fresh contiguous tensor of `shape` (whose last dim is b's) holding a b, zeros when K = 0.
 Tensor product_into_new(const Tensor& a, const Tensor& b, const Shape& shape, MatmulPrecision precision) {
   if (a.shape()[0] == 0 || b.shape()[1] == 0 || a.shape()[1] == 0) return zeros(shape, a.dtype());
   Tensor c = new_tensor(shape, a.dtype(), "linear");
-  product(a, b, as_matrix(c), precision);
+  product_into(a, b, as_matrix(c), precision == MatmulPrecision::bfloat16);
   return c;
 }
 

@@ -11,8 +11,8 @@
 #include "autodiff/check.hpp"
 #include "autodiff/loops.hpp"
 #include "autodiff/node.hpp"
-#include "autodiff/op_profile.hpp"
 #include "autodiff/saved_output.hpp"
+#include "autodiff/tape_observer.hpp"
 #include "runtime/parallel.hpp"
 
 namespace tapegrad {
@@ -47,7 +47,7 @@ std::atomic<std::uint64_t> next_sequence{1};
 thread_local bool grad_enabled = true;
 thread_local int backward_depth = 0;  // > 0 while a backward pass runs on this thread
 thread_local const OmitSavedForTesting* omit_saved = nullptr;
-thread_local OpProfile* profile = nullptr;
+thread_local TapeObserver* observer_of_thread = nullptr;
 
 const std::shared_ptr<Tape>& this_tape() {
   thread_local const std::shared_ptr<Tape> tape = std::make_shared<Tape>();
@@ -246,41 +246,9 @@ OmitSavedForTesting::OmitSavedForTesting(const Tensor& storage_of) : storage_(st
 }
 OmitSavedForTesting::~OmitSavedForTesting() { omit_saved = previous_; }
 
-OpProfile::OpProfile() : last_(now_seconds()), previous_(profile) { profile = this; }
-OpProfile::~OpProfile() { profile = previous_; }
-void OpProfile::mark() {
-  last_ = now_seconds();
-  products_ = 0;
-}
-void OpProfile::recorded(const char* op) {
-  const double now = now_seconds();
-  Times& t = times_[op];
-  t.forward += now - last_;
-  t.forward_products += products_;
-  ++t.calls;
-  last_ = now;
-  products_ = 0;
-}
-void OpProfile::backward_ran(const char* op, double seconds) {
-  Times& t = times_[op];
-  t.backward += seconds;
-  t.backward_products += products_;
-  products_ = 0;
-}
-void OpProfile::product_ran(double seconds) { products_ += seconds; }
-OpProfile* active_profile() noexcept { return profile; }
-
-namespace {
-thread_local int product_depth = 0;
-}
-ProductTimer::ProductTimer() noexcept {
-  if (profile == nullptr) return;
-  active_ = true;
-  if (product_depth++ == 0) start_ = now_seconds();
-}
-ProductTimer::~ProductTimer() {
-  if (active_ && --product_depth == 0 && profile != nullptr) profile->product_ran(now_seconds() - start_);
-}
+ObserveTape::ObserveTape(TapeObserver& observer) noexcept : previous_(observer_of_thread) { observer_of_thread = &observer; }
+ObserveTape::~ObserveTape() { observer_of_thread = previous_; }
+TapeObserver* tape_observer() noexcept { return observer_of_thread; }
 
 Node* live_node(const TensorImpl& impl) noexcept {
   Node* n = impl.grad_fn.get();
@@ -434,7 +402,8 @@ void Pass::run(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gr
     const std::vector<bool>& needs = needs_of(i);
     if (wanting_ && std::none_of(needs.begin(), needs.end(), [](bool b) { return b; })) continue;
     check_saved_versions(node.name, view.saved);
-    const double started = profile != nullptr ? now_seconds() : 0.0;
+    TapeObserver* const observer = observer_of_thread;
+    if (observer != nullptr) observer->backward_began(node.name);
     std::vector<Tensor> grads;
     if (create_graph_ || creating_node != nullptr) {  // also a first-order pass nested in a create_graph one
       const std::shared_ptr<Node>* outer = creating_node;
@@ -462,7 +431,7 @@ void Pass::run(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gr
       if (e.leaf) leaves.add(e.leaf, g);
       else send(e.node.get(), e.slot, g);
     }
-    if (profile != nullptr) profile->backward_ran(node.name, now_seconds() - started);
+    if (observer != nullptr) observer->backward_ended(node.name);
   }
 }
 
@@ -575,7 +544,7 @@ bool record_op(const char* name, std::span<const Tensor> inputs, std::span<Tenso
     impl->grad_fn = node;
     impl->slot = static_cast<std::int32_t>(k);
   }
-  if (detail::profile != nullptr) detail::profile->recorded(name);
+  if (detail::observer_of_thread != nullptr) detail::observer_of_thread->recorded(name);
   return true;
 }
 
@@ -598,9 +567,10 @@ void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gra
   detail::check_pass_arguments("backward", outputs, grad_outputs);
   detail::Pass pass(options.create_graph);
   pass.run(outputs, grad_outputs);
-  const double started = detail::profile != nullptr ? detail::now_seconds() : 0.0;
+  detail::TapeObserver* const observer = detail::observer_of_thread;
+  if (observer != nullptr) observer->backward_began("(gradients into leaves)");
   pass.leaves.apply(options.create_graph);
-  if (detail::profile != nullptr) detail::profile->backward_ran("(gradients into leaves)", detail::now_seconds() - started);
+  if (observer != nullptr) observer->backward_ended("(gradients into leaves)");
 }
 
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,

@@ -12,6 +12,7 @@
 #include "autodiff/loops.hpp"
 #include "autodiff/node.hpp"
 #include "autodiff/saved_output.hpp"
+#include "autodiff/saved_versions.hpp"
 #include "autodiff/tape_observer.hpp"
 #include "runtime/parallel.hpp"
 
@@ -46,7 +47,6 @@ namespace {
 std::atomic<std::uint64_t> next_sequence{1};
 thread_local bool grad_enabled = true;
 thread_local int backward_depth = 0;  // > 0 while a backward pass runs on this thread
-thread_local const OmitSavedForTesting* omit_saved = nullptr;
 thread_local TapeObserver* observer_of_thread = nullptr;
 
 const std::shared_ptr<Tape>& this_tape() {
@@ -132,46 +132,6 @@ class LeafGradients {
 };
 
 void accumulate(Tensor& slot, const Tensor& g) { slot = slot.defined() ? add_gradients(slot, g) : g; }
-
-// What `t` is to an op with these inputs and outputs, for the in-place error message.
-SavedVersion::Kind describe(const Tensor& t, std::span<const Tensor> inputs, std::span<const Tensor> outputs,
-                            std::uint32_t& index) {
-  using Kind = SavedVersion::Kind;
-  for (bool same : {true, false})
-    for (auto [list, kind] : {std::pair{inputs, same ? Kind::input : Kind::view_of_input},
-                              std::pair{outputs, same ? Kind::output : Kind::view_of_output}})
-      for (std::size_t k = 0; k < list.size(); ++k)
-        if (list[k].defined() && (same ? list[k].impl() == t.impl() : list[k].shares_storage_with(t))) {
-          index = static_cast<std::uint32_t>(k);
-          return kind;
-        }
-  return Kind::other;
-}
-
-std::string saved_name(const SavedVersion& s) {
-  switch (s.kind) {
-    case SavedVersion::Kind::input: return fmt::format("input {}", s.index);
-    case SavedVersion::Kind::output: return fmt::format("output {}", s.index);
-    case SavedVersion::Kind::view_of_input: return fmt::format("a view of input {}", s.index);
-    case SavedVersion::Kind::view_of_output: return fmt::format("a view of output {}", s.index);
-    case SavedVersion::Kind::other: break;
-  }
-  return "a saved tensor";
-}
-
-void check_saved_versions(const char* name, const std::vector<SavedVersion>& saved) {
-  for (const SavedVersion& s : saved) {
-    const auto storage = s.storage.lock();
-    if (!storage) continue;  // the backward does not hold it, so it cannot read it
-    if (omit_saved != nullptr && omit_saved->omits(name, s.position, storage.get())) continue;
-    const std::uint64_t now = storage->version.load(std::memory_order_relaxed);
-    if (now != s.version)
-      fail<GraphError>(
-          "backward of {}: {} was modified in place after {} was recorded (version {}, now {}), so its "
-          "gradient would be wrong; run backward before updating it, or update a clone()",
-          name, saved_name(s), name, s.version, now);
-  }
-}
 
 // What a backward pass reads of a node, copied under the recording tape's lock: clear_tape() on
 // that thread may release the node while this pass runs on another.
@@ -262,15 +222,6 @@ Node::~Node() {
   }
   active_graveyard = nullptr;
 }
-
-OmitSavedForTesting::OmitSavedForTesting(std::string op, std::size_t index)
-    : op_(std::move(op)), index_(index), previous_(omit_saved) {
-  omit_saved = this;
-}
-OmitSavedForTesting::OmitSavedForTesting(const Tensor& storage_of) : storage_(storage_of.impl()->storage.get()), previous_(omit_saved) {
-  omit_saved = this;
-}
-OmitSavedForTesting::~OmitSavedForTesting() { omit_saved = previous_; }
 
 ObserveTape::ObserveTape(TapeObserver& observer) noexcept : previous_(observer_of_thread) { observer_of_thread = &observer; }
 ObserveTape::~ObserveTape() { observer_of_thread = previous_; }

@@ -173,11 +173,10 @@ TAPEGRAD_CPU_CLONES void backward_rows_f32(const float* weights, const RowPointe
 void attention_softmax_forward(const Tensor& scores, double scale, const Tensor& bias, const RowMasks& masks,
                                const Tensor& weights, std::uint16_t* rounded) {
   const Shape& shape = weights.shape();
-  const std::int64_t k = shape.back(), rows = k == 0 ? 0 : weights.numel() / k;
   const RowPointers s(scores, shape), b(bias, shape);
   void* out = mutable_data(weights);
   for_each_row(
-      weights.dtype(), "attention", rows, k,
+      weights, "attention",
       [&](std::int64_t begin, std::int64_t stop) {
         forward_rows_f32(s, b, static_cast<float>(scale), masks, static_cast<float*>(out), rounded, 0, begin, stop, nullptr);
       },
@@ -191,12 +190,12 @@ Tensor attention_softmax_backward(const Tensor& weights, const Tensor& grad_a, c
   const Shape& shape = weights.shape();
   keep_float = keep_float || rounded == nullptr || weights.dtype() != DType::float32;
   Tensor ds = keep_float ? new_tensor(shape, weights.dtype(), "attention") : Tensor();
-  const std::int64_t k = shape.back(), rows = k == 0 ? 0 : weights.numel() / k;
+  const std::int64_t k = shape.back();
   const RowPointers ga(grad_a, shape), gb(grad_b, shape);
   const void* a = weights.raw_data();
   void* out = keep_float ? mutable_data(ds) : nullptr;
   for_each_row(
-      weights.dtype(), "attention", rows, k,
+      weights, "attention",
       [&](std::int64_t begin, std::int64_t stop) {
         std::vector<float> row(keep_float ? 0 : static_cast<std::size_t>(k));  // one row at a time, rounded as it is written
         float* dst = keep_float ? static_cast<float*>(out) : row.data();

@@ -89,11 +89,10 @@ TAPEGRAD_CPU_CLONES void loss_rows_backward_f32(const RowPointers& x, const std:
 }  // namespace
 
 void cross_entropy_rows(const Tensor& logits, const Tensor& targets, const TargetRule& rule, double* loss, RowLse* lse) {
-  const std::int64_t rows = targets.numel(), classes = logits.shape().back();
   const auto* ids = static_cast<const std::int64_t*>(targets.raw_data());
   const RowPointers x(logits, logits.shape());
   for_each_row(
-      logits.dtype(), "cross_entropy", rows, classes,
+      logits, "cross_entropy",
       [&](std::int64_t begin, std::int64_t stop) { loss_rows_f32(x, ids, rule, loss, lse, begin, stop); },
       [&](std::int64_t begin, std::int64_t stop) { loss_rows<double>(x, ids, rule, loss, lse, begin, stop); });
 }
@@ -101,12 +100,11 @@ void cross_entropy_rows(const Tensor& logits, const Tensor& targets, const Targe
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const TargetRule& rule, const RowLse* lse,
                               const double* w, bool per_row) {
   Tensor dx = new_tensor(logits.shape(), logits.dtype());
-  const std::int64_t rows = targets.numel(), classes = logits.shape().back();
   const auto* ids = static_cast<const std::int64_t*>(targets.raw_data());
   const RowPointers x(logits, logits.shape());
   void* pd = mutable_data(dx);
   for_each_row(
-      logits.dtype(), "cross_entropy", rows, classes,
+      logits, "cross_entropy",
       [&](std::int64_t begin, std::int64_t stop) {
         loss_rows_backward_f32(x, ids, rule, lse, w, per_row, static_cast<float*>(pd), begin, stop);
       },

@@ -87,11 +87,10 @@ TAPEGRAD_CPU_CLONES void backward_rows_f32(const float* y, const RowPointers& gr
 
 Tensor log_softmax_forward(const Tensor& x, const Tensor& allowed) {
   Tensor y = new_tensor(x.shape(), x.dtype());
-  const std::int64_t k = x.shape().back(), rows = k == 0 ? 0 : x.numel() / k;
   const RowPointers xr(x, x.shape()), mask(allowed, x.shape());
   void* py = mutable_data(y);
   for_each_row(
-      x.dtype(), "log_softmax", rows, k,
+      x, "log_softmax",
       [&](std::int64_t begin, std::int64_t stop) { forward_rows_f32(xr, mask, static_cast<float*>(py), begin, stop); },
       [&](std::int64_t begin, std::int64_t stop) { forward_rows<double>(xr, mask, static_cast<double*>(py), begin, stop); });
   return y;
@@ -99,12 +98,11 @@ Tensor log_softmax_forward(const Tensor& x, const Tensor& allowed) {
 
 Tensor log_softmax_backward(const Tensor& y, const Tensor& grad) {
   Tensor dx = new_tensor(y.shape(), y.dtype());
-  const std::int64_t k = y.shape().back(), rows = k == 0 ? 0 : y.numel() / k;
   const RowPointers g(grad, y.shape());
   const void* py = y.raw_data();
   void* out = mutable_data(dx);
   for_each_row(
-      y.dtype(), "log_softmax", rows, k,
+      y, "log_softmax",
       [&](std::int64_t begin, std::int64_t stop) {
         backward_rows_f32(static_cast<const float*>(py), g, static_cast<float*>(out), begin, stop);
       },

@@ -54,12 +54,13 @@ struct RowPointers {
 // parallel_for splits the rows by.
 inline constexpr std::int64_t kRowCost = 8;
 
-// Rows [0, rows) of k elements each, in ranges [begin, stop) over the threads: f32(begin, stop)
-// for float32 (a TAPEGRAD_CPU_CLONES function, built for each CPU), f64(begin, stop) for float64.
+// The rows of t ([..., K]) in ranges [begin, stop) over the threads: f32(begin, stop) when t is
+// float32 (a TAPEGRAD_CPU_CLONES function, built for each CPU), f64(begin, stop) when float64.
 // Each row goes to one range whole, so a row's result cannot depend on the thread count.
 template <class F32, class F64>
-void for_each_row(DType dtype, const char* op, std::int64_t rows, std::int64_t k, const F32& f32, const F64& f64) {
-  visit_float(dtype, op, [&]<class T>(Tag<T>) {
+void for_each_row(const Tensor& t, const char* op, const F32& f32, const F64& f64) {
+  const std::int64_t k = t.shape().back(), rows = k == 0 ? 0 : t.numel() / k;
+  visit_float(t.dtype(), op, [&]<class T>(Tag<T>) {
     parallel_for(rows, k * kRowCost, [&](std::int64_t begin, std::int64_t stop) {
       if constexpr (std::is_same_v<T, float>) f32(begin, stop);
       else f64(begin, stop);

@@ -55,11 +55,10 @@ TAPEGRAD_CPU_CLONES void backward_rows_f32(const float* weights, const RowPointe
 Tensor masked_softmax_forward(const Tensor& s, const Tensor& allowed) {
   // Scores are read through their strides; the weights are written contiguously.
   Tensor a = new_tensor(s.shape(), s.dtype(), "masked_softmax");
-  const std::int64_t k = s.shape().back(), rows = k == 0 ? 0 : s.numel() / k;
   const RowPointers scores(s, s.shape()), mask(allowed, s.shape());
   void* pa = mutable_data(a);
   for_each_row(
-      s.dtype(), "masked_softmax", rows, k,
+      s, "masked_softmax",
       [&](std::int64_t begin, std::int64_t stop) { forward_rows_f32(scores, mask, static_cast<float*>(pa), begin, stop); },
       [&](std::int64_t begin, std::int64_t stop) { forward_rows<double>(scores, mask, static_cast<double*>(pa), begin, stop); });
   return a;
@@ -69,12 +68,11 @@ Tensor masked_softmax_backward(const Tensor& weights, const Tensor& grad_weights
   // Entries with A_j = 0 (masked, empty rows) contribute nothing and get exactly 0, even when
   // their upstream gradient is not finite (0 * inf would be NaN).
   Tensor ds = new_tensor(weights.shape(), weights.dtype(), "masked_softmax");
-  const std::int64_t k = weights.shape().back(), rows = k == 0 ? 0 : weights.numel() / k;
   const RowPointers grad(grad_weights, weights.shape());
   const void* a = weights.raw_data();
   void* out = mutable_data(ds);
   for_each_row(
-      weights.dtype(), "masked_softmax", rows, k,
+      weights, "masked_softmax",
       [&](std::int64_t begin, std::int64_t stop) {
         backward_rows_f32(static_cast<const float*>(a), grad, static_cast<float*>(out), begin, stop);
       },

@@ -9,7 +9,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <string>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -69,28 +68,6 @@ struct Node {
   // Frees the graph behind this node without recursion, so a chain of a million ops cannot
   // overflow the stack.
   ~Node();
-};
-
-// Test seam: while one lives, backward on its thread leaves some entries of the nodes' `saved`
-// lists out of the version check, as if the ops had not declared them: entry `index` of ops
-// named `op`, or every entry on the storage of one tensor. The tests use it to prove that their
-// write-after-record check catches an op that forgets a tensor it reads.
-class OmitSavedForTesting {
- public:
-  OmitSavedForTesting(std::string op, std::size_t index);
-  explicit OmitSavedForTesting(const Tensor& storage_of);
-  ~OmitSavedForTesting();
-  OmitSavedForTesting(const OmitSavedForTesting&) = delete;
-  OmitSavedForTesting& operator=(const OmitSavedForTesting&) = delete;
-  bool omits(const char* op, std::size_t index, const Storage* storage) const {
-    return storage_ != nullptr ? storage == storage_ : index == index_ && op == op_;
-  }
-
- private:
-  std::string op_;
-  std::size_t index_ = 0;
-  const Storage* storage_ = nullptr;
-  const OmitSavedForTesting* previous_;
 };
 
 }  // namespace tapegrad::detail

@@ -11,8 +11,9 @@
 #include "autodiff/check.hpp"
 #include "autodiff/loops.hpp"
 #include "autodiff/node.hpp"
-#include "autodiff/op_profile.hpp"
 #include "autodiff/saved_output.hpp"
+#include "autodiff/saved_versions.hpp"
+#include "autodiff/tape_observer.hpp"
 #include "runtime/parallel.hpp"
 
 namespace tapegrad {
@@ -46,8 +47,7 @@ namespace {
 std::atomic<std::uint64_t> next_sequence{1};
 thread_local bool grad_enabled = true;
 thread_local int backward_depth = 0;  // > 0 while a backward pass runs on this thread
-thread_local const OmitSavedForTesting* omit_saved = nullptr;
-thread_local OpProfile* profile = nullptr;
+thread_local TapeObserver* observer_of_thread = nullptr;
 
 const std::shared_ptr<Tape>& this_tape() {
   thread_local const std::shared_ptr<Tape> tape = std::make_shared<Tape>();
@@ -133,66 +133,6 @@ class LeafGradients {
 
 void accumulate(Tensor& slot, const Tensor& g) { slot = slot.defined() ? add_gradients(slot, g) : g; }
 
-// One backward pass: backward() applies its leaf gradients, grad() reads the wanted ones.
-class Pass {
- public:
-  explicit Pass(bool create_graph);
-  // grad(): only these tensors' gradients are wanted (their nodes' and leaves' gradients are
-  // kept, and nodes that lead to none of them are skipped).
-  void want(const std::vector<Tensor>& inputs);
-  void run(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs);
-  Tensor gradient_of(const Tensor& t) const;
-  LeafGradients leaves;
-
- private:
-  bool create_graph_;
-  bool wanting_ = false;
-  std::uint64_t oldest_wanted_ = 0;  // nodes older than this are not walked (grad() of intermediates)
-  std::unordered_map<const Node*, int> wanted_nodes_;
-  std::unordered_map<const TensorImpl*, int> wanted_leaves_;
-  std::map<std::pair<const Node*, std::int32_t>, Tensor> captured_;
-};
-
-// What `t` is to an op with these inputs and outputs, for the in-place error message.
-SavedVersion::Kind describe(const Tensor& t, std::span<const Tensor> inputs, std::span<const Tensor> outputs,
-                            std::uint32_t& index) {
-  using Kind = SavedVersion::Kind;
-  for (bool same : {true, false})
-    for (auto [list, kind] : {std::pair{inputs, same ? Kind::input : Kind::view_of_input},
-                              std::pair{outputs, same ? Kind::output : Kind::view_of_output}})
-      for (std::size_t k = 0; k < list.size(); ++k)
-        if (list[k].defined() && (same ? list[k].impl() == t.impl() : list[k].shares_storage_with(t))) {
-          index = static_cast<std::uint32_t>(k);
-          return kind;
-        }
-  return Kind::other;
-}
-
-std::string saved_name(const SavedVersion& s) {
-  switch (s.kind) {
-    case SavedVersion::Kind::input: return fmt::format("input {}", s.index);
-    case SavedVersion::Kind::output: return fmt::format("output {}", s.index);
-    case SavedVersion::Kind::view_of_input: return fmt::format("a view of input {}", s.index);
-    case SavedVersion::Kind::view_of_output: return fmt::format("a view of output {}", s.index);
-    case SavedVersion::Kind::other: break;
-  }
-  return "a saved tensor";
-}
-
-void check_saved_versions(const char* name, const std::vector<SavedVersion>& saved) {
-  for (const SavedVersion& s : saved) {
-    const auto storage = s.storage.lock();
-    if (!storage) continue;  // the backward does not hold it, so it cannot read it
-    if (omit_saved != nullptr && omit_saved->omits(name, s.position, storage.get())) continue;
-    const std::uint64_t now = storage->version.load(std::memory_order_relaxed);
-    if (now != s.version)
-      fail<GraphError>(
-          "backward of {}: {} was modified in place after {} was recorded (version {}, now {}), so its "
-          "gradient would be wrong; run backward before updating it, or update a clone()",
-          name, saved_name(s), name, s.version, now);
-  }
-}
-
 // What a backward pass reads of a node, copied under the recording tape's lock: clear_tape() on
 // that thread may release the node while this pass runs on another.
 struct NodeView {
@@ -206,6 +146,52 @@ NodeView view_of(const Node& n) {
   std::lock_guard lock(n.tape->mutex);
   return {n.backward, n.inputs, n.saved, n.released};
 }
+
+// What one pass walks: the nodes reachable from its outputs, newest first, held for the pass,
+// and what it reads and sums for each.
+struct Walk {
+  std::vector<std::shared_ptr<Node>> nodes;
+  std::vector<NodeView> views;
+  std::unordered_map<const Node*, std::size_t> index;
+  std::vector<std::vector<bool>> pruned;     // grad(): the inputs that lead to a wanted tensor
+  std::vector<bool> leads;                   // grad(): whether the node leads to one at all
+  std::vector<std::vector<Tensor>> pending;  // the gradients of the node's outputs so far
+
+  // The inputs of node i whose gradients are computed: every one it needs (backward()), or
+  // those that lead to a wanted tensor (grad()).
+  const std::vector<bool>& needs_of(std::size_t i) const { return pruned.empty() ? nodes[i]->needs_grad : pruned[i]; }
+  void send(const Node* n, std::int32_t slot, const Tensor& g) {
+    auto& slots = pending[index.at(n)];
+    slots.resize(n->outputs.size());
+    accumulate(slots[static_cast<std::size_t>(slot)], g);
+  }
+};
+
+// One backward pass: backward() applies its leaf gradients, grad() reads the wanted ones.
+class Pass {
+ public:
+  explicit Pass(bool create_graph);
+  // grad(): only these tensors' gradients are wanted (their nodes' and leaves' gradients are
+  // kept, and nodes that lead to none of them are skipped).
+  void want(const std::vector<Tensor>& inputs);
+  void run(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs);
+  Tensor gradient_of(const Tensor& t) const;
+  LeafGradients leaves;
+
+ private:
+  Walk collect_reachable(const std::vector<Tensor>& outputs) const;
+  void prune_to_wanted(Walk& walk) const;
+  void run_nodes(Walk& walk);
+  std::vector<Tensor> call_backward(Walk& walk, std::size_t i, const std::vector<bool>& needs) const;
+  void send_on(Walk& walk, std::size_t i, const std::vector<Tensor>& grads, const std::vector<bool>& needs);
+
+  bool create_graph_;
+  bool wanting_ = false;
+  std::uint64_t oldest_wanted_ = 0;  // nodes older than this are not walked (grad() of intermediates)
+  std::unordered_map<const Node*, int> wanted_nodes_;
+  std::unordered_map<const TensorImpl*, int> wanted_leaves_;
+  std::map<std::pair<const Node*, std::int32_t>, Tensor> captured_;
+};
 
 }  // namespace
 
@@ -237,50 +223,9 @@ Node::~Node() {
   active_graveyard = nullptr;
 }
 
-OmitSavedForTesting::OmitSavedForTesting(std::string op, std::size_t index)
-    : op_(std::move(op)), index_(index), previous_(omit_saved) {
-  omit_saved = this;
-}
-OmitSavedForTesting::OmitSavedForTesting(const Tensor& storage_of) : storage_(storage_of.impl()->storage.get()), previous_(omit_saved) {
-  omit_saved = this;
-}
-OmitSavedForTesting::~OmitSavedForTesting() { omit_saved = previous_; }
-
-OpProfile::OpProfile() : last_(now_seconds()), previous_(profile) { profile = this; }
-OpProfile::~OpProfile() { profile = previous_; }
-void OpProfile::mark() {
-  last_ = now_seconds();
-  products_ = 0;
-}
-void OpProfile::recorded(const char* op) {
-  const double now = now_seconds();
-  Times& t = times_[op];
-  t.forward += now - last_;
-  t.forward_products += products_;
-  ++t.calls;
-  last_ = now;
-  products_ = 0;
-}
-void OpProfile::backward_ran(const char* op, double seconds) {
-  Times& t = times_[op];
-  t.backward += seconds;
-  t.backward_products += products_;
-  products_ = 0;
-}
-void OpProfile::product_ran(double seconds) { products_ += seconds; }
-OpProfile* active_profile() noexcept { return profile; }
-
-namespace {
-thread_local int product_depth = 0;
-}
-ProductTimer::ProductTimer() noexcept {
-  if (profile == nullptr) return;
-  active_ = true;
-  if (product_depth++ == 0) start_ = now_seconds();
-}
-ProductTimer::~ProductTimer() {
-  if (active_ && --product_depth == 0 && profile != nullptr) profile->product_ran(now_seconds() - start_);
-}
+ObserveTape::ObserveTape(TapeObserver& observer) noexcept : previous_(observer_of_thread) { observer_of_thread = &observer; }
+ObserveTape::~ObserveTape() { observer_of_thread = previous_; }
+TapeObserver* tape_observer() noexcept { return observer_of_thread; }
 
 Node* live_node(const TensorImpl& impl) noexcept {
   Node* n = impl.grad_fn.get();
@@ -351,115 +296,123 @@ Tensor Pass::gradient_of(const Tensor& t) const {
   return leaves.find(&impl);
 }
 
-void Pass::run(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs) {
-  GradModeGuard mode(create_graph_);
-  BackwardDepth depth;
-  // The nodes reachable from the outputs, newest first. Every edge points from a node to an
-  // older one, so this is a reverse topological order: no recursion, no depth limit. The
-  // nodes are held here for the whole pass.
-  std::vector<std::shared_ptr<Node>> order;
-  std::vector<NodeView> views;  // parallel to `order` until the sort
-  std::unordered_map<const Node*, std::size_t> index;
+// The nodes reachable from the outputs, newest first. Every edge points from a node to an older
+// one, so this is a reverse topological order: no recursion, no depth limit.
+Walk Pass::collect_reachable(const std::vector<Tensor>& outputs) const {
+  std::vector<std::shared_ptr<Node>> found;
+  std::vector<NodeView> views;  // parallel to `found`
+  std::unordered_map<const Node*, std::size_t> seen;
   for (const Tensor& out : outputs)
-    if (Node* n = live_node(*out.impl()); n != nullptr && index.emplace(n, 0).second) order.push_back(out.impl()->grad_fn);
+    if (Node* n = live_node(*out.impl()); n != nullptr && seen.emplace(n, 0).second) found.push_back(out.impl()->grad_fn);
   // grad() of intermediate tensors alone walks no further down than the oldest of them: every
   // edge points to an older node, so nothing below it leads to one (a create_graph backward that
   // differentiates its own inputs would otherwise walk the whole history under them).
-  for (std::size_t i = 0; i < order.size(); ++i) {
-    views.push_back(view_of(*order[i]));
+  for (std::size_t i = 0; i < found.size(); ++i) {
+    views.push_back(view_of(*found[i]));
     for (const Edge& e : views.back().inputs)
-      if (e.node && e.node->sequence >= oldest_wanted_ && index.emplace(e.node.get(), 0).second) order.push_back(e.node);
+      if (e.node && e.node->sequence >= oldest_wanted_ && seen.emplace(e.node.get(), 0).second) found.push_back(e.node);
   }
-  std::vector<std::size_t> by_age(order.size());
+  std::vector<std::size_t> by_age(found.size());
   for (std::size_t i = 0; i < by_age.size(); ++i) by_age[i] = i;
-  std::sort(by_age.begin(), by_age.end(), [&](std::size_t a, std::size_t b) { return order[a]->sequence > order[b]->sequence; });
-  {
-    std::vector<std::shared_ptr<Node>> sorted_order;
-    std::vector<NodeView> sorted_views;
-    for (std::size_t i : by_age) {
-      sorted_order.push_back(std::move(order[i]));
-      sorted_views.push_back(std::move(views[i]));
-    }
-    order = std::move(sorted_order);
-    views = std::move(sorted_views);
+  std::sort(by_age.begin(), by_age.end(), [&](std::size_t a, std::size_t b) { return found[a]->sequence > found[b]->sequence; });
+  Walk walk;
+  walk.index = std::move(seen);
+  for (std::size_t i : by_age) {
+    walk.index[found[i].get()] = walk.nodes.size();
+    walk.nodes.push_back(std::move(found[i]));
+    walk.views.push_back(std::move(views[i]));
   }
-  for (std::size_t i = 0; i < order.size(); ++i) index[order[i].get()] = i;
+  walk.pending.resize(walk.nodes.size());
+  return walk;
+}
 
-  // grad(): which edges lead to a wanted input (oldest first, so each node's inputs are known
-  // before it). Gradients that lead nowhere wanted are not computed. backward() keeps every
-  // node's own list (no copy per node).
-  std::vector<std::vector<bool>> pruned(wanting_ ? order.size() : 0);
-  std::vector<bool> leads(order.size(), true);
-  auto needs_of = [&](std::size_t i) -> const std::vector<bool>& { return wanting_ ? pruned[i] : order[i]->needs_grad; };
-  for (std::size_t i = order.size(); wanting_ && i-- > 0;) {
-    std::vector<bool>& needs = pruned[i];
-    needs = order[i]->needs_grad;
-    bool any = wanted_nodes_.count(order[i].get()) > 0;
+// grad(): which edges lead to a wanted input (oldest first, so each node's inputs are known
+// before it). Gradients that lead nowhere wanted are not computed.
+void Pass::prune_to_wanted(Walk& walk) const {
+  walk.pruned.resize(walk.nodes.size());
+  walk.leads.assign(walk.nodes.size(), true);
+  for (std::size_t i = walk.nodes.size(); i-- > 0;) {
+    std::vector<bool>& needs = walk.pruned[i];
+    needs = walk.nodes[i]->needs_grad;
+    bool any = wanted_nodes_.count(walk.nodes[i].get()) > 0;
     for (std::size_t k = 0; k < needs.size(); ++k) {
-      const Edge& e = views[i].inputs[k];
-      const auto at = e.node ? index.find(e.node.get()) : index.end();
-      const bool to = e.node ? at != index.end() && leads[at->second] : e.leaf && wanted_leaves_.count(e.leaf.get()) > 0;
+      const Edge& e = walk.views[i].inputs[k];
+      const auto at = e.node ? walk.index.find(e.node.get()) : walk.index.end();
+      const bool to = e.node ? at != walk.index.end() && walk.leads[at->second] : e.leaf && wanted_leaves_.count(e.leaf.get()) > 0;
       needs[k] = needs[k] && to;
       any = any || needs[k];
     }
-    leads[i] = any;
+    walk.leads[i] = any;
   }
+}
 
-  std::vector<std::vector<Tensor>> pending(order.size());
-  auto send = [&](const Node* n, std::int32_t slot, const Tensor& g) {
-    auto& slots = pending[index.at(n)];
-    slots.resize(n->outputs.size());
-    accumulate(slots[static_cast<std::size_t>(slot)], g);
-  };
+void Pass::run(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs) {
+  GradModeGuard mode(create_graph_);
+  BackwardDepth depth;
+  Walk walk = collect_reachable(outputs);
+  if (wanting_) prune_to_wanted(walk);
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     const auto& impl = *outputs[i].impl();
-    if (const Node* n = live_node(impl)) send(n, impl.slot, grad_outputs[i]);
+    if (const Node* n = live_node(impl)) walk.send(n, impl.slot, grad_outputs[i]);
     else leaves.add(outputs[i].impl_ptr(), grad_outputs[i]);
   }
+  run_nodes(walk);
+}
 
-  for (std::size_t i = 0; i < order.size(); ++i) {
-    if (pending[i].empty() || !leads[i]) continue;
-    const Node& node = *order[i];
-    const NodeView& view = views[i];
-    if (view.released || !view.backward)
+// Newest first, every node that gradients reached: its backward, then its gradients sent on to
+// its inputs (micrograd's `for v in reversed(topo): v._backward()`).
+void Pass::run_nodes(Walk& walk) {
+  for (std::size_t i = 0; i < walk.nodes.size(); ++i) {
+    if (walk.pending[i].empty() || (wanting_ && !walk.leads[i])) continue;
+    const Node& node = *walk.nodes[i];
+    if (walk.views[i].released || !walk.views[i].backward)
       fail<GraphError>("backward: the graph through {} was released by clear_tape() on the thread that recorded it, "
                        "so the gradients reaching it cannot go further",
                        node.name);
     if (wanting_ && wanted_nodes_.count(&node) > 0)
-      for (std::size_t slot = 0; slot < pending[i].size(); ++slot)
-        if (pending[i][slot].defined()) captured_[{&node, static_cast<std::int32_t>(slot)}] = pending[i][slot];
-    const std::vector<bool>& needs = needs_of(i);
+      for (std::size_t slot = 0; slot < walk.pending[i].size(); ++slot)
+        if (walk.pending[i][slot].defined()) captured_[{&node, static_cast<std::int32_t>(slot)}] = walk.pending[i][slot];
+    const std::vector<bool>& needs = walk.needs_of(i);
     if (wanting_ && std::none_of(needs.begin(), needs.end(), [](bool b) { return b; })) continue;
-    check_saved_versions(node.name, view.saved);
-    const double started = profile != nullptr ? now_seconds() : 0.0;
-    std::vector<Tensor> grads;
-    if (create_graph_ || creating_node != nullptr) {  // also a first-order pass nested in a create_graph one
-      const std::shared_ptr<Node>* outer = creating_node;
-      creating_node = create_graph_ ? &order[i] : nullptr;
-      struct Restore {
-        const std::shared_ptr<Node>* outer;
-        ~Restore() { creating_node = outer; }
-      } restore{outer};
-      grads = (*view.backward)(pending[i], needs);
-    } else {
-      grads = (*view.backward)(pending[i], needs);
-    }
-    pending[i] = {};  // release this node's upstream gradients as soon as they are used
-    if (grads.size() != view.inputs.size())
-      fail<GraphError>("backward of {}: returned {} gradients for {} inputs", node.name, grads.size(), view.inputs.size());
-    for (std::size_t k = 0; k < grads.size(); ++k) {
-      const Tensor& g = grads[k];
-      const Edge& e = view.inputs[k];
-      if (!g.defined() || !needs[k]) continue;
-      // What the gradient must look like: the input itself (a leaf) or the output it came from.
-      const OutputMeta& want = e.leaf ? OutputMeta{e.leaf->shape, e.leaf->dtype} : e.node->outputs[static_cast<std::size_t>(e.slot)];
-      if (g.shape() != want.shape || g.dtype() != want.dtype)
-        fail<GraphError>("backward of {}: gradient for input {} must be {} {}, got {} {}", node.name, k, want.dtype,
-                         shape_str(want.shape), g.dtype(), shape_str(g.shape()));
-      if (e.leaf) leaves.add(e.leaf, g);
-      else send(e.node.get(), e.slot, g);
-    }
-    if (profile != nullptr) profile->backward_ran(node.name, now_seconds() - started);
+    check_saved_versions(node.name, walk.views[i].saved);
+    TapeObserver* const observer = observer_of_thread;
+    if (observer != nullptr) observer->backward_began(node.name);
+    const std::vector<Tensor> grads = call_backward(walk, i, needs);
+    walk.pending[i] = {};  // release this node's upstream gradients as soon as they are used
+    send_on(walk, i, grads, needs);
+    if (observer != nullptr) observer->backward_ended(node.name);
+  }
+}
+
+// Node i's backward. A create_graph pass runs it as the node whose saved outputs
+// output_with_history joins back (creating_node); a first-order pass nested in one, as none.
+std::vector<Tensor> Pass::call_backward(Walk& walk, std::size_t i, const std::vector<bool>& needs) const {
+  struct Restore {
+    const std::shared_ptr<Node>* outer;
+    ~Restore() { creating_node = outer; }
+  } restore{creating_node};
+  creating_node = create_graph_ ? &walk.nodes[i] : nullptr;
+  return (*walk.views[i].backward)(walk.pending[i], needs);
+}
+
+// Node i's gradients to its inputs: a leaf's into the pass's staging, a node's summed into its
+// pending gradients.
+void Pass::send_on(Walk& walk, std::size_t i, const std::vector<Tensor>& grads, const std::vector<bool>& needs) {
+  const Node& node = *walk.nodes[i];
+  const std::vector<Edge>& inputs = walk.views[i].inputs;
+  if (grads.size() != inputs.size())
+    fail<GraphError>("backward of {}: returned {} gradients for {} inputs", node.name, grads.size(), inputs.size());
+  for (std::size_t k = 0; k < grads.size(); ++k) {
+    const Tensor& g = grads[k];
+    const Edge& e = inputs[k];
+    if (!g.defined() || !needs[k]) continue;
+    // What the gradient must look like: the input itself (a leaf) or the output it came from.
+    const OutputMeta& want = e.leaf ? OutputMeta{e.leaf->shape, e.leaf->dtype} : e.node->outputs[static_cast<std::size_t>(e.slot)];
+    if (g.shape() != want.shape || g.dtype() != want.dtype)
+      fail<GraphError>("backward of {}: gradient for input {} must be {} {}, got {} {}", node.name, k, want.dtype,
+                       shape_str(want.shape), g.dtype(), shape_str(g.shape()));
+    if (e.leaf) leaves.add(e.leaf, g);
+    else walk.send(e.node.get(), e.slot, g);
   }
 }
 
@@ -573,7 +526,7 @@ bool record_op(const char* name, std::span<const Tensor> inputs, std::span<Tenso
     impl->grad_fn = node;
     impl->slot = static_cast<std::int32_t>(k);
   }
-  if (detail::profile != nullptr) detail::profile->recorded(name);
+  if (detail::observer_of_thread != nullptr) detail::observer_of_thread->recorded(name);
   return true;
 }
 
@@ -596,9 +549,10 @@ void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gra
   detail::check_pass_arguments("backward", outputs, grad_outputs);
   detail::Pass pass(options.create_graph);
   pass.run(outputs, grad_outputs);
-  const double started = detail::profile != nullptr ? detail::now_seconds() : 0.0;
+  detail::TapeObserver* const observer = detail::observer_of_thread;
+  if (observer != nullptr) observer->backward_began("(gradients into leaves)");
   pass.leaves.apply(options.create_graph);
-  if (detail::profile != nullptr) detail::profile->backward_ran("(gradients into leaves)", detail::now_seconds() - started);
+  if (observer != nullptr) observer->backward_ended("(gradients into leaves)");
 }
 
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,

@@ -30,8 +30,8 @@
 
 #include <tapegrad/tapegrad.hpp>
 
-#include "autodiff/op_profile.hpp"
 #include "gpt2_shape.hpp"
+#include "op_profile.hpp"
 #include "raw_dnnl.hpp"
 #include "sections.hpp"
 #include "spinner.hpp"
@@ -297,15 +297,15 @@ void section_gpt2(Report& report, const Options& options) {
         bf16 ? train_step(bf16_model, bf16_opt, batches.next(), true) : train_step(model, opt, batches.next(), false);
       const tg::Windows w = batches.next();
       Phases p;
-      std::map<std::string, tg::detail::OpProfile::Times> ops;
+      std::map<std::string, OpProfile::Times> ops;
       {
-        tg::detail::OpProfile profile;
+        OpProfile profile;
         p = bf16 ? train_step(bf16_model, bf16_opt, w, true) : train_step(model, opt, w, false);
         ops = profile.times();
       }
       const double step = p.total();
-      tg::detail::OpProfile::Times all;
-      auto row = [&](const std::string& op, const tg::detail::OpProfile::Times& t) {
+      OpProfile::Times all;
+      auto row = [&](const std::string& op, const OpProfile::Times& t) {
         split_rows.push_back({static_cast<std::int64_t>(threads), bf16 ? "bfloat16" : "float32", op, t.calls, t.forward * 1e3, t.forward_products * 1e3,
                    t.backward * 1e3, t.backward_products * 1e3, 100 * (t.forward + t.backward) / step});
       };

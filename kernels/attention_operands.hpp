@@ -14,7 +14,7 @@
 #include "autodiff/tensor_impl.hpp"
 #include "kernels/attention_tiles.hpp"
 #include "autodiff/loops.hpp"
-#include "kernels/matmul.hpp"
+#include "kernels/matmul_dnnl.hpp"
 
 namespace tapegrad::detail {
 

@@ -10,9 +10,8 @@
 #include <vector>
 
 #include "runtime/cpu.hpp"
-#include "runtime/parallel.hpp"
 #include "autodiff/loops.hpp"
-#include "kernels/matmul.hpp"
+#include "kernels/matmul_dnnl.hpp"
 #include "kernels/softmax_rows.hpp"
 
 namespace tapegrad::detail {
@@ -169,23 +168,21 @@ TAPEGRAD_CPU_CLONES void backward_rows_f32(const float* weights, const RowPointe
   backward_rows<float>(weights, ga, gb, factor, masks, out, first, one_row, rounded, begin, stop);
 }
 
-// Rows of K elements cost about this many units each per element (an exp, a few passes).
-constexpr std::int64_t kRowCost = 8;
-
 }  // namespace
 
 void attention_softmax_forward(const Tensor& scores, double scale, const Tensor& bias, const RowMasks& masks,
                                const Tensor& weights, std::uint16_t* rounded) {
   const Shape& shape = weights.shape();
-  const std::int64_t k = shape.back(), rows = k == 0 ? 0 : weights.numel() / k;
   const RowPointers s(scores, shape), b(bias, shape);
-  visit_float(weights.dtype(), "attention", [&]<class T>(Tag<T>) {
-    T* out = static_cast<T*>(mutable_data(weights));
-    parallel_for(rows, k * kRowCost, [&](std::int64_t begin, std::int64_t stop) {
-      if constexpr (std::is_same_v<T, float>) forward_rows_f32(s, b, static_cast<T>(scale), masks, out, rounded, 0, begin, stop, nullptr);
-      else forward_rows<T>(s, b, static_cast<T>(scale), masks, out, nullptr, 0, begin, stop);
-    });
-  });
+  void* out = mutable_data(weights);
+  for_each_row(
+      weights, "attention",
+      [&](std::int64_t begin, std::int64_t stop) {
+        forward_rows_f32(s, b, static_cast<float>(scale), masks, static_cast<float*>(out), rounded, 0, begin, stop, nullptr);
+      },
+      [&](std::int64_t begin, std::int64_t stop) {
+        forward_rows<double>(s, b, scale, masks, static_cast<double*>(out), nullptr, 0, begin, stop);
+      });
 }
 
 Tensor attention_softmax_backward(const Tensor& weights, const Tensor& grad_a, const Tensor& grad_b, const RowMasks& masks,
@@ -193,19 +190,22 @@ Tensor attention_softmax_backward(const Tensor& weights, const Tensor& grad_a, c
   const Shape& shape = weights.shape();
   keep_float = keep_float || rounded == nullptr || weights.dtype() != DType::float32;
   Tensor ds = keep_float ? new_tensor(shape, weights.dtype(), "attention") : Tensor();
-  const std::int64_t k = shape.back(), rows = k == 0 ? 0 : weights.numel() / k;
+  const std::int64_t k = shape.back();
   const RowPointers ga(grad_a, shape), gb(grad_b, shape);
-  visit_float(weights.dtype(), "attention", [&]<class T>(Tag<T>) {
-    const T* a = static_cast<const T*>(weights.raw_data());
-    T* out = keep_float ? static_cast<T*>(mutable_data(ds)) : nullptr;
-    parallel_for(rows, k * kRowCost, [&](std::int64_t begin, std::int64_t stop) {
-      std::vector<T> row(keep_float ? 0 : static_cast<std::size_t>(k));  // one row at a time, rounded as it is written
-      T* dst = keep_float ? out : row.data();
-      if constexpr (std::is_same_v<T, float>)
-        backward_rows_f32(a, ga, gb, static_cast<T>(factor), masks, dst, 0, !keep_float, rounded, begin, stop);
-      else backward_rows<T>(a, ga, gb, static_cast<T>(factor), masks, dst, 0, false, nullptr, begin, stop);
-    });
-  });
+  const void* a = weights.raw_data();
+  void* out = keep_float ? mutable_data(ds) : nullptr;
+  for_each_row(
+      weights, "attention",
+      [&](std::int64_t begin, std::int64_t stop) {
+        std::vector<float> row(keep_float ? 0 : static_cast<std::size_t>(k));  // one row at a time, rounded as it is written
+        float* dst = keep_float ? static_cast<float*>(out) : row.data();
+        backward_rows_f32(static_cast<const float*>(a), ga, gb, static_cast<float>(factor), masks, dst, 0, !keep_float, rounded,
+                          begin, stop);
+      },
+      [&](std::int64_t begin, std::int64_t stop) {
+        backward_rows<double>(static_cast<const double*>(a), ga, gb, factor, masks, static_cast<double*>(out), 0, false, nullptr,
+                              begin, stop);
+      });
   return ds;
 }
 

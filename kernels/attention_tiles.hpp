@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "kernels/fast_math.hpp"
-#include "kernels/matmul.hpp"
+#include "kernels/matmul_dnnl.hpp"
 
 namespace tapegrad::detail::tiles {
 

@@ -22,8 +22,9 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "autodiff/loops.hpp"
-#include "autodiff/op_profile.hpp"
-#include "kernels/matmul.hpp"
+#include "autodiff/tape_observer.hpp"
+#include "kernels/matmul_dnnl.hpp"
+#include "kernels/matmul_rows.hpp"
 #include "kernels/rounded_copy.hpp"
 #include "runtime/cpu.hpp"
 #include "runtime/parallel.hpp"
@@ -621,7 +622,7 @@ int dnnl_threads_for(double macs) noexcept {
 }
 
 void matmul_dnnl(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
-  const ProductTimer timer;
+  const ObservedProduct observed;
   const std::size_t rank = c.shape().size();
   if (!bf16 && on_rows(a, c)) return matmul_rows(a, b, c);
   if (rank <= DNNL_MAX_NDIMS) return run(a, b, c, bf16);
@@ -648,7 +649,7 @@ void matmul_dnnl(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
 
 void gemm_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
               std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
-  const ProductTimer timer;
+  const ObservedProduct observed;
   // dnnl_sgemm skips primitive creation and takes a beta, so tiles accumulate in place.
   const dnnl_status_t status = on_chosen_threads(3, trans_a, trans_b, m, n, k, lda, ldb, ldc, [&](std::int64_t i0, std::int64_t i1, std::int64_t j0, std::int64_t j1) {
     return dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', i1 - i0, j1 - j0, k, alpha, trans_a ? a + i0 : a + i0 * lda, lda,
@@ -706,7 +707,7 @@ void round_bf16_weights(const float* src, std::uint16_t* dst, std::int64_t n) no
 
 void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const std::uint16_t* a,
                std::int64_t lda, const std::uint16_t* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
-  const ProductTimer timer;
+  const ObservedProduct observed;
   if (m == 0 || n == 0) return;
   if (k == 0) {
     if (beta == 0)

@@ -15,8 +15,9 @@
 #include <vector>
 
 #include "autodiff/loops.hpp"
-#include "autodiff/op_profile.hpp"
-#include "kernels/matmul.hpp"
+#include "autodiff/tape_observer.hpp"
+#include "kernels/matmul_dnnl.hpp"
+#include "kernels/matmul_f64.hpp"
 #include "runtime/parallel.hpp"
 
 namespace tapegrad::detail {
@@ -153,7 +154,7 @@ void matmul_f64_blocked(const Tensor& a, const Tensor& b, const Tensor& c, std::
 }
 
 void matmul_f64(const Tensor& a_in, const Tensor& b_in, const Tensor& c) {
-  const ProductTimer timer;
+  const ObservedProduct observed;
   one_blas_thread();
   const std::size_t r = c.shape().size();
   const std::int64_t m = c.shape()[r - 2], n = c.shape()[r - 1], k = a_in.shape()[r - 1];

@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "autodiff/loops.hpp"
-#include "kernels/matmul.hpp"
+#include "kernels/matmul_rows.hpp"
 
 namespace tapegrad::detail {
 namespace {

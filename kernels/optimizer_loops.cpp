@@ -7,7 +7,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/matmul.hpp"
+#include "kernels/matmul_dnnl.hpp"
 #include "runtime/cpu.hpp"
 #include "runtime/parallel.hpp"
 

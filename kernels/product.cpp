@@ -1,9 +1,11 @@
 // The product of two operands of rank >= 2 with batch broadcasting, on the back end its dtype
-// takes (kernels/matmul.hpp): what matmul, linear and the attention's plain path compute with.
+// takes: what matmul, linear and the attention's plain path compute with.
 #include <algorithm>
 
 #include "autodiff/loops.hpp"
-#include "kernels/matmul.hpp"
+#include "kernels/matmul_dnnl.hpp"
+#include "kernels/matmul_f64.hpp"
+#include "kernels/product.hpp"
 
 namespace tapegrad::detail {
 namespace {
@@ -46,10 +48,13 @@ Tensor product(const Tensor& a_in, const Tensor& b_in, bool bf16) {
     b = fit_batch(b, a);
   }
   Tensor c = new_tensor(shape, a.dtype(), "matmul");
-  if (a.dtype() == DType::float64) matmul_f64(a, b, c);
-  else matmul_dnnl(a, b, c, bf16);
+  product_into(a, b, c, bf16);
   return c;
 }
 
+void product_into(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16) {
+  if (a.dtype() == DType::float64) matmul_f64(a, b, c);
+  else matmul_dnnl(a, b, c, bf16);
+}
 
 }  // namespace tapegrad::detail

@@ -8,7 +8,7 @@
 #include <new>
 
 #include "autodiff/tensor_impl.hpp"
-#include "kernels/matmul.hpp"
+#include "kernels/matmul_dnnl.hpp"
 #include "runtime/block_cache.hpp"
 #include "runtime/parallel.hpp"
 

@@ -1,6 +1,5 @@
-// Internal: the masked softmax kernels, shared by the masked_softmax op and the attention core
-// (which records one node for the whole attention and calls these directly), and the row
-// pieces that log_softmax and cross_entropy build on.
+// Internal: the softmax of one row, in pieces that the row kernels of masked_softmax
+// (softmax.cpp), log_softmax, cross_entropy and the attention core build on.
 #pragma once
 
 #include <algorithm>
@@ -10,19 +9,10 @@
 #include <limits>
 #include <type_traits>
 
-#include "autodiff/loops.hpp"
 #include "kernels/fast_math.hpp"
+#include "kernels/rows.hpp"
 
 namespace tapegrad::detail {
-
-// Checks (scores floating, allowed bool and broadcastable to scores without enlarging it) and
-// names `op` and the arguments in any error.
-void check_softmax_args(const char* op, const char* scores_name, const Tensor& scores, const char* allowed_name,
-                        const Tensor& allowed);
-// A fresh contiguous tensor of the weights; records nothing.
-Tensor masked_softmax_forward(const Tensor& scores, const Tensor& allowed);
-// dS = A * (dA - rowsum(A * dA)) for contiguous A; dA may have any layout. Records nothing.
-Tensor masked_softmax_backward(const Tensor& weights, const Tensor& grad_weights);
 
 // The row rules: a row's maximum skips NaN scores (a NaN still reaches the row's sums), and a
 // row with no allowed entry, or only -inf allowed scores, is empty: softmax gives it zeros,
@@ -61,47 +51,8 @@ template <class F> [[gnu::always_inline]] inline auto simd_sum(std::int64_t n, F
 // A bool mask read as bytes: GCC vectorises a select on a byte load, not on a bool load.
 inline const unsigned char* as_bytes(const bool* p) noexcept { return reinterpret_cast<const unsigned char*>(p); }
 
-// Where each row of a tensor read as `shape` ([..., Q, K], broadcasting) starts, and the stride
-// along K. Rows of a contiguous tensor of that shape start every K elements; other layouts
-// unravel the row number over [..., Q].
-struct RowPointers {
-  const std::byte* base = nullptr;
-  Shape shape;
-  Dims8 strides;
-  std::int64_t k = 0, stride = 0;
-  bool packed = false;
-  std::int64_t first = 0;  // packed: the row that base holds (a buffer of a block of rows)
-
-  RowPointers(const Tensor& t, const Shape& shape_) : shape(shape_), k(shape_.back()) {
-    if (!t.defined()) return;
-    base = static_cast<const std::byte*>(t.raw_data());
-    packed = t.shape() == shape && t.is_contiguous();
-    strides = broadcast_strides(t, shape);
-    stride = strides[shape.size() - 1];
-  }
-  // Rows first, first + 1, ... of `shape`, packed at `rows` (row stride K).
-  template <class T> static RowPointers block(const T* rows, const Shape& shape_, std::int64_t first_row) {
-    RowPointers p(Tensor(), shape_);
-    p.base = reinterpret_cast<const std::byte*>(rows);
-    p.packed = true;
-    p.stride = 1;
-    p.first = first_row;
-    return p;
-  }
-  template <class T> const T* row(std::int64_t r) const noexcept {
-    if (base == nullptr) return nullptr;
-    if (packed) return reinterpret_cast<const T*>(base) + (r - first) * k;
-    std::int64_t offset = 0;
-    for (std::size_t d = shape.size() - 1; d-- > 0;) {
-      offset += (r % shape[d]) * strides[d];
-      r /= shape[d];
-    }
-    return reinterpret_cast<const T*>(base) + offset;
-  }
-};
-
-// The softmax of one row, in three pieces below: load_row, softmax_loaded, or both at once in
-// softmax_in_place. Over the allowed keys of a[0, end); a[end, k) and the other keys get 0.
+// The softmax of one row, in two pieces below: load_row, then softmax_loaded. Over the allowed
+// keys of a[0, end); a[end, k) and the other keys get 0.
 // The row rules above: NaN scores are skipped by the maximum but propagate, and a row with
 // no allowed key or only -inf allowed scores is all zeros. The keys that the mask forbids are
 // first set to -inf, so that the loops after it are plain float loops (they vectorise): -inf
@@ -196,14 +147,6 @@ template <class T, class Allowed>
     for (std::int64_t j = 0; j < stop; ++j) a[j] = ok(j) ? a[j] * inv : T(0);
   std::fill(a + stop, a + k, T(0));
   return z;
-}
-
-// Softmax in place over the allowed keys of a[0, end) (dense: all of them).
-template <class T, class Allowed>
-[[gnu::always_inline]] inline void softmax_in_place(T* a, std::int64_t end, std::int64_t k, bool dense, Allowed allowed) {
-  const RowMax<T> max = dense ? load_row(a, end, [&](std::int64_t j) { return a[j]; })
-                              : load_row(a, end, [&](std::int64_t j) { return select(allowed(j), a[j]); });
-  softmax_loaded(a, end, k, max, allowed);
 }
 
 // One row of the softmax backward, out = factor * A * (dA - sum(A * dA)) over [0, end), with

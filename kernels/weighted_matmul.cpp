@@ -13,7 +13,8 @@
 #include <type_traits>
 
 #include "autodiff/loops.hpp"
-#include "kernels/matmul.hpp"
+#include "kernels/matmul_dnnl.hpp"
+#include "kernels/product.hpp"
 
 namespace tapegrad::detail {
 namespace {

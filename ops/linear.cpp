@@ -7,7 +7,7 @@
 //                                      db = sum over the rows of g
 // Recorded as matmul then add, the backward would also run the add's broadcast reduction
 // (sum_to) and accumulate the product's gradient through an extra node; here each gradient is
-// made once, directly at its input's shape.
+// made once, directly at its input's shape. The bias's loops: kernels/bias_rows.cpp.
 #include "tapegrad/ops/linear.hpp"
 
 #include <algorithm>
@@ -15,7 +15,9 @@
 
 #include "runtime/parallel.hpp"
 #include "ops/op.hpp"
-#include "kernels/matmul.hpp"
+#include "kernels/bias_rows.hpp"
+#include "kernels/matmul_dnnl.hpp"
+#include "kernels/product.hpp"
 #include "tapegrad/ops/matmul.hpp"
 #include "tapegrad/ops/view.hpp"
 
@@ -55,65 +57,12 @@ Tensor as_matrix(const Tensor& t) {
   return make_view(c, {rows, cols}, {cols, 1}, c.offset(), "linear");
 }
 
-// c = a b for 2-D operands of any strides, c fresh and contiguous, every size nonzero.
-void product(const Tensor& a, const Tensor& b, const Tensor& c, MatmulPrecision precision) {
-  if (a.dtype() == DType::float64) matmul_f64(a, b, c);
-  else matmul_dnnl(a, b, c, precision == MatmulPrecision::bfloat16);
-}
-
 // A fresh contiguous tensor of `shape` (whose last dim is b's) holding a b, zeros when K = 0.
 Tensor product_into_new(const Tensor& a, const Tensor& b, const Shape& shape, MatmulPrecision precision) {
   if (a.shape()[0] == 0 || b.shape()[1] == 0 || a.shape()[1] == 0) return zeros(shape, a.dtype());
   Tensor c = new_tensor(shape, a.dtype(), "linear");
-  product(a, b, as_matrix(c), precision);
+  product_into(a, b, as_matrix(c), precision == MatmulPrecision::bfloat16);
   return c;
-}
-
-template <class T> TAPEGRAD_CPU_CLONES void add_to_rows(T* py, const T* pb, std::int64_t r0, std::int64_t r1, std::int64_t cols) {
-  for (std::int64_t r = r0; r < r1; ++r) {
-    T* __restrict row = py + r * cols;
-#pragma omp simd
-    for (std::int64_t j = 0; j < cols; ++j) row[j] += pb[j];
-  }
-}
-
-// y[r, :] += b for every row of the contiguous [rows, cols] y.
-void add_rows(const Tensor& y, const Tensor& bias) {
-  const std::int64_t rows = y.shape()[0], cols = y.shape()[1];
-  if (rows * cols == 0) return;
-  const Tensor b = bias.is_contiguous() ? bias : copy_of(bias);
-  visit_float(y.dtype(), "linear", [&]<class T>(Tag<T>) {
-    T* py = static_cast<T*>(mutable_data(y));
-    const T* pb = static_cast<const T*>(b.raw_data());
-    parallel_for(rows, cols, [&](std::int64_t r0, std::int64_t r1) { add_to_rows<T>(py, pb, r0, r1, cols); });
-  });
-}
-
-// acc[j] += pg[r * stride + j] for every row r, in row order, for j < cols.
-template <class T>
-TAPEGRAD_CPU_CLONES void sum_rows(double* __restrict acc, const T* pg, std::int64_t rows, std::int64_t cols, std::int64_t stride) {
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const T* __restrict row = pg + r * stride;
-#pragma omp simd
-    for (std::int64_t j = 0; j < cols; ++j) acc[j] += static_cast<double>(row[j]);
-  }
-}
-
-// The column sums of the contiguous [rows, cols] g, accumulated in double. The columns are split
-// over the threads; each is summed over the rows in order, so any split gives the same bits.
-Tensor column_sums(const Tensor& g, const Shape& shape) {
-  const std::int64_t rows = g.shape()[0], cols = g.shape()[1];
-  std::vector<double> acc(static_cast<std::size_t>(cols), 0.0);
-  Tensor out = new_tensor(shape, g.dtype(), "linear");
-  visit_float(g.dtype(), "linear", [&]<class T>(Tag<T>) {
-    const T* pg = static_cast<const T*>(g.raw_data());
-    T* po = static_cast<T*>(mutable_data(out));
-    parallel_for(cols, rows, [&](std::int64_t j0, std::int64_t j1) {
-      sum_rows<T>(acc.data() + j0, pg + j0, rows, j1 - j0, cols);
-      for (std::int64_t j = j0; j < j1; ++j) po[j] = static_cast<T>(acc[static_cast<std::size_t>(j)]);
-    });
-  });
-  return out;
 }
 
 // The multiply-adds of x w (rows [M, K], w [K, N]), capped where they no longer matter.
@@ -159,7 +108,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, MatmulP
   out_shape.back() = weight.shape()[1];
   const Tensor rows = as_matrix(x);
   Tensor y = product_into_new(rows, weight, out_shape, precision);
-  if (bias.defined()) add_rows(as_matrix(y), bias);
+  if (bias.defined()) add_bias_rows(as_matrix(y), bias);
   // dx = g w^T, dw = x^T g (all rows), db = column sums of g
   record("linear", {x, weight, bias}, y, {x, weight},
          [x, rows, weight, precision, x_shape = x.shape(), b_shape = bias.defined() ? bias.shape() : Shape{}](
@@ -179,7 +128,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, MatmulP
              if (needs[0]) dx();
              if (needs[1]) dw();
            }
-           if (needs[2]) grads[2] = column_sums(g2, b_shape);
+           if (needs[2]) grads[2] = bias_gradient(g2, b_shape);
            return grads;
          });
   return y;

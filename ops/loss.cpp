@@ -5,19 +5,16 @@
 //   loss = (1 - eps) (lse - s_t) + eps mean_c(lse - s_c)
 //   dloss/ds_c = (1 - eps) (p_c - [c = t]) + eps (p_c - 1/C) = p_c - q_c,
 //   q_c = (1 - eps) [c = t] + eps / C   (the smoothed one-hot, which sums to 1)
-// The node keeps the logits and m and log Z per row, so the backward is one pass per row; rows
-// run in parallel, float32 rows on vectorised loops (exp as the softmax's, sums in double).
+// The node keeps the logits and m and log Z per row, so the backward is one pass per row (the
+// row loops: kernels/cross_entropy.cpp).
 #include "tapegrad/ops/loss.hpp"
 
 #include <cmath>
 #include <limits>
 #include <memory>
-#include <type_traits>
 
 #include "ops/op.hpp"
-#include "kernels/softmax_rows.hpp"
-#include "runtime/cpu.hpp"
-#include "runtime/parallel.hpp"
+#include "kernels/cross_entropy.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/reduction.hpp"
 #include "tapegrad/ops/view.hpp"
@@ -58,88 +55,7 @@ Tensor check_cross_entropy_args(const Tensor& logits, const Tensor& targets, con
   return t;
 }
 
-// Rows of C classes cost about this many units per class (an exp and a few passes).
-constexpr std::int64_t kRowCost = 8;
-
-// Per row, what the forward computed: the maximum m and log Z = log sum_c exp(s_c - m), so that
-// the backward's p_c = exp((s_c - m) - log Z) subtracts the large terms first.
-struct RowLse {
-  double m = 0, log_z = 0;
-};
-
-// Per row r of contiguous targets: loss[r] (0 where ignored) and lse[r]; rows [begin, stop).
-// The maximum skips NaN (which then reaches Z); the sums are in double over 16 lanes.
-template <class T, class At>
-[[gnu::always_inline]] inline void loss_row(std::int64_t classes, At s, std::int64_t t, double eps, double& loss, RowLse& lse) {
-  constexpr T kMinusInf = -std::numeric_limits<T>::infinity();
-  T m = kMinusInf;
-#pragma omp simd reduction(max : m)
-  for (std::int64_t c = 0; c < classes; ++c) m = s(c) > m ? s(c) : m;
-  if (!(m > std::numeric_limits<T>::lowest())) {  // nothing above -FLT_MAX: the exact maximum, -inf included
-    m = kMinusInf;
-    for (std::int64_t c = 0; c < classes; ++c) m = s(c) > m ? s(c) : m;
-  }
-  const double log_z = std::log(simd_sum(classes, [&](std::int64_t c) { return static_cast<double>(softmax_exp<T>(s(c) - m)); }));
-  lse = {static_cast<double>(m), log_z};
-  // lse - s_c = log Z - (s_c - m): the large terms cancel before they meet.
-  loss = (1.0 - eps) * (log_z - (static_cast<double>(s(t)) - static_cast<double>(m)));
-  if (eps > 0) {  // skipped at eps = 0, where a -inf logit elsewhere must not turn 0 * inf into NaN
-    const double shifted = simd_sum(classes, [&](std::int64_t c) { return static_cast<double>(s(c)) - static_cast<double>(m); });
-    loss += eps * (log_z - shifted / static_cast<double>(classes));
-  }
-}
-
-// d_c = (p_c - q_c) w for one counted row, q the smoothed one-hot of t.
-template <class T, class At>
-[[gnu::always_inline]] inline void loss_row_backward(std::int64_t classes, At s, std::int64_t t, double eps, RowLse lse, double w, T* d) {
-  const T m = static_cast<T>(lse.m), log_z = static_cast<T>(lse.log_z), wt = static_cast<T>(w);
-  const T smooth = static_cast<T>(eps / static_cast<double>(classes));
-  for (std::int64_t c = 0; c < classes; ++c) d[c] = (softmax_exp<T>((s(c) - m) - log_z) - smooth) * wt;
-  const double p_t = std::exp((static_cast<double>(s(t)) - lse.m) - lse.log_z);
-  d[t] = convert<T>((p_t - eps / static_cast<double>(classes) - (1.0 - eps)) * w);
-}
-
-template <class T>
-[[gnu::always_inline]] inline void loss_rows(const RowPointers& x, const std::int64_t* ids, const CrossEntropyOptions& o, double* loss,
-                                             RowLse* lse, std::int64_t begin, std::int64_t stop) {
-  for (std::int64_t r = begin; r < stop; ++r) {
-    loss[r] = 0;
-    lse[r] = {};
-    if (ids[r] == o.ignore_index) continue;
-    const T* s = x.row<T>(r);
-    if (const std::int64_t ss = x.stride; ss == 1) loss_row<T>(x.k, [s](std::int64_t c) { return s[c]; }, ids[r], o.label_smoothing, loss[r], lse[r]);
-    else loss_row<T>(x.k, [s, ss](std::int64_t c) { return s[c * ss]; }, ids[r], o.label_smoothing, loss[r], lse[r]);
-  }
-}
-
-template <class T>
-[[gnu::always_inline]] inline void loss_rows_backward(const RowPointers& x, const std::int64_t* ids, const CrossEntropyOptions& o,
-                                                      const RowLse* lse, const double* w, bool per_row, T* dx, std::int64_t begin,
-                                                      std::int64_t stop) {
-  for (std::int64_t r = begin; r < stop; ++r) {
-    T* d = dx + r * x.k;
-    if (ids[r] == o.ignore_index) {  // exact zeros, whatever the upstream gradient of this row
-      std::fill_n(d, x.k, T(0));
-      continue;
-    }
-    const T* s = x.row<T>(r);
-    const double wr = w[per_row ? r : 0];
-    if (const std::int64_t ss = x.stride; ss == 1)
-      loss_row_backward<T>(x.k, [s](std::int64_t c) { return s[c]; }, ids[r], o.label_smoothing, lse[r], wr, d);
-    else
-      loss_row_backward<T>(x.k, [s, ss](std::int64_t c) { return s[c * ss]; }, ids[r], o.label_smoothing, lse[r], wr, d);
-  }
-}
-
-// float32 compiled for each vector width, picked at run time for the CPU at hand.
-TAPEGRAD_CPU_CLONES void loss_rows_f32(const RowPointers& x, const std::int64_t* ids, const CrossEntropyOptions& o, double* loss, RowLse* lse,
-                                       std::int64_t begin, std::int64_t stop) {
-  loss_rows<float>(x, ids, o, loss, lse, begin, stop);
-}
-TAPEGRAD_CPU_CLONES void loss_rows_backward_f32(const RowPointers& x, const std::int64_t* ids, const CrossEntropyOptions& o, const RowLse* lse,
-                                                const double* w, bool per_row, float* dx, std::int64_t begin, std::int64_t stop) {
-  loss_rows_backward<float>(x, ids, o, lse, w, per_row, dx, begin, stop);
-}
+TargetRule rule_of(const CrossEntropyOptions& o) { return {o.ignore_index, o.label_smoothing}; }
 
 struct RowLosses {
   std::vector<double> loss;             // per row, 0 where ignored
@@ -147,39 +63,13 @@ struct RowLosses {
   std::int64_t counted = 0;             // rows not ignored
 };
 
-RowLosses cross_entropy_rows(const Tensor& logits, const Tensor& targets, const CrossEntropyOptions& o) {
-  const std::int64_t rows = targets.numel(), classes = logits.shape().back();
+RowLosses row_losses(const Tensor& logits, const Tensor& targets, const CrossEntropyOptions& o) {
+  const std::int64_t rows = targets.numel();
   RowLosses out{std::vector<double>(static_cast<std::size_t>(rows), 0.0), std::make_shared<std::vector<RowLse>>(static_cast<std::size_t>(rows)), 0};
   const auto* ids = static_cast<const std::int64_t*>(targets.raw_data());
   for (std::int64_t r = 0; r < rows; ++r) out.counted += ids[r] != o.ignore_index;
-  const RowPointers x(logits, logits.shape());
-  visit_float(logits.dtype(), "cross_entropy", [&]<class T>(Tag<T>) {
-    parallel_for(rows, classes * kRowCost, [&](std::int64_t begin, std::int64_t stop) {
-      if constexpr (std::is_same_v<T, float>) loss_rows_f32(x, ids, o, out.loss.data(), out.lse->data(), begin, stop);
-      else loss_rows<T>(x, ids, o, out.loss.data(), out.lse->data(), begin, stop);
-    });
-  });
+  cross_entropy_rows(logits, targets, rule_of(o), out.loss.data(), out.lse->data());
   return out;
-}
-
-// dlogits = (p - q) * w per counted row, w = g (or g[r] for none) * scale; zeros on ignored rows.
-Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const std::vector<RowLse>& lse,
-                              const CrossEntropyOptions& o, double scale, const Tensor& grad) {
-  Tensor dx = new_tensor(logits.shape(), logits.dtype());
-  const std::int64_t rows = targets.numel(), classes = logits.shape().back();
-  const bool per_row = o.reduction == Reduction::none;
-  std::vector<double> w = grad.to_vector<double>();
-  for (double& x : w) x *= scale;
-  const auto* ids = static_cast<const std::int64_t*>(targets.raw_data());
-  const RowPointers x(logits, logits.shape());
-  visit_float(logits.dtype(), "cross_entropy", [&]<class T>(Tag<T>) {
-    T* pd = static_cast<T*>(mutable_data(dx));
-    parallel_for(rows, classes * kRowCost, [&](std::int64_t begin, std::int64_t stop) {
-      if constexpr (std::is_same_v<T, float>) loss_rows_backward_f32(x, ids, o, lse.data(), w.data(), per_row, pd, begin, stop);
-      else loss_rows_backward<T>(x, ids, o, lse.data(), w.data(), per_row, pd, begin, stop);
-    });
-  });
-  return dx;
 }
 
 // The same gradient in recorded ops, for a create_graph pass: the softmax again from the logits
@@ -215,7 +105,7 @@ Tensor recorded_cross_entropy_backward(const Tensor& logits, const Tensor& targe
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, const CrossEntropyOptions& options) {
   const Tensor ids = check_cross_entropy_args(logits, targets, options);
-  RowLosses rows = cross_entropy_rows(logits, ids, options);
+  RowLosses rows = row_losses(logits, ids, options);
   double total = 0;
   for (double l : rows.loss) total += l;
   // mean over the counted rows; 0 (not 0/0) when there are none
@@ -230,7 +120,10 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, const CrossEnt
   record("cross_entropy", {logits}, out, {logits, ids},
          [logits, ids, lse = rows.lse, options, scale](std::span<const Tensor> g, const std::vector<bool>&) {
            if (creating_graph()) return std::vector<Tensor>{recorded_cross_entropy_backward(logits, ids, *lse, options, scale, g[0])};
-           return std::vector<Tensor>{cross_entropy_backward(logits, ids, *lse, options, scale, g[0])};
+           std::vector<double> w = g[0].to_vector<double>();
+           for (double& x : w) x *= scale;
+           return std::vector<Tensor>{
+               cross_entropy_backward(logits, ids, rule_of(options), lse->data(), w.data(), options.reduction == Reduction::none)};
          });
   return out;
 }

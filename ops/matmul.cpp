@@ -1,6 +1,7 @@
 // matmul: validation, the node and its backward (the product itself: kernels/product.cpp).
 #include "ops/op.hpp"
-#include "kernels/matmul.hpp"
+#include "kernels/product.hpp"
+#include "kernels/matmul_dnnl.hpp"
 #include "tapegrad/ops/matmul.hpp"
 #include "tapegrad/ops/view.hpp"
 

@@ -1,17 +1,20 @@
-# The include check can fail: a tree with one layer reaching into kernels/, one kernel into ops/
-# and an op calling OpenBLAS itself must be refused, naming the three files.
+# The include check can fail: a tree with one layer reaching into kernels/, one kernel into ops/,
+# an op calling OpenBLAS itself and an op building a loop for several CPUs (runtime/cpu.hpp)
+# must be refused, naming the four files.
 #   cmake -DCHECKER=tools/check_includes.cmake -DWORK=<scratch dir> -P check_house_rules.cmake
 file(REMOVE_RECURSE "${WORK}")
-file(WRITE "${WORK}/layers/bad_layer.cpp" "#include \"kernels/matmul.hpp\"\n#include \"tapegrad/ops/matmul.hpp\"\n")
+file(WRITE "${WORK}/layers/bad_layer.cpp" "#include \"kernels/product.hpp\"\n#include \"tapegrad/ops/matmul.hpp\"\n")
 file(WRITE "${WORK}/kernels/bad_kernel.cpp" "#include \"ops/op.hpp\"\n#include \"autodiff/loops.hpp\"\n")
 file(WRITE "${WORK}/ops/bad_blas.cpp" "#include <cblas.h>\n#include <vector>\n")
-file(WRITE "${WORK}/ops/fine.cpp" "#include \"kernels/matmul.hpp\"\n#include \"runtime/parallel.hpp\"\n")
+file(WRITE "${WORK}/ops/bad_clones.cpp" "#include \"runtime/cpu.hpp\"\n#include \"ops/op.hpp\"\n")
+file(WRITE "${WORK}/ops/fine.cpp" "#include \"kernels/product.hpp\"\n#include \"runtime/parallel.hpp\"\n")
 execute_process(COMMAND ${CMAKE_COMMAND} -DROOT=${WORK} -P ${CHECKER} RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_VARIABLE out)
 if(rc EQUAL 0)
-  message(FATAL_ERROR "the include check accepted a layer that includes kernels/matmul.hpp")
+  message(FATAL_ERROR "the include check accepted a layer that includes kernels/product.hpp")
 endif()
-foreach(expected "layers/bad_layer.cpp: includes kernels/matmul.hpp" "kernels/bad_kernel.cpp: includes ops/op.hpp"
-                 "ops/bad_blas.cpp: includes cblas.h (OpenBLAS is called from kernels/matmul_f64.cpp alone)" "3 include(s)")
+foreach(expected "layers/bad_layer.cpp: includes kernels/product.hpp" "kernels/bad_kernel.cpp: includes ops/op.hpp"
+                 "ops/bad_blas.cpp: includes cblas.h (OpenBLAS is called from kernels/matmul_f64.cpp alone)"
+                 "ops/bad_clones.cpp: includes runtime/cpu.hpp, which ops may not" "4 include(s)")
   string(FIND "${err}" "${expected}" at)
   if(at EQUAL -1)
     message(FATAL_ERROR "the include check's report lacks '${expected}':\n${err}")

@@ -8,7 +8,10 @@
 #include <thread>
 
 #include "autodiff/tensor_impl.hpp"
-#include "kernels/matmul.hpp"
+#include "kernels/matmul_dnnl.hpp"
+#include "kernels/matmul_f64.hpp"
+#include "kernels/matmul_rows.hpp"
+#include "kernels/product.hpp"
 #include "kernels/rounded_copy.hpp"
 #include "reference.hpp"
 #include "support.hpp"

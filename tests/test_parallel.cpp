@@ -18,7 +18,7 @@
 #include "runtime/parallel.hpp"
 #include "runtime/thread_choice.hpp"
 #include "runtime/thread_pool.hpp"
-#include "kernels/matmul.hpp"
+#include "kernels/matmul_dnnl.hpp"
 
 extern "C" void omp_set_num_threads(int n);  // libgomp, which oneDNN runs on
 

@@ -5,7 +5,7 @@
 #include <optional>
 #include <set>
 
-#include "autodiff/node.hpp"
+#include "autodiff/saved_versions.hpp"
 
 namespace tg_test {
 namespace tg = tapegrad;

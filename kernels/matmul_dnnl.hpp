@@ -1,7 +1,6 @@
-// Internal: the two matmul back ends. Both compute c = a @ b for operands of equal rank r >= 2
-// whose batch dims (all but the last two) are either equal to c's or 1 (broadcast); a is
-// [..., M, K], b is [..., K, N], c is a fresh contiguous [..., M, N]. M, N, K and the batch
-// are all nonzero.
+// Internal: every oneDNN call (matmul_dnnl.cpp, the only file that sees oneDNN): float32 and
+// bfloat16 products, the gemms the fused attention multiplies its tiles with, and the bfloat16
+// rounding of their operands.
 #pragma once
 
 #include <bit>
@@ -13,14 +12,11 @@
 
 namespace tapegrad::detail {
 
-// a @ b for a [..., M, K] and b [..., K, N] of one floating dtype (checked by the caller), batch
-// dims broadcast (ShapeError "matmul: ..." when they do not, or the result is too large): a
-// fresh contiguous result. float64 on matmul_f64, float32 on matmul_dnnl (bfloat16 products
-// with bf16), which hands small ones to matmul_rows. Records nothing.
-Tensor product(const Tensor& a, const Tensor& b, bool bf16);
-
-// float32 on oneDNN; with `bf16` the operands are rounded to bfloat16 first and accumulated in
-// float32. The only file that sees oneDNN. Small single-row products go to matmul_rows instead.
+// c = a @ b for operands of equal rank r >= 2 whose batch dims (all but the last two) are either
+// equal to c's or 1 (broadcast); a is [..., M, K], b is [..., K, N], c is a fresh contiguous
+// [..., M, N]. M, N, K and the batch are all nonzero. float32; with `bf16` the operands are
+// rounded to bfloat16 first and accumulated in float32. Small single-row products go to
+// matmul_rows instead.
 void matmul_dnnl(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16);
 
 // Whether dims of these sizes and strides fill one dense block in some order of the dims (size-1
@@ -35,7 +31,7 @@ bool dnnl_bf16_native() noexcept;
 void gemm_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
               std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc);
 
-// The bfloat16 pieces of the attention core's products (layers/attention*.cpp), which round each
+// The bfloat16 pieces of the attention core's products (kernels/attention_*.cpp), which round each
 // operand once per call rather than once per product. bfloat16 bits are uint16_t.
 //
 // Rounds a [rows, cols] float32 block (row stride ld) to nearest-even bfloat16 into dense dst,
@@ -75,16 +71,5 @@ std::int64_t dnnl_primitives_created() noexcept;
 // The threads oneDNN gets for a product of `macs` multiply-adds: 1 below a few hundred
 // microseconds of work, then up to num_threads().
 int dnnl_threads_for(double macs) noexcept;
-
-// float32 as plain loops, one row of c at a time: for one row per matrix (a is [..., 1, K]) no
-// primitive is created for each new N or K (KV-cache decoding meets a new K at every step), and
-// for tiny products the loops cost less than a call into oneDNN.
-void matmul_rows(const Tensor& a, const Tensor& b, const Tensor& c);
-
-// float64 on OpenBLAS's dgemm, split for threads as float32 products are.
-void matmul_f64(const Tensor& a, const Tensor& b, const Tensor& c);
-// What it does for sizes past dgemm's int (tensors of many GiB, or views): blocks of at most
-// `block` in each dim, packed into dense buffers, the blocks along K summed in order.
-void matmul_f64_blocked(const Tensor& a, const Tensor& b, const Tensor& c, std::int64_t block);
 
 }  // namespace tapegrad::detail

@@ -2,6 +2,7 @@
 #include "kernels/attention_paths.hpp"
 
 #include "autodiff/check.hpp"
+#include "autodiff/saved_output.hpp"
 
 namespace tapegrad::detail {
 namespace {
@@ -46,9 +47,12 @@ AttentionRun run_attention(AttentionPath path, const AttentionArgs& a, const Sha
     case AttentionPath::pipelined: return attention_pipelined(a, scores_shape, masks, scale, bf16, true, block_rows);
     case AttentionPath::fused_blocks: return attention_pipelined(a, scores_shape, masks, scale, bf16, false, block_rows);
     case AttentionPath::tiles: return flash_attention(a, scores_shape, masks, bf16);
-    case AttentionPath::weights: break;
+    case AttentionPath::weights: return attention_weights(a, scores_shape, masks, scale);
+    case AttentionPath::reference: break;
   }
-  throw std::logic_error("run_attention: the weights path runs in ops/attention.cpp");
+  throw std::logic_error("run_attention: the reference runs in ops/attention_reference.cpp");
 }
+
+AttentionPath attention_backward_path(AttentionPath forward) { return creating_graph() ? AttentionPath::reference : forward; }
 
 }  // namespace tapegrad::detail

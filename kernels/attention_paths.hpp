@@ -1,7 +1,7 @@
 // Internal: attention's fast paths, and the one function that says when each pays.
-// ops/attention.cpp runs the plain weights path itself (the reference every fast path is tested
-// against) and records the tape node for all of them; a fast path here computes the forward and,
-// given the upstream gradients, the backward's gradients, recording nothing.
+// ops/attention_reference.cpp is the reference every fast path is tested against, and
+// ops/attention.cpp records the tape node for all of them; a fast path here computes the forward
+// and, given the upstream gradients, the backward's gradients, recording nothing.
 #pragma once
 
 #include <cstdint>
@@ -34,7 +34,8 @@ inline Shape with_matrix(const Shape& batch, std::int64_t rows, std::int64_t col
 }
 
 enum class AttentionPath {
-  weights,         // whole-tensor products and softmax passes (ops/attention.cpp): the reference
+  reference,       // the computation as written down, in ops (ops/attention_reference.cpp): chosen only to be tested
+  weights,         // whole-tensor products and one fused pass over the scores each way (attention_weights.cpp)
   weights_bf16,    // the same steps on bfloat16 products (attention_bf16.cpp)
   pipelined,       // the weights path in blocks of query rows that stay in cache (attention_pipeline.cpp)
   tiles,           // fused: an online softmax over tiles of keys, no weights kept (attention_flash.cpp)
@@ -48,6 +49,9 @@ enum class AttentionPath {
 // float32 scores when the bias needs no gradient (dbias would make the blocks hold dS whole).
 // `bf16`: float32 operands under a bfloat16 matmul precision.
 AttentionPath attention_path(const AttentionArgs& args, const Shape& scores_shape, const RowMasks& masks, bool bf16);
+// The backward a node of path `forward` runs: its own, or in a create_graph pass the reference's,
+// whose every line is an op that records (the fast paths' kernels have no differentiable form).
+AttentionPath attention_backward_path(AttentionPath forward);
 
 // A fast path's gradients of q, k, v and the bias, as the node's backward finishes them: dq, dk
 // and dv in the scores' batch shape [batch..., rows, width] (summed to each input's own shape
@@ -79,12 +83,13 @@ struct AttentionRun {
   std::shared_ptr<const AttentionBackward> backward;
 };
 
-// Runs a fast path (not `weights`) on validated arguments, their masks and 1/sqrt(D).
+// Runs a fast path (not the reference) on validated arguments, their masks and 1/sqrt(D).
 // block_rows > 0: the pipelined paths' blocks of that many rows (tests ask for small ones).
 AttentionRun run_attention(AttentionPath path, const AttentionArgs& args, const Shape& scores_shape, const RowMasks& masks, double scale,
                            bool bf16, std::int64_t block_rows = 0);
 
 // The fast paths, one file each.
+AttentionRun attention_weights(const AttentionArgs& args, const Shape& scores_shape, const RowMasks& masks, double scale);
 AttentionRun attention_bf16(const AttentionArgs& args, const Shape& scores_shape, const RowMasks& masks, double scale);
 AttentionRun attention_pipelined(const AttentionArgs& args, const Shape& scores_shape, const RowMasks& masks, double scale, bool bf16,
                                  bool keep_weights, std::int64_t block_rows);

@@ -1,25 +1,11 @@
-// scaled_dot_product_attention, attention and causal_mask. One attention call is one tape node;
-// its backward, derived in docs/gradients.md, walks the forward in reverse:
-//   forward                          backward
-//   S = q k^T / sqrt(D) (+ bias)     dq = dS k / sqrt(D),  dk = dS^T q / sqrt(D),  dbias = dS
-//   A = masked_softmax(S, mask)      dS = A * (dA - rowsum(A * dA))
-//   O = A v                          dA = dO v^T + (upstream gradient of A),  dv = A^T dO
-// This file computes it plainly (weights_path below): whole-tensor products, and one pass over
-// the scores for the scaling, the bias, the mask (asked for row by row, never materialised) and
-// the softmax. That is the reference. Larger shapes, bfloat16 products and calls that need no
-// weights take a fast path of kernels/ (attention_paths.hpp says which pays when), tested
-// against this one; every path records its node here.
-// Masked keys and empty rows have weights exactly 0, and so have their dS. The four products by
-// A or dS (O, dv, dq, dk) are weighted_matmul, where a zero weight contributes nothing: a NaN or
-// inf in a masked key's k or v, or in an empty row's q, cannot reach any output or gradient
-// (a plain matmul would add 0 * NaN = NaN). dA = dO v^T needs no such care: it is NaN at a masked
-// key whose v is, but the softmax backward never reads dA where A = 0.
+// scaled_dot_product_attention, attention and causal_mask: validation, the choice of path (one
+// function, attention_path, says which pays when) and the tape node of each call. The reference,
+// the computation as it is written down with its backward beside it, is attention_reference.cpp;
+// the fast paths are kernels/attention_*.cpp, each tested against it. Whatever the path, the
+// node's backward in a create_graph pass is the reference's, whose lines record.
 #include <array>
 #include <cmath>
 
-#include "kernels/attention_alibi.hpp"
-#include "kernels/attention_softmax.hpp"
-#include "kernels/weighted_matmul.hpp"
 #include "ops/attention_core.hpp"
 #include "ops/attention_masking.hpp"
 #include "ops/op.hpp"
@@ -73,73 +59,52 @@ Shape check_attention(const AttentionArgs& a) {
 
 namespace {
 
-// The plain path, as the table above says it.
-AttentionResult weights_path(const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks, double scale) {
-  Tensor weights, output;
-  {
-    NoGradGuard no_grad;  // the pieces are not recorded: the node below is the whole attention
-    // Exact products: a bfloat16 precision took the branch above (float32), or does not apply (float64).
-    const MatmulPrecisionGuard float32_products(MatmulPrecision::exact);
-    const Tensor scores = matmul(a.q, transpose(a.k, -1, -2));
-    // The weights carry every leading dim of q, k and v (v may have more than q and k); when
-    // they are the scores' own shape, the softmax overwrites the scores in place.
-    weights = scores.shape() == scores_shape ? scores : new_tensor(scores_shape, scores.dtype(), a.op);
-    attention_softmax_forward(scores.shape() == scores_shape ? scores : expand(scores, scores_shape), scale, a.bias, masks,
-                              weights);
-    output = weighted_matmul(weights, a.v);
+// What the reference backward reads beyond the node's saved tensors when it makes the weights
+// again (the bias, ALiBi's slopes and the masks whole, which first-order backwards do not read),
+// with their storage versions when recorded: an in-place write since is refused, as the tape
+// refuses one to a saved tensor.
+class SecondOrderReads {
+ public:
+  SecondOrderReads(const AttentionArgs& a, const RowMasks& masks) {
+    if (a.bias.defined()) read_.emplace_back(a.bias, version_of(a.bias));
+    for (const Tensor& t : masks.tensors()) read_.emplace_back(t, version_of(t));
   }
-  const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias, masks.slopes()};
-  if (!should_record(inputs)) return {output, weights};
-  std::vector<Tensor> outputs{output, weights};
-  record_op(a.op, inputs, outputs,
-            [q = a.q, k = a.k, v = a.v, bias_shape = a.bias.defined() ? a.bias.shape() : Shape{}, A = weights.detach(), masks,
-             scale, a, scores_shape, reads = SecondOrderReads(a, masks)](std::span<const Tensor> g, const std::vector<bool>& needs) {
-              if (creating_graph()) return attention_backward_with_graph(a, scores_shape, masks, scale, reads, g, needs);
-              const Tensor& d_out = g[0];
-              const Tensor& d_weights = g[1];
-              // As in the forward, whatever the precision where backward() runs.
-              const MatmulPrecisionGuard float32_products(MatmulPrecision::exact);
-              std::vector<Tensor> grads(5);
-              // dv = A^T dO
-              if (needs[2] && d_out.defined()) grads[2] = sum_to(weighted_matmul(transpose(A, -1, -2), d_out), v.shape());
-              if (!(needs[0] || needs[1] || wants_raw_ds(needs))) return grads;
-              // dA = dO v^T + upstream dA (read only where A != 0), summed inside the softmax pass
-              const Tensor dA = d_out.defined() ? matmul(d_out, transpose(v, -1, -2)) : Tensor();
-              if (!dA.defined() && !d_weights.defined()) return grads;
-              // The 1/sqrt(D) goes on dS when neither the bias nor the slopes need a gradient (they
-              // read dS itself), else on the [..., Q, D] and [..., K, D] results.
-              const bool raw = wants_raw_ds(needs);
-              const double factor = raw ? 1.0 : scale;
-              const Tensor dS = attention_softmax_backward(A, dA, d_weights, masks, factor);  // zero where masked
-              if (needs[3]) grads[3] = sum_to(dS, bias_shape);
-              if (needs[4]) grads[4] = alibi_slopes_gradient(dS, masks);
-              auto scaled = [&](Tensor t) { return raw ? mul(t, scale) : t; };
-              if (needs[0]) grads[0] = scaled(sum_to(weighted_matmul(dS, k), q.shape()));
-              if (needs[1]) grads[1] = scaled(sum_to(weighted_matmul(transpose(dS, -1, -2), q), k.shape()));
-              return grads;
-            },
-            masks.saved_with({a.q, a.k, a.v, weights}, /*ends_only=*/true));
-  return {outputs[0], outputs[1]};
-}
+  void check(const char* op) const {
+    for (const auto& [t, version] : read_)
+      if (version_of(t) != version)
+        fail<GraphError>("backward of {}: its bias, ALiBi's slopes or a mask (shape {}) was modified in place after {} was recorded (version "
+                         "{}, now {}), so the second-order gradients would be wrong; run backward before updating it, or update a clone()",
+                         op, shape_str(t.shape()), op, version, version_of(t));
+  }
 
-// A fast path's node: its forward has run; the backward hands the upstream gradients to the
-// path and finishes what it returns (the sums over broadcast dims, the factor 1/sqrt(D) where
-// the path left it).
-AttentionResult record_fast(const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks, AttentionRun run, double scale) {
+ private:
+  static std::uint64_t version_of(const Tensor& t) { return t.impl()->storage->version.load(std::memory_order_acquire); }
+  std::vector<std::pair<Tensor, std::uint64_t>> read_;
+};
+
+// A fast path's node: its forward has run. The backward is the one attention_backward_path
+// chooses: the path's own, whose gradients it finishes (the sums over broadcast dims, the factor
+// 1/sqrt(D) where the path left it), or the reference's.
+AttentionResult record_fast(const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks, AttentionRun run, double scale,
+                            AttentionPath path) {
   const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias, masks.slopes()};
   if (!should_record(inputs)) return {run.output, run.weights};
   std::vector<Tensor> outputs{run.output};
   if (run.weights.defined()) outputs.push_back(run.weights);
+  const ReferenceInputs reference{a, scores_shape, masks, scale, run.weights.defined() ? run.weights.detach() : Tensor()};
   record_op(a.op, inputs, outputs,
-            [backward = run.backward, shapes = std::array<Shape, 4>{a.q.shape(), a.k.shape(), a.v.shape(), a.bias.defined() ? a.bias.shape() : Shape{}},
-             scale, a, scores_shape = scores_shape, masks, reads = SecondOrderReads(a, masks)](std::span<const Tensor> g,
-                                                                                        const std::vector<bool>& needs) {
-              if (creating_graph()) return attention_backward_with_graph(a, scores_shape, masks, scale, reads, g, needs);
+            [backward = run.backward, reference, path, reads = SecondOrderReads(a, masks)](std::span<const Tensor> g,
+                                                                                          const std::vector<bool>& needs) {
+              if (attention_backward_path(path) == AttentionPath::reference) {
+                if (!reference.weights.defined()) reads.check(reference.args.op);
+                return reference_backward(reference, g, needs);
+              }
               const AttentionGrads r = (*backward)(g[0], g.size() > 1 ? g[1] : Tensor(), needs);
               auto finish = [&](const Tensor& t, std::size_t i, bool times_scale) {
                 if (!t.defined() || !needs[i]) return Tensor();
-                const Tensor summed = sum_to(t, shapes[i]);
-                return times_scale ? mul(summed, scale) : summed;
+                const Tensor& x = i == 0 ? reference.args.q : i == 1 ? reference.args.k : i == 2 ? reference.args.v : reference.args.bias;
+                const Tensor summed = sum_to(t, x.shape());
+                return times_scale ? mul(summed, reference.scale) : summed;
               };
               return std::vector<Tensor>{finish(r.dq, 0, !r.scaled), finish(r.dk, 1, !r.scaled), finish(r.dv, 2, false),
                                          finish(r.dbias, 3, false), needs[4] ? r.dslopes : Tensor()};
@@ -183,9 +148,10 @@ AttentionResult attention_core(const AttentionArgs& a, const Shape& scores_shape
   if (shape_numel(scores_shape) == 0) return no_scores(a, scores_shape, masks.slopes());
   const bool bf16 = a.q.dtype() == DType::float32 && matmul_precision() == MatmulPrecision::bfloat16;
   const AttentionPath taken = path ? *path : attention_path(a, scores_shape, masks, bf16);
-  AttentionResult r = taken == AttentionPath::weights
-                          ? weights_path(a, scores_shape, masks, scale)
-                          : record_fast(a, scores_shape, masks, run_attention(taken, a, scores_shape, masks, scale, bf16, block_rows), scale);
+  AttentionResult r = taken == AttentionPath::reference
+                          ? reference_attention(a, scores_shape, masks, scale)
+                          : record_fast(a, scores_shape, masks, run_attention(taken, a, scores_shape, masks, scale, bf16, block_rows), scale,
+                                        taken);
   if (!a.need_weights) r.weights = Tensor();  // a short row's weights path made them: dropped, as the fused paths never make them
   return r;
 }

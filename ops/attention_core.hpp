@@ -13,24 +13,22 @@
 
 namespace tapegrad::detail {
 
-// What only a create_graph pass reads (the bias, the masks whole and ALiBi's slopes: first-order
-// backwards read the weights or the rows' ends instead, and declare only those), with their
-// storage versions when recorded. check() refuses an in-place write since, as the tape does for
-// declared tensors.
-class SecondOrderReads {
- public:
-  SecondOrderReads(const AttentionArgs& a, const RowMasks& masks);
-  void check(const char* op) const;
-
- private:
-  std::vector<std::pair<Tensor, std::uint64_t>> read_;
+// What the reference backward needs of a call: its arguments, the scores' shape, its rows,
+// 1/sqrt(D), and the weights when the node returns them (undefined: made again from the inputs).
+struct ReferenceInputs {
+  AttentionArgs args;
+  Shape shape;
+  RowMasks masks;
+  double scale = 1;
+  Tensor weights;
 };
 
-// The node's backward in a create_graph pass (attention_second_order.cpp): gradients of q, k, v,
-// bias and slopes (where `needs`) that can be differentiated again, from the reference composite.
-std::vector<Tensor> attention_backward_with_graph(const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks,
-                                                  double scale, const SecondOrderReads& reads, std::span<const Tensor> g,
-                                                  const std::vector<bool>& needs);
+// The reference (attention_reference.cpp): the computation as written down, one node.
+AttentionResult reference_attention(const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks, double scale);
+// Its backward, every line an op: the node's gradients of q, k, v, bias and slopes where `needs`,
+// from the upstream gradients of the output and (if any) of the weights. Every path's node runs
+// it in a create_graph pass; with A joined to the node or made again, it differentiates again.
+std::vector<Tensor> reference_backward(const ReferenceInputs& in, std::span<const Tensor> g, const std::vector<bool>& needs);
 
 // Validates q, k, v and the bias; returns the scores' shape [..., Q, K].
 Shape check_attention(const AttentionArgs& a);

@@ -31,33 +31,36 @@ void check_softmax_args(const char* op, const char* scores_name, const Tensor& s
                      shape_str(allowed.shape()), scores_name, shape_str(scores.shape()));
 }
 
-}  // namespace detail
-
-namespace {
-using namespace detail;
-
-// The backward in recorded ops, for a create_graph pass; A joined to its node, so the gradient of
-// dS with respect to A goes on through the softmax (docs/gradients.md derives both halves):
-//   P = A * dA',  dA' = dA where A != 0 else 0,   dS = where(A != 0, P - A * rowsum(P), 0)
-// The where()s keep the kernel's rule that an entry with A = 0 reads nothing and gets exactly 0:
-// a non-finite dA there, or a non-finite row sum, cannot make NaN through 0 * inf.
-Tensor recorded_backward(const Tensor& weights, const Tensor& grad_weights) {
-  const Tensor a = output_with_history(weights, 0);
-  const Tensor nonzero = ne(weights, scalar(0.0, weights.dtype()));
-  const Tensor zero = scalar(0.0, weights.dtype());
-  const Tensor p = mul(a, where(nonzero, grad_weights, zero));
-  return where(nonzero, sub(p, mul(a, sum(p, {-1}, /*keepdim=*/true))), zero);
+// Its own gradient, for the upstream gradient G of dS (both halves derived in docs/gradients.md),
+// with r = rowsum(A ⊙ dA) and t = rowsum(A ⊙ G), reading dA and G only where A != 0:
+//   d(dA) = A ⊙ (G − t)                 (the same backward: dS is linear in dA)
+//   dA'   = G ⊙ (dA − r) − dA ⊙ t       (0 where A is 0)
+Tensor softmax_backward(const Tensor& a, const Tensor& da) {
+  Tensor ds = masked_softmax_backward(a, da);
+  record("softmax_backward", {a, da}, ds, {a, da}, [a, da](std::span<const Tensor> g, const std::vector<bool>& needs) {
+    std::vector<Tensor> grads(2);
+    if (needs[1]) grads[1] = sum_to(softmax_backward(a, g[0]), da.shape());
+    if (needs[0]) {
+      const Tensor zero = scalar(0.0, a.dtype()), nonzero = ne(a, zero);
+      const Tensor da_read = where(nonzero, da, zero), g_read = where(nonzero, g[0], zero);
+      const Tensor r = sum(mul(a, da_read), {-1}, /*keepdim=*/true), t = sum(mul(a, g_read), {-1}, /*keepdim=*/true);
+      grads[0] = where(nonzero, sub(mul(g_read, sub(da_read, r)), mul(da_read, t)), zero);
+    }
+    return grads;
+  });
+  return ds;
 }
 
-}  // namespace
+}  // namespace detail
 
 Tensor masked_softmax(const Tensor& scores, const Tensor& allowed) {
+  using namespace detail;
   check_softmax_args("masked_softmax", "scores", scores, "allowed", allowed);
   Tensor a = masked_softmax_forward(scores, allowed);
-  // dS = A * (dA - rowsum(A * dA)); keeps only its output A
+  // dS = A * (dA - rowsum(A * dA)), one formula to every order (A joined to this node in a
+  // create_graph pass); keeps only its output A
   record("masked_softmax", {scores}, a, {a}, [a = a.detach()](std::span<const Tensor> g, const std::vector<bool>&) {
-    if (creating_graph()) return std::vector<Tensor>{recorded_backward(a, g[0])};
-    return std::vector<Tensor>{masked_softmax_backward(a, g[0])};
+    return std::vector<Tensor>{softmax_backward(output_with_history(a, 0), g[0])};
   });
   return a;
 }

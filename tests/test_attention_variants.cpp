@@ -568,9 +568,9 @@ BOOST_DATA_TEST_CASE(float64_gradcheck_on_weights_and_tiles, bdata::make(core_ca
 }
 
 BOOST_DATA_TEST_CASE(create_graph_gradients_equal_the_first_order_ones, bdata::make(core_cases()) * bdata::make(exact_paths()), c, path) {
-  // A create_graph pass runs the composite of attention_second_order.cpp, ALiBi's bias laid over
-  // the heads there. gradgradcheck differentiates that composite against itself, so a slope
-  // given to the wrong head would pass it: the composite's first-order gradients must be the node's.
+  // A create_graph pass runs the reference's backward, ALiBi's bias laid over the heads there.
+  // gradgradcheck differentiates that backward against itself, so a slope given to the wrong head
+  // would pass it: its first-order gradients must be the node's own backward's.
   if (!small(c)) return;
   const CoreProblem p = make_core_problem(c);
   std::vector<Tensor> xs = p.inputs();
@@ -585,8 +585,8 @@ BOOST_DATA_TEST_CASE(create_graph_gradients_equal_the_first_order_ones, bdata::m
 
 BOOST_DATA_TEST_CASE(float64_gradgradcheck_with_slopes, bdata::make(core_cases()) * bdata::make(exact_paths()),
                      c, path) {
-  // The create_graph backward is the composite of attention_second_order.cpp, ALiBi's bias
-  // recorded there: second order in q, k, v, the bias and the slopes.
+  // The create_graph backward is the reference's, ALiBi's bias recorded there: second order in
+  // q, k, v, the bias and the slopes.
   if (!small(c) || !c.alibi) return;
   const CoreProblem p = make_core_problem(c);
   std::vector<Tensor> xs = p.inputs();

@@ -213,5 +213,6 @@ void add_indexing(std::vector<OpInfo>& t);
 void add_losses(std::vector<OpInfo>& t);
 void add_normalization(std::vector<OpInfo>& t);
 void add_rotary(std::vector<OpInfo>& t);
+void add_attention_paths(std::vector<OpInfo>& t);
 
 }  // namespace tg_test::table

@@ -67,7 +67,8 @@ namespace {
 std::vector<OpInfo> build() {
   std::vector<OpInfo> t;
   for (auto add : {table::add_elementwise, table::add_reductions, table::add_views, table::add_softmax, table::add_attention,
-                   table::add_matmul, table::add_indexing, table::add_losses, table::add_normalization, table::add_rotary})
+                   table::add_matmul, table::add_indexing, table::add_losses, table::add_normalization, table::add_rotary,
+                   table::add_attention_paths})
     add(t);
   return t;
 }

@@ -91,20 +91,18 @@ AttentionResult record_fast(const AttentionArgs& a, const Shape& scores_shape, c
   if (!should_record(inputs)) return {run.output, run.weights};
   std::vector<Tensor> outputs{run.output};
   if (run.weights.defined()) outputs.push_back(run.weights);
-  const ReferenceInputs reference{a, scores_shape, masks, scale, run.weights.defined() ? run.weights.detach() : Tensor()};
   record_op(a.op, inputs, outputs,
-            [backward = run.backward, reference, path, reads = SecondOrderReads(a, masks)](std::span<const Tensor> g,
-                                                                                          const std::vector<bool>& needs) {
+            [backward = run.backward, a, scores_shape, masks, scale, weights = run.weights.defined() ? run.weights.detach() : Tensor(), path,
+             reads = SecondOrderReads(a, masks)](std::span<const Tensor> g, const std::vector<bool>& needs) {
               if (attention_backward_path(path) == AttentionPath::reference) {
-                if (!reference.weights.defined()) reads.check(reference.args.op);
-                return reference_backward(reference, g, needs);
+                if (!weights.defined()) reads.check(a.op);  // they are read to make the weights again
+                return reference_backward(a.q, a.k, a.v, a.bias, masks, scores_shape, scale, weights, g, needs);
               }
               const AttentionGrads r = (*backward)(g[0], g.size() > 1 ? g[1] : Tensor(), needs);
               auto finish = [&](const Tensor& t, std::size_t i, bool times_scale) {
                 if (!t.defined() || !needs[i]) return Tensor();
-                const Tensor& x = i == 0 ? reference.args.q : i == 1 ? reference.args.k : i == 2 ? reference.args.v : reference.args.bias;
-                const Tensor summed = sum_to(t, x.shape());
-                return times_scale ? mul(summed, reference.scale) : summed;
+                const Tensor summed = sum_to(t, (i == 0 ? a.q : i == 1 ? a.k : i == 2 ? a.v : a.bias).shape());
+                return times_scale ? mul(summed, scale) : summed;
               };
               return std::vector<Tensor>{finish(r.dq, 0, !r.scaled), finish(r.dk, 1, !r.scaled), finish(r.dv, 2, false),
                                          finish(r.dbias, 3, false), needs[4] ? r.dslopes : Tensor()};
@@ -149,7 +147,7 @@ AttentionResult attention_core(const AttentionArgs& a, const Shape& scores_shape
   const bool bf16 = a.q.dtype() == DType::float32 && matmul_precision() == MatmulPrecision::bfloat16;
   const AttentionPath taken = path ? *path : attention_path(a, scores_shape, masks, bf16);
   AttentionResult r = taken == AttentionPath::reference
-                          ? reference_attention(a, scores_shape, masks, scale)
+                          ? reference_attention(a.op, a.q, a.k, a.v, a.bias, masks, scores_shape, scale)
                           : record_fast(a, scores_shape, masks, run_attention(taken, a, scores_shape, masks, scale, bf16, block_rows), scale,
                                         taken);
   if (!a.need_weights) r.weights = Tensor();  // a short row's weights path made them: dropped, as the fused paths never make them

@@ -13,22 +13,17 @@
 
 namespace tapegrad::detail {
 
-// What the reference backward needs of a call: its arguments, the scores' shape, its rows,
-// 1/sqrt(D), and the weights when the node returns them (undefined: made again from the inputs).
-struct ReferenceInputs {
-  AttentionArgs args;
-  Shape shape;
-  RowMasks masks;
-  double scale = 1;
-  Tensor weights;
-};
-
-// The reference (attention_reference.cpp): the computation as written down, one node.
-AttentionResult reference_attention(const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks, double scale);
-// Its backward, every line an op: the node's gradients of q, k, v, bias and slopes where `needs`,
-// from the upstream gradients of the output and (if any) of the weights. Every path's node runs
-// it in a create_graph pass; with A joined to the node or made again, it differentiates again.
-std::vector<Tensor> reference_backward(const ReferenceInputs& in, std::span<const Tensor> g, const std::vector<bool>& needs);
+// The reference (attention_reference.cpp): the computation as written down, one node, for
+// q, k, v, the bias, the call's rows, the scores' shape [..., Q, K] and s = 1/sqrt(D).
+AttentionResult reference_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
+                                    const RowMasks& masks, const Shape& scores_shape, double scale);
+// Its backward, every line an op: the gradients of q, k, v, bias and slopes where `needs`, from
+// the upstream gradients of the output and (if any) of the weights; `weights` the forward's A,
+// or undefined on a path that kept none (it is made again). Every path's node runs it in a
+// create_graph pass, where it differentiates again.
+std::vector<Tensor> reference_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const RowMasks& masks,
+                                       const Shape& scores_shape, double scale, const Tensor& weights, std::span<const Tensor> g,
+                                       const std::vector<bool>& needs);
 
 // Validates q, k, v and the bias; returns the scores' shape [..., Q, K].
 Shape check_attention(const AttentionArgs& a);

@@ -18,10 +18,11 @@
 #include <span>
 #include <vector>
 
+#include "kernels/attention_mask.hpp"
 #include "kernels/weighted_matmul.hpp"
-#include "ops/attention_core.hpp"
 #include "ops/op.hpp"
 #include "ops/softmax.hpp"
+#include "tapegrad/ops/attention.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/softmax.hpp"
 #include "tapegrad/ops/view.hpp"
@@ -89,9 +90,9 @@ Shape laid_heads(const Shape& scores, std::int64_t heads) {
 
 // A = masked_softmax(q kᵀ s + bias + alibi, allowed): the forward's first two lines, in ops that
 // record when grad mode is on.
-Tensor weights_of(const AttentionArgs& a, const Shape& shape, const RowMasks& masks, double scale) {
-  Tensor s = mul(scores(a.q, a.k), scale);
-  if (a.bias.defined()) s = add(s, a.bias);
+Tensor weights_of(const Tensor& q, const Tensor& k, const Tensor& bias, const RowMasks& masks, const Shape& shape, double scale) {
+  Tensor s = mul(scores(q, k), scale);
+  if (bias.defined()) s = add(s, bias);
   if (const Tensor& m = masks.slopes(); m.defined()) {
     const std::int64_t q = shape[shape.size() - 2], k = shape.back();
     s = add(s, mul(reshape(m, laid_heads(shape, m.numel())), minus_distances(masks, q, k, m.dtype())));
@@ -102,53 +103,63 @@ Tensor weights_of(const AttentionArgs& a, const Shape& shape, const RowMasks& ma
 
 }  // namespace
 
-std::vector<Tensor> reference_backward(const ReferenceInputs& in, std::span<const Tensor> g, const std::vector<bool>& needs) {
-  const AttentionArgs& a = in.args;
+std::vector<Tensor> reference_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const RowMasks& masks,
+                                       const Shape& shape, double scale, const Tensor& weights, std::span<const Tensor> g,
+                                       const std::vector<bool>& needs);
+
+// q [..., Q, D], k [..., K, D], v [..., K, Dv], bias (optional) broadcasting to the scores
+// [..., Q, K] = `shape`, the call's rows (masks and ALiBi's slopes), s = 1/sqrt(D).
+AttentionResult reference_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
+                                    const RowMasks& masks, const Shape& shape, double scale) {
+  Tensor A, O;
+  {
+    NoGradGuard off;  // the lines are not recorded one by one: the node below is the whole attention
+    A = weights_of(q, k, bias, masks, shape, scale);
+    O = weighted(A, v);
+  }
+  const std::vector<Tensor> inputs{q, k, v, bias, masks.slopes()};
+  if (!should_record(inputs)) return {O, A};
+  std::vector<Tensor> outputs{O, A};
+  // The backward reads q, k, v and A (the masks only through A's zeros).
+  record_op(op, inputs, outputs,
+            [q, k, v, bias, masks, shape, scale, A = A.detach()](std::span<const Tensor> g, const std::vector<bool>& needs) {
+              return reference_backward(q, k, v, bias, masks, shape, scale, A, g, needs);
+            },
+            std::vector<Tensor>{q, k, v, A});
+  return {outputs[0], outputs[1]};
+}
+
+// The node's gradients of q, k, v, bias and slopes where `needs`, from the upstream gradients of
+// the output and (if any) of the weights. `weights`: the forward's A, or undefined on a path that
+// kept none.
+std::vector<Tensor> reference_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const RowMasks& masks,
+                                       const Shape& shape, double scale, const Tensor& weights, std::span<const Tensor> g,
+                                       const std::vector<bool>& needs) {
   // The forward's weights, joined to this node in a create_graph pass; a path that kept none
   // makes them again from its inputs (recorded then, as every line below).
-  const Tensor A = in.weights.defined() ? output_with_history(in.weights, 1) : weights_of(a, in.shape, in.masks, in.scale);
+  const Tensor A = weights.defined() ? output_with_history(weights, 1) : weights_of(q, k, bias, masks, shape, scale);
   const Tensor& dO = g[0];
   const Tensor dA_up = g.size() > 1 ? g[1] : Tensor();
   std::vector<Tensor> grads(5);
   // dv = Aᵀ dO
-  if (needs[2] && dO.defined()) grads[2] = sum_to(weighted(transpose(A, -1, -2), dO), a.v.shape());
+  if (needs[2] && dO.defined()) grads[2] = sum_to(weighted(transpose(A, -1, -2), dO), v.shape());
   // dA = dO vᵀ + upstream dA
-  Tensor dA = dO.defined() ? scores(dO, a.v) : Tensor();
+  Tensor dA = dO.defined() ? scores(dO, v) : Tensor();
   if (dA_up.defined()) dA = dA.defined() ? add(dA, dA_up) : dA_up;
   if (!dA.defined() || !(needs[0] || needs[1] || needs[3] || needs[4])) return grads;
   // dS = A ⊙ (dA − rowsum(A ⊙ dA))
   const Tensor dS = softmax_backward(A, dA);
   // dbias = dS;  dm_h = Σ over head h's rows and keys of dS ⊙ (−|p_i − j|)
-  if (needs[3]) grads[3] = sum_to(dS, a.bias.shape());
+  if (needs[3]) grads[3] = sum_to(dS, bias.shape());
   if (needs[4]) {
-    const Tensor& m = in.masks.slopes();
-    const std::int64_t q = in.shape[in.shape.size() - 2], k = in.shape.back();
-    grads[4] = reshape(sum_to(mul(dS, minus_distances(in.masks, q, k, m.dtype())), laid_heads(in.shape, m.numel())), m.shape());
+    const Tensor& m = masks.slopes();
+    const std::int64_t nq = shape[shape.size() - 2], nk = shape.back();
+    grads[4] = reshape(sum_to(mul(dS, minus_distances(masks, nq, nk, m.dtype())), laid_heads(shape, m.numel())), m.shape());
   }
   // dq = dS k s,  dk = dSᵀ q s
-  if (needs[0]) grads[0] = mul(sum_to(weighted(dS, a.k), a.q.shape()), in.scale);
-  if (needs[1]) grads[1] = mul(sum_to(weighted(transpose(dS, -1, -2), a.q), a.k.shape()), in.scale);
+  if (needs[0]) grads[0] = mul(sum_to(weighted(dS, k), q.shape()), scale);
+  if (needs[1]) grads[1] = mul(sum_to(weighted(transpose(dS, -1, -2), q), k.shape()), scale);
   return grads;
-}
-
-AttentionResult reference_attention(const AttentionArgs& a, const Shape& shape, const RowMasks& masks, double scale) {
-  Tensor A, O;
-  {
-    NoGradGuard off;  // the lines are not recorded one by one: the node below is the whole attention
-    A = weights_of(a, shape, masks, scale);
-    O = weighted(A, a.v);
-  }
-  const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias, masks.slopes()};
-  if (!should_record(inputs)) return {O, A};
-  std::vector<Tensor> outputs{O, A};
-  // The backward reads q, k, v and A (the rows' masks only through A's zeros).
-  const std::vector<Tensor> saved{a.q, a.k, a.v, A};
-  record_op(a.op, inputs, outputs,
-            [in = ReferenceInputs{a, shape, masks, scale, A.detach()}](std::span<const Tensor> g, const std::vector<bool>& needs) {
-              return reference_backward(in, g, needs);
-            },
-            saved);
-  return {outputs[0], outputs[1]};
 }
 
 }  // namespace tapegrad::detail

@@ -22,8 +22,9 @@ struct AttentionResult {
 // of exactly zero contributes nothing: a key masked for every query, and a query with no allowed
 // key, have no effect on any output or gradient whatever their k, v or q hold (NaN and +-inf
 // included); a non-finite key that some query may attend to affects exactly those queries. One
-// tape node with a hand-written backward (see docs/gradients.md); gradients reach q, k and v,
-// from both returned tensors.
+// tape node with a hand-written backward; gradients reach q, k and v, from both returned tensors.
+// ops/attention_reference.cpp computes it as written here, its backward beside it (derived in
+// docs/gradients.md §8); the faster paths that run it are tested against that reference.
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const Tensor& mask = Tensor());
 

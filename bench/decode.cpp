@@ -100,7 +100,7 @@ void section_decode(Report& report, const Options& options) {
     for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int64_t>(i * 7 % 96);
     const Tensor prompt = tg::from_vector(std::span<const std::int64_t>(ids), {1, 12});
     const std::int64_t tokens = options.quick ? 30 : 300;
-    const auto run = [&] { model.generate(prompt, {.new_tokens = tokens, .temperature = 0, .window = 64}); };
+    const auto run = [&] { model.generate(prompt, {.new_tokens = tokens, .temperature = 0, .restart_after = 64}); };
     const auto t0 = clock_type::now();
     const double peak = peak_mib_of(run);
     const double first = static_cast<double>(tokens) / since(t0);

@@ -146,7 +146,7 @@ std::string generate(const tg::Decoder& model, const tg::CharVocab& vocab, const
   const auto ids = vocab.encode(o.prompt);
   const Tensor prompt = tg::from_vector(ids, {1, static_cast<std::int64_t>(ids.size())});
   return vocab.decode(model.generate(prompt, {.new_tokens = o.tokens, .temperature = temperature, .top_k = o.top_k, .seed = o.seed,
-                                              .window = o.context}));
+                                              .restart_after = o.context}));
 }
 
 void show_samples(const tg::Decoder& model, const tg::CharVocab& vocab, const Options& o) {

@@ -333,14 +333,14 @@ struct Fuzzer {
         tg::Decoder model({.vocab = 5, .max_len = 6, .dim = 2, .heads = 1, .seed = 2});
         model.eval();
         const Tensor prompt = tg::tensor({{1, 2}}, tg::int64);
-        const tg::GenerateOptions o{.new_tokens = extreme(), .temperature = in.flag() ? 0.0 : 1.0, .top_k = extreme(), .window = extreme()};
-        narrate("generate new_tokens {} top_k {} window {}", o.new_tokens, o.top_k, o.window);
+        const tg::GenerateOptions o{.new_tokens = extreme(), .temperature = in.flag() ? 0.0 : 1.0, .top_k = extreme(), .restart_after = extreme()};
+        narrate("generate new_tokens {} top_k {} restart_after {}", o.new_tokens, o.top_k, o.restart_after);
         // Long runs are valid but slow: only the short ones run, the rest must fail before a step.
-        const bool valid_window = o.window == 0 || (o.window >= 3 && o.window <= 6);
-        const bool fits = o.new_tokens >= 0 && o.top_k >= 0 && valid_window && (o.window > 0 || o.new_tokens <= 4);
+        const bool valid_window = o.restart_after == 0 || (o.restart_after >= 3 && o.restart_after <= 6);
+        const bool fits = o.new_tokens >= 0 && o.top_k >= 0 && valid_window && (o.restart_after > 0 || o.new_tokens <= 4);
         if (fits && o.new_tokens > 16) return;
         if (!fits) {
-          const bool quick_refusal = o.new_tokens < 0 || o.top_k < 0 || !valid_window || o.new_tokens > kMax - 2 || o.window == 0;
+          const bool quick_refusal = o.new_tokens < 0 || o.top_k < 0 || !valid_window || o.new_tokens > kMax - 2 || o.restart_after == 0;
           if (quick_refusal) expect_error<tg::ValueError>("generate", [&] { model.generate(prompt, o); });
           return;
         }

@@ -175,14 +175,14 @@ Tensor Decoder::generate(const Tensor& prompt, const GenerateOptions& o) const {
   check_ids(op, "prompt", prompt, config_.vocab);
   if (prompt.size(1) < 1)
     detail::fail<ShapeError>("{}: argument 'prompt' must be [B, T0] with T0 >= 1, got shape {}", op, detail::shape_str(prompt.shape()));
-  if (o.window < 0 || o.window == 1 || o.window > config_.max_len)
-    detail::fail<ValueError>("{}: options.window must be 0 (no limit) or in [2, config.max_len = {}], got {}", op, config_.max_len,
-                             o.window);
-  if (o.window > 0 && prompt.size(1) >= o.window)
-    detail::fail<ValueError>("{}: the prompt's {} positions must be fewer than options.window = {}", op, prompt.size(1), o.window);
-  if (o.new_tokens < 0 || (o.window == 0 && o.new_tokens > config_.max_len - prompt.size(1)))
+  if (o.restart_after < 0 || o.restart_after == 1 || o.restart_after > config_.max_len)
+    detail::fail<ValueError>("{}: options.restart_after must be 0 (no limit) or in [2, config.max_len = {}], got {}", op, config_.max_len,
+                             o.restart_after);
+  if (o.restart_after > 0 && prompt.size(1) >= o.restart_after)
+    detail::fail<ValueError>("{}: the prompt's {} positions must be fewer than options.restart_after = {}", op, prompt.size(1), o.restart_after);
+  if (o.new_tokens < 0 || (o.restart_after == 0 && o.new_tokens > config_.max_len - prompt.size(1)))
     detail::fail<ValueError>("{}: the prompt's {} positions plus options.new_tokens = {} must fit config.max_len = {} "
-                             "(or set options.window)",
+                             "(or set options.restart_after)",
                              op, prompt.size(1), o.new_tokens, config_.max_len);
   if (!(o.temperature >= 0) || !std::isfinite(o.temperature) || o.top_k < 0)
     detail::fail<ValueError>("{}: options.temperature must be finite and >= 0 and options.top_k >= 0, got {} and {}", op,
@@ -207,9 +207,9 @@ Tensor Decoder::generate(const Tensor& prompt, const GenerateOptions& o) const {
   for (std::int64_t b = 0; b < batch; ++b) rows[b].assign(ids.begin() + b * t0, ids.begin() + (b + 1) * t0);
   Tensor input = prompt;
   for (std::int64_t step = 0; step < o.new_tokens; ++step) {
-    if (o.window > 0 && caches[0].length() + input.size(1) > o.window) {
+    if (o.restart_after > 0 && caches[0].length() + input.size(1) > o.restart_after) {
       // Full: start again from the last window / 2 tokens of each row.
-      const std::int64_t keep = o.window / 2;
+      const std::int64_t keep = o.restart_after / 2;
       std::vector<std::int64_t> tail;
       for (const auto& r : rows) tail.insert(tail.end(), r.end() - keep, r.end());
       input = from_vector(std::span<const std::int64_t>(tail), {batch, keep});

@@ -109,10 +109,10 @@ BOOST_AUTO_TEST_CASE(generation_lengths_past_int64_or_memory_are_refused_at_once
   const Tensor prompt = tg::tensor({{1, 2}}, tg::int64);
   // With a window nothing else bounds new_tokens: refused before the first step, not after
   // (or never: the loop would run for 2^63 steps).
-  check_throws<tg::ValueError>([&] { model.generate(prompt, {.new_tokens = kMax, .window = 4}); }, {"Decoder::generate", "overflow"});
-  check_throws<tg::ValueError>([&] { model.generate(prompt, {.new_tokens = kMax - 2, .window = 4}); },
+  check_throws<tg::ValueError>([&] { model.generate(prompt, {.new_tokens = kMax, .restart_after = 4}); }, {"Decoder::generate", "overflow"});
+  check_throws<tg::ValueError>([&] { model.generate(prompt, {.new_tokens = kMax - 2, .restart_after = 4}); },
                                {"Decoder::generate", "9223372036854775807", "allocated"});
-  BOOST_TEST(model.generate(prompt, {.new_tokens = 3, .top_k = kMax, .window = 4}).size(1) == 5);
+  BOOST_TEST(model.generate(prompt, {.new_tokens = 3, .top_k = kMax, .restart_after = 4}).size(1) == 5);
 }
 
 BOOST_AUTO_TEST_CASE(configs_whose_tables_cannot_be_allocated_are_value_errors) {

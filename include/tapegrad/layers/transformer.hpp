@@ -81,10 +81,11 @@ struct GenerateOptions {
   double temperature = 1.0;     // 0: greedy (argmax); otherwise logits / temperature are sampled
   std::int64_t top_k = 0;       // > 0: sample among the k most likely tokens only
   std::uint64_t seed = 0;       // for sampling
-  // > 0: attend to at most this many positions. When the cache is full, generation restarts from
-  // the last window / 2 tokens (positions from 0 again), so a model trained on windows of this
-  // length never sees longer ones; the output may then be longer than max_len. 0: no limit.
-  std::int64_t window = 0;
+  // > 0: attend to at most this many positions. When the cache holds that many, generation
+  // restarts from the last restart_after / 2 tokens (positions from 0 again), so a model trained
+  // on windows of this length never sees longer ones; the output may then be longer than
+  // max_len. 0: no limit. (Not the config's sliding window, which never restarts.)
+  std::int64_t restart_after = 0;
 };
 
 class Decoder : public Module {
@@ -94,7 +95,7 @@ class Decoder : public Module {
   Tensor forward(const Tensor& ids) const;
   // Continues each row of `prompt` (int64 [B, T0], T0 >= 1) by options.new_tokens tokens,
   // running the prompt once and then one position per step through a KV cache per block
-  // (see GenerateOptions::window for sequences longer than the model was trained on).
+  // (see GenerateOptions::restart_after for sequences longer than the model was trained on).
   // Returns [B, T0 + new_tokens]. Inference (records nothing); dropout follows the module's
   // mode, so call eval() first.
   Tensor generate(const Tensor& prompt, const GenerateOptions& options) const;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "autodiff/loops.hpp"
@@ -88,6 +89,10 @@ class RowMasks {
   std::vector<Tensor> saved_with(std::vector<Tensor> saved, bool ends_only = false) const;
   // The tensors a second-order pass reads whole (the masks and the slopes), for its version check.
   std::vector<Tensor> tensors() const;
+  // Which queries have an allowed key in some head, and which keys some query may attend to in
+  // some head, for scores [B, H, Q, K]: bool [B, Q] and [B, K], each undefined when all do.
+  // `per_head`: the rows differ between heads (a pair mask); else head 0's rows stand for all.
+  std::pair<Tensor, Tensor> taking(std::int64_t heads, bool per_head) const;
   // The allowed pairs as a bool tensor of `shape`: the scores' or a view of them numbering its rows
   // alike (the grouped [B, Hkv, G, Q, K]), for a path that reads them whole.
   Tensor materialise(const Shape& shape) const;

@@ -9,6 +9,7 @@
 #include "kernels/weighted_matmul.hpp"
 
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -115,6 +116,26 @@ template <class T> void add_non_finite(const Tensor& w, const Tensor& x, const T
 
 bool all_finite_run(const float* p, std::int64_t n) noexcept { return span_finite_f32(p, n); }
 bool all_finite_run(const double* p, std::int64_t n) noexcept { return span_finite_f64(p, n); }
+
+bool left_out_rows_finite(const Tensor& keep_rows, const Tensor& x) {
+  const bool* keep = static_cast<const bool*>(keep_rows.raw_data());
+  return visit_float(x.dtype(), "multihead_attention", [&]<class T>(Tag<T>) {
+    const T* p = static_cast<const T*>(x.raw_data());
+    const std::int64_t len = x.size(1), c = x.size(2), s0 = x.strides()[0], s1 = x.strides()[1], s2 = x.strides()[2];
+    for (std::int64_t b = 0; b < x.size(0); ++b)
+      for (std::int64_t i = 0; i < len; ++i) {
+        if (keep[b * len + i]) continue;
+        const T* row = p + b * s0 + i * s1;
+        if (s2 == 1) {
+          if (!all_finite_run(row, c)) return false;
+          continue;
+        }
+        for (std::int64_t j = 0; j < c; ++j)
+          if (!std::isfinite(row[j * s2])) return false;
+      }
+    return true;
+  });
+}
 
 bool all_finite_values(const Tensor& x) {
   return visit_float(x.dtype(), "weighted_matmul", [&]<class T>(Tag<T>) { return all_finite<T>(x); });

@@ -20,6 +20,9 @@ Tensor weighted_matmul(const Tensor& w, const Tensor& x);
 // Whether every element of a floating tensor (any layout) is finite: the scan above, for
 // callers that multiply many blocks of one operand.
 bool all_finite_values(const Tensor& x);
+// Whether every row of x [B, L, C] (any strides) that `keep` [B, L] (bool, contiguous) leaves out
+// is finite.
+bool left_out_rows_finite(const Tensor& keep, const Tensor& x);
 // The same for n contiguous elements from p.
 bool all_finite_run(const float* p, std::int64_t n) noexcept;
 bool all_finite_run(const double* p, std::int64_t n) noexcept;

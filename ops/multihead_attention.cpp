@@ -146,82 +146,9 @@ Tensor rows_where(const Tensor& rows, const Tensor& x) {
   return rows.defined() ? where(unsqueeze(rows, -1), x, scalar(0.0, x.dtype())) : x;
 }
 
-// Whether every row of x [B, L, C] that `rows` [B, L] leaves out is finite.
-bool left_out_rows_finite(const Tensor& rows, const Tensor& x) {
-  const bool* keep = static_cast<const bool*>(rows.raw_data());  // a fresh contiguous mask
-  return visit_float(x.dtype(), "multihead_attention", [&]<class T>(Tag<T>) {
-    const T* p = static_cast<const T*>(x.raw_data());
-    const std::int64_t len = x.size(1), c = x.size(2), s0 = x.strides()[0], s1 = x.strides()[1], s2 = x.strides()[2];
-    for (std::int64_t b = 0; b < x.size(0); ++b)
-      for (std::int64_t i = 0; i < len; ++i) {
-        if (keep[b * len + i]) continue;
-        const T* row = p + b * s0 + i * s1;
-        if (s2 == 1) {
-          if (!all_finite_run(row, c)) return false;
-          continue;
-        }
-        for (std::int64_t j = 0; j < c; ++j)
-          if (!std::isfinite(row[j * s2])) return false;
-      }
-    return true;
-  });
-}
-
 // x with the rows that `rows` leaves out set to 0 when one of them is not finite, else x.
 Tensor zero_left_out_rows(const Tensor& rows, const Tensor& x) {
   return !rows.defined() || left_out_rows_finite(rows, x) ? x : rows_where(rows, x);
-}
-
-// Step 4's consequences: which queries have an allowed key in some head, and which keys some
-// query may attend to in some head; undefined when all do.
-struct Taking {
-  Tensor active;  // bool [B, Q]
-  Tensor used;    // bool [B, K]
-};
-
-// Read from the call's rows (B H Q of them, head-major). Without a pair mask the heads share
-// their rows, so head 0's are read: a row's allowed keys are the key mask's in [begin, end) (the
-// causal end, the window's begin), the row is active when the first allowed key from its begin is
-// below its end, and the keys used are the allowed ones that some active row's [begin, end)
-// covers (with a window and a query mask those intervals may leave gaps). With a pair mask, each
-// row's keys are read.
-Taking taking(const RowMasks& rows, const MhaShapes& s, bool per_head) {
-  Taking out;
-  if (rows.empty()) return out;
-  out.active = zeros({s.b, s.q}, DType::bool_);
-  out.used = zeros({s.b, s.k}, DType::bool_);
-  bool* active = static_cast<bool*>(mutable_data(out.active));
-  bool* used = static_cast<bool*>(mutable_data(out.used));
-  const auto k = static_cast<std::size_t>(s.k);
-  std::vector<std::int64_t> next(k + 1);   // next[j]: the first key >= j the key mask allows (s.k: none)
-  std::vector<std::int64_t> cover(k + 1);  // +1 where an active row's [begin, end) opens, -1 where it closes
-  const std::int64_t heads = per_head ? s.h : 1;
-  for (std::int64_t b = 0; b < s.b; ++b) {
-    const bool* keys = rows.row(b * s.h * s.q).keys;  // the batch's key mask row, or null
-    next[k] = s.k;
-    for (std::size_t j = k; j-- > 0;) next[j] = keys == nullptr || keys[j] ? static_cast<std::int64_t>(j) : next[j + 1];
-    std::fill(cover.begin(), cover.end(), 0);
-    for (std::int64_t r = b * s.h * s.q; r < (b * s.h + heads) * s.q; ++r) {
-      const RowMask row = rows.row(r);
-      bool* act = active + b * s.q + r % s.q;
-      if (row.pairs == nullptr) {
-        if (next[static_cast<std::size_t>(row.begin)] < row.end) {
-          *act = true;
-          ++cover[static_cast<std::size_t>(row.begin)];
-          --cover[static_cast<std::size_t>(row.end)];
-        }
-        continue;
-      }
-      for (std::int64_t j = row.begin; j < row.end; ++j)
-        if (row(j)) *act = used[b * s.k + j] = true;
-    }
-    std::int64_t open = 0;  // active rows covering key j
-    for (std::size_t j = 0; j < k; ++j)
-      if ((open += cover[j]) > 0 && next[j] == static_cast<std::int64_t>(j)) used[b * s.k + static_cast<std::int64_t>(j)] = true;
-  }
-  if (all(out.active)) out.active = Tensor();
-  if (all(out.used)) out.used = Tensor();
-  return out;
 }
 
 // int64 [n]: first, first + 1, ... (saturating at INT64_MAX, which rotary then refuses by name).
@@ -313,7 +240,7 @@ AttentionResult run(const char* op, const MhaActivations& a, const MhaParameters
   const RowMasks rows = masking_rows(op, masking, {all.b, all.h, all.q, all.k}, a.query.dtype(), names, start);
   MhaShapes s = all;
   s.k = all.k - start;
-  const Taking take = taking(rows, s, masking.mask.defined());
+  const auto [active, used] = rows.taking(s.h, masking.mask.defined());
   // Step 1, on zero rows for the queries that attend to nothing and the keys that no query
   // attends to, when one of those rows holds a NaN or inf. Their values reach no output, but a
   // non-finite one would reach the weight gradients: dw_q = query^T dq multiplies a query's row
@@ -321,8 +248,8 @@ AttentionResult run(const char* op, const MhaActivations& a, const MhaParameters
   // gives those rows exactly zero gradients. Finite rows times their zero rows of dq, dk, dv add
   // nothing, so they are left as they are (no copy of the input: padding would cost one).
   // Decoding keeps the rows: the new keys may serve later queries, and nothing has a gradient.
-  const Tensor query = decoding ? a.query : zero_left_out_rows(take.active, a.query);
-  const Tensor keys_from = decoding ? context : zero_left_out_rows(take.used, context);
+  const Tensor query = decoding ? a.query : zero_left_out_rows(active, a.query);
+  const Tensor keys_from = decoding ? context : zero_left_out_rows(used, context);
   // Steps 1-2: each projection and its head split is one node.
   Tensor q = project_heads(op, query, p.w_q, p.b_q, s.h);
   Tensor k = project_heads(op, keys_from, p.w_k, p.b_k, s.hkv);
@@ -341,7 +268,7 @@ AttentionResult run(const char* op, const MhaActivations& a, const MhaParameters
   const Tensor bias = !a.bias.defined() || start == 0 || a.bias.dim() == 0 || a.bias.size(-1) == 1
                           ? a.bias
                           : slice(a.bias, -1, start, a.bias.size(-1));
-  return attend(q, k, v, bias, p, rows, take.active, s, o.need_weights);
+  return attend(q, k, v, bias, p, rows, active, s, o.need_weights);
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // Internal: the attention core's operands read as one matrix per batch entry of the scores
 // (q, k, v, dO broadcast over the batch), in float32 or, under a bfloat16 matmul precision, as
-// bfloat16 copies made once per call. Used by both paths (attention.cpp, attention_flash.cpp).
+// bfloat16 copies made once per call. Used by both paths (attention.cpp, attention_tiles.cpp).
 #pragma once
 
 #include <algorithm>
@@ -12,7 +12,7 @@
 
 #include "runtime/parallel.hpp"
 #include "autodiff/tensor_impl.hpp"
-#include "kernels/attention_tiles.hpp"
+#include "kernels/attention_products.hpp"
 #include "autodiff/loops.hpp"
 #include "kernels/matmul_dnnl.hpp"
 

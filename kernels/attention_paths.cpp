@@ -36,21 +36,33 @@ AttentionPath attention_path(const AttentionArgs& a, const Shape& scores_shape, 
     const bool ds_grad = (a.bias.defined() && a.bias.requires_grad()) || (masks.slopes().defined() && masks.slopes().requires_grad());
     return blocks_pay(a, scores_shape) && !ds_grad && masks.window() == 0 ? AttentionPath::fused_blocks : AttentionPath::tiles;
   }
-  if (blocks_pay(a, scores_shape)) return AttentionPath::pipelined;
+  if (blocks_pay(a, scores_shape)) return AttentionPath::blocks;
   return bf16 ? AttentionPath::weights_bf16 : AttentionPath::weights;
 }
 
 AttentionRun run_attention(AttentionPath path, const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks, double scale,
                            bool bf16, std::int64_t block_rows) {
   switch (path) {
-    case AttentionPath::weights_bf16: return attention_bf16(a, scores_shape, masks, scale);
-    case AttentionPath::pipelined: return attention_pipelined(a, scores_shape, masks, scale, bf16, true, block_rows);
-    case AttentionPath::fused_blocks: return attention_pipelined(a, scores_shape, masks, scale, bf16, false, block_rows);
-    case AttentionPath::tiles: return flash_attention(a, scores_shape, masks, bf16);
+    case AttentionPath::weights_bf16: return attention_weights_bf16(a, scores_shape, masks, scale);
+    case AttentionPath::blocks: return attention_blocks(a, scores_shape, masks, scale, bf16, true, block_rows);
+    case AttentionPath::fused_blocks: return attention_blocks(a, scores_shape, masks, scale, bf16, false, block_rows);
+    case AttentionPath::tiles: return attention_tiles(a, scores_shape, masks, bf16);
     case AttentionPath::weights: return attention_weights(a, scores_shape, masks, scale);
     case AttentionPath::reference: break;
   }
   throw std::logic_error("run_attention: the reference runs in ops/attention_reference.cpp");
+}
+
+const char* path_name(AttentionPath path) noexcept {
+  switch (path) {
+    case AttentionPath::reference: return "reference";
+    case AttentionPath::weights: return "weights";
+    case AttentionPath::weights_bf16: return "weights_bf16";
+    case AttentionPath::blocks: return "blocks";
+    case AttentionPath::tiles: return "tiles";
+    case AttentionPath::fused_blocks: return "fused_blocks";
+  }
+  return "?";
 }
 
 AttentionPath attention_backward_path(AttentionPath forward) { return creating_graph() ? AttentionPath::reference : forward; }

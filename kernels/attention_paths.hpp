@@ -36,11 +36,14 @@ inline Shape with_matrix(const Shape& batch, std::int64_t rows, std::int64_t col
 enum class AttentionPath {
   reference,       // the computation as written down, in ops (ops/attention_reference.cpp): chosen only to be tested
   weights,         // whole-tensor products and one fused pass over the scores each way (attention_weights.cpp)
-  weights_bf16,    // the same steps on bfloat16 products (attention_bf16.cpp)
-  pipelined,       // the weights path in blocks of query rows that stay in cache (attention_pipeline.cpp)
-  tiles,           // fused: an online softmax over tiles of keys, no weights kept (attention_flash.cpp)
-  fused_blocks,    // fused on the pipelined path's blocks, each block's weights made again in backward
+  weights_bf16,    // the same steps on bfloat16 products (attention_weights_bf16.cpp)
+  blocks,          // the weights path in blocks of query rows that stay in cache (attention_blocks.cpp)
+  tiles,           // fused: an online softmax over tiles of keys, no weights kept (attention_tiles.cpp)
+  fused_blocks,    // fused on the blocks path's blocks, each block's weights made again in backward
 };
+
+// The path's name, its file's (attention_<name>.cpp; the blocks' two in attention_blocks.cpp).
+const char* path_name(AttentionPath path) noexcept;
 
 // The path a call takes, the one place that chooses. With need_weights, or at most 32 keys (one
 // tile: the weights are then dropped): the weights path, or in blocks when the float32 scores are
@@ -84,15 +87,15 @@ struct AttentionRun {
 };
 
 // Runs a fast path (not the reference) on validated arguments, their masks and 1/sqrt(D).
-// block_rows > 0: the pipelined paths' blocks of that many rows (tests ask for small ones).
+// block_rows > 0: the blocks paths' blocks of that many rows (tests ask for small ones).
 AttentionRun run_attention(AttentionPath path, const AttentionArgs& args, const Shape& scores_shape, const RowMasks& masks, double scale,
                            bool bf16, std::int64_t block_rows = 0);
 
 // The fast paths, one file each.
 AttentionRun attention_weights(const AttentionArgs& args, const Shape& scores_shape, const RowMasks& masks, double scale);
-AttentionRun attention_bf16(const AttentionArgs& args, const Shape& scores_shape, const RowMasks& masks, double scale);
-AttentionRun attention_pipelined(const AttentionArgs& args, const Shape& scores_shape, const RowMasks& masks, double scale, bool bf16,
+AttentionRun attention_weights_bf16(const AttentionArgs& args, const Shape& scores_shape, const RowMasks& masks, double scale);
+AttentionRun attention_blocks(const AttentionArgs& args, const Shape& scores_shape, const RowMasks& masks, double scale, bool bf16,
                                  bool keep_weights, std::int64_t block_rows);
-AttentionRun flash_attention(const AttentionArgs& args, const Shape& scores_shape, const RowMasks& masks, bool bf16);
+AttentionRun attention_tiles(const AttentionArgs& args, const Shape& scores_shape, const RowMasks& masks, bool bf16);
 
 }  // namespace tapegrad::detail

@@ -63,7 +63,7 @@ class WeightsBackward final : public AttentionBackward {
 }  // namespace
 
 AttentionRun attention_weights(const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks, double scale) {
-  // Exact products: a bfloat16 precision takes attention_bf16.cpp (float32), or does not apply (float64).
+  // Exact products: a bfloat16 precision takes attention_weights_bf16.cpp (float32), or does not apply (float64).
   const Tensor scores = product(a.q, transposed(a.k), false);
   // The weights carry every leading dim of q, k and v (v may have more than q and k); when they
   // are the scores' own shape, the softmax overwrites the scores in place.

@@ -1,8 +1,8 @@
-// The fused attention path (attention_core with need_weights = false, kernels/attention_flash.cpp)
+// The fused attention path (attention_core with need_weights = false, kernels/attention_tiles.cpp)
 // against the weights path: outputs and every gradient, across masks given by parts, causal
 // offsets, Q != K, bias shapes, non-finite masked keys and sequences spanning several tiles;
 // and float64 gradchecks of the fused path alone. Then the weights path in blocks of rows
-// (kernels/attention_pipeline.cpp) against the weights path on whole tensors.
+// (kernels/attention_blocks.cpp) against the weights path on whole tensors.
 #define BOOST_TEST_MODULE attention_flash
 #include <boost/test/data/test_case.hpp>
 #include <limits>
@@ -569,7 +569,7 @@ BOOST_AUTO_TEST_CASE(a_nan_row_leaves_the_keys_it_may_not_see_at_zero) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
-// The weights path in blocks of query rows (kernels/attention_pipeline.cpp), which attention_core
+// The weights path in blocks of query rows (kernels/attention_blocks.cpp), which attention_core
 // takes for float32 scores of 8 MiB and more, asked for here directly with small blocks so that
 // small problems span many of them: against the whole-tensor weights path (attention_core on
 // these small shapes), with an upstream gradient of the weights too, exact and bfloat16.
@@ -584,7 +584,7 @@ std::vector<std::vector<double>> run_weights(const Problem& p, std::int64_t bloc
   Shape scores{q.size(0), q.size(1), q.size(2), k.size(2)};
   if (v.dim() > q.dim()) scores.insert(scores.begin(), v.size(0));
   const auto r = block_rows == 0 ? tg::detail::attention_core(args, p.parts)
-                                 : tg::detail::attention_core(args, p.parts, tg::detail::AttentionPath::pipelined, block_rows);
+                                 : tg::detail::attention_core(args, p.parts, tg::detail::AttentionPath::blocks, block_rows);
   const Tensor d_weights = tg::randn(scores, 77, tg::float64).to(r.weights.dtype());
   tg::backward({r.output, r.weights}, {p.d_out, d_weights});
   std::vector<std::vector<double>> out{values(r.output), values(r.weights), values(q.grad()), values(k.grad()), values(v.grad())};
@@ -660,7 +660,7 @@ BOOST_AUTO_TEST_CASE(head_split_inputs_give_a_head_interleaved_output) {
   compare(p, 2e-5, 2e-4, "fused path, head split", 16);
   for (bool weights : {true, false}) {
     const tg::detail::AttentionArgs args{"attention", p.q, p.k, p.v, Tensor(), weights};
-    const auto r = tg::detail::attention_core(args, p.parts, weights ? tg::detail::AttentionPath::pipelined : tg::detail::AttentionPath::fused_blocks, 16);
+    const auto r = tg::detail::attention_core(args, p.parts, weights ? tg::detail::AttentionPath::blocks : tg::detail::AttentionPath::fused_blocks, 16);
     BOOST_TEST(r.output.strides() == (Shape{40 * 3 * 5, 5, 3 * 5, 1}), "need_weights " << weights);
     const Tensor merged = tg::reshape(tg::permute(r.output, {0, 2, 1, 3}), {80, 15});
     BOOST_TEST(merged.raw_data() == r.output.raw_data(), "need_weights " << weights << ": the merge copied");

@@ -150,7 +150,7 @@ BOOST_AUTO_TEST_CASE(every_path_of_the_core_takes_the_grouped_views) {
   mask.causal = true;
   mask.causal_offset = 2;
   mask.mask = tg::gt(tg::randn({2, 4, 7, 9}, 24), tg::scalar(-1.0));
-  for (const auto& choice : {std::pair{AttentionPath::weights, true}, {AttentionPath::pipelined, true}, {AttentionPath::tiles, false},
+  for (const auto& choice : {std::pair{AttentionPath::weights, true}, {AttentionPath::blocks, true}, {AttentionPath::tiles, false},
                              {AttentionPath::fused_blocks, false}}) {
     const AttentionPath path = choice.first;  // not a structured binding: clang 14 cannot capture those
     const bool need_weights = choice.second;
@@ -173,7 +173,7 @@ BOOST_AUTO_TEST_CASE(every_path_of_the_core_takes_the_grouped_views) {
                                             AttentionPath::weights);
         },
         {q, k, v}, 25);
-    check_runs(got, want, 2e-5, fmt::format("path {}", static_cast<int>(path)));
+    check_runs(got, want, 2e-5, fmt::format("path {}", tg::detail::path_name(path)));
   }
 }
 
@@ -475,18 +475,17 @@ struct CorePath {
   AttentionPath path;
   tg::DType dtype;
   std::int64_t block_rows;
-  bool need_weights() const { return path == AttentionPath::weights || path == AttentionPath::weights_bf16 || path == AttentionPath::pipelined; }
+  bool need_weights() const { return path == AttentionPath::weights || path == AttentionPath::weights_bf16 || path == AttentionPath::blocks; }
   bool bf16() const { return path == AttentionPath::weights_bf16; }
 };
 std::ostream& operator<<(std::ostream& os, const CorePath& p) {
-  const char* names[] = {"weights", "weights_bf16", "pipelined", "tiles", "fused_blocks"};
-  os << names[static_cast<int>(p.path)] << " " << p.dtype;
+  os << tg::detail::path_name(p.path) << " " << p.dtype;
   if (p.block_rows > 0) os << " blocks of " << p.block_rows;
   return os;
 }
 std::vector<CorePath> core_paths() {
   return {{AttentionPath::weights, tg::float64, 0},      {AttentionPath::weights, tg::float32, 0},       {AttentionPath::weights_bf16, tg::float32, 0},
-          {AttentionPath::pipelined, tg::float32, 16},   {AttentionPath::pipelined, tg::float32, 5},     {AttentionPath::fused_blocks, tg::float32, 16},
+          {AttentionPath::blocks, tg::float32, 16},   {AttentionPath::blocks, tg::float32, 5},     {AttentionPath::fused_blocks, tg::float32, 16},
           {AttentionPath::fused_blocks, tg::float32, 5}, {AttentionPath::tiles, tg::float64, 0},         {AttentionPath::tiles, tg::float32, 0}};
 }
 

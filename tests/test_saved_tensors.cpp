@@ -51,7 +51,7 @@ Tensor bools(const Shape& s, std::uint64_t seed, double p_true) { return tg::lt(
 // The attention paths, chosen as attention_core chooses them (small scores: the weights path,
 // its bfloat16 form, the fused tiles) or called directly on small blocks (the pipelined weights
 // path and the fused path on its blocks, which attention_core takes only for large scores).
-enum class Path { weights, weights_bf16, tiles, tiles_bf16, pipelined, pipelined_bf16, fused_blocks, fused_blocks_bf16 };
+enum class Path { weights, weights_bf16, tiles, tiles_bf16, blocks, blocks_bf16, fused_blocks, fused_blocks_bf16 };
 struct PathCase {
   const char* name;
   Path path;
@@ -66,15 +66,15 @@ Case attention_case(const PathCase& p) {
             const Tensor q = leaf({B, H, Q, D}, 1, p.dtype), k = leaf({B, H, K, D}, 2, p.dtype), v = leaf({B, H, K, Dv}, 3, p.dtype);
             const Tensor bias = leaf({1, H, Q, K}, 4, p.dtype, p.bias_grad);
             tg::AttentionMasking mask{.mask = bools({B, 1, Q, K}, 5, 0.85), .key_mask = bools({B, K}, 6, 0.8), .query_mask = bools({B, Q}, 7, 0.85), .causal = true, .causal_offset = 1};
-            const bool bf16 = p.path == Path::weights_bf16 || p.path == Path::tiles_bf16 || p.path == Path::pipelined_bf16 ||
+            const bool bf16 = p.path == Path::weights_bf16 || p.path == Path::tiles_bf16 || p.path == Path::blocks_bf16 ||
                               p.path == Path::fused_blocks_bf16;
             const tg::MatmulPrecisionGuard precision(bf16 ? tg::MatmulPrecision::bfloat16 : tg::MatmulPrecision::exact);
-            const bool weights = p.path == Path::weights || p.path == Path::weights_bf16 || p.path == Path::pipelined ||
-                                 p.path == Path::pipelined_bf16;
+            const bool weights = p.path == Path::weights || p.path == Path::weights_bf16 || p.path == Path::blocks ||
+                                 p.path == Path::blocks_bf16;
             const tg::detail::AttentionArgs args{"attention", q, k, v, bias, weights};
             tg::AttentionResult out;
-            if (p.path == Path::pipelined || p.path == Path::pipelined_bf16 || p.path == Path::fused_blocks || p.path == Path::fused_blocks_bf16) {
-              out = tg::detail::attention_core(args, mask, weights ? tg::detail::AttentionPath::pipelined : tg::detail::AttentionPath::fused_blocks, 4);
+            if (p.path == Path::blocks || p.path == Path::blocks_bf16 || p.path == Path::fused_blocks || p.path == Path::fused_blocks_bf16) {
+              out = tg::detail::attention_core(args, mask, weights ? tg::detail::AttentionPath::blocks : tg::detail::AttentionPath::fused_blocks, 4);
             } else {
               out = tg::detail::attention_core(args, mask);
             }
@@ -95,8 +95,8 @@ std::vector<Case> attention_cases() {
       {"fused tiles float64", Path::tiles, tg::float64, true},
       {"fused tiles float32", Path::tiles, tg::float32, true},
       {"fused tiles bfloat16", Path::tiles_bf16, tg::float32, true},
-      {"pipelined weights", Path::pipelined, tg::float32, true},
-      {"pipelined weights bfloat16", Path::pipelined_bf16, tg::float32, true},
+      {"pipelined weights", Path::blocks, tg::float32, true},
+      {"pipelined weights bfloat16", Path::blocks_bf16, tg::float32, true},
       {"fused blocks, constant bias", Path::fused_blocks, tg::float32, false},
       {"fused blocks, learned bias", Path::fused_blocks, tg::float32, true},
       {"fused blocks bfloat16", Path::fused_blocks_bf16, tg::float32, false},

@@ -266,7 +266,7 @@ Case masked_case(std::uint64_t seed) {
 }
 
 tg::AttentionResult run(const Case& c, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, AttentionPath path) {
-  const bool weights = path == AttentionPath::weights || path == AttentionPath::pipelined;
+  const bool weights = path == AttentionPath::weights || path == AttentionPath::blocks;
   return tg::detail::attention_core({"attention", q, k, v, bias, weights}, c.mask, path, 2);
 }
 
@@ -275,7 +275,7 @@ tg::AttentionResult run(const Case& c, const Tensor& q, const Tensor& k, const T
 BOOST_AUTO_TEST_CASE(float64_paths_pass_gradgradcheck_with_masks_and_a_bias) {
   const Case c = masked_case(10);
   for (AttentionPath path : {AttentionPath::weights, AttentionPath::tiles}) {  // the float32-only paths below
-    BOOST_TEST_CONTEXT("path " << static_cast<int>(path)) {
+    BOOST_TEST_CONTEXT("path " << tg::detail::path_name(path)) {
       const auto f = [&](const std::vector<Tensor>& in) {
         const auto r = run(c, in[0], in[1], in[2], in[3], path);
         std::vector<Tensor> outs{r.output};
@@ -309,7 +309,7 @@ std::vector<std::vector<double>> second_order_terms(const Case& c, const std::ve
 
 const std::pair<AttentionPath, tg::DType> kPaths[] = {{AttentionPath::weights, tg::float64},   {AttentionPath::tiles, tg::float64},
                                                       {AttentionPath::weights, tg::float32},   {AttentionPath::tiles, tg::float32},
-                                                      {AttentionPath::pipelined, tg::float32}, {AttentionPath::fused_blocks, tg::float32}};
+                                                      {AttentionPath::blocks, tg::float32}, {AttentionPath::fused_blocks, tg::float32}};
 
 }  // namespace
 
@@ -318,7 +318,7 @@ BOOST_AUTO_TEST_CASE(float32_paths_agree_with_float64_to_second_order) {
   const auto exact = second_order_terms(c, c.q.to_vector<double>(), c.k.to_vector<double>(), c.v.to_vector<double>(),
                                         AttentionPath::weights, tg::float64);
   for (auto [path, dtype] : kPaths) {
-    BOOST_TEST_CONTEXT("path " << static_cast<int>(path) << ", " << dtype) {
+    BOOST_TEST_CONTEXT("path " << tg::detail::path_name(path) << ", " << dtype) {
       const auto got = second_order_terms(c, c.q.to_vector<double>(), c.k.to_vector<double>(), c.v.to_vector<double>(), path, dtype);
       for (std::size_t i = 0; i < 3; ++i) check_close(got[i], exact[i], 1e-4, 1e-4, fmt::format("input {}", i));
     }
@@ -328,7 +328,7 @@ BOOST_AUTO_TEST_CASE(float32_paths_agree_with_float64_to_second_order) {
 BOOST_AUTO_TEST_CASE(masked_keys_and_suppressed_queries_get_exactly_zero_second_order_terms_even_holding_nan) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   for (auto [path, dtype] : kPaths) {
-    BOOST_TEST_CONTEXT("path " << static_cast<int>(path) << ", " << dtype) {
+    BOOST_TEST_CONTEXT("path " << tg::detail::path_name(path) << ", " << dtype) {
       std::vector<std::vector<double>> second[2];
       for (bool poison : {false, true}) {
         const Case c = masked_case(20);

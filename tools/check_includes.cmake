@@ -21,7 +21,7 @@ if(NOT ROOT)
 endif()
 
 set(entry_runtime "runtime/parallel.hpp" "runtime/block_cache.hpp" "runtime/cpu.hpp")
-set(private_kernels "kernels/attention_tiles.hpp" "kernels/attention_operands.hpp")
+set(private_kernels "kernels/attention_products.hpp" "kernels/attention_operands.hpp")
 set(allowed_runtime "runtime/" "tapegrad/runtime/" "tapegrad/autodiff/error.hpp")
 set(allowed_autodiff "autodiff/" ${entry_runtime} "tapegrad/autodiff/" "tapegrad/runtime/")
 set(allowed_kernels "kernels/" "autodiff/" ${entry_runtime} "tapegrad/autodiff/" "tapegrad/runtime/")

@@ -24,7 +24,7 @@ struct PathCase {
 std::vector<PathCase> path_cases() {
   return {{"reference", AttentionPath::reference, 0, true, false},
           {"weights", AttentionPath::weights, 0, true, false},
-          {"pipelined (blocks of 2 rows)", AttentionPath::pipelined, 2, true, true},
+          {"pipelined (blocks of 2 rows)", AttentionPath::blocks, 2, true, true},
           {"fused_blocks (blocks of 2 rows)", AttentionPath::fused_blocks, 2, false, true},
           {"tiles", AttentionPath::tiles, 0, false, false}};
 }

@@ -8,7 +8,7 @@
 #include "kernels/attention_operands.hpp"
 #include "kernels/attention_paths.hpp"
 #include "kernels/attention_softmax.hpp"
-#include "kernels/attention_tiles.hpp"
+#include "kernels/attention_products.hpp"
 #include "runtime/parallel.hpp"
 
 namespace tapegrad::detail {
@@ -117,13 +117,13 @@ class Bf16Backward final : public AttentionBackward {
 }  // namespace
 
 // The weights path under a bfloat16 matmul precision (float32 only, scores too small for
-// attention_pipeline.cpp's blocks): the same forward and
+// attention_blocks.cpp's blocks): the same forward and
 // backward as attention_core's, with every product on bfloat16 operands rounded once per call
 // (q, k, v, dO) or written rounded by the softmax passes themselves (A, dS) next to their
 // float32 values, so no product pays a pass over the [..., Q, K] weights. The products are the
-// fused path's tile products (attention_tiles.hpp) on whole matrices, one batch entry at a
+// fused path's tile products (attention_products.hpp) on whole matrices, one batch entry at a
 // time: zero weights and non-finite operands are handled exactly as there.
-AttentionRun attention_bf16(const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks, double scale) {
+AttentionRun attention_weights_bf16(const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks, double scale) {
   const Shape batch(scores_shape.begin(), scores_shape.end() - 2);
   const std::int64_t bh = shape_numel(batch), nq = scores_shape[scores_shape.size() - 2], nk = scores_shape.back();
   const std::int64_t d = a.q.size(-1), dv = a.v.size(-1);

@@ -10,10 +10,10 @@
 //   O = A ⊛ v                              dq = dS ⊛ k,  dk += dSᵀ ⊛ q
 //
 // The rows' softmax passes are attention_softmax.cpp's, on the rows of the block; the products
-// are the tile products of the fused path (attention_tiles.hpp), so zero weights and non-finite
+// are the tile products of the fused path (attention_products.hpp), so zero weights and non-finite
 // operands follow the same rules. Products stop at the block's last causal key (rounded up to
 // the softmax loops' padding): A and dS are 0 past it. Under a bfloat16 matmul precision the
-// products are those tiles' bfloat16 ones, as attention_bf16.cpp's: q, k, v and dO
+// products are those tiles' bfloat16 ones, as attention_weights_bf16.cpp's: q, k, v and dO
 // rounded once per call, A and dS rounded by the softmax passes as they write a block's rows
 // (the backward rounds its block of A again rather than keep a [..., Q, K] bfloat16 copy).
 //
@@ -32,7 +32,7 @@
 // path's (no [..., Q, K] write); the backward does one product more (S) and one pass over the
 // block in cache, and reads no A from memory (docs/performance-notes.md compares the two). With
 // a bias that needs a gradient dS would be held whole, [..., Q, K] (dbias sums it): that case, as
-// float64 and scores too small for the blocks, takes the tiles of attention_flash.cpp instead
+// float64 and scores too small for the blocks, takes the tiles of attention_tiles.cpp instead
 // (the tests still reach it here: Δ is then rowsum(P dA), as the weights path's).
 //
 // The forward's blocks are independent. In the backward, dk and dv sum over a batch entry's
@@ -48,7 +48,7 @@
 #include "kernels/attention_operands.hpp"
 #include "kernels/attention_paths.hpp"
 #include "kernels/attention_softmax.hpp"
-#include "kernels/attention_tiles.hpp"
+#include "kernels/attention_products.hpp"
 #include "kernels/weighted_matmul.hpp"
 #include "runtime/parallel.hpp"
 
@@ -308,7 +308,7 @@ class PipelineBackward final : public AttentionBackward {
 
 }  // namespace
 
-AttentionRun attention_pipelined(const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks, double scale, bool bf16,
+AttentionRun attention_blocks(const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks, double scale, bool bf16,
                                  bool keep, std::int64_t block_rows) {
   const Shape batch(scores_shape.begin(), scores_shape.end() - 2);
   const Blocks blk(scores_shape, block_rows, !keep);

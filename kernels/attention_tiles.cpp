@@ -12,7 +12,7 @@
 //   last tile: O = acc / l,  keep m and log l         dbias += dS,  dq += s dS ⊛ k,  dk += s dSᵀ ⊛ q
 //
 // ⊛ is the product in which a zero weight contributes nothing, as kernels/weighted_matmul.cpp
-// (tiles::weighted_gemm, kernels/attention_tiles.hpp): the tile of v, dO, k or q is copied with
+// (tiles::weighted_gemm, kernels/attention_products.hpp): the tile of v, dO, k or q is copied with
 // its non-finite elements set to 0, multiplied, and each non-finite element is added back only
 // where its weight is nonzero. A NaN in a masked key's k or v, or in an empty row's q or dO, so
 // reaches no output or gradient. A row with no allowed key, or whose allowed scores are all -inf,
@@ -22,7 +22,7 @@
 // Under a bfloat16 matmul precision (float32), q, k, v and dO are rounded once per call and P
 // and dS once per tile, and every tile product is bfloat16 x bfloat16 -> float32, with the rules
 // above kept: the rounded copies hold an inf or NaN as 0 and the products add it back in float32
-// (attention_tiles.hpp). The exp, the sums, m, l and the accumulators stay float32.
+// (attention_products.hpp). The exp, the sums, m, l and the accumulators stay float32.
 //
 // Work is split over (batch entry, query tile) in the forward; the backward owns key tiles
 // (dk, dv are written by one thread each) and, when there are few batch entries, splits a batch
@@ -41,7 +41,7 @@
 #include "kernels/attention_alibi.hpp"
 #include "kernels/attention_operands.hpp"
 #include "kernels/attention_paths.hpp"
-#include "kernels/attention_tiles.hpp"
+#include "kernels/attention_products.hpp"
 
 namespace tapegrad::detail {
 namespace {
@@ -520,7 +520,7 @@ class FlashBackward final : public AttentionBackward {
 
 }  // namespace
 
-AttentionRun flash_attention(const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks, bool bf16) {
+AttentionRun attention_tiles(const AttentionArgs& a, const Shape& scores_shape, const RowMasks& masks, bool bf16) {
   Saved sv{matrix_ready(a.q), matrix_ready(a.k), matrix_ready(a.v), a.bias, Tensor(), Tensor(), masks, scores_shape, bf16};
   const Shape batch(scores_shape.begin(), scores_shape.end() - 2);
   const std::int64_t q_len = scores_shape[scores_shape.size() - 2];

@@ -1,4 +1,4 @@
-// Internal: the tile kernels of the fused attention (kernels/attention_flash.cpp, its only user):
+// Internal: the tile kernels of the fused attention (kernels/attention_tiles.cpp, its only user):
 // a vectorisable exp for softmax tiles, row reductions, gemm on raw tiles and the gemm in which a
 // zero weight contributes nothing, in float32 and on bfloat16 copies (the bfloat16 ones serve
 // the weights path too, on whole matrices). That file is compiled with -fno-trapping-math, which

@@ -11,7 +11,6 @@
 #include "ops/op.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/matmul.hpp"
-#include "tapegrad/ops/view.hpp"
 
 namespace tapegrad {
 namespace detail {

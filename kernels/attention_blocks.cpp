@@ -118,8 +118,7 @@ struct Operands {
   float scale;
   bool bf16;
   // k and v hold no inf or NaN (float32 products): the products by A and dS read them in place
-  // instead of a sanitised copy of the keys below each block's end (at K = 4096 the copies made
-  // dq 40% slower than the other products).
+  // instead of a sanitised copy of the keys below each block's end, which costs a pass per block.
   bool k_finite = false, v_finite = false;
   std::int64_t nq, nk, d;
   // round: which of q, k, v the bfloat16 products read (float32 only); scan: which of k and v a

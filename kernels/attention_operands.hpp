@@ -77,8 +77,8 @@ inline bool dense_permutation(const Tensor& t) {
 // per call (each matrix once, however many batch entries share it), with its inf and NaN held
 // as 0 and flagged per row (round_bf16_operand): the tile products read these, and put back in
 // float32 what a flagged row gives. A dense permutation keeps its strides and is converted in
-// memory order (per matrix and row, the runs of a split projection are short and far apart,
-// and that was much slower); anything else, or an operand with an inf or NaN, is converted matrix by matrix
+// memory order (per matrix and row, the runs of a split projection would be short and far
+// apart); anything else, or an operand with an inf or NaN, is converted matrix by matrix
 // into a contiguous copy.
 struct Bf16Matrices {
   std::shared_ptr<Storage> storage;  // the bits, from the cache of freed blocks like a tensor's

@@ -31,8 +31,8 @@ template <class T>
   if ((m.alibi || m.begin > 0) && m.dense() && m.alibi_in_float(end)) {
     // ALiBi and the window on a row with no other mask, its distances exact in T: a loop that
     // vectorises (x - m d is x + (-(m d)), the general loop's number). Unit strides get loops of
-    // their own: GCC 12 left the strided ones scalar in every clone ("control flow in loop"),
-    // and the fused blocks' scores are contiguous.
+    // their own, since the compiler leaves a strided one scalar, and the fused blocks' scores are
+    // contiguous.
     const T slope = m.alibi ? static_cast<T>(m.slope) : T(0), p = static_cast<T>(m.position);
     // Keys before the window's begin are -inf, written apart: a compare in the loop would have
     // it split there, and the part after the split not vectorised.

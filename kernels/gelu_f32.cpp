@@ -12,9 +12,8 @@
 //   Phi(x)   = Phi(-a) for x < 0 (so the left tail keeps its relative precision) and
 //              1 - Phi(-a) otherwise.
 //
-// No division and no second series near 0: 43 AVX-512 instructions per 16 elements for the
-// forward, where the earlier erfc-based form took 78 and a division (0.29 against 0.57 ns an
-// element from cache on one core here). The vector paths look the coefficients up with
+// No division and no second series near 0, so the forward is half the instructions of an
+// erfc-based form (docs/performance-notes.md has the count and the timing). The vector paths look the coefficients up with
 // permutes (one vpermps per coefficient on AVX-512, two and a blend on AVX2); 2^n is applied
 // with vscalefps on AVX-512 and as two normal powers of two elsewhere, both one correctly
 // rounded product, so results near the subnormal range agree too. The scalar path is the same

@@ -235,8 +235,7 @@ template <class Out> void round_into(const Tensor& x, Layout& l, Out* out) {
   if (dense_block(l)) {
     // Contiguous, or a transposed (or otherwise permuted) dense operand such as the activations
     // in a weight gradient xᵀ g: rounded in memory order, by vectorised runs on all threads
-    // (element by element through the strided loop it cost 5-8% of an attention layer's
-    // bfloat16 step).
+    // (the strided loop would go element by element).
     parallel_for(numel, 2, [&](std::int64_t begin, std::int64_t end) { round_run(src + begin, out + begin, end - begin); });
     return;
   }
@@ -536,7 +535,8 @@ void run(const Tensor& a, const Tensor& b, const Tensor& c, bool bf16);
 // A bfloat16 product without a bfloat16 dot product: products of bfloat16 values are exact in
 // float32, so the float32 product of the rounded operands computes the same thing, and is
 // what a float32 product of those operands gives, bit for bit. (On AVX-512 without BF16,
-// oneDNN's own bfloat16 gemm was 3-5x slower than that, and its batch pieces changed bits.)
+// oneDNN's own bfloat16 gemm is slower than that, and its batch pieces change bits:
+// docs/performance-notes.md.)
 void emulated(const Tensor& a, Layout& la, const Tensor& b, Layout& lb, const Tensor& c) {
   const Tensor ra = rounded_float32(a, la), rb = rounded_float32(b, lb);
   if (on_rows(ra, c)) matmul_rows(ra, rb, c);

@@ -15,8 +15,8 @@ namespace tapegrad::detail {
 namespace {
 
 // With Rounded (float only), the new p's bfloat16 bits go to `rounded` in the same pass, which
-// GCC 12 vectorises only with trapping math (CMakeLists.txt); a second pass over pieces of the
-// weights, the way before, was much slower (docs/performance-notes.md).
+// GCC 12 vectorises only with trapping math (CMakeLists.txt); a second pass over the weights
+// would read them all again (docs/performance-notes.md).
 template <class T, bool Rounded>
 TAPEGRAD_CPU_CLONES void adam_run(T* __restrict p, const T* __restrict grad, T* __restrict m, T* __restrict v,
                                    std::uint16_t* __restrict rounded, std::int64_t n, const AdamScalars<T> s) {

@@ -28,8 +28,8 @@ template <class T> [[gnu::always_inline]] inline T softmax_exp(T x) {
 // sum over j < n of f(j), in f's type, over 16 explicit lanes (element j goes to lane j % 16)
 // that meet at the end: the loop vectorises with the lanes in registers, the many partial sums
 // make a float sum much more accurate than one running total, and the order of the additions
-// depends on n alone (not on the vector width). (`omp simd reduction` kept its lanes in memory
-// under GCC 12, a store-to-load chain per vector, several times slower.)
+// depends on n alone (not on the vector width). (`omp simd reduction` keeps its lanes in memory,
+// a store-to-load chain per vector.)
 // With `ahead` (the next row's scores, prefetch_next below), each block of 16 elements also
 // asks for the cache line at ahead + 16 j elements.
 template <class F> [[gnu::always_inline]] inline auto simd_sum(std::int64_t n, F&& f, const void* ahead = nullptr) {
@@ -72,7 +72,6 @@ inline std::int64_t padded_end(std::int64_t end, std::int64_t k) noexcept {
 // line per 16 elements), so that it arrives during that computation. Without it a row read from
 // beyond the core's caches cost its transfer plus its computation: the load pass found nothing
 // in flight, as the exponential pass touches only the row already in L1.
-// (Asking for the next row's mask bytes too made no difference.)
 template <class T> const void* prefetch_next(const RowPointers& rows, std::int64_t r, std::int64_t stop) noexcept {
   return r + 1 < stop && rows.stride == 1 ? rows.row<T>(r + 1) : nullptr;
 }

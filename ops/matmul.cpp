@@ -40,17 +40,13 @@ Tensor matmul(const Tensor& a, const Tensor& b, MatmulPrecision precision) {
   // A zero-size g gives zeros, made at the operand's shape: the product would be made at the
   // broadcast shape first, and with N = 0 that is [batch..., M, K] of zeros however long the batch.
   // Those zeros are constant in a, b and g, so they need no history in a create_graph pass either.
+  // The two products are matmuls at the node's precision: one formula to every order (they record
+  // only in a create_graph pass, so a first-order pass runs the bare products).
   record("matmul", {a, b}, out, {a, b}, [a, b, precision](std::span<const Tensor> g, const std::vector<bool>& needs) {
     std::vector<Tensor> grads(2);
     const bool empty = g[0].numel() == 0;
-    // A create_graph pass records the same two products (at the node's precision) as matmuls, so
-    // that they differentiate in a, b and g; the raw product records nothing.
-    const bool graph = creating_graph();
-    auto times = [&](const Tensor& l, const Tensor& r) {
-      return graph ? matmul(l, r, precision) : product(l, r, precision == MatmulPrecision::bfloat16);
-    };
-    if (needs[0]) grads[0] = empty ? zeros(a.shape(), a.dtype()) : sum_to(times(g[0], transpose(b, -1, -2)), a.shape());
-    if (needs[1]) grads[1] = empty ? zeros(b.shape(), b.dtype()) : sum_to(times(transpose(a, -1, -2), g[0]), b.shape());
+    if (needs[0]) grads[0] = empty ? zeros(a.shape(), a.dtype()) : sum_to(matmul(g[0], transpose(b, -1, -2), precision), a.shape());
+    if (needs[1]) grads[1] = empty ? zeros(b.shape(), b.dtype()) : sum_to(matmul(transpose(a, -1, -2), g[0], precision), b.shape());
     return grads;
   });
   return out;

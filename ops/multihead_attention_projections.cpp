@@ -96,18 +96,14 @@ Tensor merge_heads_project(const char* op, const Tensor& o, const Tensor& w, con
   }
   // The node keeps o and the backward merges it again (one copy): keeping merged, which has no
   // history, would need o too for a create_graph pass, where the merge and the split of
-  // d merged are recorded (make_view records nothing).
+  // d merged are recorded.
   record(op, {o, w, b}, out, {o, w},
          [o, w, batch, heads, len, width, precision](std::span<const Tensor> g, const std::vector<bool>& needs) {
            std::vector<Tensor> grads(3);
-           const bool graph = creating_graph();
            const Tensor merged = reshape(permute(o, {0, 2, 1, 3}), {batch * len, heads * width});
            affine_backward(as_rows(g[0], batch * len), merged, w, precision, needs, grads);
-           // d merged [B Q, H Dv] is d o read through the merge's strides: no copy.
-           const std::int64_t n = heads * width;
-           if (grads[0].defined())
-             grads[0] = graph ? permute(reshape(grads[0], {batch, len, heads, width}), {0, 2, 1, 3})
-                              : make_view(grads[0], {batch, heads, len, width}, {len * n, width, n, 1}, 0, "multihead_attention");
+           // d merged [B Q, H Dv] is d o read through the merge's strides: two views, no copy.
+           if (grads[0].defined()) grads[0] = permute(reshape(grads[0], {batch, len, heads, width}), {0, 2, 1, 3});
            return grads;
          });
   return out;

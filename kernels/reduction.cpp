@@ -281,7 +281,7 @@ Tensor max_kept(const Tensor& x, const ReductionPlan& p) {
   });
 }
 
-Tensor max_backward(const Tensor& x, const Tensor& kept, const Tensor& g, const ReductionPlan& p) {
+Tensor max_kept_backward(const Tensor& x, const Tensor& kept, const Tensor& g, const ReductionPlan& p) {
   return visit_float(x.dtype(), "max", [&]<class T>(Tag<T>) { return max_backward_direct<T>(x, kept, g, p); });
 }
 

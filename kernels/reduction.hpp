@@ -25,6 +25,6 @@ Tensor sum_kept(const Tensor& x, const ReductionPlan& p);
 Tensor max_kept(const Tensor& x, const ReductionPlan& p);
 // max's dx = [x == M] g / ties, M = max_kept(x, p) and g contiguous, both laid out as p.kept:
 // each slice's gradient shared among its tied maxima. Records nothing.
-Tensor max_backward(const Tensor& x, const Tensor& kept, const Tensor& g, const ReductionPlan& p);
+Tensor max_kept_backward(const Tensor& x, const Tensor& kept, const Tensor& g, const ReductionPlan& p);
 
 }  // namespace tapegrad::detail

@@ -32,19 +32,24 @@ ReductionPlan plan_reduction(const char* op, const Tensor& x, const Dims& dims, 
   return p;
 }
 
-// max_backward's dx in recorded ops, linear in g: where(x == M, g / ties, 0). The winners
-// and their counts are constants (max is piecewise linear in x, its second derivative 0), so
-// only g's path is recorded; the same comparisons and the same division give the same bits. A
-// slice without winners (its maximum NaN) counts 1, not 0: its dx is 0 either way, and g's
-// gradient through g / 0 would be 0 / 0.
-Tensor max_backward_recorded(const Tensor& x, const Tensor& kept, const Tensor& g, const ReductionPlan& p) {
-  const Tensor wins = eq(x, kept);
-  Dims reduced;
-  for (std::size_t k = 0; k < p.reduced.size(); ++k)
-    if (p.reduced[k]) reduced.push_back(static_cast<std::int64_t>(k));
-  Tensor ties = sum(to(wins, x.dtype()), reduced, /*keepdim=*/true);
-  ties = where(lt(ties, scalar(1.0, x.dtype())), scalar(1.0, x.dtype()), ties);
-  return where(wins, div(reshape(g, p.kept), ties), scalar(0.0, x.dtype()));
+// max's backward as an op of g: dx = where(x == M, g / ties, 0), g laid out as p.kept (the
+// kernel). The winners and their counts are constants (max is piecewise linear in x, its second
+// derivative 0), so g is its one input and its own gradient, written beside it, is the adjoint
+// of that linear map: dg = sum over the reduced dims of where(x == M, U, 0), divided by the ties.
+// It reads U only at the winners; a slice without winners (its maximum NaN) counts 1, not 0:
+// its dg is 0 either way, and U / 0 would be 0 / 0.
+Tensor max_backward(const Tensor& x, const Tensor& kept, const Tensor& g, const ReductionPlan& p) {
+  Tensor dx = max_kept_backward(x, kept, g, p);
+  record("max_backward", {g}, dx, {x, kept}, [x, kept, p](std::span<const Tensor> u, const std::vector<bool>&) {
+    const Tensor wins = eq(x, kept), zero = scalar(0.0, x.dtype()), one = scalar(1.0, x.dtype());
+    Dims reduced;
+    for (std::size_t k = 0; k < p.reduced.size(); ++k)
+      if (p.reduced[k]) reduced.push_back(static_cast<std::int64_t>(k));
+    Tensor ties = sum(to(wins, x.dtype()), reduced, /*keepdim=*/true);
+    ties = where(lt(ties, one), one, ties);
+    return std::vector<Tensor>{div(sum(where(wins, u[0], zero), reduced, /*keepdim=*/true), ties)};
+  });
+  return dx;
 }
 
 }  // namespace
@@ -72,10 +77,9 @@ Tensor max(const Tensor& x, const Dims& dims, bool keepdim) {
                      shape_str(x.shape()));
   Tensor kept = max_kept(x, p);
   Tensor out = make_view(kept, p.result, contiguous_strides(p.result), 0, "max");
-  // dx = [x == max] g / (number of tied maxima), the gradient shared among ties. A first-order
-  // pass computes it directly (max_backward); a create_graph pass records it (max_backward_recorded).
+  // dx = [x == max] g / (number of tied maxima), the gradient shared among ties: the op
+  // max_backward, one formula to every order.
   record("max", {x}, out, {x, out}, [x, kept = kept, p](std::span<const Tensor> g, const std::vector<bool>&) {
-    if (creating_graph()) return std::vector<Tensor>{max_backward_recorded(x, kept, g[0], p)};
     return std::vector<Tensor>{max_backward(x, kept, contiguous(reshape(g[0], p.kept)), p)};
   });
   return out;

@@ -1,13 +1,11 @@
 // Unary elementwise ops. Each is a small struct: the forward f(x) and the local derivative
-// df(x, y) = dy/dx, side by side; the shared backward is dx = g * df(x, y). `uses_x`/`uses_y`
-// say which of input and output the derivative reads, so only those are kept on the tape (and
-// read by the backward loop). `cost` is the price per element relative to a copy, which decides
-// when a loop is split over threads. `graph_dx` is g * df in recorded ops for a create_graph
-// pass: the loop's operations in its order, so the same bits, zeros and NaNs (but for a last
-// bit where the compiler fuses the loop's multiply and add, as in tanh's 1 - y^2 on an FMA
-// CPU). float32 exp and tanh use the vectorisable functions of fast_math.hpp; float64 keeps the
-// std:: functions. GELU, whose backward is a fused kernel and an op of its own, is written out
-// at the end.
+// df(x, y) = dy/dx, side by side; the shared backward is the op unary_backward, dx = g * df(x, y).
+// `uses_x`/`uses_y` say which of input and output the derivative reads, so only those are kept on
+// the tape (and read by the backward loop). `cost` is the price per element relative to a copy,
+// which decides when a loop is split over threads. `d_slope(gu, x, y)` is gu * d(df)/d(x or y),
+// in recorded ops: unary_backward's own gradient to the operand df reads. float32 exp and tanh use
+// the vectorisable functions of fast_math.hpp; float64 keeps the std:: functions. GELU, whose
+// backward is a fused kernel and an op of its own, is written out at the end.
 #include <cmath>
 #include <numbers>
 #include <type_traits>
@@ -27,14 +25,16 @@ using namespace detail;
 
 struct Neg {
   static constexpr const char* name = "neg";
+  static constexpr const char* backward_name = "neg_backward";
   static constexpr bool uses_x = false, uses_y = false;
   static constexpr std::int64_t cost = 1;
   template <class T> T f(T x) const { return -x; }
   template <class T> T df(T, T) const { return T(-1); }
-  Tensor graph_dx(const Tensor& g, const Tensor&, const Tensor&) const { return neg(g); }
+  Tensor d_slope(const Tensor&, const Tensor&, const Tensor&) const { return {}; }  // never called: no operand
 };
 struct Exp {
   static constexpr const char* name = "exp";
+  static constexpr const char* backward_name = "exp_backward";
   static constexpr bool uses_x = false, uses_y = true;
   static constexpr std::int64_t cost = 4;
   template <class T> T f(T x) const {
@@ -42,26 +42,29 @@ struct Exp {
     else return std::exp(x);
   }
   template <class T> T df(T, T y) const { return y; }  // (e^x)' = e^x
-  Tensor graph_dx(const Tensor& g, const Tensor&, const Tensor& y) const { return g * y; }
+  Tensor d_slope(const Tensor& gu, const Tensor&, const Tensor&) const { return gu; }  // d(y)/dy = 1
 };
 struct Log {
   static constexpr const char* name = "log";
+  static constexpr const char* backward_name = "log_backward";
   static constexpr bool uses_x = true, uses_y = false;
   static constexpr std::int64_t cost = 8;
   template <class T> T f(T x) const { return std::log(x); }
   template <class T> T df(T x, T) const { return T(1) / x; }
-  Tensor graph_dx(const Tensor& g, const Tensor& x, const Tensor&) const { return g * (1.0 / x); }
+  Tensor d_slope(const Tensor& gu, const Tensor& x, const Tensor&) const { return gu * -pow(x, -2.0); }  // (1/x)' = -x^(-2)
 };
 struct Sqrt {
   static constexpr const char* name = "sqrt";
+  static constexpr const char* backward_name = "sqrt_backward";
   static constexpr bool uses_x = false, uses_y = true;
   static constexpr std::int64_t cost = 2;
   template <class T> T f(T x) const { return std::sqrt(x); }
   template <class T> T df(T, T y) const { return T(0.5) / y; }  // 1 / (2 sqrt x)
-  Tensor graph_dx(const Tensor& g, const Tensor&, const Tensor& y) const { return g * (0.5 / y); }
+  Tensor d_slope(const Tensor& gu, const Tensor&, const Tensor& y) const { return gu * (pow(y, -2.0) * -0.5); }  // (0.5/y)' = -0.5 y^(-2)
 };
 struct Pow {
   static constexpr const char* name = "pow";
+  static constexpr const char* backward_name = "pow_backward";
   static constexpr bool uses_x = true, uses_y = false;
   static constexpr std::int64_t cost = 16;
   double p;
@@ -72,14 +75,14 @@ struct Pow {
     return p == 0.0 ? T(0) : convert<T>(p) * std::pow(x, convert<T>(p - 1.0));
   }
   bool reads_x() const { return p != 0.0; }
-  // pow(x, p - 1) is itself recorded, so every order follows; g * 0 keeps p = 0's zeros (and
-  // its NaN for a non-finite g) without reading x.
-  Tensor graph_dx(const Tensor& g, const Tensor& x, const Tensor&) const {
-    return p == 0.0 ? g * 0.0 : g * (pow(x, p - 1.0) * p);
-  }
+  // The slope p x^(p-1) is constant for p = 1 (and p = 0): no second derivative, so no 0 * x^(-1).
+  bool curved() const { return p != 1.0; }
+  // (p x^(p-1))' = p (p-1) x^(p-2); pow is recorded, so every order follows.
+  Tensor d_slope(const Tensor& gu, const Tensor& x, const Tensor&) const { return gu * (pow(x, p - 2.0) * (p * (p - 1.0))); }
 };
 struct Tanh {
   static constexpr const char* name = "tanh";
+  static constexpr const char* backward_name = "tanh_backward";
   static constexpr bool uses_x = false, uses_y = true;
   static constexpr std::int64_t cost = 6;
   template <class T> T f(T x) const {
@@ -87,22 +90,57 @@ struct Tanh {
     else return std::tanh(x);
   }
   template <class T> T df(T, T y) const { return T(1) - y * y; }
-  Tensor graph_dx(const Tensor& g, const Tensor&, const Tensor& y) const { return g * (1.0 - y * y); }
+  Tensor d_slope(const Tensor& gu, const Tensor&, const Tensor& y) const { return gu * y * -2.0; }  // (1 - y^2)' = -2y
 };
 struct Relu {
   static constexpr const char* name = "relu";
+  static constexpr const char* backward_name = "relu_backward";
   static constexpr bool uses_x = true, uses_y = false;
   static constexpr std::int64_t cost = 1;
   template <class T> T f(T x) const { return x < T(0) ? T(0) : x; }  // NaN stays NaN, as in PyTorch
   template <class T> T df(T x, T) const { return x > T(0) ? T(1) : T(0); }  // 0 at the kink, as PyTorch
-  // The 0/1 slope is a constant (relu'' = 0 a.e.); a product rather than a where() keeps the
-  // first-order bits, NaN of a non-finite g at x <= 0 included.
-  Tensor graph_dx(const Tensor& g, const Tensor& x, const Tensor&) const { return g * to(gt(x, scalar(0.0, x.dtype())), x.dtype()); }
+  // The 0/1 slope is a constant (relu'' = 0 a.e.): no second derivative in x.
+  bool curved() const { return false; }
+  Tensor d_slope(const Tensor&, const Tensor&, const Tensor&) const { return {}; }  // never called
 };
 // Whether op's derivative reads x (an op may say so per instance, as pow does).
 template <class Op> bool reads_x(const Op& op) {
   if constexpr (requires { op.reads_x(); }) return Op::uses_x && op.reads_x();
   else return Op::uses_x;
+}
+// Whether df varies with the operand it reads (relu's and pow(1)'s slopes do not).
+template <class Op> bool curved(const Op& op) {
+  if constexpr (requires { op.curved(); }) return op.curved();
+  else return true;
+}
+
+// The shared backward as an op: dx = g * df(x, y), x and y what df reads (else undefined), y
+// joined to the unary node in a create_graph pass. Its own gradients, for the upstream U:
+//   dg = U * df(x, y)                       (this op again: dx is linear in g)
+//   dx or dy = (U * g) * d(df)/d(x or y)    (op.d_slope; none where df is constant)
+// Only the operands the derivative reads are streamed through the loop.
+template <class Op> Tensor unary_backward(const Op& op, const Tensor& g, const Tensor& xs, const Tensor& ys) {
+  Tensor dx = new_tensor(g.shape(), g.dtype(), Op::name);
+  visit_float(dx.dtype(), Op::name, [&]<class T>(Tag<T>) {
+    if constexpr (Op::uses_x && Op::uses_y)
+      map_into_cost<T, T, T, T>(Op::cost, dx, [&](T gv, T xv, T yv) { return gv * op.template df<T>(xv, yv); }, g, xs, ys);
+    else if constexpr (Op::uses_x)
+      if (xs.defined()) map_into_cost<T, T, T>(Op::cost, dx, [&](T gv, T xv) { return gv * op.template df<T>(xv, T(0)); }, g, xs);
+      else map_into<T, T>(dx, [&](T gv) { return gv * op.template df<T>(T(0), T(0)); }, g);
+    else if constexpr (Op::uses_y)
+      map_into_cost<T, T, T>(1, dx, [&](T gv, T yv) { return gv * op.template df<T>(T(0), yv); }, g, ys);
+    else
+      map_into<T, T>(dx, [&](T gv) { return gv * op.template df<T>(T(0), T(0)); }, g);
+  });
+  const Tensor operand = Op::uses_y ? ys : xs;  // what df reads: undefined when it reads nothing
+  const Tensor slope_in = operand.defined() && curved(op) ? operand : Tensor();
+  const Tensor keep_g = slope_in.defined() && slope_in.requires_grad() ? g : Tensor();  // read only for the operand's gradient
+  record(Op::backward_name, {g, slope_in}, dx, {keep_g, xs, ys},
+         [op, keep_g, xs, ys](std::span<const Tensor> u, const std::vector<bool>& needs) {
+           return std::vector<Tensor>{needs[0] ? unary_backward(op, u[0], xs, ys) : Tensor(),
+                                      needs[1] ? op.d_slope(u[0] * keep_g, xs, ys) : Tensor()};
+         });
+  return dx;
 }
 
 template <class Op> Tensor unary(const Tensor& x, Op op = {}) {
@@ -111,27 +149,11 @@ template <class Op> Tensor unary(const Tensor& x, Op op = {}) {
   visit_float(x.dtype(), Op::name, [&]<class T>(Tag<T>) {
     map_into_cost<T, T>(Op::cost, y, [&](T v) { return op.template f<T>(v); }, x);
   });
-  // dx = g * df(x, y)
+  // dx = g * df(x, y), one formula to every order (y joined to this node in a create_graph pass)
   const Tensor xs = reads_x(op) ? x : Tensor();
   record(Op::name, {x}, y, {xs, Op::uses_y ? y : Tensor()},
-         [op, xs, ys = Op::uses_y ? y.detach() : Tensor()](
-             std::span<const Tensor> g, const std::vector<bool>&) {
-           // Recorded ops on x and on y joined back to this node, so dx differentiates in x and g.
-           if (creating_graph()) return std::vector<Tensor>{op.graph_dx(g[0], xs, output_with_history(ys, 0))};
-           Tensor dx = new_tensor(g[0].shape(), g[0].dtype(), Op::name);
-           // Only the operands the derivative reads are streamed through the loop.
-           visit_float(dx.dtype(), Op::name, [&]<class T>(Tag<T>) {
-             if constexpr (Op::uses_x && Op::uses_y)
-               map_into_cost<T, T, T, T>(Op::cost, dx, [&](T gv, T xv, T yv) { return gv * op.template df<T>(xv, yv); }, g[0], xs, ys);
-             else if constexpr (Op::uses_x)
-               if (xs.defined()) map_into_cost<T, T, T>(Op::cost, dx, [&](T gv, T xv) { return gv * op.template df<T>(xv, T(0)); }, g[0], xs);
-               else map_into<T, T>(dx, [&](T gv) { return gv * op.template df<T>(T(0), T(0)); }, g[0]);
-             else if constexpr (Op::uses_y)
-               map_into_cost<T, T, T>(1, dx, [&](T gv, T yv) { return gv * op.template df<T>(T(0), yv); }, g[0], ys);
-             else
-               map_into<T, T>(dx, [&](T gv) { return gv * op.template df<T>(T(0), T(0)); }, g[0]);
-           });
-           return std::vector<Tensor>{dx};
+         [op, xs, ys = Op::uses_y ? y.detach() : Tensor()](std::span<const Tensor> g, const std::vector<bool>&) {
+           return std::vector<Tensor>{unary_backward(op, g[0], xs, output_with_history(ys, 0))};
          });
   return y;
 }

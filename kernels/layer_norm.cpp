@@ -74,7 +74,7 @@ TAPEGRAD_CPU_CLONES void backward_rows(const T* px, const T* pg, T* pd, const do
 
 // Rows are read contiguously (a strided x is copied once), so every per-row loop below is a
 // unit-stride loop the compiler vectorises; the sums stay in double.
-Normalised layer_norm_forward(const Tensor& x_in, const Tensor& weight, const Tensor& bias, double eps) {
+Normalised layer_norm_rows_forward(const Tensor& x_in, const Tensor& weight, const Tensor& bias, double eps) {
   const std::int64_t e = x_in.shape().back();
   const std::int64_t rows = e == 0 ? 0 : x_in.numel() / e;
   Normalised out{new_tensor(x_in.shape(), x_in.dtype()), new_tensor({rows, 2}, DType::float64)};
@@ -92,7 +92,7 @@ Normalised layer_norm_forward(const Tensor& x_in, const Tensor& weight, const Te
   return out;
 }
 
-LayerNormGrads layer_norm_backward(const Tensor& x_in, const Tensor& weight, const Tensor& stats, const Tensor& grad) {
+LayerNormGrads layer_norm_rows_backward(const Tensor& x_in, const Tensor& weight, const Tensor& stats, const Tensor& grad) {
   const std::int64_t e = x_in.shape().back();
   const std::int64_t rows = e == 0 ? 0 : x_in.numel() / e;
   const auto ue = static_cast<std::size_t>(e);

@@ -16,6 +16,7 @@
 #include "kernels/layer_norm.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/reduction.hpp"
+#include "tapegrad/ops/view.hpp"
 
 namespace tapegrad {
 namespace {
@@ -38,41 +39,65 @@ void check_layer_norm_args(const Tensor& x, const Tensor& weight, const Tensor& 
     fail<ValueError>("layer_norm: argument 'eps' must be finite and >= 0, got {}", eps);
 }
 
-// The same formula in recorded ops, for a create_graph pass, with mu and rstd computed again
-// from x: `stats` has no history, and the second derivative must see them move with x.
-std::vector<Tensor> recorded_backward(const Tensor& x, const Tensor& weight, double eps, const Tensor& g,
-                                      const std::vector<bool>& needs) {
+// The backward as an op of x, the weight and g, with three outputs: dx, dweight and dbias (the
+// row kernel, from the forward's stats). Its own gradients, written beside it, for the upstream
+// U, V, Z of dx, dweight, dbias (undefined where not reached), with r = rstd and xhat computed
+// again from x in recorded ops (stats has no history), h = g w, J v = r (v - mean(v) - xhat
+// mean(v xhat)) per row (J = dxhat/dx, symmetric) and dx = J h (derived in docs/gradients.md):
+//   dg  = Z + V xhat + w J U
+//   dw  = sum over the rows of g J U
+//   dx' = J (V g) - r (mean(U dx) xhat + mean(h xhat) J U + mean(U xhat) dx)
+std::vector<Tensor> layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& g, const Tensor& stats, double eps) {
+  const LayerNormGrads d = layer_norm_rows_backward(x, weight, stats, g);
   const Shape columns{x.shape().back()};
-  const Tensor centred = sub(x, mean(x, {-1}, /*keepdim=*/true));
-  const Tensor rstd = 1.0 / sqrt(add(mean(mul(centred, centred), {-1}, /*keepdim=*/true), eps));
-  const Tensor xhat = mul(centred, rstd);
-  std::vector<Tensor> d(3);
-  if (needs[0]) {
-    const Tensor dxhat = weight.defined() ? mul(g, weight) : g;
-    const Tensor mean_dxhat = mean(dxhat, {-1}, /*keepdim=*/true);
-    const Tensor mean_dxhat_xhat = mean(mul(dxhat, xhat), {-1}, /*keepdim=*/true);
-    d[0] = mul(rstd, sub(sub(dxhat, mean_dxhat), mul(xhat, mean_dxhat_xhat)));
-  }
-  if (needs[1]) d[1] = sum_to(mul(g, xhat), columns);
-  if (needs[2]) d[2] = sum_to(g, columns);
-  return d;
+  auto column = [&](const std::vector<double>& v) { return from_vector(std::span<const double>(v), columns).to(x.dtype()); };
+  std::vector<Tensor> out{d.dx, column(d.dweight), column(d.dbias)};
+  record("layer_norm_backward", {x, weight, g}, out, {x, weight, g},
+         [x, weight, g, eps, columns](std::span<const Tensor> u, const std::vector<bool>& needs) {
+           const Tensor centred = sub(x, mean(x, {-1}, /*keepdim=*/true));
+           const Tensor r = 1.0 / sqrt(add(mean(mul(centred, centred), {-1}, /*keepdim=*/true), eps));
+           const Tensor xhat = mul(centred, r);
+           auto row_mean = [](const Tensor& t) { return mean(t, {-1}, /*keepdim=*/true); };
+           auto jacobian = [&](const Tensor& v) { return mul(r, sub(sub(v, row_mean(v)), mul(xhat, row_mean(mul(v, xhat))))); };
+           auto plus = [](const Tensor& a, const Tensor& b) { return a.defined() ? add(a, b) : b; };
+           const Tensor& du = u[0];
+           const Tensor& dv = u[1];
+           const Tensor& dz = u[2];
+           const Tensor h = weight.defined() ? mul(g, weight) : g;
+           const Tensor ju = du.defined() ? jacobian(du) : Tensor();
+           std::vector<Tensor> grads(3);
+           if (needs[0]) {
+             if (dv.defined()) grads[0] = jacobian(mul(dv, g));
+             if (ju.defined()) {
+               const Tensor dx = jacobian(h);
+               const Tensor terms = add(add(mul(row_mean(mul(du, dx)), xhat), mul(row_mean(mul(h, xhat)), ju)), mul(row_mean(mul(du, xhat)), dx));
+               grads[0] = plus(grads[0], neg(mul(r, terms)));
+             }
+           }
+           if (needs[1] && ju.defined()) grads[1] = sum_to(mul(g, ju), columns);
+           if (needs[2]) {
+             if (dz.defined()) grads[2] = expand(dz, g.shape());
+             if (dv.defined()) grads[2] = plus(grads[2], mul(dv, xhat));
+             if (ju.defined()) grads[2] = plus(grads[2], weight.defined() ? mul(ju, weight) : ju);
+           }
+           return grads;
+         });
+  return out;
 }
 
 }  // namespace
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   check_layer_norm_args(x, weight, bias, eps);
-  Normalised n = layer_norm_forward(x, weight, bias, eps);
-  // dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dweight = sum_rows g xhat, dbias = sum_rows g
+  Normalised n = layer_norm_rows_forward(x, weight, bias, eps);
+  // dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dweight = sum_rows g xhat, dbias =
+  // sum_rows g: the op layer_norm_backward, one formula to every order
   record("layer_norm", {x, weight, bias}, n.y, {x, weight, n.stats},
          [x, weight, stats = n.stats, eps](std::span<const Tensor> g, const std::vector<bool>& needs) {
-           if (creating_graph()) return recorded_backward(x, weight, eps, g[0], needs);
-           const LayerNormGrads d = layer_norm_backward(x, weight, stats, g[0]);
-           auto column = [&](const std::vector<double>& v) {
-             return from_vector(std::span<const double>(v), {x.shape().back()}).to(x.dtype());
-           };
-           return std::vector<Tensor>{needs[0] ? d.dx : Tensor(), needs[1] ? column(d.dweight) : Tensor(),
-                                      needs[2] ? column(d.dbias) : Tensor()};
+           std::vector<Tensor> d = layer_norm_backward(x, weight, g[0], stats, eps);
+           for (std::size_t k = 0; k < d.size(); ++k)
+             if (!needs[k]) d[k] = Tensor();
+           return d;
          });
   return n.y;
 }

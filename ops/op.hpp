@@ -16,16 +16,20 @@ namespace tapegrad::detail {
 Tensor sum_to(const Tensor& g, const Shape& shape);
 
 
-// Records a one-output op (see record_op); the backward is only wrapped in a std::function when
-// the op is actually recorded. `saved` lists exactly the tensors the backward captures (and so
-// reads): the op table's in-place test fails for an op that leaves one out.
+// Records an op, of one output or several (see record_op); the backward is only wrapped in a
+// std::function when the op is actually recorded. `saved` lists exactly the tensors the backward
+// captures (and so reads): the op table's in-place test fails for an op that leaves one out.
 template <class Backward>
-void record(const char* name, std::initializer_list<Tensor> inputs, Tensor& out, std::initializer_list<Tensor> saved,
+void record(const char* name, std::initializer_list<Tensor> inputs, std::span<Tensor> outs, std::initializer_list<Tensor> saved,
             Backward&& backward) {
   const std::span<const Tensor> in(inputs.begin(), inputs.size());
   if (should_record(in))
-    record_op(name, in, std::span<Tensor>(&out, 1), std::forward<Backward>(backward),
-              std::span<const Tensor>(saved.begin(), saved.size()));
+    record_op(name, in, outs, std::forward<Backward>(backward), std::span<const Tensor>(saved.begin(), saved.size()));
+}
+template <class Backward>
+void record(const char* name, std::initializer_list<Tensor> inputs, Tensor& out, std::initializer_list<Tensor> saved,
+            Backward&& backward) {
+  record(name, inputs, std::span<Tensor>(&out, 1), saved, std::forward<Backward>(backward));
 }
 
 // The multi-index of row-major position `flat` in `shape` (error messages name positions so).

@@ -97,8 +97,8 @@ void cross_entropy_rows(const Tensor& logits, const Tensor& targets, const Targe
       [&](std::int64_t begin, std::int64_t stop) { loss_rows<double>(x, ids, rule, loss, lse, begin, stop); });
 }
 
-Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const TargetRule& rule, const RowLse* lse,
-                              const double* w, bool per_row) {
+Tensor cross_entropy_rows_backward(const Tensor& logits, const Tensor& targets, const TargetRule& rule, const RowLse* lse,
+                                   const double* w, bool per_row) {
   Tensor dx = new_tensor(logits.shape(), logits.dtype());
   const auto* ids = static_cast<const std::int64_t*>(targets.raw_data());
   const RowPointers x(logits, logits.shape());

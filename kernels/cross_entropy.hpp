@@ -28,7 +28,7 @@ void cross_entropy_rows(const Tensor& logits, const Tensor& targets, const Targe
 // A fresh contiguous dlogits = (p - q) w_r per counted row, p = softmax(s) from lse, q the
 // smoothed one-hot of its class, w_r = w[r] (per_row) or w[0]; exact zeros on ignored rows.
 // Records nothing.
-Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const TargetRule& rule, const RowLse* lse,
-                              const double* w, bool per_row);
+Tensor cross_entropy_rows_backward(const Tensor& logits, const Tensor& targets, const TargetRule& rule, const RowLse* lse,
+                                   const double* w, bool per_row);
 
 }  // namespace tapegrad::detail

@@ -14,9 +14,11 @@
 #include <memory>
 
 #include "ops/op.hpp"
+#include "ops/softmax.hpp"
 #include "kernels/cross_entropy.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/reduction.hpp"
+#include "tapegrad/ops/softmax.hpp"
 #include "tapegrad/ops/view.hpp"
 #include "tapegrad/ops/where.hpp"
 
@@ -72,33 +74,72 @@ RowLosses row_losses(const Tensor& logits, const Tensor& targets, const CrossEnt
   return out;
 }
 
-// The same gradient in recorded ops, for a create_graph pass: the softmax again from the logits
-// (log Z was saved without history) less the forward's m, a constant that keeps the kernel's
-// arithmetic. Ignored rows lose their logits and weights to where(), so nothing they hold
-// reaches a product and every order of their gradient is exactly 0.
-Tensor recorded_cross_entropy_backward(const Tensor& logits, const Tensor& targets, const std::vector<RowLse>& lse,
-                                       const CrossEntropyOptions& o, double scale, const Tensor& grad) {
-  const std::int64_t rows = targets.numel(), classes = logits.shape().back();
-  Shape column = targets.shape();  // [..., 1]: one entry per row, broadcast along the classes
-  column.push_back(1);
-  const auto* ids = static_cast<const std::int64_t*>(targets.raw_data());
-  const double eps = o.label_smoothing, smooth = eps / static_cast<double>(classes);
-  std::vector<bool> counted(static_cast<std::size_t>(rows));
-  std::vector<double> m(static_cast<std::size_t>(rows), 0.0), q(static_cast<std::size_t>(rows * classes), 0.0);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const auto ur = static_cast<std::size_t>(r);
-    counted[ur] = ids[r] != o.ignore_index;
-    if (!counted[ur]) continue;
-    m[ur] = lse[ur].m;
-    std::fill_n(q.begin() + r * classes, classes, smooth);
-    q[static_cast<std::size_t>(r * classes + ids[r])] += 1.0 - eps;
-  }
-  const Tensor keep = from_bools(counted, column), zero = scalar(0.0, logits.dtype());
-  const Tensor shifted = sub(where(keep, logits, zero), from_vector(std::span<const double>(m), column).to(logits.dtype()));
-  const Tensor log_z = log(sum(exp(shifted), {-1}, /*keepdim=*/true));
-  const Tensor p = exp(sub(shifted, log_z));
-  const Tensor g = mul(o.reduction == Reduction::none ? unsqueeze(grad, -1) : grad, scale);
-  return mul(sub(p, from_vector(std::span<const double>(q), logits.shape()).to(logits.dtype())), where(keep, g, zero));
+// cross_entropy's backward as an op of the logits and g: dlogits = (p - q) w per counted row,
+// w = g scale (g per row for reduction none), p = softmax(s) from the forward's lse, q the
+// smoothed one-hot; exact zeros on ignored rows (the row kernel). Its own gradients, written
+// beside it, for the upstream U of dlogits, with U' = U on counted rows and 0 on ignored ones
+// and P = masked_softmax of the logits, recorded so that it differentiates in them again:
+//   dg_r     = scale <U'_r, P_r - q_r>          (summed over the rows for mean and sum)
+//   dlogits' = w * softmax_backward(P, U')       (P's Jacobian diag(P) - P P^T is symmetric)
+// Ignored rows lose their logits, w and U to where(): nothing they hold reaches a product, and
+// every order of their gradients is exactly 0.
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& ids, const std::shared_ptr<std::vector<RowLse>>& lse,
+                              const CrossEntropyOptions& o, double scale, const Tensor& g) {
+  const bool per_row = o.reduction == Reduction::none;
+  std::vector<double> w = g.to_vector<double>();
+  for (double& x : w) x *= scale;
+  Tensor dlogits = cross_entropy_rows_backward(logits, ids, rule_of(o), lse->data(), w.data(), per_row);
+  record("cross_entropy_backward", {logits, g}, dlogits, {logits, ids, g},
+         [logits, ids, o, scale, g, per_row](std::span<const Tensor> u, const std::vector<bool>& needs) {
+           const std::int64_t rows = ids.numel(), classes = logits.shape().back();
+           Shape column = ids.shape();  // [..., 1]: one entry per row, broadcast along the classes
+           column.push_back(1);
+           const auto* t = static_cast<const std::int64_t*>(ids.raw_data());
+           const double eps = o.label_smoothing;
+           std::vector<bool> counted(static_cast<std::size_t>(rows));
+           std::vector<double> q(static_cast<std::size_t>(rows * classes), 0.0);
+           for (std::int64_t r = 0; r < rows; ++r) {
+             counted[static_cast<std::size_t>(r)] = t[r] != o.ignore_index;
+             if (t[r] == o.ignore_index) continue;
+             std::fill_n(q.begin() + r * classes, classes, eps / static_cast<double>(classes));
+             q[static_cast<std::size_t>(r * classes + t[r])] += 1.0 - eps;
+           }
+           const Tensor keep = from_bools(counted, column), zero = scalar(0.0, logits.dtype());
+           const Tensor p = masked_softmax(where(keep, logits, zero)), u_read = where(keep, u[0], zero);
+           std::vector<Tensor> grads(2);
+           if (needs[0]) grads[0] = mul(softmax_backward(p, u_read), where(keep, mul(per_row ? unsqueeze(g, -1) : g, scale), zero));
+           if (needs[1]) {
+             const Tensor q_t = from_vector(std::span<const double>(q), logits.shape()).to(logits.dtype());
+             const Tensor dg = mul(sum(mul(u_read, sub(p, q_t)), {-1}), scale);
+             grads[1] = per_row ? dg : sum(dg);
+           }
+           return grads;
+         });
+  return dlogits;
+}
+
+// mse_loss's backward as an op: dpred = c g (pred - target), g a scalar or of pred's shape, one
+// loop in that order. Its own gradients, written beside it, for the upstream U of dpred:
+//   dg = sum to g's shape of c U (pred - target)   (this op again, on U: dpred is linear in g)
+//   dpred' = c g U,  dtarget' = -dpred'
+Tensor mse_loss_backward(const Tensor& g, const Tensor& pred, const Tensor& target, double c) {
+  Tensor dpred = new_tensor(pred.shape(), pred.dtype());
+  visit_float(pred.dtype(), "mse_loss", [&]<class T>(Tag<T>) {
+    const T k = convert<T>(c);
+    map_into<T, T, T, T>(dpred, [k](T gv, T p, T t) { return k * gv * (p - t); }, g, pred, target);
+  });
+  record("mse_loss_backward", {g, pred, target}, dpred, {g, pred, target},
+         [g, pred, target, c](std::span<const Tensor> u, const std::vector<bool>& needs) {
+           std::vector<Tensor> grads(3);
+           if (needs[0]) grads[0] = sum_to(mse_loss_backward(u[0], pred, target, c), g.shape());
+           if (needs[1] || needs[2]) {
+             const Tensor d = mul(mul(g, c), u[0]);
+             if (needs[1]) grads[1] = d;
+             if (needs[2]) grads[2] = neg(d);
+           }
+           return grads;
+         });
+  return dpred;
 }
 
 }  // namespace
@@ -117,13 +158,10 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, const CrossEnt
     out = scalar(total * scale, logits.dtype());
   }
   // dlogits = (softmax(logits) - smoothed one-hot) * g * scale per counted row, 0 on ignored rows
+  // the op cross_entropy_backward, one formula to every order
   record("cross_entropy", {logits}, out, {logits, ids},
          [logits, ids, lse = rows.lse, options, scale](std::span<const Tensor> g, const std::vector<bool>&) {
-           if (creating_graph()) return std::vector<Tensor>{recorded_cross_entropy_backward(logits, ids, *lse, options, scale, g[0])};
-           std::vector<double> w = g[0].to_vector<double>();
-           for (double& x : w) x *= scale;
-           return std::vector<Tensor>{
-               cross_entropy_backward(logits, ids, rule_of(options), lse->data(), w.data(), options.reduction == Reduction::none)};
+           return std::vector<Tensor>{cross_entropy_backward(logits, ids, lse, options, scale, g[0])};
          });
   return out;
 }
@@ -148,18 +186,11 @@ Tensor mse_loss(const Tensor& pred, const Tensor& target, Reduction reduction) {
     if (reduction == Reduction::mean) total = n > 0 ? total / static_cast<double>(n) : std::numeric_limits<double>::quiet_NaN();
     out = scalar(total, dtype);
   }
-  // dpred = c g (pred - target), dtarget = -dpred, c = 2 / n for mean and 2 otherwise
+  // dpred = c g (pred - target), dtarget = -dpred, c = 2 / n for mean and 2 otherwise: the op
+  // mse_loss_backward, one formula to every order
   const double c = reduction != Reduction::mean ? 2.0 : n > 0 ? 2.0 / static_cast<double>(n) : 0.0;
   record("mse_loss", {pred, target}, out, {pred, target}, [pred, target, c](std::span<const Tensor> g, const std::vector<bool>& needs) {
-    if (creating_graph()) {  // the same products, recorded, in the same order: (c g) (pred - target)
-      const Tensor dpred = mul(mul(g[0], c), sub(pred, target));
-      return std::vector<Tensor>{needs[0] ? dpred : Tensor(), needs[1] ? neg(dpred) : Tensor()};
-    }
-    Tensor dpred = new_tensor(pred.shape(), pred.dtype());
-    visit_float(pred.dtype(), "mse_loss", [&]<class T>(Tag<T>) {
-      const T k = convert<T>(c);
-      map_into<T, T, T, T>(dpred, [k](T gv, T p, T t) { return k * gv * (p - t); }, g[0], pred, target);
-    });
+    const Tensor dpred = mse_loss_backward(g[0], pred, target, c);
     return std::vector<Tensor>{needs[0] ? dpred : Tensor(), needs[1] ? neg(dpred) : Tensor()};
   });
   return out;

@@ -85,7 +85,7 @@ TAPEGRAD_CPU_CLONES void backward_rows_f32(const float* y, const RowPointers& gr
 
 }  // namespace
 
-Tensor log_softmax_forward(const Tensor& x, const Tensor& allowed) {
+Tensor masked_log_softmax_forward(const Tensor& x, const Tensor& allowed) {
   Tensor y = new_tensor(x.shape(), x.dtype());
   const RowPointers xr(x, x.shape()), mask(allowed, x.shape());
   void* py = mutable_data(y);
@@ -96,7 +96,7 @@ Tensor log_softmax_forward(const Tensor& x, const Tensor& allowed) {
   return y;
 }
 
-Tensor log_softmax_backward(const Tensor& y, const Tensor& grad) {
+Tensor masked_log_softmax_backward(const Tensor& y, const Tensor& grad) {
   Tensor dx = new_tensor(y.shape(), y.dtype());
   const RowPointers g(grad, y.shape());
   const void* py = y.raw_data();

@@ -24,25 +24,36 @@ namespace tapegrad {
 namespace {
 using namespace detail;
 
-// The same formula in recorded ops, for a create_graph pass: y joined to this node, so that
-// exp(y) differentiates through the log-softmax again. Both selections keep the exact zeros:
-// the -inf entries' g never reaches the sum, and their dx (and its gradient) is 0, not 0 * inf.
-Tensor recorded_backward(const Tensor& y, const Tensor& g) {
-  const Tensor finite = ne(y, scalar(-std::numeric_limits<double>::infinity(), y.dtype()));
-  const Tensor zero = scalar(0.0, y.dtype());
-  const Tensor total = sum(where(finite, g, zero), {-1}, /*keepdim=*/true);
-  return where(finite, sub(g, mul(exp(y), total)), zero);
+// The backward as an op of y and g: dx = g - exp(y) rowsum(g where y is finite), 0 where
+// y = -inf (the row kernel; y contiguous, as the forward made it, g of y's shape). With
+// F = (y != -inf), p = exp(y), S = rowsum(where(F, g, 0)) and U' = where(F, U, 0), its own
+// gradients, written beside it, for the upstream U of dx (derived in docs/gradients.md):
+//   dg = where(F, U' - rowsum(p U'), 0)   (the transpose of I - p 1^T)
+//   dy = where(F, -U' p S, 0)             (through y it goes on to x through the log-softmax)
+// Both read g and U only where F: a -inf entry gets exactly 0 of every order.
+Tensor log_softmax_backward(const Tensor& y, const Tensor& g) {
+  Tensor dx = masked_log_softmax_backward(y, g);
+  record("log_softmax_backward", {y, g}, dx, {y, g}, [y, g](std::span<const Tensor> u, const std::vector<bool>& needs) {
+    const Tensor zero = scalar(0.0, y.dtype());
+    const Tensor finite = ne(y, scalar(-std::numeric_limits<double>::infinity(), y.dtype()));
+    const Tensor p = exp(y), u_read = where(finite, u[0], zero);
+    std::vector<Tensor> grads(2);
+    if (needs[0]) grads[0] = where(finite, neg(mul(mul(u_read, p), sum(where(finite, g, zero), {-1}, /*keepdim=*/true))), zero);
+    if (needs[1]) grads[1] = where(finite, sub(u_read, sum(mul(p, u_read), {-1}, /*keepdim=*/true)), zero);
+    return grads;
+  });
+  return dx;
 }
 
 }  // namespace
 
 Tensor log_softmax(const Tensor& x, const Tensor& allowed) {
   check_softmax_args("log_softmax", "x", x, "allowed", allowed);
-  Tensor y = log_softmax_forward(x, allowed);
-  // dx = g - exp(y) * rowsum(g where y is finite); 0 where y = -inf. Keeps only its output y.
+  Tensor y = masked_log_softmax_forward(x, allowed);
+  // dx = g - exp(y) * rowsum(g where y is finite); 0 where y = -inf: the op log_softmax_backward,
+  // one formula to every order (y joined to this node in a create_graph pass). Keeps only y.
   record("log_softmax", {x}, y, {y}, [y = y.detach()](std::span<const Tensor> g, const std::vector<bool>&) {
-    if (creating_graph()) return std::vector<Tensor>{recorded_backward(output_with_history(y, 0), g[0])};
-    return std::vector<Tensor>{log_softmax_backward(y, g[0])};
+    return std::vector<Tensor>{log_softmax_backward(output_with_history(y, 0), g[0])};
   });
   return y;
 }

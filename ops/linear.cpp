@@ -80,19 +80,25 @@ bool side_by_side(const Tensor& rows, const Tensor& w) {
   return max_threads() > 1 && macs >= kParallelGrain && unsplit;
 }
 
-// The backward in recorded ops, for a create_graph pass: x itself, not `rows` (a view made
-// without history, or a copy), so that dw differentiates in x; products at the node's precision.
-std::vector<Tensor> recorded_backward(const Tensor& x, const Tensor& weight, const Tensor& g, MatmulPrecision precision,
-                                      const std::vector<bool>& needs) {
-  const std::int64_t k = weight.shape()[0], n = weight.shape()[1];
-  std::int64_t m = 1;  // the rows of x, counted from its shape: K may be 0
-  for (std::size_t d = 0; d + 1 < x.shape().size(); ++d) m *= x.shape()[d];
-  const Tensor g2 = reshape(g, {m, n});
-  std::vector<Tensor> grads(3);
-  if (needs[0]) grads[0] = reshape(matmul(g2, transpose(weight, 0, 1), precision), x.shape());
-  if (needs[1]) grads[1] = matmul(transpose(reshape(x, {m, k}), 0, 1), g2, precision);
-  if (needs[2]) grads[2] = sum_to(g2, {n});
-  return grads;
+// rows, the forward's [M, K] matrix of x (x itself, a view of it, or a copy when x's layout does
+// not flatten), as an op of x: the same elements, recorded as a reshape of x, so that dw = rows^T g
+// differentiates in x when a create_graph pass records it.
+Tensor rows_of(const Tensor& x, const Tensor& rows) {
+  Tensor out = rows.detach();
+  record("linear_rows", {x}, out, {}, [shape = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {
+    return std::vector<Tensor>{reshape(g[0], shape)};
+  });
+  return out;
+}
+
+// db = the column sums of the contiguous [M, N] g (bias_gradient's loop) as an op: linear in g,
+// its own gradient is U broadcast back over the rows.
+Tensor bias_backward(const Tensor& g2, const Shape& shape) {
+  Tensor db = bias_gradient(g2, shape);
+  record("linear_bias_backward", {g2}, db, {}, [rows = g2.shape()](std::span<const Tensor> u, const std::vector<bool>&) {
+    return std::vector<Tensor>{expand(reshape(u[0], {1, rows[1]}), rows)};
+  });
+  return db;
 }
 
 }  // namespace
@@ -109,17 +115,18 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, MatmulP
   const Tensor rows = as_matrix(x);
   Tensor y = product_into_new(rows, weight, out_shape, precision);
   if (bias.defined()) add_bias_rows(as_matrix(y), bias);
-  // dx = g w^T, dw = x^T g (all rows), db = column sums of g
+  // dx = g w^T, dw = x^T g (all rows), db = column sums of g: matmuls at the node's precision and
+  // the op bias_backward, one formula to every order (they record only in a create_graph pass)
   record("linear", {x, weight, bias}, y, {x, weight},
          [x, rows, weight, precision, x_shape = x.shape(), b_shape = bias.defined() ? bias.shape() : Shape{}](
              std::span<const Tensor> g, const std::vector<bool>& needs) {
-           if (creating_graph()) return recorded_backward(x, weight, g[0], precision, needs);
-           const Tensor g2 = as_matrix(g[0].is_contiguous() ? g[0] : copy_of(g[0]));
+           const Tensor g2 = reshape(contiguous(g[0]), {rows.shape()[0], weight.shape()[1]});
            std::vector<Tensor> grads(3);
-           const Tensor wt = transpose(weight, 0, 1), xt = transpose(rows, 0, 1);
-           auto dx = [&] { grads[0] = product_into_new(g2, wt, x_shape, precision); };
-           auto dw = [&] { grads[1] = product_into_new(xt, g2, weight.shape(), precision); };
-           if (needs[0] && needs[1] && side_by_side(rows, weight)) {
+           auto dx = [&] { grads[0] = reshape(matmul(g2, transpose(weight, 0, 1), precision), x_shape); };
+           auto dw = [&] { grads[1] = matmul(transpose(rows_of(x, rows), 0, 1), g2, precision); };
+           // Side by side only where nothing records (a first-order pass): a pool thread would
+           // record onto its own tape.
+           if (needs[0] && needs[1] && !is_grad_enabled() && side_by_side(rows, weight)) {
              parallel_for(2, product_cost(rows, weight), [&](std::int64_t i0, std::int64_t i1) {
                const NoGradGuard no_grad;  // a pool thread's own grad mode is on
                for (std::int64_t i = i0; i < i1; ++i) i == 0 ? dx() : dw();
@@ -128,7 +135,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, MatmulP
              if (needs[0]) dx();
              if (needs[1]) dw();
            }
-           if (needs[2]) grads[2] = bias_gradient(g2, b_shape);
+           if (needs[2]) grads[2] = bias_backward(g2, b_shape);
            return grads;
          });
   return y;

@@ -1,9 +1,12 @@
 // Gradients of gradients: grad() and create_graph, gradgradcheck catching a wrong second-order
 // formula, Hessian-vector products, attention to second order on every path with its exact
-// zeros, the tiny decoder, and a gradient-penalty loop that stays flat in memory.
+// zeros, the tiny decoder, a gradient-penalty loop that stays flat in memory, and the backward
+// ops (one formula to every order): the same bits in both passes, third order, exact zeros.
 // (Every op of the op table is gradgradchecked by test_ops.)
 #define BOOST_TEST_MODULE second_order
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <limits>
 
 #include "mha_support.hpp"
@@ -467,3 +470,185 @@ BOOST_AUTO_TEST_CASE(suppressed_queries_and_masked_keys_holding_nan_change_no_se
 
 BOOST_AUTO_TEST_SUITE_END()
 
+
+namespace {
+
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+// t's elements as float64 bits: NaN equals NaN and -0 differs from 0.
+std::vector<std::uint64_t> bits_of(const Tensor& t) {
+  std::vector<std::uint64_t> out;
+  for (double x : t.to_vector<double>()) {
+    std::uint64_t b = 0;
+    std::memcpy(&b, &x, sizeof b);
+    out.push_back(b);
+  }
+  return out;
+}
+
+// The cases below in float32 and float64: f of inputs made from seeded draws (positive ones for
+// log, sqrt and pow), an upstream gradient u of f's shape that may hold NaN where the first-order
+// rule reads nothing.
+struct Case {
+  std::string name;
+  std::vector<tg::Shape> shapes;
+  Fn f;
+  bool positive = false;
+  std::function<void(std::vector<double>&)> poison_upstream;  // NaN and inf where nothing is read
+};
+
+std::vector<Case> backward_op_cases() {
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  using Poison = std::function<void(std::vector<double>&)>;
+  std::vector<Case> cases;
+  auto add = [&cases](std::string name, std::vector<tg::Shape> shapes, Fn f, bool positive = false, Poison poison = {}) {
+    cases.push_back({std::move(name), std::move(shapes), std::move(f), positive, std::move(poison)});
+  };
+  const Tensor allowed = tg::mask({{true, false, true, true}, {false, false, false, false}, {true, true, true, false}});
+  add("log_softmax", {{3, 4}}, [allowed](const std::vector<Tensor>& in) { return tg::log_softmax(in[0], allowed); }, false,
+      [nan, inf](std::vector<double>& u) { u[1] = nan, u[4] = inf, u[6] = nan, u[11] = -inf; });
+  const Tensor targets = tg::tensor({2, -1, 0}, tg::int64);  // row 1 ignored
+  for (auto reduction : {tg::Reduction::mean, tg::Reduction::sum, tg::Reduction::none}) {
+    const tg::CrossEntropyOptions o{.ignore_index = -1, .label_smoothing = 0.1, .reduction = reduction};
+    const bool none = reduction == tg::Reduction::none;
+    add(fmt::format("cross_entropy (reduction {})", static_cast<int>(reduction)), {{3, 4}},
+        [targets, o](const std::vector<Tensor>& in) { return tg::cross_entropy(in[0], targets, o); }, false,
+        none ? Poison([nan](std::vector<double>& u) { u[1] = nan; }) : Poison());
+  }
+  for (auto reduction : {tg::Reduction::mean, tg::Reduction::sum, tg::Reduction::none})
+    add(fmt::format("mse_loss (reduction {})", static_cast<int>(reduction)), {{2, 3}, {2, 3}},
+        [reduction](const std::vector<Tensor>& in) { return tg::mse_loss(in[0], in[1], reduction); });
+  add("layer_norm", {{3, 5}, {5}, {5}}, [](const std::vector<Tensor>& in) { return tg::layer_norm(in[0], in[1], in[2], 0.1); });
+  add("layer_norm without weight", {{2, 2, 4}},
+      [](const std::vector<Tensor>& in) { return tg::layer_norm(in[0], Tensor(), Tensor(), 0.1); });
+  // Each row's values twice, so every maximum is tied and its gradient shared.
+  add("max over a dim, tied", {{3, 2}}, [](const std::vector<Tensor>& in) { return tg::max(tg::concat({in[0], in[0] * 1.0}, 1), {1}); });
+  add("max", {{2, 3}}, [](const std::vector<Tensor>& in) { return tg::max(in[0]); });
+  add("exp", {{2, 3}}, [](const std::vector<Tensor>& in) { return tg::exp(in[0]); });
+  add("log", {{2, 3}}, [](const std::vector<Tensor>& in) { return tg::log(in[0]); }, true);
+  add("sqrt", {{2, 3}}, [](const std::vector<Tensor>& in) { return tg::sqrt(in[0]); }, true);
+  for (double p : {2.5, 2.0, 1.0, 0.0, -1.5})
+    add(fmt::format("pow {}", p), {{2, 3}}, [p](const std::vector<Tensor>& in) { return tg::pow(in[0], p); }, true);
+  add("tanh", {{2, 3}}, [](const std::vector<Tensor>& in) { return tg::tanh(in[0]); });
+  add("relu times x", {{2, 3}}, [](const std::vector<Tensor>& in) { return tg::relu(in[0]) * in[0]; });
+  add("neg", {{2, 3}}, [](const std::vector<Tensor>& in) { return tg::neg(in[0]); });
+  add("linear", {{2, 3, 4}, {4, 5}, {5}}, [](const std::vector<Tensor>& in) { return tg::linear(in[0], in[1], in[2]); });
+  // [2, 3, 4] with strides that do not flatten to rows: the forward copies them
+  add("linear of a strided x", {{4, 3, 2}, {4, 5}}, [](const std::vector<Tensor>& in) { return tg::linear(tg::permute(in[0], {2, 1, 0}), in[1]); });
+  add("matmul, broadcast batch", {{2, 3, 4}, {4, 2}}, [](const std::vector<Tensor>& in) { return tg::matmul(in[0], in[1]); });
+  return cases;
+}
+
+std::vector<Tensor> inputs_of(const Case& c, tg::DType dtype, std::uint64_t seed) {
+  std::vector<Tensor> in;
+  for (const auto& s : c.shapes)
+    in.push_back((c.positive ? tg::rand(s, ++seed, dtype, 0.5, 2.0) : tg::randn(s, ++seed, dtype)).set_requires_grad());
+  return in;
+}
+
+Tensor upstream_of(const Case& c, const Tensor& out, std::uint64_t seed) {
+  std::vector<double> u = tg::randn(out.shape(), seed, tg::float64).to_vector<double>();
+  if (c.poison_upstream) c.poison_upstream(u);
+  return f64(u, out.shape()).to(out.dtype());
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(backward_ops_to_every_order)
+
+// A create_graph pass runs the same kernels as a first-order pass (the backward ops record
+// beside them): its gradients are the first-order ones bit for bit, NaN where they are NaN.
+BOOST_AUTO_TEST_CASE(a_create_graph_pass_gives_the_first_order_bits) {
+  for (const Case& c : backward_op_cases())
+    for (tg::DType dtype : {tg::float32, tg::float64}) {
+      BOOST_TEST_CONTEXT(c.name << ", " << dtype) {
+        const std::vector<Tensor> in = inputs_of(c, dtype, 40);
+        const Tensor u = upstream_of(c, c.f(in), 50).set_requires_grad();  // so every gradient has a graph
+        const auto first = tg::grad({c.f(in)}, in, {u});
+        const auto second = tg::grad({c.f(in)}, in, {u}, {.create_graph = true});
+        for (std::size_t i = 0; i < in.size(); ++i) {
+          BOOST_TEST(second[i].requires_grad());
+          BOOST_TEST(bits_of(first[i]) == bits_of(second[i]), "input " << i);
+        }
+      }
+    }
+}
+
+// The multi-head layer's projections too (a self-attention, float32 and float64).
+BOOST_AUTO_TEST_CASE(the_projections_give_the_first_order_bits_in_a_create_graph_pass) {
+  for (tg::DType dtype : {tg::float32, tg::float64}) {
+    tg::MultiHeadAttention layer({.query_dim = 8, .heads = 2, .dtype = dtype, .seed = 3});
+    std::vector<Tensor> in = layer.parameters();
+    in.push_back(tg::randn({2, 5, 8}, 4, dtype).set_requires_grad());
+    const auto f = [&] { return layer.forward(in.back(), {.masking = {.causal = true}}).output; };
+    const Tensor u = tg::randn({2, 5, 8}, 5, dtype);
+    const auto first = tg::grad({f()}, in, {u});
+    const auto second = tg::grad({f()}, in, {u}, {.create_graph = true});
+    for (std::size_t i = 0; i < in.size(); ++i) BOOST_TEST(bits_of(first[i]) == bits_of(second[i]), dtype << " input " << i);
+  }
+}
+
+// Third order: gradgradcheck of h(x, u) = grad(f(x), x, u) with create_graph, in x and in the
+// upstream u, so the backward ops' own gradients (written in recorded ops) are differentiated.
+BOOST_AUTO_TEST_CASE(third_order_through_every_backward_op) {
+  for (const Case& c : backward_op_cases()) {
+    BOOST_TEST_CONTEXT(c.name) {
+      std::vector<Tensor> in = inputs_of(c, tg::float64, 60);
+      in.push_back(tg::randn(c.f(in).shape(), 70, tg::float64).set_requires_grad());
+      const auto h = [&c](const std::vector<Tensor>& all) {
+        const tg::EnableGradGuard on;  // gradcheck's finite differences run f under NoGradGuard
+        const std::vector<Tensor> x(all.begin(), all.end() - 1);
+        return tg::grad({c.f(x)}, x, {all.back()}, {.create_graph = true});
+      };
+      const auto r = tg::gradgradcheck(h, in);
+      BOOST_TEST(r.ok, r.report());
+    }
+  }
+}
+
+// Where the first-order rule reads nothing (masked entries and empty rows of log_softmax,
+// ignored rows of cross_entropy), NaN and inf in the inputs and in the upstream gradients leave
+// every second-order term exactly 0 there, and finite elsewhere.
+BOOST_AUTO_TEST_CASE(masked_entries_and_ignored_rows_get_exactly_zero_second_order_terms) {
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  auto check = [](const Tensor& t, const std::vector<std::size_t>& zero_at, const std::string& what) {
+    const auto v = t.to_vector<double>();
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (std::find(zero_at.begin(), zero_at.end(), i) != zero_at.end()) BOOST_TEST(v[i] == 0.0, what << " element " << i);
+      else BOOST_TEST(std::isfinite(v[i]), what << " element " << i);
+    }
+  };
+  {
+    const Tensor allowed = tg::mask({{true, false, true}, {false, false, false}});  // row 1 empty
+    Tensor x = f64({0.3, nan, -0.2, inf, nan, 2.0}, {2, 3}).set_requires_grad();
+    Tensor g = f64({1.0, nan, -2.0, inf, nan, 1.0}, {2, 3}).set_requires_grad();
+    const Tensor dx = tg::grad({tg::log_softmax(x, allowed)}, {x}, {g}, {.create_graph = true})[0];
+    check(dx, {1, 3, 4, 5}, "log_softmax dx");
+    const auto second = tg::grad({tg::sum(dx * dx) + tg::sum(dx * 0.5)}, {x, g});
+    check(second[0], {1, 3, 4, 5}, "log_softmax d2/dx");
+    check(second[1], {1, 3, 4, 5}, "log_softmax d2/dg");
+  }
+  for (auto reduction : {tg::Reduction::mean, tg::Reduction::none}) {
+    const Tensor targets = tg::tensor({1, -100, 0}, tg::int64);
+    Tensor s = f64({0.2, -0.4, 1.0, nan, inf, -inf, 0.5, 0.1, -0.3}, {3, 3}).set_requires_grad();
+    Tensor g = reduction == tg::Reduction::none ? f64({0.7, nan, -1.1}, {3}).set_requires_grad() : f64({0.9}, {}).set_requires_grad();
+    const Tensor loss = tg::cross_entropy(s, targets, {.label_smoothing = 0.2, .reduction = reduction});
+    const Tensor ds = tg::grad({loss}, {s}, {g}, {.create_graph = true})[0];
+    check(ds, {3, 4, 5}, "cross_entropy dlogits");
+    const auto second = tg::grad({tg::sum(ds * ds) + tg::sum(ds * 0.5)}, {s, g});
+    check(second[0], {3, 4, 5}, "cross_entropy d2/dlogits");
+    check(second[1], reduction == tg::Reduction::none ? std::vector<std::size_t>{1} : std::vector<std::size_t>{}, "cross_entropy d2/dg");
+  }
+  {
+    // max over the last dim: row 0 with a tie, row 1 NaN (no winner). The gradient of dx in g
+    // reads the upstream only at the winners.
+    Tensor x = f64({1.0, 3.0, 3.0, nan, 0.0, 2.0}, {2, 3}).set_requires_grad();
+    Tensor g = f64({2.0, 5.0}, {2}).set_requires_grad();
+    const Tensor dx = tg::grad({tg::max(x, {1})}, {x}, {g}, {.create_graph = true})[0];
+    check_close(dx, {0, 1, 1, 0, 0, 0}, 0, "max dx");
+    const Tensor dg = tg::grad({dx}, {g}, {f64({nan, 4.0, 6.0, inf, nan, nan}, {2, 3})})[0];
+    check_close(dg, {5.0, 0.0}, 0, "max d2/dg");
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()

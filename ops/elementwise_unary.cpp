@@ -132,7 +132,8 @@ template <class Op> Tensor unary_backward(const Op& op, const Tensor& g, const T
     else
       map_into<T, T>(dx, [&](T gv) { return gv * op.template df<T>(T(0), T(0)); }, g);
   });
-  const Tensor operand = Op::uses_y ? ys : xs;  // what df reads: undefined when it reads nothing
+  if (!is_grad_enabled()) return dx;  // a first-order pass: record() would return at once
+  const Tensor& operand = Op::uses_y ? ys : xs;  // what df reads: undefined when it reads nothing
   const Tensor slope_in = operand.defined() && curved(op) ? operand : Tensor();
   const Tensor keep_g = slope_in.defined() && slope_in.requires_grad() ? g : Tensor();  // read only for the operand's gradient
   record(Op::backward_name, {g, slope_in}, dx, {keep_g, xs, ys},

@@ -47,11 +47,17 @@ void check_layer_norm_args(const Tensor& x, const Tensor& weight, const Tensor& 
 //   dg  = Z + V xhat + w J U
 //   dw  = sum over the rows of g J U
 //   dx' = J (V g) - r (mean(U dx) xhat + mean(h xhat) J U + mean(U xhat) dx)
-std::vector<Tensor> layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& g, const Tensor& stats, double eps) {
+// `wanted` says which of dweight and dbias (entries 1 and 2) a first-order pass makes.
+std::vector<Tensor> layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& g, const Tensor& stats, double eps,
+                                        const std::vector<bool>& wanted) {
   const LayerNormGrads d = layer_norm_rows_backward(x, weight, stats, g);
   const Shape columns{x.shape().back()};
   auto column = [&](const std::vector<double>& v) { return from_vector(std::span<const double>(v), columns).to(x.dtype()); };
-  std::vector<Tensor> out{d.dx, column(d.dweight), column(d.dbias)};
+  // A first-order pass makes only the outputs it wants, and record() would return at once; a
+  // recorded op has all three.
+  const bool all = is_grad_enabled();
+  std::vector<Tensor> out{d.dx, all || wanted[1] ? column(d.dweight) : Tensor(), all || wanted[2] ? column(d.dbias) : Tensor()};
+  if (!all) return out;
   record("layer_norm_backward", {x, weight, g}, out, {x, weight, g},
          [x, weight, g, eps, columns](std::span<const Tensor> u, const std::vector<bool>& needs) {
            const Tensor centred = sub(x, mean(x, {-1}, /*keepdim=*/true));
@@ -94,7 +100,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   // sum_rows g: the op layer_norm_backward, one formula to every order
   record("layer_norm", {x, weight, bias}, n.y, {x, weight, n.stats},
          [x, weight, stats = n.stats, eps](std::span<const Tensor> g, const std::vector<bool>& needs) {
-           std::vector<Tensor> d = layer_norm_backward(x, weight, g[0], stats, eps);
+           std::vector<Tensor> d = layer_norm_backward(x, weight, g[0], stats, eps, needs);
            for (std::size_t k = 0; k < d.size(); ++k)
              if (!needs[k]) d[k] = Tensor();
            return d;

@@ -84,6 +84,7 @@ bool side_by_side(const Tensor& rows, const Tensor& w) {
 // not flatten), as an op of x: the same elements, recorded as a reshape of x, so that dw = rows^T g
 // differentiates in x when a create_graph pass records it.
 Tensor rows_of(const Tensor& x, const Tensor& rows) {
+  if (!is_grad_enabled()) return rows;  // a first-order pass: record() would return at once
   Tensor out = rows.detach();
   record("linear_rows", {x}, out, {}, [shape = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {
     return std::vector<Tensor>{reshape(g[0], shape)};
@@ -95,6 +96,7 @@ Tensor rows_of(const Tensor& x, const Tensor& rows) {
 // its own gradient is U broadcast back over the rows.
 Tensor bias_backward(const Tensor& g2, const Shape& shape) {
   Tensor db = bias_gradient(g2, shape);
+  if (!is_grad_enabled()) return db;  // a first-order pass: record() would return at once
   record("linear_bias_backward", {g2}, db, {}, [rows = g2.shape()](std::span<const Tensor> u, const std::vector<bool>&) {
     return std::vector<Tensor>{expand(reshape(u[0], {1, rows[1]}), rows)};
   });

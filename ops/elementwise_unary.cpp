@@ -203,6 +203,7 @@ Tensor gelu_backward(const Tensor& g, const Tensor& x) {
         for (std::int64_t i = b; i < e; ++i) pd[i] = pg[i] * (normal_cdf(px[i]) + px[i] * normal_pdf(px[i]));
     });
   });
+  if (!is_grad_enabled()) return dx;  // a first-order pass: record() would return at once
   const Tensor keep_g = x.requires_grad() ? g : Tensor();  // read only for x's gradient
   record("gelu_backward", {g, x}, dx, {keep_g, x}, [keep_g, x](std::span<const Tensor> gg, const std::vector<bool>& needs) {
     return std::vector<Tensor>{needs[0] ? gelu_backward(gg[0], x) : Tensor(), needs[1] ? gg[0] * keep_g * gelu_curvature(x) : Tensor()};

@@ -12,6 +12,11 @@ namespace tapegrad::detail {
 inline void check_field(const char* layer, const char* field, std::int64_t value, std::int64_t low = 1) {
   if (value < low) fail<ValueError>("{}: config.{} must be >= {}, got {}", layer, field, low, value);
 }
+// heads divides the width a config splits into heads: the one rule TransformerBlock, Decoder and
+// MultiHeadAttention share; `when` ends the message.
+inline void check_heads_divide(const char* layer, std::int64_t heads, const char* width_field, std::int64_t width, const char* when = "") {
+  if (width % heads != 0) fail<ValueError>("{}: config.heads = {} must divide config.{} = {}{}", layer, heads, width_field, width, when);
+}
 inline void check_float_dtype(const char* layer, DType dtype) {
   if (!is_floating(dtype)) fail<DTypeError>("{}: config.dtype must be float32 or float64, got {}", layer, dtype);
 }

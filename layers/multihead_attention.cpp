@@ -45,9 +45,7 @@ MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
   };
   fill(c.context_dim, c.query_dim, "context_dim = query_dim");
   if (c.kv_heads == 0) c.kv_heads = c.heads;  // named in no message: every one that uses it names heads too
-  if (c.head_dim == 0 && c.query_dim % c.heads != 0)
-    fail<ValueError>("{}: config.heads = {} must divide config.query_dim = {} when head_dim is not given", kLayer, c.heads,
-                     c.query_dim);
+  if (c.head_dim == 0) detail::check_heads_divide(kLayer, c.heads, "query_dim", c.query_dim, " when head_dim is not given");
   fill(c.head_dim, c.query_dim / c.heads, "head_dim = query_dim / heads");
   fill(c.value_head_dim, c.head_dim, "value_head_dim = head_dim");
   fill(c.out_dim, c.query_dim, "out_dim = query_dim");

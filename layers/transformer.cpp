@@ -17,8 +17,7 @@ namespace {
 const TransformerBlockConfig& checked(const TransformerBlockConfig& c) {
   detail::check_field("TransformerBlock", "dim", c.dim);
   detail::check_field("TransformerBlock", "heads", c.heads);
-  if (c.dim % c.heads != 0)
-    detail::fail<ValueError>("TransformerBlock: config.heads = {} must divide config.dim = {}", c.heads, c.dim);
+  detail::check_heads_divide("TransformerBlock", c.heads, "dim", c.dim);
   check_kv_heads("TransformerBlock", "config.", c.heads, c.kv_heads);
   check_window("TransformerBlock", "config.window", c.window);
   return c;
@@ -35,7 +34,7 @@ const DecoderConfig& checked(const DecoderConfig& c) {
   detail::check_field(layer, "layers", c.layers);
   detail::check_field(layer, "hidden", c.hidden, 0);
   detail::check_float_dtype(layer, c.dtype);
-  if (c.dim % c.heads != 0) detail::fail<ValueError>("Decoder: config.heads = {} must divide config.dim = {}", c.heads, c.dim);
+  detail::check_heads_divide(layer, c.heads, "dim", c.dim);
   check_kv_heads(layer, "config.", c.heads, c.kv_heads);
   check_window(layer, "config.window", c.window);
   if (c.positions == PositionKind::rotary) check_rotary_options(c.rotary, c.dim / c.heads, layer, "config.rotary", "dim / heads");

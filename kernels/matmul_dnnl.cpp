@@ -301,11 +301,13 @@ bool has_fast_kernel(const Layout& a, const Layout& b, const Layout& c) {
   return std::string(pd.impl_info_str()).find("ref") == std::string::npos;
 }
 
-// Whether a band of rows gets the bits those rows have in the whole product, so that bands can
-// follow the thread count: with oneDNN's AVX-512 kernels (checked by split_products_give_one_
-// threads_bits). Its AVX2 kernels block K by M, and bands changed elements of
-// [1002, 129] x [129, 257] products and of the tiles' raw gemm calls ([1024, 600] x [600, 384]);
-// there products without a batch or panels stay on one thread.
+// Whether a band of rows, or a piece of a batch, gets the bits it has in the whole product, so
+// that bands and batch pieces can follow the thread count: with oneDNN's AVX-512 kernels (checked
+// by split_products_give_one_threads_bits). Its AVX2 kernels block K by M, and bands changed
+// elements of [1002, 129] x [129, 257] products and of the tiles' raw gemm calls
+// ([1024, 600] x [600, 384]); pieces of a batch against a broadcast column-major b changed too.
+// There products without a batch or panels stay on one thread, and batches are cut into pieces
+// fixed by the shape.
 bool bands_keep_bits() {
   static const bool avx512 = [] {
     const auto isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
@@ -415,8 +417,14 @@ int fixed_bands(std::int64_t m, std::int64_t n, std::int64_t k) {
 Split split_plan(const Shape& shape, std::int64_t k, int wanted, bool a_column_major, bool b_column_major, bool bf16) {
   const std::size_t r = shape.size();
   Split best;
-  for (std::size_t d = 0; d + 2 < r; ++d)
-    if (const auto p = static_cast<int>(std::min<std::int64_t>(wanted, shape[d])); p > best.pieces) best = {d, p, p};
+  if (!bands_keep_bits()) {  // batch pieces fixed by the shape: AVX2's batched calls change bits when cut
+    const double macs = static_cast<double>(shape_numel(shape)) * static_cast<double>(k);
+    for (std::size_t d = 0; d + 2 < r; ++d)
+      if (const int p = fixed_pieces(shape[d], 1, macs); p > best.pieces) best = {d, p, std::min(wanted, p), true};
+  } else {
+    for (std::size_t d = 0; d + 2 < r; ++d)
+      if (const auto p = static_cast<int>(std::min<std::int64_t>(wanted, shape[d])); p > best.pieces) best = {d, p, p};
+  }
   if (best.pieces > 1) return best;
   for (std::size_t d = 0; d + 2 < r; ++d)
     if (shape[d] > 1) return best;  // a batched product too small to cut by its batch stays whole
@@ -472,8 +480,8 @@ Layout part_of(const Layout& l, std::size_t d, std::int64_t full, std::int64_t l
 }
 
 // Where piece i of `pieces` along a dim of `full` entries starts (i = pieces: its end), on a
-// multiple of `align`: pieces fixed by the shape start on one AVX-512 vector of float32 (16),
-// bands and batches that follow the threads anywhere.
+// multiple of `align`: panels and bands fixed by the shape start on one AVX-512 vector of float32
+// (16), batch pieces and bands that follow the threads anywhere.
 std::int64_t piece_start(std::int64_t full, int pieces, int i, std::int64_t align) {
   if (i >= pieces) return full;
   return (full / pieces * i + full % pieces * i / pieces) / align * align;
@@ -500,7 +508,7 @@ bool execute_split(const Layout& la, const Layout& lb, const Layout& lc, void* p
     const std::size_t d = s.split.dim, r = s.lc.dims.size();
     const bool rows = d == r - 2, columns = d == r - 1;
     const std::int64_t full = s.lc.dims[d];
-    const std::int64_t align = s.split.fixed ? 16 : 1;
+    const std::int64_t align = s.split.fixed && (rows || columns) ? 16 : 1;
     const std::int64_t lo = piece_start(full, s.split.pieces, i, align), hi = piece_start(full, s.split.pieces, i + 1, align);
     try {
       std::int64_t oa = 0, ob = 0, oc = 0;

@@ -4,6 +4,8 @@
 #define BOOST_TEST_MODULE parallel
 #include <boost/test/unit_test.hpp>
 
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -37,15 +39,20 @@ struct Threads {
 
 }  // namespace
 
-// OMP_NUM_THREADS gives the default whatever the calling thread's OpenMP setting is when tapegrad
-// first asks: products set it to 1 for their duration, and a first read inside one once kept 1
-// for the process. ctest also runs this case alone with OMP_NUM_THREADS=2 (test_parallel_omp_default).
-BOOST_AUTO_TEST_CASE(the_default_is_omp_num_threads_whatever_the_setting_later) {
+// The default: OMP_NUM_THREADS when set, else the cores this process may run on (its affinity,
+// not the machine's count), whatever the calling thread's OpenMP setting is when tapegrad first
+// asks (products set it to 1 for their duration; a first read inside one once kept 1 for the
+// process). ctest runs this case alone with OMP_NUM_THREADS=2 (test_parallel_omp_default), and
+// with it unset on all cores and under `taskset -c 0` (test_parallel_affinity_default*).
+BOOST_AUTO_TEST_CASE(the_default_is_omp_num_threads_or_the_affinity) {
   const char* env = std::getenv("OMP_NUM_THREADS");
-  const int wanted = env != nullptr ? std::max(1, std::atoi(env)) : 1;  // unset: one thread
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  BOOST_REQUIRE(sched_getaffinity(0, sizeof set, &set) == 0);
+  const int wanted = env != nullptr ? std::max(1, std::atoi(env)) : CPU_COUNT(&set);
   omp_set_num_threads(1);
   BOOST_TEST(tg::num_threads() == wanted);
-  omp_set_num_threads(wanted);
+  omp_set_num_threads(env != nullptr ? wanted : 1);
 }
 
 BOOST_AUTO_TEST_CASE(every_index_once_for_any_thread_count) {
@@ -158,7 +165,9 @@ BOOST_AUTO_TEST_CASE(split_products_give_one_threads_bits) {
                         // bfloat16 panels are at least 192 columns wide, so 4, 1, 1 and 1), a read
                         // whole even when transposed
                         {1, 1, 256, 256, 1000, true, false},  {1, 1, 64, 256, 300, false, false}, {1, 1, 64, 768, 300, false, true},
-                        {1, 1, 16, 2048, 130, false, false}};
+                        {1, 1, 16, 2048, 130, false, false},
+                        // a batch against one column-major b: under AVX2 the batch's pieces are fixed by the shape
+                        {2, 1, 70, 129, 300, false, true},    {8, 1, 64, 256, 300, false, true}};
   enum class Kind { float32, bfloat16, float64 };
   for (const Case& c : cases)
     for (const Kind kind : {Kind::float32, Kind::bfloat16, Kind::float64}) {

@@ -4,12 +4,16 @@
 #include "runtime/thread_choice.hpp"
 #include "runtime/thread_pool.hpp"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <cerrno>
 #include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <thread>
 
 extern "C" {
 int omp_get_max_threads(void);
@@ -46,11 +50,23 @@ struct Job {
 
 void run_chunk(void* data, int c) noexcept { static_cast<Job*>(data)->run(c); }
 
-// One thread unless OMP_NUM_THREADS asks for more: a library takes the cores its program gives
-// it, and on a machine where other processes hold the cores a second thread gains nothing
-// (docs/threads.md). More threads are an explicit choice.
+// The cores this process may run on (its CPU affinity, which taskset, cgroups' cpusets and
+// container limits narrow), as PyTorch, oneDNN and OpenBLAS default to; OMP_NUM_THREADS wins when
+// set. Results have the same bits on any count, so the default only changes the speed.
+int affinity_cores() noexcept {
+  for (int cpus = 1024; cpus <= (1 << 20); cpus *= 4) {  // a set too small for the kernel's: EINVAL
+    cpu_set_t* set = CPU_ALLOC(cpus);
+    if (set == nullptr) break;
+    const std::size_t bytes = CPU_ALLOC_SIZE(cpus);
+    const int got = sched_getaffinity(0, bytes, set) == 0 ? CPU_COUNT_S(bytes, set) : (errno == EINVAL ? 0 : -1);
+    CPU_FREE(set);
+    if (got > 0) return got;
+    if (got < 0) break;
+  }
+  return std::max(1u, std::thread::hardware_concurrency());
+}
 int default_threads() noexcept {
-  static const int n = std::getenv("OMP_NUM_THREADS") ? std::max(1, omp_get_max_threads()) : 1;
+  static const int n = std::getenv("OMP_NUM_THREADS") ? std::max(1, omp_get_max_threads()) : affinity_cores();
   return n;
 }
 // Read when the library loads: the oneDNN calls set the calling thread's OpenMP count to 1 for

@@ -10,9 +10,9 @@ namespace tapegrad {
 // the calling thread (docs/threads.md).
 void set_num_threads(int n);
 // The current setting. Until set_num_threads is called: OMP_NUM_THREADS when that is set, else
-// 1. More threads pay off for products, loops and training steps of a few hundred microseconds
-// and more on an idle machine (docs/threads.md). Results have the same bits on any count
-// (tests/test_parallel.cpp, tests/test_kernels.cpp).
+// the number of cores the process may run on (its CPU affinity: taskset, cpusets). Each
+// operation still takes only the threads its size repays (docs/threads.md). Results have the
+// same bits on any count (tests/test_parallel.cpp, tests/test_kernels.cpp).
 int num_threads() noexcept;
 
 }  // namespace tapegrad

@@ -26,6 +26,7 @@
 #include "tapegrad/ops/matmul.hpp"
 #include "tapegrad/ops/multihead_attention.hpp"
 #include "tapegrad/ops/reduction.hpp"
+#include "tapegrad/ops/rms_norm.hpp"
 #include "tapegrad/ops/rotary.hpp"
 #include "tapegrad/ops/softmax.hpp"
 #include "tapegrad/ops/view.hpp"

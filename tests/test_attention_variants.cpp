@@ -1154,7 +1154,7 @@ BOOST_AUTO_TEST_CASE(cached_decoding_and_generation_equal_the_full_forward) {
       Tensor x = model.tok.forward(tg::slice(ids, 1, t, end));
       if (positions == tg::PositionKind::learned) x = std::get<tg::LearnedPositions>(model.pos).forward(x, t);
       for (std::size_t i = 0; i < model.blocks.size(); ++i) x = model.blocks[i].decode(x, caches[i]);
-      check_close(values(model.head.forward(model.ln_f.forward(x))), values(tg::slice(full, 1, t, end)), 1e-12, 1e-12,
+      check_close(values(model.logits(x)), values(tg::slice(full, 1, t, end)), 1e-12, 1e-12,
                   fmt::format("{}: step at {}", what, t));
     }
     // Greedy generation is argmax of the full forward, token by token.

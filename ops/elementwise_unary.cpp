@@ -92,16 +92,19 @@ struct Tanh {
   template <class T> T df(T, T y) const { return T(1) - y * y; }
   Tensor d_slope(const Tensor& gu, const Tensor&, const Tensor& y) const { return gu * y * -2.0; }  // (1 - y^2)' = -2y
 };
-struct Relu {
+// A slope that is piecewise constant (relu's 0/1, abs's -1/1; the kink's value is a convention):
+// no second derivative in x.
+struct PiecewiseLinear {
+  bool curved() const { return false; }
+  Tensor d_slope(const Tensor&, const Tensor&, const Tensor&) const { return {}; }  // never called
+};
+struct Relu : PiecewiseLinear {
   static constexpr const char* name = "relu";
   static constexpr const char* backward_name = "relu_backward";
   static constexpr bool uses_x = true, uses_y = false;
   static constexpr std::int64_t cost = 1;
   template <class T> T f(T x) const { return x < T(0) ? T(0) : x; }  // NaN stays NaN, as in PyTorch
   template <class T> T df(T x, T) const { return x > T(0) ? T(1) : T(0); }  // 0 at the kink, as PyTorch
-  // The 0/1 slope is a constant (relu'' = 0 a.e.): no second derivative in x.
-  bool curved() const { return false; }
-  Tensor d_slope(const Tensor&, const Tensor&, const Tensor&) const { return {}; }  // never called
 };
 // sigma(x) = 1 / (1 + e^-|x|) for x >= 0, e^-|x| / (1 + e^-|x|) below: e^-|x| <= 1 never overflows.
 template <class T> T logistic(T x) {
@@ -135,7 +138,7 @@ struct Silu {
     return gu * (s * (1.0 - s) * (2.0 + x * (1.0 - 2.0 * s)));
   }
 };
-struct Abs {
+struct Abs : PiecewiseLinear {
   static constexpr const char* name = "abs";
   static constexpr const char* backward_name = "abs_backward";
   static constexpr bool uses_x = true, uses_y = false;
@@ -143,8 +146,6 @@ struct Abs {
   template <class T> T f(T x) const { return std::abs(x); }
   // sign(x), 0 at 0 (PyTorch's subgradient); NaN stays NaN.
   template <class T> T df(T x, T) const { return x > T(0) ? T(1) : x < T(0) ? T(-1) : x == T(0) ? T(0) : x; }
-  bool curved() const { return false; }  // a constant +-1 slope: no second derivative in x
-  Tensor d_slope(const Tensor&, const Tensor&, const Tensor&) const { return {}; }  // never called
 };
 // Whether op's derivative reads x (an op may say so per instance, as pow does).
 template <class Op> bool reads_x(const Op& op) {

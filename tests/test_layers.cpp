@@ -340,18 +340,7 @@ BOOST_AUTO_TEST_CASE(a_rotary_decoder_adds_no_table_and_every_block_rotates) {
   for (const auto& block : model.blocks) BOOST_TEST(block.attn.config().rotary.has_value());
   // Last logits by cached decoding, prompt in one piece then one token at a time, equal the
   // full forward's.
-  const Tensor ids = ids_of({1, 5, 2, 6, 0, 3, 3, 4}, 1);
-  tg::NoGradGuard no_grad;
-  const Tensor full = model.forward(ids);
-  std::vector<tg::KVCache> caches(model.blocks.size());
-  for (std::int64_t t : {0, 3, 4, 5, 6, 7}) {
-    const std::int64_t end = t == 0 ? 3 : t + 1;
-    Tensor x = model.tok.forward(tg::slice(ids, 1, t == 0 ? 0 : t, end));
-    for (std::size_t i = 0; i < model.blocks.size(); ++i) x = model.blocks[i].decode(x, caches[i]);
-    const Tensor logits = model.logits(x);
-    check_close(logits.to_vector<double>(), tg::slice(full, 1, t == 0 ? 0 : t, end).to_vector<double>(), 1e-12, 1e-12,
-                fmt::format("step at {}", t));
-  }
+  check_decoding_equals_forward(model, ids_of({1, 5, 2, 6, 0, 3, 3, 4}, 1), 3, "rotary");
 }
 
 BOOST_AUTO_TEST_CASE(a_llama_style_decoder_has_no_biases_and_decodes_like_its_forward) {
@@ -368,19 +357,10 @@ BOOST_AUTO_TEST_CASE(a_llama_style_decoder_has_no_biases_and_decodes_like_its_fo
   // tok 7x8; per block: 2 RMSNorms 16, attention w_q, w_o 8x8 and w_k, w_v 8x4, SwiGLU 3 x 8x24
   // (8 * 8 / 3 = 21 rounded up to 24); ln_f 8; head 8x7.
   BOOST_TEST(model.parameter_count() == 56 + 2 * (16 + 192 + 576) + 8 + 56);
-  const Tensor ids = ids_of({1, 5, 2, 6, 0, 3, 3, 4, 2, 2}, 1);
-  tg::NoGradGuard no_grad;
-  const Tensor full = model.forward(ids);
-  std::vector<tg::KVCache> caches(model.blocks.size());
-  for (std::int64_t t = 0; t < 10; t += t == 0 ? 3 : 1) {
-    const std::int64_t end = t == 0 ? 3 : t + 1;
-    Tensor x = model.tok.forward(tg::slice(ids, 1, t, end));
-    for (std::size_t i = 0; i < model.blocks.size(); ++i) x = model.blocks[i].decode(x, caches[i]);
-    check_close(model.logits(x).to_vector<double>(), tg::slice(full, 1, t, end).to_vector<double>(), 1e-12, 1e-12,
-                fmt::format("step at {}", t));
-  }
+  check_decoding_equals_forward(model, ids_of({1, 5, 2, 6, 0, 3, 3, 4, 2, 2}, 1), 3, "llama");
   // No table, no limit: generation runs as long as asked, and a long forward is fine.
   model.eval();
+  tg::NoGradGuard no_grad;
   BOOST_TEST(model.generate(ids_of({1, 2}, 1), {.new_tokens = 30, .temperature = 0}).shape() == (tg::Shape{1, 32}));
   BOOST_TEST(model.forward(ids_of(std::vector<std::int64_t>(40, 3), 1)).shape() == (tg::Shape{1, 40, 7}));
   BOOST_TEST(model.generate(ids_of({1, 2}, 1), {.new_tokens = 9, .temperature = 0, .restart_after = 6}).shape() == (tg::Shape{1, 11}));

@@ -11,6 +11,7 @@
 //   ./build/examples/train_chars --generate --prompt "This License" --tokens 400
 //   ./build/examples/train_chars --positions rotary               # RoPE in every block's attention
 //   ./build/examples/train_chars --positions alibi --kv-heads 1 --window 16   # ALiBi, one key/value head, a sliding window
+//   ./build/examples/train_chars --arch llama                     # RMSNorm, SwiGLU, no biases, rotary, 2 key/value heads
 //
 // Writes OUT/loss.png, OUT/attention.png, OUT/model.safetensors, OUT/optimizer.safetensors.
 #include <chrono>
@@ -37,8 +38,10 @@ struct Options {
   std::int64_t steps = 1000, batch = 32, context = 64, dim = 64, heads = 4, layers = 2;
   double lr = 2e-3, dropout = 0.2;
   std::uint64_t seed = 1;
-  std::string positions = "sinusoidal";  // learned, sinusoidal, rotary or alibi
-  std::int64_t kv_heads = 0, window = 0;  // 0: as many key/value heads as heads; no window
+  std::string arch = "gpt";              // gpt or llama
+  std::string positions;                 // learned, sinusoidal, rotary or alibi; empty: the arch's (sinusoidal, rotary)
+  std::int64_t kv_heads = 0, window = 0;  // 0: as many key/value heads as heads (llama: half); no window
+  bool tie_embeddings = false;
   int threads = 0;
   std::string out = "train_chars_out";
   bool resume = false, generate_only = false;
@@ -72,10 +75,17 @@ tg::PositionKind position_kind(const std::string& name) {
   throw std::invalid_argument(fmt::format("'{}' is not a kind of positions (learned, sinusoidal, rotary or alibi)", name));
 }
 
+// gpt: LayerNorm, GELU, biases (the library's defaults); llama: RMSNorm, SwiGLU, no biases, and
+// no length limit where the positions need no table.
 tg::Decoder make_model(const Options& o, const tg::CharVocab& vocab) {
-  return tg::Decoder({.vocab = vocab.size(), .max_len = o.context,
-                      .dim = o.dim, .heads = o.heads, .layers = o.layers, .dropout = o.dropout,
-                      .positions = position_kind(o.positions), .seed = o.seed, .kv_heads = o.kv_heads, .window = o.window});
+  const bool llama = o.arch == "llama";
+  const tg::PositionKind positions = position_kind(o.positions);
+  const bool table = positions == tg::PositionKind::learned || positions == tg::PositionKind::sinusoidal;
+  return tg::Decoder({.vocab = vocab.size(), .max_len = llama && !table ? 0 : o.context,
+                      .dim = o.dim, .heads = o.heads, .layers = o.layers,
+                      .activation = llama ? tg::Activation::swiglu : tg::Activation::gelu, .dropout = o.dropout,
+                      .positions = positions, .norm = llama ? tg::NormKind::rms : tg::NormKind::layer, .bias = !llama,
+                      .tie_embeddings = o.tie_embeddings, .seed = o.seed, .kv_heads = o.kv_heads, .window = o.window});
 }
 
 // Reads the shape and the alphabet back from a checkpoint's metadata into `o`; a field that is
@@ -187,11 +197,17 @@ int main(int argc, char** argv) try {
   app.add_option("--lr", o.lr, "peak learning rate")->check(CLI::PositiveNumber);
   app.add_option("--dropout", o.dropout, "dropout probability")->check(CLI::Range(0.0, 0.9));
   app.add_option("--seed", o.seed, "seed for data, initialisation, dropout and sampling");
+  app.add_option("--arch", o.arch,
+                 "gpt: LayerNorm, GELU, biases, sinusoidal positions; llama: RMSNorm, SwiGLU, no biases, rotary positions, "
+                 "half as many key/value heads as heads")
+      ->check(CLI::IsMember({"gpt", "llama"}));
   app.add_option("--positions", o.positions,
-                 "position information: a learned table, a sinusoidal one, rotary (RoPE) or ALiBi's distance penalties in the attention")
+                 "position information: a learned table, a sinusoidal one, rotary (RoPE) or ALiBi's distance penalties in the attention "
+                 "(default: the arch's)")
       ->check(CLI::IsMember({"learned", "sinusoidal", "rotary", "alibi"}));
-  app.add_option("--kv-heads", o.kv_heads, "key/value heads, dividing --heads (grouped-query attention; 0: --heads)")
+  app.add_option("--kv-heads", o.kv_heads, "key/value heads, dividing --heads (grouped-query attention; 0: --heads, llama: --heads / 2)")
       ->check(CLI::NonNegativeNumber);
+  app.add_flag("--tie-embeddings", o.tie_embeddings, "the output projection is the token table transposed (one parameter)");
   app.add_option("--window", o.window, "attend to the last W positions only (sliding window; 0: all)")->check(CLI::NonNegativeNumber);
   app.add_option("--threads", o.threads, "threads (0: the default)")->check(CLI::NonNegativeNumber);
   app.add_option("--out", o.out, "folder for figures and checkpoints");
@@ -202,6 +218,8 @@ int main(int argc, char** argv) try {
   app.add_option("--temperature", o.temperature, "sampling temperature (0: greedy)")->check(CLI::NonNegativeNumber);
   app.add_option("--top-k", o.top_k, "sample among the k most likely characters (0: all)")->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
+  if (o.positions.empty()) o.positions = o.arch == "llama" ? "rotary" : "sinusoidal";
+  if (o.arch == "llama" && o.kv_heads == 0 && o.heads % 2 == 0) o.kv_heads = o.heads / 2;
   if (o.threads > 0) tg::set_num_threads(o.threads);
   // Found now rather than after training: generation restarts within the trained context.
   if (static_cast<std::int64_t>(o.prompt.size()) >= o.context && !o.generate_only)

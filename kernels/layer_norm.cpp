@@ -1,4 +1,5 @@
-// layer_norm's rows, forward and backward, on the threads (formulas in ops/layer_norm.cpp).
+// layer_norm's and rms_norm's rows, forward and backward, on the threads (formulas in
+// ops/layer_norm.cpp and ops/rms_norm.cpp). rms_norm is the uncentred case: mu = 0.
 #include "kernels/layer_norm.hpp"
 
 #include <algorithm>
@@ -19,14 +20,16 @@ std::vector<double> per_column(const Tensor& t, std::int64_t e, double fallback)
 // Rows [r0, r1) of the contiguous x into y, and their (mu, rstd) into stats.
 template <class T>
 TAPEGRAD_CPU_CLONES void normalise_rows(const T* px, T* py, const double* pw, const double* pb, double* stats, std::int64_t r0,
-                                         std::int64_t r1, std::int64_t e, double eps) {
+                                         std::int64_t r1, std::int64_t e, double eps, bool centred) {
   for (std::int64_t r = r0; r < r1; ++r) {
     const T* __restrict xr = px + r * e;
     T* __restrict yr = py + r * e;
     double mu = 0, var = 0;
+    if (centred) {
 #pragma omp simd reduction(+ : mu)
-    for (std::int64_t j = 0; j < e; ++j) mu += static_cast<double>(xr[j]);
-    mu /= static_cast<double>(e);
+      for (std::int64_t j = 0; j < e; ++j) mu += static_cast<double>(xr[j]);
+      mu /= static_cast<double>(e);
+    }
 #pragma omp simd reduction(+ : var)
     for (std::int64_t j = 0; j < e; ++j) var += (static_cast<double>(xr[j]) - mu) * (static_cast<double>(xr[j]) - mu);
     const double rstd = 1.0 / std::sqrt(var / static_cast<double>(e) + eps);
@@ -45,7 +48,7 @@ constexpr std::int64_t kBlockRows = 32;
 // dx for rows [r0, r1), and their sums of g * xhat and g added into dw and db.
 template <class T>
 TAPEGRAD_CPU_CLONES void backward_rows(const T* px, const T* pg, T* pd, const double* pw, const double* st, double* __restrict dw,
-                                        double* __restrict db, std::int64_t r0, std::int64_t r1, std::int64_t e) {
+                                        double* __restrict db, std::int64_t r0, std::int64_t r1, std::int64_t e, bool centred) {
   for (std::int64_t r = r0; r < r1; ++r) {
     const double mu = st[2 * r], rstd = st[2 * r + 1];
     const T* __restrict xr = px + r * e;
@@ -60,7 +63,7 @@ TAPEGRAD_CPU_CLONES void backward_rows(const T* px, const T* pg, T* pd, const do
       dw[j] += gj * xhat;
       db[j] += gj;
     }
-    mean_dxhat /= static_cast<double>(e);
+    mean_dxhat = centred ? mean_dxhat / static_cast<double>(e) : 0.0;
     mean_dxhat_xhat /= static_cast<double>(e);
 #pragma omp simd
     for (std::int64_t j = 0; j < e; ++j) {
@@ -74,7 +77,7 @@ TAPEGRAD_CPU_CLONES void backward_rows(const T* px, const T* pg, T* pd, const do
 
 // Rows are read contiguously (a strided x is copied once), so every per-row loop below is a
 // unit-stride loop the compiler vectorises; the sums stay in double.
-Normalised layer_norm_rows_forward(const Tensor& x_in, const Tensor& weight, const Tensor& bias, double eps) {
+Normalised layer_norm_rows_forward(const Tensor& x_in, const Tensor& weight, const Tensor& bias, double eps, bool centred) {
   const std::int64_t e = x_in.shape().back();
   const std::int64_t rows = e == 0 ? 0 : x_in.numel() / e;
   Normalised out{new_tensor(x_in.shape(), x_in.dtype()), new_tensor({rows, 2}, DType::float64)};
@@ -87,12 +90,12 @@ Normalised layer_norm_rows_forward(const Tensor& x_in, const Tensor& weight, con
     T* py = static_cast<T*>(mutable_data(out.y));
     const double* pw = w.data();
     const double* pb = b.data();
-    parallel_for(rows, 4 * e, [&](std::int64_t r0, std::int64_t r1) { normalise_rows<T>(px, py, pw, pb, stats, r0, r1, e, eps); });
+    parallel_for(rows, 4 * e, [&](std::int64_t r0, std::int64_t r1) { normalise_rows<T>(px, py, pw, pb, stats, r0, r1, e, eps, centred); });
   });
   return out;
 }
 
-LayerNormGrads layer_norm_rows_backward(const Tensor& x_in, const Tensor& weight, const Tensor& stats, const Tensor& grad) {
+LayerNormGrads layer_norm_rows_backward(const Tensor& x_in, const Tensor& weight, const Tensor& stats, const Tensor& grad, bool centred) {
   const std::int64_t e = x_in.shape().back();
   const std::int64_t rows = e == 0 ? 0 : x_in.numel() / e;
   const auto ue = static_cast<std::size_t>(e);
@@ -111,7 +114,7 @@ LayerNormGrads layer_norm_rows_backward(const Tensor& x_in, const Tensor& weight
     parallel_for(blocks, kBlockRows * 8 * e, [&](std::int64_t b0, std::int64_t b1) {
       for (std::int64_t blk = b0; blk < b1; ++blk) {
         double* dw = partial.data() + static_cast<std::size_t>(blk) * 2 * ue;
-        backward_rows<T>(px, pg, pd, pw, st, dw, dw + ue, blk * kBlockRows, std::min(rows, (blk + 1) * kBlockRows), e);
+        backward_rows<T>(px, pg, pd, pw, st, dw, dw + ue, blk * kBlockRows, std::min(rows, (blk + 1) * kBlockRows), e, centred);
       }
     });
   });

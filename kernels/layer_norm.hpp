@@ -1,4 +1,5 @@
-// Internal: layer_norm's row kernels (layer_norm.cpp), which the layer_norm op calls.
+// Internal: the row kernels (layer_norm.cpp) the layer_norm and rms_norm ops call. `centred`
+// false is rms_norm: mu = 0, and dx drops its mean(dxhat) term.
 #pragma once
 
 #include <vector>
@@ -13,7 +14,7 @@ struct Normalised {
 };
 // y = (x - mu) rstd weight + bias per row of the last dim (weight, bias: [E] or undefined, for 1
 // and 0), mu and rstd = 1 / sqrt(var + eps) from sums in double. Records nothing.
-Normalised layer_norm_rows_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
+Normalised layer_norm_rows_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, bool centred);
 
 struct LayerNormGrads {
   Tensor dx;                             // fresh, contiguous, x's shape
@@ -21,6 +22,6 @@ struct LayerNormGrads {
 };
 // From x, weight and the forward's stats, for the upstream gradient g (any layout); the column
 // sums do not depend on the thread count. Records nothing.
-LayerNormGrads layer_norm_rows_backward(const Tensor& x, const Tensor& weight, const Tensor& stats, const Tensor& grad);
+LayerNormGrads layer_norm_rows_backward(const Tensor& x, const Tensor& weight, const Tensor& stats, const Tensor& grad, bool centred);
 
 }  // namespace tapegrad::detail

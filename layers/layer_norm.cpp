@@ -2,18 +2,13 @@
 // layer_norm()'s.
 #include "tapegrad/layers/layer_norm.hpp"
 
-#include <cmath>
-
 #include "layers/layer_support.hpp"
 #include "tapegrad/ops/layer_norm.hpp"
 
 namespace tapegrad {
 
 LayerNorm::LayerNorm(const LayerNormConfig& config) : config_(config) {
-  detail::check_field("LayerNorm", "dim", config.dim);
-  detail::check_float_dtype("LayerNorm", config.dtype);
-  if (!(config.eps > 0) || !std::isfinite(config.eps))
-    detail::fail<ValueError>("LayerNorm: config.eps must be finite and > 0, got {}", config.eps);
+  detail::check_norm_config("LayerNorm", config.dim, config.eps, config.dtype);
   if (config.affine) {
     weight = ones({config.dim}, config.dtype).set_requires_grad();
     bias = zeros({config.dim}, config.dtype).set_requires_grad();
@@ -21,13 +16,7 @@ LayerNorm::LayerNorm(const LayerNormConfig& config) : config_(config) {
 }
 
 Tensor LayerNorm::forward(const Tensor& x) const {
-  detail::check_floating("LayerNorm::forward", "x", x);
-  if (x.dim() < 1 || x.size(-1) != config_.dim)
-    detail::fail<ShapeError>("LayerNorm::forward: argument 'x' must be [..., {}] (config.dim), got shape {}", config_.dim,
-                             detail::shape_str(x.shape()));
-  if (x.dtype() != config_.dtype)
-    detail::fail<DTypeError>("LayerNorm::forward: argument 'x' ({}) is {} but the layer is {} (config.dtype)",
-                             detail::shape_str(x.shape()), x.dtype(), config_.dtype);
+  detail::check_norm_input("LayerNorm::forward", x, config_.dim, config_.dtype);
   return layer_norm(x, weight, bias, config_.eps);
 }
 

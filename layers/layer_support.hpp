@@ -2,15 +2,16 @@
 // seeds for child layers.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "autodiff/check.hpp"
 
 namespace tapegrad::detail {
 
-// Requires value >= low; names the layer and the field.
-inline void check_field(const char* layer, const char* field, std::int64_t value, std::int64_t low = 1) {
-  if (value < low) fail<ValueError>("{}: config.{} must be >= {}, got {}", layer, field, low, value);
+// Requires value >= low; names the layer and the field (`why`, when given, says why that bound).
+inline void check_field(const char* layer, const char* field, std::int64_t value, std::int64_t low = 1, const char* why = "") {
+  if (value < low) fail<ValueError>("{}: config.{} must be >= {}{}, got {}", layer, field, low, why, value);
 }
 // heads divides the width a config splits into heads: the one rule TransformerBlock, Decoder and
 // MultiHeadAttention share; `when` ends the message.
@@ -19,6 +20,20 @@ inline void check_heads_divide(const char* layer, std::int64_t heads, const char
 }
 inline void check_float_dtype(const char* layer, DType dtype) {
   if (!is_floating(dtype)) fail<DTypeError>("{}: config.dtype must be float32 or float64, got {}", layer, dtype);
+}
+// A normalisation layer's config: dim >= 1, eps finite and > 0, a floating dtype.
+inline void check_norm_config(const char* layer, std::int64_t dim, double eps, DType dtype) {
+  check_field(layer, "dim", dim);
+  check_float_dtype(layer, dtype);
+  if (!(eps > 0) || !std::isfinite(eps)) fail<ValueError>("{}: config.eps must be finite and > 0, got {}", layer, eps);
+}
+// A normalisation layer's input: x [..., dim] of the layer's dtype.
+inline void check_norm_input(const char* op, const Tensor& x, std::int64_t dim, DType dtype) {
+  check_floating(op, "x", x);
+  if (x.dim() < 1 || x.size(-1) != dim)
+    fail<ShapeError>("{}: argument 'x' must be [..., {}] (config.dim), got shape {}", op, dim, shape_str(x.shape()));
+  if (x.dtype() != dtype)
+    fail<DTypeError>("{}: argument 'x' ({}) is {} but the layer is {} (config.dtype)", op, shape_str(x.shape()), x.dtype(), dtype);
 }
 // a * b for two config fields, or a ValueError naming both when it overflows.
 inline std::int64_t checked_product(const char* layer, const char* a_name, std::int64_t a, const char* b_name, std::int64_t b) {

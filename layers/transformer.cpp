@@ -9,6 +9,8 @@
 #include "layers/layer_support.hpp"
 #include "tapegrad/autodiff/tape.hpp"
 #include "tapegrad/ops/elementwise.hpp"
+#include "tapegrad/ops/inplace.hpp"
+#include "tapegrad/ops/linear.hpp"
 #include "tapegrad/ops/view.hpp"
 
 namespace tapegrad {
@@ -28,7 +30,10 @@ const TransformerBlockConfig& checked(const TransformerBlockConfig& c) {
 const DecoderConfig& checked(const DecoderConfig& c) {
   const char* layer = "Decoder";
   detail::check_field(layer, "vocab", c.vocab);
-  detail::check_field(layer, "max_len", c.max_len);
+  if (c.positions == PositionKind::learned || c.positions == PositionKind::sinusoidal)
+    detail::check_field(layer, "max_len", c.max_len, 1, " with learned or sinusoidal positions (the table's rows)");
+  else
+    detail::check_field(layer, "max_len", c.max_len, 0, " (0: no limit, with rotary or alibi positions)");
   detail::check_field(layer, "dim", c.dim);
   detail::check_field(layer, "heads", c.heads);
   detail::check_field(layer, "layers", c.layers);
@@ -84,21 +89,23 @@ std::int64_t pick(std::vector<double> logits, const GenerateOptions& o, Generato
 }  // namespace
 
 TransformerBlock::TransformerBlock(const TransformerBlockConfig& config)
-    : ln1({.dim = checked(config).dim, .dtype = config.dtype}),
+    : ln1(checked(config).norm, config.dim, config.dtype),
       attn({.query_dim = config.dim,
             .heads = config.heads,
             .kv_heads = config.kv_heads,
+            .bias = config.bias,
             .dtype = config.dtype,
             .seed = detail::child_seed(config.seed, 0),
             .rotary = config.rotary,
             .window = config.window,
             .alibi = config.alibi}),
       drop(config.dropout, detail::child_seed(config.seed, 1)),
-      ln2({.dim = config.dim, .dtype = config.dtype}),
+      ln2(config.norm, config.dim, config.dtype),
       ff({.dim = config.dim,
           .hidden = config.hidden,
           .activation = config.activation,
           .dropout = config.dropout,
+          .bias = config.bias,
           .dtype = config.dtype,
           .seed = detail::child_seed(config.seed, 2)}) {}
 
@@ -128,15 +135,23 @@ void TransformerBlock::visit(ModuleVisitor& v) {
 Decoder::Decoder(const DecoderConfig& config)
     : tok({.vocab = checked(config).vocab, .dim = config.dim, .dtype = config.dtype, .seed = detail::child_seed(config.seed, 0)}),
       pos(make_positions(config)),
-      ln_f({.dim = config.dim, .dtype = config.dtype}),
-      head({.in = config.dim, .out = config.vocab, .dtype = config.dtype, .seed = detail::child_seed(config.seed, 2)}),
+      ln_f(config.norm, config.dim, config.dtype),
       config_(config) {
+  if (config.tie_embeddings) {
+    NoGradGuard no_grad;
+    mul_(tok.weight, 1.0 / std::sqrt(static_cast<double>(config.dim)));
+  } else {
+    head.emplace(LinearConfig{.in = config.dim, .out = config.vocab, .bias = config.bias, .dtype = config.dtype,
+                              .seed = detail::child_seed(config.seed, 2)});
+  }
   for (std::int64_t i = 0; i < config.layers; ++i)
     blocks.emplace_back(TransformerBlockConfig{.dim = config.dim,
                                                .heads = config.heads,
                                                .hidden = config.hidden,
                                                .activation = config.activation,
                                                .dropout = config.dropout,
+                                               .norm = config.norm,
+                                               .bias = config.bias,
                                                .dtype = config.dtype,
                                                .seed = detail::child_seed(config.seed, 100 + static_cast<std::uint64_t>(i)),
                                                .rotary = config.positions == PositionKind::rotary
@@ -161,12 +176,17 @@ Tensor Decoder::embed(const Tensor& ids, std::int64_t offset) const {
 
 Tensor Decoder::forward(const Tensor& ids) const {
   check_ids("Decoder::forward", "ids", ids, config_.vocab);
-  if (ids.size(1) > config_.max_len)
+  if (config_.max_len > 0 && ids.size(1) > config_.max_len)
     detail::fail<ShapeError>("Decoder::forward: argument 'ids' has {} positions (shape {}), more than config.max_len = {}", ids.size(1),
                              detail::shape_str(ids.shape()), config_.max_len);
   Tensor x = embed(ids, 0);
   for (const auto& b : blocks) x = b.forward(x);
-  return head.forward(ln_f.forward(x));
+  return logits(x);
+}
+
+Tensor Decoder::logits(const Tensor& h) const {
+  const Tensor x = ln_f.forward(h);
+  return head ? head->forward(x) : linear(x, transpose(tok.weight, 0, 1), Tensor());
 }
 
 Tensor Decoder::generate(const Tensor& prompt, const GenerateOptions& o) const {
@@ -174,12 +194,13 @@ Tensor Decoder::generate(const Tensor& prompt, const GenerateOptions& o) const {
   check_ids(op, "prompt", prompt, config_.vocab);
   if (prompt.size(1) < 1)
     detail::fail<ShapeError>("{}: argument 'prompt' must be [B, T0] with T0 >= 1, got shape {}", op, detail::shape_str(prompt.shape()));
-  if (o.restart_after < 0 || o.restart_after == 1 || o.restart_after > config_.max_len)
-    detail::fail<ValueError>("{}: options.restart_after must be 0 (no limit) or in [2, config.max_len = {}], got {}", op, config_.max_len,
-                             o.restart_after);
+  const bool bounded = config_.max_len > 0;  // 0: rotary or alibi positions, no limit
+  if (o.restart_after < 0 || o.restart_after == 1 || (bounded && o.restart_after > config_.max_len))
+    detail::fail<ValueError>("{}: options.restart_after must be 0 (no limit) or {}, got {}", op,
+                             bounded ? fmt::format("in [2, config.max_len = {}]", config_.max_len) : std::string(">= 2"), o.restart_after);
   if (o.restart_after > 0 && prompt.size(1) >= o.restart_after)
     detail::fail<ValueError>("{}: the prompt's {} positions must be fewer than options.restart_after = {}", op, prompt.size(1), o.restart_after);
-  if (o.new_tokens < 0 || (o.restart_after == 0 && o.new_tokens > config_.max_len - prompt.size(1)))
+  if (o.new_tokens < 0 || (bounded && o.restart_after == 0 && o.new_tokens > config_.max_len - prompt.size(1)))
     detail::fail<ValueError>("{}: the prompt's {} positions plus options.new_tokens = {} must fit config.max_len = {} "
                              "(or set options.restart_after)",
                              op, prompt.size(1), o.new_tokens, config_.max_len);
@@ -216,7 +237,7 @@ Tensor Decoder::generate(const Tensor& prompt, const GenerateOptions& o) const {
     }
     Tensor x = embed(input, caches[0].length());
     for (std::size_t i = 0; i < blocks.size(); ++i) x = blocks[i].decode(x, caches[i]);
-    const auto logits = head.forward(ln_f.forward(select(x, 1, -1))).to_vector<double>();  // [B, vocab]
+    const auto logits = this->logits(select(x, 1, -1)).to_vector<double>();  // [B, vocab]
     std::vector<std::int64_t> next(static_cast<std::size_t>(batch));
     for (std::int64_t b = 0; b < batch; ++b) {
       next[b] = pick({logits.begin() + b * vocab, logits.begin() + (b + 1) * vocab}, o, gen);
@@ -232,7 +253,7 @@ Tensor Decoder::generate(const Tensor& prompt, const GenerateOptions& o) const {
 std::vector<Tensor> Decoder::attention_weights(const Tensor& ids) const {
   NoGradGuard no_grad;
   check_ids("Decoder::attention_weights", "ids", ids, config_.vocab);
-  if (ids.size(1) > config_.max_len)
+  if (config_.max_len > 0 && ids.size(1) > config_.max_len)
     detail::fail<ShapeError>("Decoder::attention_weights: argument 'ids' has {} positions, more than config.max_len = {}", ids.size(1),
                              config_.max_len);
   std::vector<Tensor> out(blocks.size());
@@ -250,7 +271,7 @@ void Decoder::visit(ModuleVisitor& v) {
       pos);
   v.modules("blocks", blocks);
   v.module("ln_f", ln_f);
-  v.module("head", head);
+  if (head) v.module("head", *head);
 }
 
 }  // namespace tapegrad

@@ -92,16 +92,60 @@ struct Tanh {
   template <class T> T df(T, T y) const { return T(1) - y * y; }
   Tensor d_slope(const Tensor& gu, const Tensor&, const Tensor& y) const { return gu * y * -2.0; }  // (1 - y^2)' = -2y
 };
-struct Relu {
+// A slope that is piecewise constant (relu's 0/1, abs's -1/1; the kink's value is a convention):
+// no second derivative in x.
+struct PiecewiseLinear {
+  bool curved() const { return false; }
+  Tensor d_slope(const Tensor&, const Tensor&, const Tensor&) const { return {}; }  // never called
+};
+struct Relu : PiecewiseLinear {
   static constexpr const char* name = "relu";
   static constexpr const char* backward_name = "relu_backward";
   static constexpr bool uses_x = true, uses_y = false;
   static constexpr std::int64_t cost = 1;
   template <class T> T f(T x) const { return x < T(0) ? T(0) : x; }  // NaN stays NaN, as in PyTorch
   template <class T> T df(T x, T) const { return x > T(0) ? T(1) : T(0); }  // 0 at the kink, as PyTorch
-  // The 0/1 slope is a constant (relu'' = 0 a.e.): no second derivative in x.
-  bool curved() const { return false; }
-  Tensor d_slope(const Tensor&, const Tensor&, const Tensor&) const { return {}; }  // never called
+};
+// sigma(x) = 1 / (1 + e^-|x|) for x >= 0, e^-|x| / (1 + e^-|x|) below: e^-|x| <= 1 never overflows.
+template <class T> T logistic(T x) {
+  T e;
+  if constexpr (std::is_same_v<T, float>) e = exp_f32(-std::abs(x));
+  else e = std::exp(-std::abs(x));
+  return x >= T(0) ? T(1) / (T(1) + e) : e / (T(1) + e);
+}
+struct Sigmoid {
+  static constexpr const char* name = "sigmoid";
+  static constexpr const char* backward_name = "sigmoid_backward";
+  static constexpr bool uses_x = false, uses_y = true;
+  static constexpr std::int64_t cost = 6;
+  template <class T> T f(T x) const { return logistic(x); }
+  template <class T> T df(T, T y) const { return y * (T(1) - y); }
+  Tensor d_slope(const Tensor& gu, const Tensor&, const Tensor& y) const { return gu * (1.0 - 2.0 * y); }  // (y - y^2)' = 1 - 2y
+};
+struct Silu {
+  static constexpr const char* name = "silu";
+  static constexpr const char* backward_name = "silu_backward";
+  static constexpr bool uses_x = true, uses_y = false;
+  static constexpr std::int64_t cost = 6;
+  template <class T> T f(T x) const { return x * logistic(x); }
+  template <class T> T df(T x, T) const {
+    const T s = logistic(x);
+    return s * (T(1) + x * (T(1) - s));  // s + x s (1 - s)
+  }
+  // (s + x s (1 - s))' = s (1 - s) (2 + x (1 - 2s)), on the recorded sigmoid: every order follows.
+  Tensor d_slope(const Tensor& gu, const Tensor& x, const Tensor&) const {
+    const Tensor s = sigmoid(x);
+    return gu * (s * (1.0 - s) * (2.0 + x * (1.0 - 2.0 * s)));
+  }
+};
+struct Abs : PiecewiseLinear {
+  static constexpr const char* name = "abs";
+  static constexpr const char* backward_name = "abs_backward";
+  static constexpr bool uses_x = true, uses_y = false;
+  static constexpr std::int64_t cost = 1;
+  template <class T> T f(T x) const { return std::abs(x); }
+  // sign(x), 0 at 0 (PyTorch's subgradient); NaN stays NaN.
+  template <class T> T df(T x, T) const { return x > T(0) ? T(1) : x < T(0) ? T(-1) : x == T(0) ? T(0) : x; }
 };
 // Whether op's derivative reads x (an op may say so per instance, as pow does).
 template <class Op> bool reads_x(const Op& op) {
@@ -172,6 +216,9 @@ Tensor pow(const Tensor& x, double exponent) {
 }
 Tensor tanh(const Tensor& x) { return unary<Tanh>(x); }
 Tensor relu(const Tensor& x) { return unary<Relu>(x); }
+Tensor sigmoid(const Tensor& x) { return unary<Sigmoid>(x); }
+Tensor silu(const Tensor& x) { return unary<Silu>(x); }
+Tensor abs(const Tensor& x) { return unary<Abs>(x); }
 
 namespace {
 

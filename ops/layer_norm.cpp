@@ -14,93 +14,101 @@
 
 #include "ops/op.hpp"
 #include "kernels/layer_norm.hpp"
+#include "ops/normalization.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/reduction.hpp"
 #include "tapegrad/ops/view.hpp"
 
 namespace tapegrad {
-namespace {
-using namespace detail;
+namespace detail {
 
-void check_layer_norm_args(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
-  check_floating("layer_norm", "x", x);
+void check_norm_args(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  check_floating(op, "x", x);
   if (x.dim() < 1)
-    fail<ShapeError>("layer_norm: argument 'x' must have rank >= 1 (it normalises the last dim), got shape {}",
-                     shape_str(x.shape()));
+    fail<ShapeError>("{}: argument 'x' must have rank >= 1 (it normalises the last dim), got shape {}", op, shape_str(x.shape()));
   const Shape want{x.shape().back()};
   for (auto [name, t] : {std::pair{"weight", weight}, {"bias", bias}}) {
     if (!t.defined()) continue;
-    check_same_float("layer_norm", "x", x, name, t);
+    check_same_float(op, "x", x, name, t);
     if (t.shape() != want)
-      fail<ShapeError>("layer_norm: argument '{}' with shape {} must have shape {}, the last dim of 'x' (shape {})", name,
+      fail<ShapeError>("{}: argument '{}' with shape {} must have shape {}, the last dim of 'x' (shape {})", op, name,
                        shape_str(t.shape()), shape_str(want), shape_str(x.shape()));
   }
-  if (!(std::isfinite(eps) && eps >= 0))
-    fail<ValueError>("layer_norm: argument 'eps' must be finite and >= 0, got {}", eps);
+  if (!(std::isfinite(eps) && eps >= 0)) fail<ValueError>("{}: argument 'eps' must be finite and >= 0, got {}", op, eps);
 }
 
-// The backward as an op of x, the weight and g, with three outputs: dx, dweight and dbias (the
-// row kernel, from the forward's stats). Its own gradients, written beside it, for the upstream
-// U, V, Z of dx, dweight, dbias (undefined where not reached), with r = rstd and xhat computed
-// again from x in recorded ops (stats has no history), h = g w, J v = r (v - mean(v) - xhat
-// mean(v xhat)) per row (J = dxhat/dx, symmetric) and dx = J h (derived in docs/gradients.md):
+// r = 1 / sqrt(mean(c^2) + eps), c = x - mean(x) (centred) or x, xhat = c r, h = g w (g without a
+// weight), and J v = r (v - [mean(v)] - xhat mean(v xhat)) per row (J = dxhat/dx, symmetric), so
+// dx = J h. For the upstream U, V, Z of dx, dweight, dbias (derived in docs/gradients.md):
 //   dg  = Z + V xhat + w J U
 //   dw  = sum over the rows of g J U
 //   dx' = J (V g) - r (mean(U dx) xhat + mean(h xhat) J U + mean(U xhat) dx)
+namespace {
+
+std::vector<Tensor> normalised_backward_grads(const Tensor& x, const Tensor& weight, const Tensor& g, double eps, bool centred,
+                                              std::span<const Tensor> u, const std::vector<bool>& needs) {
+  auto row_mean = [](const Tensor& t) { return mean(t, {-1}, /*keepdim=*/true); };
+  const Tensor c = centred ? sub(x, row_mean(x)) : x;
+  const Tensor r = 1.0 / sqrt(add(row_mean(mul(c, c)), eps));
+  const Tensor xhat = mul(c, r);
+  auto jacobian = [&](const Tensor& v) { return mul(r, sub(centred ? sub(v, row_mean(v)) : v, mul(xhat, row_mean(mul(v, xhat))))); };
+  auto plus = [](const Tensor& a, const Tensor& b) { return a.defined() ? add(a, b) : b; };
+  const Tensor& du = u[0];
+  const Tensor& dv = u[1];
+  const Tensor& dz = u[2];
+  const Tensor h = weight.defined() ? mul(g, weight) : g;
+  const Tensor ju = du.defined() ? jacobian(du) : Tensor();
+  std::vector<Tensor> grads(3);
+  if (needs[0]) {
+    if (dv.defined()) grads[0] = jacobian(mul(dv, g));
+    if (ju.defined()) {
+      const Tensor dx = jacobian(h);
+      const Tensor terms = add(add(mul(row_mean(mul(du, dx)), xhat), mul(row_mean(mul(h, xhat)), ju)), mul(row_mean(mul(du, xhat)), dx));
+      grads[0] = plus(grads[0], neg(mul(r, terms)));
+    }
+  }
+  if (needs[1] && ju.defined()) grads[1] = sum_to(mul(g, ju), {x.shape().back()});
+  if (needs[2]) {
+    if (dz.defined()) grads[2] = expand(dz, g.shape());
+    if (dv.defined()) grads[2] = plus(grads[2], mul(dv, xhat));
+    if (ju.defined()) grads[2] = plus(grads[2], weight.defined() ? mul(ju, weight) : ju);
+  }
+  return grads;
+}
+
+}  // namespace
+
+// The backward as an op of x, the weight and g, with three outputs: dx, dweight and dbias (the
+// row kernel, from the forward's stats); its own gradients are normalised_backward_grads'.
 // `wanted` says which of dweight and dbias (entries 1 and 2) a first-order pass makes.
-std::vector<Tensor> layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& g, const Tensor& stats, double eps,
-                                        const std::vector<bool>& wanted) {
-  const LayerNormGrads d = layer_norm_rows_backward(x, weight, stats, g);
+std::vector<Tensor> normalised_backward(const char* name, bool centred, const Tensor& x, const Tensor& weight, const Tensor& g,
+                                        const Tensor& stats, double eps, const std::vector<bool>& wanted) {
+  const LayerNormGrads d = layer_norm_rows_backward(x, weight, stats, g, centred);
   const Shape columns{x.shape().back()};
   auto column = [&](const std::vector<double>& v) { return from_vector(std::span<const double>(v), columns).to(x.dtype()); };
   // A first-order pass makes only the outputs it wants, and record() would return at once; a
   // recorded op has all three.
   const bool all = is_grad_enabled();
-  std::vector<Tensor> out{d.dx, all || wanted[1] ? column(d.dweight) : Tensor(), all || wanted[2] ? column(d.dbias) : Tensor()};
+  std::vector<Tensor> out{d.dx, all || wanted[1] ? column(d.dweight) : Tensor(), all || (wanted.size() > 2 && wanted[2]) ? column(d.dbias) : Tensor()};
   if (!all) return out;
-  record("layer_norm_backward", {x, weight, g}, out, {x, weight, g},
-         [x, weight, g, eps, columns](std::span<const Tensor> u, const std::vector<bool>& needs) {
-           const Tensor centred = sub(x, mean(x, {-1}, /*keepdim=*/true));
-           const Tensor r = 1.0 / sqrt(add(mean(mul(centred, centred), {-1}, /*keepdim=*/true), eps));
-           const Tensor xhat = mul(centred, r);
-           auto row_mean = [](const Tensor& t) { return mean(t, {-1}, /*keepdim=*/true); };
-           auto jacobian = [&](const Tensor& v) { return mul(r, sub(sub(v, row_mean(v)), mul(xhat, row_mean(mul(v, xhat))))); };
-           auto plus = [](const Tensor& a, const Tensor& b) { return a.defined() ? add(a, b) : b; };
-           const Tensor& du = u[0];
-           const Tensor& dv = u[1];
-           const Tensor& dz = u[2];
-           const Tensor h = weight.defined() ? mul(g, weight) : g;
-           const Tensor ju = du.defined() ? jacobian(du) : Tensor();
-           std::vector<Tensor> grads(3);
-           if (needs[0]) {
-             if (dv.defined()) grads[0] = jacobian(mul(dv, g));
-             if (ju.defined()) {
-               const Tensor dx = jacobian(h);
-               const Tensor terms = add(add(mul(row_mean(mul(du, dx)), xhat), mul(row_mean(mul(h, xhat)), ju)), mul(row_mean(mul(du, xhat)), dx));
-               grads[0] = plus(grads[0], neg(mul(r, terms)));
-             }
-           }
-           if (needs[1] && ju.defined()) grads[1] = sum_to(mul(g, ju), columns);
-           if (needs[2]) {
-             if (dz.defined()) grads[2] = expand(dz, g.shape());
-             if (dv.defined()) grads[2] = plus(grads[2], mul(dv, xhat));
-             if (ju.defined()) grads[2] = plus(grads[2], weight.defined() ? mul(ju, weight) : ju);
-           }
-           return grads;
-         });
+  record(name, {x, weight, g}, out, {x, weight, g}, [x, weight, g, eps, centred](std::span<const Tensor> u, const std::vector<bool>& needs) {
+    return normalised_backward_grads(x, weight, g, eps, centred, u, needs);
+  });
   return out;
 }
 
-}  // namespace
+}  // namespace detail
+
+using namespace detail;
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
-  check_layer_norm_args(x, weight, bias, eps);
-  Normalised n = layer_norm_rows_forward(x, weight, bias, eps);
+  check_norm_args("layer_norm", x, weight, bias, eps);
+  Normalised n = layer_norm_rows_forward(x, weight, bias, eps, /*centred=*/true);
   // dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dweight = sum_rows g xhat, dbias =
   // sum_rows g: the op layer_norm_backward, one formula to every order
   record("layer_norm", {x, weight, bias}, n.y, {x, weight, n.stats},
          [x, weight, stats = n.stats, eps](std::span<const Tensor> g, const std::vector<bool>& needs) {
-           std::vector<Tensor> d = layer_norm_backward(x, weight, g[0], stats, eps, needs);
+           std::vector<Tensor> d = normalised_backward("layer_norm_backward", /*centred=*/true, x, weight, g[0], stats, eps, needs);
            for (std::size_t k = 0; k < d.size(); ++k)
              if (!needs[k]) d[k] = Tensor();
            return d;

@@ -3,7 +3,9 @@
 
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <typeinfo>
+#include <variant>
 #include <vector>
 
 #include <boost/test/unit_test.hpp>
@@ -54,6 +56,23 @@ inline void check_close(const std::vector<double>& a, const std::vector<double>&
 
 inline void check_close(const Tensor& a, const std::vector<double>& expected, double atol, const std::string& what) {
   check_close(a.to_vector<double>(), expected, atol, 0.0, what);
+}
+
+// Decoding ids [1, T] through a KV cache per block, the first `first` positions in one call and
+// then one at a time, gives the logits of the full forward at every step (float64 models).
+inline void check_decoding_equals_forward(const tapegrad::Decoder& model, const Tensor& ids, std::int64_t first, const std::string& what) {
+  namespace tg = tapegrad;
+  tg::NoGradGuard no_grad;
+  const Tensor full = model.forward(ids);
+  std::vector<tg::KVCache> caches(model.blocks.size());
+  for (std::int64_t t = 0; t < ids.size(1); t = t == 0 ? first : t + 1) {
+    const std::int64_t end = t == 0 ? first : t + 1;
+    Tensor x = model.tok.forward(tg::slice(ids, 1, t, end));
+    std::visit([&]<class P>(const P& p) { if constexpr (!std::is_same_v<P, std::monostate>) x = p.forward(x, t); }, model.pos);
+    for (std::size_t i = 0; i < model.blocks.size(); ++i) x = model.blocks[i].decode(x, caches[i]);
+    check_close(model.logits(x).to_vector<double>(), tg::slice(full, 1, t, end).to_vector<double>(), 1e-12, 1e-12,
+                fmt::format("{}: step at {}", what, t));
+  }
 }
 
 }  // namespace tg_test

@@ -1147,16 +1147,7 @@ BOOST_AUTO_TEST_CASE(cached_decoding_and_generation_equal_the_full_forward) {
     std::vector<std::int64_t> v{1, 5, 2, 6, 0, 3, 3, 4, 2, 2};
     const Tensor ids = tg::from_vector(std::span<const std::int64_t>(v), {1, 10});
     tg::NoGradGuard no_grad;
-    const Tensor full = model.forward(ids);
-    std::vector<tg::KVCache> caches(model.blocks.size());
-    for (std::int64_t t = 0; t < 10; t += t == 0 ? 3 : 1) {
-      const std::int64_t end = t == 0 ? 3 : t + 1;
-      Tensor x = model.tok.forward(tg::slice(ids, 1, t, end));
-      if (positions == tg::PositionKind::learned) x = std::get<tg::LearnedPositions>(model.pos).forward(x, t);
-      for (std::size_t i = 0; i < model.blocks.size(); ++i) x = model.blocks[i].decode(x, caches[i]);
-      check_close(values(model.head.forward(model.ln_f.forward(x))), values(tg::slice(full, 1, t, end)), 1e-12, 1e-12,
-                  fmt::format("{}: step at {}", what, t));
-    }
+    check_decoding_equals_forward(model, ids, 3, what);
     // Greedy generation is argmax of the full forward, token by token.
     model.eval();
     const Tensor out = model.generate(tg::slice(ids, 1, 0, 2), {.new_tokens = 6, .temperature = 0});

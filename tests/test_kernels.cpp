@@ -85,7 +85,8 @@ BOOST_AUTO_TEST_CASE(parallel_results_equal_serial_results) {
     check_parallel_equals_serial("mul strided", [](const V& v) { return tg::mul(v[0], v[1]); }, {at, b});
     check_parallel_equals_serial("div", [](const V& v) { return tg::div(v[0], v[1]); }, {a, tg::exp(b)});
     for (const auto& [name, f] : std::vector<std::pair<const char*, Tensor (*)(const Tensor&)>>{
-             {"relu", tg::relu}, {"gelu", tg::gelu}, {"exp", tg::exp}, {"tanh", tg::tanh}, {"neg", tg::neg}}) {
+             {"relu", tg::relu}, {"gelu", tg::gelu}, {"exp", tg::exp}, {"tanh", tg::tanh}, {"neg", tg::neg},
+             {"sigmoid", tg::sigmoid}, {"silu", tg::silu}, {"rms_norm", [](const Tensor& x) { return tg::rms_norm(x); }}}) {
       check_parallel_equals_serial(name, [f = f](const V& v) { return f(v[0]); }, {a});
       check_parallel_equals_serial(name, [f = f](const V& v) { return f(v[0]); }, {at});
     }

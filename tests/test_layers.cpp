@@ -132,6 +132,76 @@ BOOST_AUTO_TEST_CASE(layer_norm_normalises_and_gradchecks) {
   check_throws<tg::ShapeError>([&] { ln.forward(tg::zeros({2, 5}, tg::float64)); }, {"LayerNorm::forward", "[..., 4]", "[2, 5]"});
 }
 
+BOOST_AUTO_TEST_CASE(rms_norm_divides_by_the_root_mean_square_and_gradchecks) {
+  tg::RMSNorm norm({.dim = 4, .eps = 1e-12, .dtype = tg::float64});
+  BOOST_TEST(names_of(norm) == (std::vector<std::string>{"weight"}), boost::test_tools::per_element());
+  // Rows far from mean 0: layer_norm would centre them, rms_norm keeps their sign.
+  const Tensor x = (tg::randn({3, 4}, 5, tg::float64) + 4.0).detach().set_requires_grad();
+  const auto y = norm.forward(x).to_vector<double>();
+  for (int r = 0; r < 3; ++r) {
+    double ms = 0;
+    for (int j = 0; j < 4; ++j) ms += y[r * 4 + j] * y[r * 4 + j] / 4;
+    BOOST_TEST(std::abs(ms - 1) < 1e-12);
+    for (int j = 0; j < 4; ++j) BOOST_TEST(y[r * 4 + j] > 0);
+  }
+  tg::copy_(norm.weight, tg::tensor({1.5, -0.5, 2.0, 1.0}, tg::float64));
+  auto params = norm.parameters();
+  params.push_back(x);
+  const auto r = tg::gradcheck_parameters([&] { return std::vector<Tensor>{norm.forward(x)}; }, params);
+  BOOST_TEST(r.ok, r.report());
+  BOOST_TEST(tg::RMSNorm({.dim = 4, .affine = false}).parameter_count() == 0);
+  check_throws<tg::ValueError>([] { tg::RMSNorm({.dim = 4, .eps = -1}); }, {"RMSNorm", "config.eps", "> 0", "-1"});
+  check_throws<tg::ValueError>([] { tg::RMSNorm({.dim = 0}); }, {"RMSNorm", "config.dim", ">= 1", "0"});
+  check_throws<tg::ShapeError>([&] { norm.forward(tg::zeros({2, 5}, tg::float64)); }, {"RMSNorm::forward", "'x'", "[..., 4]", "[2, 5]"});
+  check_throws<tg::DTypeError>([&] { norm.forward(tg::zeros({2, 4})); }, {"RMSNorm::forward", "'x'", "float32", "config.dtype"});
+}
+
+BOOST_AUTO_TEST_CASE(a_norm_is_the_layer_or_rms_norm_its_kind_names) {
+  tg::Norm layer(tg::NormKind::layer, 4, tg::float64), rms(tg::NormKind::rms, 4, tg::float64);
+  BOOST_TEST(names_of(layer) == (std::vector<std::string>{"weight", "bias"}), boost::test_tools::per_element());
+  BOOST_TEST(names_of(rms) == (std::vector<std::string>{"weight"}), boost::test_tools::per_element());
+  const Tensor x = tg::randn({2, 4}, 3, tg::float64) + 1.0;
+  BOOST_TEST(layer.forward(x).to_vector<double>() == tg::layer_norm(x).to_vector<double>(), boost::test_tools::per_element());
+  BOOST_TEST(rms.forward(x).to_vector<double>() == tg::rms_norm(x).to_vector<double>(), boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(swiglu_is_down_of_silu_gate_times_up_with_llamas_width) {
+  tg::FeedForward ff({.dim = 6, .activation = tg::Activation::swiglu, .dtype = tg::float64, .seed = 4});
+  BOOST_TEST(names_of(ff) == (std::vector<std::string>{"up.weight", "up.bias", "gate.weight", "gate.bias", "down.weight", "down.bias"}),
+             boost::test_tools::per_element());
+  BOOST_TEST(ff.up.config().out == 16);  // 8 * 6 / 3 = 16, already a multiple of 8
+  const Tensor x = tg::randn({2, 3, 6}, 1, tg::float64).set_requires_grad();
+  const Tensor h = tg::silu(tg::matmul(x, ff.gate->weight) + ff.gate->bias) * (tg::matmul(x, ff.up.weight) + ff.up.bias);
+  check_close(ff.forward(x).to_vector<double>(), (tg::matmul(h, ff.down.weight) + ff.down.bias).to_vector<double>(), 1e-14, 1e-14,
+              "down(silu(gate x) * up x)");
+  auto params = ff.parameters();
+  params.push_back(x);
+  const auto r = tg::gradcheck_parameters([&] { return std::vector<Tensor>{ff.forward(x)}; }, params);
+  BOOST_TEST(r.ok, r.report());
+  // 8 * 10 / 3 = 26, rounded up to 32 (or to 30 with multiple_of 5); no biases on request.
+  tg::FeedForward wide({.dim = 10, .activation = tg::Activation::swiglu, .bias = false});
+  BOOST_TEST(wide.up.config().out == 32);
+  BOOST_TEST(wide.parameter_count() == 3 * 10 * 32);
+  BOOST_TEST(names_of(wide) == (std::vector<std::string>{"up.weight", "gate.weight", "down.weight"}), boost::test_tools::per_element());
+  BOOST_TEST(tg::FeedForward({.dim = 10, .activation = tg::Activation::swiglu, .multiple_of = 5}).up.config().out == 30);
+  BOOST_TEST(tg::FeedForward({.dim = 10}).up.config().out == 40);  // GELU keeps 4 * dim
+  check_throws<tg::ValueError>([] { tg::FeedForward({.dim = 4, .multiple_of = 0}); }, {"FeedForward", "config.multiple_of", ">= 1", "0"});
+  check_throws<tg::ValueError>([] { tg::FeedForward({.dim = INT64_MAX / 4, .activation = tg::Activation::swiglu}); },
+                               {"FeedForward", "8 * config.dim / 3", "overflows", "config.hidden"});
+}
+
+BOOST_AUTO_TEST_CASE(a_llama_block_without_biases_gradchecks) {
+  // RMSNorm, SwiGLU, grouped heads and rotary positions, no bias anywhere, float64.
+  tg::TransformerBlock block({.dim = 8, .heads = 2, .norm = tg::NormKind::rms, .bias = false, .dtype = tg::float64, .seed = 6,
+                              .rotary = tg::RotaryOptions{}, .kv_heads = 1});
+  for (const auto& name : names_of(block)) BOOST_TEST(name.find("bias") == std::string::npos, name);
+  const Tensor x = tg::randn({1, 4, 8}, 2, tg::float64).set_requires_grad();
+  auto params = block.parameters();
+  params.push_back(x);
+  const auto r = tg::gradcheck_parameters([&] { return std::vector<Tensor>{block.forward(x)}; }, params, {.atol = 1e-6, .rtol = 1e-5});
+  BOOST_TEST(r.ok, r.report());
+}
+
 BOOST_AUTO_TEST_CASE(dropout_is_seeded_in_training_and_the_identity_in_eval) {
   tg::Dropout a(0.5, 3), b(0.5, 3);
   const Tensor x = tg::ones({1000});
@@ -270,18 +340,68 @@ BOOST_AUTO_TEST_CASE(a_rotary_decoder_adds_no_table_and_every_block_rotates) {
   for (const auto& block : model.blocks) BOOST_TEST(block.attn.config().rotary.has_value());
   // Last logits by cached decoding, prompt in one piece then one token at a time, equal the
   // full forward's.
-  const Tensor ids = ids_of({1, 5, 2, 6, 0, 3, 3, 4}, 1);
+  check_decoding_equals_forward(model, ids_of({1, 5, 2, 6, 0, 3, 3, 4}, 1), 3, "rotary");
+}
+
+BOOST_AUTO_TEST_CASE(a_llama_style_decoder_has_no_biases_and_decodes_like_its_forward) {
+  // Rotary positions with no length limit (max_len 0), 4 heads sharing 2 key/value heads, a
+  // window of 3, RMSNorm, SwiGLU, no biases.
+  tg::Decoder model({.vocab = 7, .max_len = 0, .dim = 8, .heads = 4, .layers = 2, .activation = tg::Activation::swiglu,
+                     .positions = tg::PositionKind::rotary, .norm = tg::NormKind::rms, .bias = false, .dtype = tg::float64, .seed = 11,
+                     .kv_heads = 2, .window = 3});
+  const auto names = names_of(model);
+  for (const auto& name : names) BOOST_TEST(name.find("bias") == std::string::npos, name);
+  BOOST_TEST(std::count(names.begin(), names.end(), "blocks.1.ff.gate.weight") == 1);
+  BOOST_TEST(std::count(names.begin(), names.end(), "blocks.0.ln2.weight") == 1);
+  BOOST_TEST(names.back() == "head.weight");
+  // tok 7x8; per block: 2 RMSNorms 16, attention w_q, w_o 8x8 and w_k, w_v 8x4, SwiGLU 3 x 8x24
+  // (8 * 8 / 3 = 21 rounded up to 24); ln_f 8; head 8x7.
+  BOOST_TEST(model.parameter_count() == 56 + 2 * (16 + 192 + 576) + 8 + 56);
+  check_decoding_equals_forward(model, ids_of({1, 5, 2, 6, 0, 3, 3, 4, 2, 2}, 1), 3, "llama");
+  // No table, no limit: generation runs as long as asked, and a long forward is fine.
+  model.eval();
   tg::NoGradGuard no_grad;
-  const Tensor full = model.forward(ids);
-  std::vector<tg::KVCache> caches(model.blocks.size());
-  for (std::int64_t t : {0, 3, 4, 5, 6, 7}) {
-    const std::int64_t end = t == 0 ? 3 : t + 1;
-    Tensor x = model.tok.forward(tg::slice(ids, 1, t == 0 ? 0 : t, end));
-    for (std::size_t i = 0; i < model.blocks.size(); ++i) x = model.blocks[i].decode(x, caches[i]);
-    const Tensor logits = model.head.forward(model.ln_f.forward(x));
-    check_close(logits.to_vector<double>(), tg::slice(full, 1, t == 0 ? 0 : t, end).to_vector<double>(), 1e-12, 1e-12,
-                fmt::format("step at {}", t));
-  }
+  BOOST_TEST(model.generate(ids_of({1, 2}, 1), {.new_tokens = 30, .temperature = 0}).shape() == (tg::Shape{1, 32}));
+  BOOST_TEST(model.forward(ids_of(std::vector<std::int64_t>(40, 3), 1)).shape() == (tg::Shape{1, 40, 7}));
+  BOOST_TEST(model.generate(ids_of({1, 2}, 1), {.new_tokens = 9, .temperature = 0, .restart_after = 6}).shape() == (tg::Shape{1, 11}));
+}
+
+BOOST_AUTO_TEST_CASE(tied_embeddings_are_one_parameter_that_both_uses_train) {
+  const tg::DecoderConfig config{.vocab = 7, .max_len = 6, .dim = 8, .heads = 2, .hidden = 8, .tie_embeddings = true, .dtype = tg::float64,
+                                 .seed = 5};
+  tg::Decoder model(config);
+  const auto names = names_of(model);
+  BOOST_TEST(!model.head.has_value());
+  BOOST_TEST(std::count(names.begin(), names.end(), "tok.weight") == 1);
+  BOOST_TEST(std::none_of(names.begin(), names.end(), [](const std::string& n) { return n.rfind("head", 0) == 0; }));
+  // The untied model has the head's 8x7 + 7 more.
+  tg::DecoderConfig untied = config;
+  untied.tie_embeddings = false;
+  BOOST_TEST(tg::Decoder(untied).parameter_count() == model.parameter_count() + 63);
+  // The logits are the final norm's output times the table transposed.
+  const Tensor ids = ids_of({1, 5, 2, 6, 0}, 1);
+  const Tensor h = tg::randn({1, 5, 8}, 3, tg::float64);
+  check_close(model.logits(h).to_vector<double>(), tg::matmul(model.ln_f.forward(h), tg::transpose(model.tok.weight, 0, 1)).to_vector<double>(),
+              1e-14, 1e-14, "h W^T");
+  // The table's gradient sums both uses: the rows the ids pick, and every row through the head.
+  const Tensor targets = ids_of({5, 2, 6, 0, 3}, 1);
+  const auto loss = [&] { return std::vector<Tensor>{tg::cross_entropy(model.forward(ids), targets)}; };
+  const auto r = tg::gradcheck_parameters(loss, model.parameters(), {.atol = 1e-6, .rtol = 1e-5});
+  BOOST_TEST(r.ok, r.report());
+  tg::backward(loss()[0]);
+  const auto g = model.tok.weight.grad().to_vector<double>();
+  for (std::int64_t j = 0; j < 8; ++j) BOOST_TEST(g[static_cast<std::size_t>(4 * 8 + j)] != 0.0);  // id 4 never embedded, still a logit
+  // Saved once, and a fresh model loads it.
+  const std::string path = "test_layers_tied.safetensors";
+  tg::save(model, path);
+  BOOST_TEST(tg::load_safetensors(path).tensors.size() == model.named_parameters().size());
+  tg::DecoderConfig other = config;
+  other.seed = 9;
+  tg::Decoder loaded(other);
+  tg::load(loaded, path);
+  tg::NoGradGuard no_grad;
+  BOOST_TEST(loaded.forward(ids).to_vector<double>() == model.forward(ids).to_vector<double>());
+  std::remove(path.c_str());
 }
 
 BOOST_AUTO_TEST_CASE(sampling_is_seeded_and_respects_top_k) {
@@ -387,6 +507,15 @@ BOOST_AUTO_TEST_CASE(decoder_errors_name_the_decoder) {
   check_throws<tg::ShapeError>([&] { model.forward(ids({1, 2, 3, 4, 0})); }, {"Decoder::forward", "'ids'", "5 positions", "max_len = 4"});
   check_throws<tg::ValueError>([&] { model.forward(ids({1, 7})); }, {"Decoder::forward", "'ids'", "id 7", "[0, 5)"});
   check_throws<tg::ValueError>([&] { model.generate(ids({-1}), {.new_tokens = 1}); }, {"Decoder::generate", "'prompt'", "id -1"});
+  // max_len sizes learned and sinusoidal tables; rotary and alibi take 0 for no limit.
+  check_throws<tg::ValueError>([] { tg::Decoder({.vocab = 5, .dim = 8}); }, {"Decoder", "config.max_len", ">= 1", "learned or sinusoidal", "got 0"});
+  check_throws<tg::ValueError>([] { tg::Decoder({.vocab = 5, .dim = 8, .positions = tg::PositionKind::sinusoidal}); },
+                               {"Decoder", "config.max_len", ">= 1", "got 0"});
+  check_throws<tg::ValueError>([] { tg::Decoder({.vocab = 5, .max_len = -1, .dim = 8, .positions = tg::PositionKind::alibi}); },
+                               {"Decoder", "config.max_len", ">= 0", "no limit", "got -1"});
+  tg::Decoder unbounded({.vocab = 5, .dim = 8, .positions = tg::PositionKind::alibi});
+  check_throws<tg::ValueError>([&] { unbounded.generate(ids({1}), {.restart_after = 1}); }, {"Decoder::generate", "restart_after", ">= 2", "got 1"});
+  check_throws<tg::ValueError>([&] { model.generate(ids({1}), {.restart_after = 5}); }, {"Decoder::generate", "restart_after", "config.max_len = 4", "got 5"});
   tg::LayerNorm ln({.dim = 2});
   check_throws<tg::DTypeError>([&] { ln.forward(tg::zeros({1, 2}, tg::float64)); }, {"LayerNorm::forward", "'x'", "float64", "config.dtype"});
 }

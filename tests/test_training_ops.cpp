@@ -309,6 +309,49 @@ BOOST_AUTO_TEST_CASE(a_constant_row_gives_the_bias_and_finite_gradients) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
+BOOST_AUTO_TEST_SUITE(rms_norm_op)
+
+BOOST_AUTO_TEST_CASE(rows_come_out_with_unit_mean_square_and_keep_their_mean) {
+  // Unlike layer_norm, nothing is subtracted: a row of 3 + noise stays positive.
+  const Tensor x = tg::add(tg::randn({5, 8}, 7, tg::float64), 3.0);
+  const Tensor y = tg::rms_norm(x, Tensor(), 0.0);
+  for (std::int64_t r = 0; r < 5; ++r) {
+    const Tensor row = tg::select(y, 0, r);
+    BOOST_TEST(std::abs(tg::mean(tg::mul(row, row)).item() - 1.0) < 1e-14);
+    BOOST_TEST(tg::mean(row).item() > 0.5);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_zero_row_gives_zero_and_a_finite_gradient) {
+  // rms = 0, so the scale is 1 / sqrt(eps) and xhat = 0: y = 0, dweight = 0, dx = g w / sqrt(eps).
+  const Tensor x = tg::zeros({1, 3}, tg::float64).set_requires_grad();
+  const Tensor w = tg::tensor({1, 2, 3}, tg::float64).set_requires_grad();
+  const Tensor y = tg::rms_norm(x, w);
+  check_close(y, {0, 0, 0}, 0, "y");
+  tg::backward({y}, {tg::tensor({{1, -1, 2}}, tg::float64)});
+  const double s = 1 / std::sqrt(1e-5);
+  check_close(x.grad().to_vector<double>(), {s, -2 * s, 6 * s}, 1e-12, 1e-13, "dx");
+  check_close(w.grad(), {0, 0, 0}, 0, "dweight");
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(abs_op)
+
+BOOST_AUTO_TEST_CASE(its_gradient_is_the_sign_and_zero_at_zero) {
+  // PyTorch's subgradient: sign(x), with 0 at x = 0 (and -0); NaN stays NaN.
+  const Tensor x = tg::tensor({-2.0, -0.0, 0.0, 3.0, std::nan("")}, tg::float64).set_requires_grad();
+  tg::backward(tg::sum(tg::abs(x) * 1.5));
+  const auto g = x.grad().to_vector<double>();
+  BOOST_TEST(g[0] == -1.5);
+  BOOST_TEST(g[1] == 0.0);
+  BOOST_TEST(g[2] == 0.0);
+  BOOST_TEST(g[3] == 1.5);
+  BOOST_TEST(std::isnan(g[4]));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
 BOOST_AUTO_TEST_SUITE(dropout_op)
 
 BOOST_AUTO_TEST_CASE(eval_mode_and_p_zero_return_x_itself) {

@@ -27,6 +27,23 @@ void add_elementwise(std::vector<OpInfo>& t) {
   t.push_back(unary("relu", [](auto& x) { return tg::relu(x); }, [](double x) { return x < 0 ? 0.0 : x; }));
   t.push_back(unary("gelu", [](auto& x) { return tg::gelu(x); },
                     [](double x) { return 0.5 * x * (1 + std::erf(x / std::numbers::sqrt2)); }));
+  t.push_back(unary("sigmoid", [](auto& x) { return tg::sigmoid(x); }, [](double x) { return 1 / (1 + std::exp(-x)); }));
+  t.push_back(unary("silu", [](auto& x) { return tg::silu(x); }, [](double x) { return x / (1 + std::exp(-x)); }));
+  t.push_back(unary("abs", [](auto& x) { return tg::abs(x); }, [](double x) { return std::abs(x); }));
+  {
+    // Far from 0 (|x| up to ~100), where e^-|x| alone is left: the logistic must neither overflow
+    // nor turn inf / inf into NaN.
+    OpInfo info = unary("sigmoid/silu far out", [](auto& x) { return tg::sigmoid(x * 40.0); }, [](double x) { return 1 / (1 + std::exp(-40 * x)); });
+    info.covers = {"sigmoid", "silu"};
+    info.op = [](const Ins& in) { return Outs{tg::sigmoid(in[0] * 40.0), tg::silu(in[0] * 40.0)}; };
+    info.reference = [](const Refs& in) {
+      return Refs{ref_map(in, [](const auto& x) { return 1 / (1 + std::exp(-40 * x[0])); }),
+                  ref_map(in, [](const auto& x) { return 40 * x[0] / (1 + std::exp(-40 * x[0])); })};
+    };
+    info.errors.clear();  // the entries above have them
+    info.undefined_inputs_unreachable = "op scales its input before the call";
+    t.push_back(info);
+  }
   for (double p : {2.0, 0.0, -1.5, 2.5}) {
     auto info = unary("pow", [p](auto& x) { return tg::pow(x, p); }, [p](double x) { return std::pow(x, p); }, true);
     info.name = fmt::format("pow({})", p);

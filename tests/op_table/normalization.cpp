@@ -1,4 +1,4 @@
-// The op table's entries for layer_norm and dropout.
+// The op table's entries for layer_norm, rms_norm and dropout.
 #include "op_table/common.hpp"
 
 namespace tg_test::table {
@@ -41,6 +41,39 @@ void add_normalization(std::vector<OpInfo>& t) {
                    {"integer x", [] { tg::layer_norm(tg::zeros({2}, tg::int64)); }, Raises::dtype, {"layer_norm", "'x'", "int64"}}};
     info.undefined_inputs_unreachable = "weight and bias are optional: an undefined one means none";
     info.errors.push_back(undefined_arg("layer_norm", "x", [] { tg::layer_norm(Tensor()); }));
+    t.push_back(info);
+  }
+  {
+    // With a weight and without (and another eps). E = 1 rows give sign(x) (times the weight);
+    // zero-size rows and widths give empty results.
+    OpInfo info;
+    info.name = "rms_norm";
+    info.covers = {"rms_norm"};
+    info.samples = {{{3, 4}, {4}}, {{2, 3, 5}, {5}}, {{6}, {6}}, {{4, 1}, {1}}, {{0, 3}, {3}}, {{2, 0}, {0}}};
+    info.op = [](const Ins& in) { return Outs{tg::rms_norm(in[0], in[1]), tg::rms_norm(in[0], Tensor(), 0.1)}; };
+    info.reference = [](const Refs& in) {
+      const Ref& x = in[0];
+      const std::int64_t e = x.shape.back();
+      Refs outs(2, x);
+      for (std::int64_t r = 0; e > 0 && r < x.numel() / e; ++r) {
+        auto at = [&](std::int64_t j) { return static_cast<std::size_t>(r * e + j); };
+        double ms = 0;
+        for (std::int64_t j = 0; j < e; ++j) ms += x.v[at(j)] * x.v[at(j)] / static_cast<double>(e);
+        for (std::int64_t j = 0; j < e; ++j) {
+          outs[0].v[at(j)] = x.v[at(j)] / std::sqrt(ms + 1e-5) * in[1].v[static_cast<std::size_t>(j)];
+          outs[1].v[at(j)] = x.v[at(j)] / std::sqrt(ms + 0.1);
+        }
+      }
+      return outs;
+    };
+    info.errors = {{"weight of the wrong width", [] { tg::rms_norm(f32({2, 4}), f32({3})); }, Raises::shape,
+                    {"rms_norm", "'weight'", "[3]", "[4]", "[2, 4]"}},
+                   {"float64 weight for float32 x", [] { tg::rms_norm(f32({2, 4}), f64({4})); }, Raises::dtype, {"rms_norm", "'x'", "'weight'", "same dtype"}},
+                   {"NaN eps", [] { tg::rms_norm(f32({2, 4}), Tensor(), std::nan("")); }, Raises::value, {"rms_norm", "'eps'", ">= 0", "nan"}},
+                   {"rank-0 x", [] { tg::rms_norm(f32({})); }, Raises::shape, {"rms_norm", "'x'", "rank >= 1", "[]"}},
+                   {"integer x", [] { tg::rms_norm(tg::zeros({2}, tg::int64)); }, Raises::dtype, {"rms_norm", "'x'", "int64"}}};
+    info.undefined_inputs_unreachable = "the weight is optional: an undefined one means none";
+    info.errors.push_back(undefined_arg("rms_norm", "x", [] { tg::rms_norm(Tensor()); }));
     t.push_back(info);
   }
   {

@@ -3,6 +3,8 @@
 //   TransformerBlock:  h = x + drop(attn(ln1(x)))      causal self-attention
 //                      y = h + ff(ln2(h))              ff ends in its own dropout
 //   Decoder:           logits = head(ln_f(blocks(tok(ids) + pos)))
+// The defaults are GPT's (LayerNorm, GELU, biases, a head of its own); Llama's choices are
+// NormKind::rms, Activation::swiglu, bias = false, rotary positions and kv_heads < heads.
 #pragma once
 
 #include <cstdint>
@@ -12,10 +14,10 @@
 
 #include "tapegrad/layers/embedding.hpp"
 #include "tapegrad/layers/feed_forward.hpp"
-#include "tapegrad/layers/layer_norm.hpp"
 #include "tapegrad/layers/linear.hpp"
 #include "tapegrad/layers/module.hpp"
 #include "tapegrad/layers/multihead_attention.hpp"
+#include "tapegrad/layers/norm.hpp"
 #include "tapegrad/layers/positions.hpp"
 
 namespace tapegrad {
@@ -23,9 +25,11 @@ namespace tapegrad {
 struct TransformerBlockConfig {
   std::int64_t dim = 0;     // required, >= 1
   std::int64_t heads = 1;   // must divide dim
-  std::int64_t hidden = 0;  // feed-forward width; 0 means 4 * dim
+  std::int64_t hidden = 0;  // feed-forward width; 0: FeedForwardConfig's default for the activation
   Activation activation = Activation::gelu;
   double dropout = 0.0;  // after attention and after the feed-forward network
+  NormKind norm = NormKind::layer;  // ln1 and ln2
+  bool bias = true;                 // the attention's and the feed-forward network's biases
   DType dtype = float32;
   std::uint64_t seed = 0;
   std::optional<RotaryOptions> rotary{};  // the attention's (MultiHeadAttentionConfig::rotary)
@@ -46,10 +50,10 @@ class TransformerBlock : public Module {
   Tensor decode(const Tensor& x, KVCache& cache) const;
   void visit(ModuleVisitor& v) override;
 
-  LayerNorm ln1;
+  Norm ln1;
   MultiHeadAttention attn;
   Dropout drop;
-  LayerNorm ln2;
+  Norm ln2;
   FeedForward ff;
 };
 
@@ -61,14 +65,22 @@ enum class PositionKind { learned, sinusoidal, rotary, alibi };
 
 struct DecoderConfig {
   std::int64_t vocab = 0;    // required, >= 1
-  std::int64_t max_len = 0;  // required, >= 1: longest sequence, prompt plus generated tokens
+  // Longest sequence, prompt plus generated tokens: required (>= 1) with learned and sinusoidal
+  // positions, whose table it sizes; with rotary and alibi, 0 means no limit.
+  std::int64_t max_len = 0;
   std::int64_t dim = 0;      // required, >= 1
   std::int64_t heads = 1;
   std::int64_t layers = 1;  // >= 1
-  std::int64_t hidden = 0;  // 0 means 4 * dim
+  std::int64_t hidden = 0;  // 0: FeedForwardConfig's default for the activation
   Activation activation = Activation::gelu;
   double dropout = 0.0;
   PositionKind positions = PositionKind::learned;
+  NormKind norm = NormKind::layer;  // every block's and ln_f
+  bool bias = true;                 // every Linear's: attention, feed-forward networks, head
+  // The head uses tok's table transposed, logits = h tok.weight^T: one parameter, "tok.weight",
+  // trained by both uses and saved once; no head bias. tok's table is then drawn N(0, 1 / dim)
+  // rather than N(0, 1), so that the first logits are of order 1.
+  bool tie_embeddings = false;
   DType dtype = float32;
   std::uint64_t seed = 0;
   RotaryOptions rotary{};  // with PositionKind::rotary only
@@ -91,8 +103,11 @@ struct GenerateOptions {
 class Decoder : public Module {
  public:
   explicit Decoder(const DecoderConfig& config);
-  // ids int64 [B, T] with T <= max_len -> logits [B, T, vocab].
+  // ids int64 [B, T] with T <= max_len (when not 0) -> logits [B, T, vocab].
   Tensor forward(const Tensor& ids) const;
+  // The last block's output h [..., dim] -> logits [..., vocab]: ln_f, then the head (or the
+  // tied table).
+  Tensor logits(const Tensor& h) const;
   // Continues each row of `prompt` (int64 [B, T0], T0 >= 1) by options.new_tokens tokens,
   // running the prompt once and then one position per step through a KV cache per block
   // (see GenerateOptions::restart_after for sequences longer than the model was trained on).
@@ -108,8 +123,8 @@ class Decoder : public Module {
   Embedding tok;
   std::variant<LearnedPositions, SinusoidalPositions, std::monostate> pos;  // monostate: rotary, alibi
   std::vector<TransformerBlock> blocks;
-  LayerNorm ln_f;
-  Linear head;
+  Norm ln_f;
+  std::optional<Linear> head;  // "head"; empty with tie_embeddings
 
  private:
   Tensor embed(const Tensor& ids, std::int64_t offset) const;

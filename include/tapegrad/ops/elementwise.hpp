@@ -22,6 +22,11 @@ Tensor sqrt(const Tensor& x);
 Tensor pow(const Tensor& x, double exponent);
 Tensor tanh(const Tensor& x);
 Tensor relu(const Tensor& x);
+// 1 / (1 + e^-x), and SiLU (swish) x * sigmoid(x), Llama's gate.
+Tensor sigmoid(const Tensor& x);
+Tensor silu(const Tensor& x);
+// |x|; its gradient is sign(x), 0 at x = 0 (PyTorch's subgradient).
+Tensor abs(const Tensor& x);
 // Exact GELU, x * Phi(x) with the normal CDF (PyTorch's default, approximate='none').
 Tensor gelu(const Tensor& x);
 

@@ -42,3 +42,4 @@
 #include "tapegrad/train/checkpoint.hpp"
 #include "tapegrad/train/data.hpp"
 #include "tapegrad/train/optimizer.hpp"
+#include "tapegrad/train/token_file.hpp"

@@ -43,3 +43,4 @@
 #include "tapegrad/train/data.hpp"
 #include "tapegrad/train/optimizer.hpp"
 #include "tapegrad/train/token_file.hpp"
+#include "tapegrad/train/tokenizer.hpp"

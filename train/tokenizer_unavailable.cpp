@@ -2,6 +2,8 @@
 // programs build either way, and every way to get one says what is missing.
 #include "tapegrad/train/tokenizer.hpp"
 
+#include <exception>
+
 #include "autodiff/check.hpp"
 
 namespace tapegrad {

@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "autodiff/check.hpp"
-#include "tapegrad/runtime/threads.hpp"
 #include "tapegrad/train/checkpoint.hpp"
 #include "train/files.hpp"
 #include "train/safetensors_header.hpp"
@@ -70,7 +69,8 @@ SubwordTokenizer SubwordTokenizer::train(std::string_view text, const SubwordOpt
                      std::numeric_limits<std::int32_t>::max(), options.vocab_size);
   // identity normalisation, no dummy prefix, whitespace kept: decode(encode(text)) == text.
   // character_coverage 1: every character of the text gets a piece. No BOS/EOS pieces: ids are
-  // text only. One thread per tapegrad thread.
+  // text only. One thread: SentencePiece's unigram trainer picks other pieces on other thread
+  // counts, and the model records the count, so only a fixed count gives the same bytes anywhere.
   const std::unordered_map<std::string, std::string> args{
       {"model_type", options.model == SubwordModel::bpe ? "bpe" : "unigram"},
       {"vocab_size", std::to_string(options.vocab_size)},
@@ -84,7 +84,7 @@ SubwordTokenizer SubwordTokenizer::train(std::string_view text, const SubwordOpt
       {"bos_id", "-1"},
       {"eos_id", "-1"},
       {"max_sentence_length", std::to_string(std::numeric_limits<std::int32_t>::max() / 2)},
-      {"num_threads", std::to_string(num_threads())},
+      {"num_threads", "1"},
       {"minloglevel", "2"}};
   Lines lines(text);
   std::string bytes;

@@ -34,7 +34,8 @@ struct SubwordOptions {
 class SubwordTokenizer : public Tokenizer {
  public:
   // Trains on `text` (not empty, valid UTF-8); SentencePiece's refusal is a ValueError with its
-  // message. Same text and options, same model file, byte for byte.
+  // message. Same text and options, same model file, byte for byte, on any machine and thread
+  // count (SentencePiece trains on one thread).
   static SubwordTokenizer train(std::string_view text, const SubwordOptions& options = {});
   // A model file written by save() or by SentencePiece (IOError when it cannot be read,
   // FormatError when SentencePiece cannot read it).

@@ -78,6 +78,8 @@ BOOST_AUTO_TEST_CASE(broken_files_are_refused_naming_the_problem) {
   check_throws<tg::IOError>([&] { tg::TokenFile(dir / "missing.bin", 10); }, {"TokenFile: cannot open", "missing.bin"});
   check_throws<tg::IOError>([&] { tg::TokenFile(dir.path, 10); }, {"is not a regular file"});
   check_throws<tg::ValueError>([&] { tg::TokenFile(path, 65537); }, {"TokenFile: argument 'vocab_size'", "[1, 65536]", "65537"});
+  check_throws<tg::ValueError>([&] { tg::TokenFile(path, 10, static_cast<tg::TokenLayout>(2)); },
+                               {"TokenFile: argument 'layout' must be TokenLayout::llmc or TokenLayout::raw, got the value 2"});
 }
 
 BOOST_AUTO_TEST_CASE(writing_checks_ids_and_sizes) {

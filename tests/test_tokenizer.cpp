@@ -63,6 +63,8 @@ BOOST_AUTO_TEST_CASE(errors_name_the_function_and_what_was_wrong) {
   check_throws<tg::ValueError>([] { tg::SubwordTokenizer::train("ab\xff"); }, {"SubwordTokenizer::train", "not valid UTF-8"});
   check_throws<tg::ValueError>([&] { tg::SubwordTokenizer::train(text, {.vocab_size = 3}); },
                                {"SubwordTokenizer::train: options.vocab_size must be in [4,", "got 3"});
+  check_throws<tg::ValueError>([&] { tg::SubwordTokenizer::train(text, {.model = static_cast<tg::SubwordModel>(7)}); },
+                               {"SubwordTokenizer::train: options.model must be SubwordModel::bpe or SubwordModel::unigram, got the value 7"});
   // SentencePiece's own refusals come through with its message.
   check_throws<tg::ValueError>([&] { tg::SubwordTokenizer::train(text, {.vocab_size = 5}); },
                                {"SubwordTokenizer::train: SentencePiece refused to train a BPE vocabulary of 5 pieces:"});

@@ -37,6 +37,8 @@ void check_vocab_size(const char* fn, std::int64_t vocab_size) {
 TokenFile::TokenFile(const std::filesystem::path& path, std::int64_t vocab_size, TokenLayout layout) : vocab_size_(vocab_size) {
   constexpr const char* fn = "TokenFile";
   check_vocab_size(fn, vocab_size);
+  if (layout != TokenLayout::llmc && layout != TokenLayout::raw)
+    fail<ValueError>("{}: argument 'layout' must be TokenLayout::llmc or TokenLayout::raw, got the value {}", fn, static_cast<int>(layout));
   std::uint64_t size = 0;
   const detail::Fd fd(detail::open_regular(fn, path, size));
   auto format_fail = [&](const std::string& problem) {

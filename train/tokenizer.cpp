@@ -64,6 +64,8 @@ SubwordTokenizer SubwordTokenizer::train(std::string_view text, const SubwordOpt
   constexpr const char* fn = "SubwordTokenizer::train";
   if (text.empty()) fail<ValueError>("{}: argument 'text' is empty; a vocabulary needs a text to learn from", fn);
   if (!detail::valid_utf8(text)) fail<ValueError>("{}: argument 'text' is not valid UTF-8, which SentencePiece needs", fn);
+  if (options.model != SubwordModel::bpe && options.model != SubwordModel::unigram)
+    fail<ValueError>("{}: options.model must be SubwordModel::bpe or SubwordModel::unigram, got the value {}", fn, static_cast<int>(options.model));
   if (options.vocab_size < 4 || options.vocab_size > std::numeric_limits<std::int32_t>::max())
     fail<ValueError>("{}: options.vocab_size must be in [4, {}] (the unknown piece, newline, tab and at least one more), got {}", fn,
                      std::numeric_limits<std::int32_t>::max(), options.vocab_size);

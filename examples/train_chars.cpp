@@ -12,10 +12,13 @@
 //   ./build/examples/train_chars --positions rotary               # RoPE in every block's attention
 //   ./build/examples/train_chars --positions alibi --kv-heads 1 --window 16   # ALiBi, one key/value head, a sliding window
 //   ./build/examples/train_chars --arch llama                     # RMSNorm, SwiGLU, no biases, rotary, 2 key/value heads
+//   ./build/examples/train_chars --tokenizer bpe --vocab-size 512  # SentencePiece subwords instead of bytes
 //
-// Writes OUT/loss.png, OUT/attention.png, OUT/model.safetensors, OUT/optimizer.safetensors.
+// Writes OUT/loss.png, OUT/attention.png, OUT/model.safetensors, OUT/optimizer.safetensors, and
+// with --tokenizer bpe|unigram OUT/tokenizer.model.
 #include <chrono>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <fstream>
 #include <sstream>
@@ -40,6 +43,8 @@ struct Options {
   std::uint64_t seed = 1;
   std::string arch = "gpt";              // gpt or llama
   std::string positions;                 // learned, sinusoidal, rotary or alibi; empty: the arch's (sinusoidal, rotary)
+  std::string tokenizer = "char";        // char, bpe or unigram
+  std::int64_t vocab_size = 512;         // bpe and unigram
   std::int64_t kv_heads = 0, window = 0;  // 0: as many key/value heads as heads (llama: half); no window
   bool tie_embeddings = false;
   int threads = 0;
@@ -58,13 +63,28 @@ std::string read_file(const std::string& path) {
   return s.str();
 }
 
-// The model's shape, kept in the checkpoint's metadata so that --generate can rebuild it.
-std::map<std::string, std::string> describe(const Options& o, const tg::CharVocab& vocab, std::int64_t steps_done) {
-  return {{"example", "train_chars"}, {"alphabet", vocab.to_codes()},
+// The model's shape, kept in the checkpoint's metadata so that --generate can rebuild it; a
+// subword vocabulary is kept beside it (tokenizer_path), the bytes of a char one in it.
+std::map<std::string, std::string> describe(const Options& o, const tg::Tokenizer& vocab, std::int64_t steps_done) {
+  std::map<std::string, std::string> meta{{"example", "train_chars"}, {"tokenizer", o.tokenizer},
           {"context", std::to_string(o.context)}, {"dim", std::to_string(o.dim)},
           {"heads", std::to_string(o.heads)},     {"layers", std::to_string(o.layers)},
           {"steps", std::to_string(steps_done)}, {"positions", o.positions},
-          {"kv_heads", std::to_string(o.kv_heads)}, {"window", std::to_string(o.window)}};
+          {"kv_heads", std::to_string(o.kv_heads)}, {"window", std::to_string(o.window)},
+          {"arch", o.arch}, {"tie_embeddings", o.tie_embeddings ? "1" : "0"}};
+  if (const auto* chars = dynamic_cast<const tg::CharVocab*>(&vocab)) meta["alphabet"] = chars->to_codes();
+  return meta;
+}
+
+std::string tokenizer_path(const Options& o) { return o.out + "/tokenizer.model"; }
+
+// The text's bytes, or SentencePiece subwords trained on the text (saved beside the checkpoint).
+std::unique_ptr<tg::Tokenizer> make_tokenizer(const Options& o, const std::string& text) {
+  if (o.tokenizer == "char") return std::make_unique<tg::CharVocab>(text);
+  auto subwords = tg::SubwordTokenizer::train(
+      text, {.model = o.tokenizer == "bpe" ? tg::SubwordModel::bpe : tg::SubwordModel::unigram, .vocab_size = o.vocab_size});
+  subwords.save(tokenizer_path(o));
+  return std::make_unique<tg::SubwordTokenizer>(std::move(subwords));
 }
 
 tg::PositionKind position_kind(const std::string& name) {
@@ -77,7 +97,7 @@ tg::PositionKind position_kind(const std::string& name) {
 
 // gpt: LayerNorm, GELU, biases (the library's defaults); llama: RMSNorm, SwiGLU, no biases, and
 // no length limit where the positions need no table.
-tg::Decoder make_model(const Options& o, const tg::CharVocab& vocab) {
+tg::Decoder make_model(const Options& o, const tg::Tokenizer& vocab) {
   const bool llama = o.arch == "llama";
   const tg::PositionKind positions = position_kind(o.positions);
   const bool table = positions == tg::PositionKind::learned || positions == tg::PositionKind::sinusoidal;
@@ -88,9 +108,9 @@ tg::Decoder make_model(const Options& o, const tg::CharVocab& vocab) {
                       .tie_embeddings = o.tie_embeddings, .seed = o.seed, .kv_heads = o.kv_heads, .window = o.window});
 }
 
-// Reads the shape and the alphabet back from a checkpoint's metadata into `o`; a field that is
+// Reads the shape and the vocabulary back from a checkpoint's metadata into `o`; a field that is
 // missing or cannot be read is named with the file and its value.
-tg::CharVocab restore_description(Options& o, const std::string& path) {
+std::unique_ptr<tg::Tokenizer> restore_description(Options& o, const std::string& path) {
   const auto meta = tg::load_safetensors(path).metadata;
   auto where = [&](const char* key) { return fmt::format("{}: metadata field '{}'", path, key); };
   auto field = [&](const char* key) {
@@ -110,6 +130,9 @@ tg::CharVocab restore_description(Options& o, const std::string& path) {
   o.kv_heads = number("kv_heads", 0);
   o.window = number("window", 0);
   o.positions = meta.contains("positions") ? meta.at("positions") : "sinusoidal";
+  o.tokenizer = meta.contains("tokenizer") ? meta.at("tokenizer") : "char";  // checkpoints from before --tokenizer
+  o.arch = meta.contains("arch") ? meta.at("arch") : "gpt";  // and before --arch
+  o.tie_embeddings = number("tie_embeddings", 0) != 0;
   // The library's messages name the value; the file and the field go in front.
   auto in_field = [&](const char* key, auto&& read) {
     try {
@@ -119,11 +142,15 @@ tg::CharVocab restore_description(Options& o, const std::string& path) {
     }
   };
   in_field("positions", [&] { return position_kind(o.positions); });
-  return in_field("alphabet", [&] { return tg::CharVocab::from_codes(field("alphabet")); });
+  in_field("arch", [&] {
+    if (o.arch != "gpt" && o.arch != "llama") throw std::invalid_argument(fmt::format("'{}' is not an arch (gpt or llama)", o.arch));
+  });
+  if (o.tokenizer != "char") return std::make_unique<tg::SubwordTokenizer>(tg::SubwordTokenizer::load(tokenizer_path(o)));
+  return in_field("alphabet", [&] { return std::make_unique<tg::CharVocab>(tg::CharVocab::from_codes(field("alphabet"))); });
 }
 
 // The model a checkpoint's metadata describes: an impossible shape names the file.
-tg::Decoder restored_model(const Options& o, const tg::CharVocab& vocab, const std::string& path) {
+tg::Decoder restored_model(const Options& o, const tg::Tokenizer& vocab, const std::string& path) {
   try {
     return make_model(o, vocab);
   } catch (const tg::Error& e) {
@@ -131,13 +158,20 @@ tg::Decoder restored_model(const Options& o, const tg::CharVocab& vocab, const s
   }
 }
 
-// Mean cross-entropy over consecutive windows covering the validation text, 64 windows per
-// forward so that a long text does not need one huge batch.
-double validation_loss(const tg::Decoder& model, const std::vector<std::int64_t>& text, std::size_t begin, std::int64_t context) {
+// Mean cross-entropy per token over consecutive windows covering the validation text, 64 windows
+// per forward so that a long text does not need one huge batch, and the characters (bytes) per
+// predicted token, which turn it into bits per character whatever the vocabulary.
+struct Validation {
+  double nats_per_token, chars_per_token;
+  double bits_per_char() const { return nats_per_token / chars_per_token / std::log(2.0); }
+};
+Validation validation_loss(const tg::Decoder& model, const tg::Tokenizer& vocab, const std::vector<std::int64_t>& text, std::size_t begin,
+                           std::int64_t context) {
   tg::NoGradGuard no_grad;
   const auto c = static_cast<std::size_t>(context);
   double total = 0;
   std::int64_t windows = 0;
+  std::size_t chars = 0;
   for (std::size_t at = begin; at + c + 1 <= text.size();) {
     std::vector<std::int64_t> x, y;
     std::int64_t rows = 0;
@@ -148,18 +182,19 @@ double validation_loss(const tg::Decoder& model, const std::vector<std::int64_t>
     const Tensor logits = model.forward(tg::from_vector(x, {rows, context}));
     total += tg::cross_entropy(logits, tg::from_vector(y, {rows, context})).item() * static_cast<double>(rows);
     windows += rows;
+    chars += vocab.decode(y).size();
   }
-  return total / static_cast<double>(windows);
+  return {total / static_cast<double>(windows), static_cast<double>(chars) / static_cast<double>(windows * context)};
 }
 
-std::string generate(const tg::Decoder& model, const tg::CharVocab& vocab, const Options& o, double temperature) {
+std::string generate(const tg::Decoder& model, const tg::Tokenizer& vocab, const Options& o, double temperature) {
   const auto ids = vocab.encode(o.prompt);
   const Tensor prompt = tg::from_vector(ids, {1, static_cast<std::int64_t>(ids.size())});
   return vocab.decode(model.generate(prompt, {.new_tokens = o.tokens, .temperature = temperature, .top_k = o.top_k, .seed = o.seed,
                                               .restart_after = o.context}));
 }
 
-void show_samples(const tg::Decoder& model, const tg::CharVocab& vocab, const Options& o) {
+void show_samples(const tg::Decoder& model, const tg::Tokenizer& vocab, const Options& o) {
   const auto started = std::chrono::steady_clock::now();
   const std::string greedy = generate(model, vocab, o, 0.0);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -167,7 +202,7 @@ void show_samples(const tg::Decoder& model, const tg::CharVocab& vocab, const Op
   fmt::print("\n--- temperature {}, top-k {} ---\n{}\n", o.temperature, o.top_k, generate(model, vocab, o, o.temperature));
 }
 
-void attention_figure(const tg::Decoder& model, const tg::CharVocab& vocab, const Options& o, const std::vector<std::int64_t>& text,
+void attention_figure(const tg::Decoder& model, const tg::Tokenizer& vocab, const Options& o, const std::vector<std::int64_t>& text,
                       std::size_t at) {
   const std::int64_t t = std::min<std::int64_t>(o.context, 32);
   std::vector<std::int64_t> ids(text.begin() + static_cast<std::ptrdiff_t>(at), text.begin() + static_cast<std::ptrdiff_t>(at) + t);
@@ -209,6 +244,9 @@ int main(int argc, char** argv) try {
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--tie-embeddings", o.tie_embeddings, "the output projection is the token table transposed (one parameter)");
   app.add_option("--window", o.window, "attend to the last W positions only (sliding window; 0: all)")->check(CLI::NonNegativeNumber);
+  app.add_option("--tokenizer", o.tokenizer, "the text's bytes, or SentencePiece subwords (BPE or unigram) trained on the text")
+      ->check(CLI::IsMember({"char", "bpe", "unigram"}));
+  app.add_option("--vocab-size", o.vocab_size, "subword vocabulary size (--tokenizer bpe or unigram)")->check(CLI::PositiveNumber);
   app.add_option("--threads", o.threads, "threads (0: the default)")->check(CLI::NonNegativeNumber);
   app.add_option("--out", o.out, "folder for figures and checkpoints");
   app.add_flag("--resume", o.resume, "continue training from OUT/model.safetensors and OUT/optimizer.safetensors");
@@ -228,22 +266,22 @@ int main(int argc, char** argv) try {
   const std::string model_path = o.out + "/model.safetensors", optimizer_path = o.out + "/optimizer.safetensors";
 
   if (o.generate_only) {
-    const tg::CharVocab vocab = restore_description(o, model_path);
-    tg::Decoder model = restored_model(o, vocab, model_path);
+    const auto vocab = restore_description(o, model_path);
+    tg::Decoder model = restored_model(o, *vocab, model_path);
     tg::load(model, model_path);
     model.eval();
-    show_samples(model, vocab, o);
+    show_samples(model, *vocab, o);
     return 0;
   }
 
   const std::string raw = read_file(o.text);
-  const tg::CharVocab vocab = o.resume ? restore_description(o, model_path) : tg::CharVocab(raw);
-  const std::vector<std::int64_t> text = vocab.encode(raw);
+  const std::unique_ptr<const tg::Tokenizer> vocab = o.resume ? restore_description(o, model_path) : make_tokenizer(o, raw);
+  const std::vector<std::int64_t> text = vocab->encode(raw);
   const std::size_t split = text.size() * 9 / 10;
   if (text.size() - split < static_cast<std::size_t>(o.context) + 2)
-    throw std::runtime_error(fmt::format("{} is too short for windows of {} characters", o.text, o.context));
+    throw std::runtime_error(fmt::format("{} is too short for windows of {} tokens", o.text, o.context));
 
-  tg::Decoder model = o.resume ? restored_model(o, vocab, model_path) : make_model(o, vocab);
+  tg::Decoder model = o.resume ? restored_model(o, *vocab, model_path) : make_model(o, *vocab);
   tg::AdamW opt(model.named_parameters(), {.lr = o.lr, .weight_decay = 0.01});
   std::int64_t done = 0;
   if (o.resume) {
@@ -263,8 +301,8 @@ int main(int argc, char** argv) try {
   }
   const std::int64_t total = done + o.steps;
   const tg::WarmupCosine schedule(o.lr, std::min<std::int64_t>(100, total / 10), total, o.lr / 10);
-  fmt::print("train_chars: {} characters ({} distinct) from {}; {} parameters; steps {} to {}; {} thread(s)\n", text.size(), vocab.size(),
-             o.text, model.parameter_count(), done, total, tg::num_threads());
+  fmt::print("train_chars: {} {} tokens ({} in the vocabulary) of {} characters from {}; {} parameters; steps {} to {}; {} thread(s)\n",
+             text.size(), o.tokenizer, vocab->size(), raw.size(), o.text, model.parameter_count(), done, total, tg::num_threads());
 
   tg::Generator gen(o.seed + static_cast<std::uint64_t>(done));
   ex::Series train_curve{"training", {}, {}}, validation_curve{"validation", {}, {}};
@@ -285,7 +323,7 @@ int main(int argc, char** argv) try {
     if ((step + 1 - done) % 250 == 0 || step + 1 == total) {
       model.eval();
       validation_curve.x.push_back(static_cast<double>(step + 1));
-      validation_curve.y.push_back(validation_loss(model, text, split, o.context));
+      validation_curve.y.push_back(validation_loss(model, *vocab, text, split, o.context).nats_per_token);
       model.train();
     }
     std::vector<std::pair<std::string, double>> shown{{"loss", train_curve.y.back()}};
@@ -293,19 +331,20 @@ int main(int argc, char** argv) try {
     progress.update(step + 1 - done, (step + 1 - done) * o.batch * o.context, shown);
   }
   model.eval();
-  const double val = validation_loss(model, text, split, o.context);
-  fmt::print("validation loss {:.4f} nats = {:.3f} bits per character (uniform over the alphabet: {:.3f} bits)\n", val,
-             val / std::log(2.0), std::log2(static_cast<double>(vocab.size())));
+  const Validation val = validation_loss(model, *vocab, text, split, o.context);
+  fmt::print("validation loss {:.4f} nats per token = {:.3f} bits per character ({:.3f} characters per token; uniform over the vocabulary: "
+             "{:.3f} bits per token)\n",
+             val.nats_per_token, val.bits_per_char(), val.chars_per_token, std::log2(static_cast<double>(vocab->size())));
   if (o.steps > 0)
     fmt::print("{} positions, {} key/value heads, window {}: {:.1f} ms per training step\n", o.positions, o.kv_heads == 0 ? o.heads : o.kv_heads,
                o.window == 0 ? std::string("none") : std::to_string(o.window), 1000 * training_seconds / static_cast<double>(o.steps));
-  tg::save(model, model_path, describe(o, vocab, total));
+  tg::save(model, model_path, describe(o, *vocab, total));
   auto state = opt.state();
   tg::save_safetensors(optimizer_path, state, {{"steps", std::to_string(total)}});
   if (!train_curve.x.empty())
-    ex::plot_lines(o.out + "/loss.png", {"train_chars: cross-entropy per character", "step", "nats", {train_curve, validation_curve}, true});
-  attention_figure(model, vocab, o, text, split);
-  show_samples(model, vocab, o);
+    ex::plot_lines(o.out + "/loss.png", {"train_chars: cross-entropy per token", "step", "nats", {train_curve, validation_curve}, true});
+  attention_figure(model, *vocab, o, text, split);
+  show_samples(model, *vocab, o);
   fmt::print("\nwrote {0}/loss.png, {0}/attention.png, {0}/model.safetensors, {0}/optimizer.safetensors\n", o.out);
   return 0;
 } catch (const std::exception& e) {

@@ -16,6 +16,7 @@
 #include <map>
 #include <set>
 
+#include "files.hpp"
 #include "support.hpp"
 
 namespace tg = tapegrad;
@@ -24,37 +25,6 @@ using namespace tg_test;
 using tg::Tensor;
 
 namespace {
-
-// A directory of its own for each test, removed afterwards.
-struct TempDir {
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() / fmt::format("tapegrad-checkpoint-{}-{}", ::getpid(), counter++);
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  fs::path operator/(const std::string& name) const { return path / name; }
-  std::set<std::string> entries() const {
-    std::set<std::string> out;
-    for (const auto& e : fs::directory_iterator(path)) out.insert(e.path().filename().string());
-    return out;
-  }
-  fs::path path;
-};
-
-std::string read_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void write_bytes(const fs::path& p, std::string_view bytes) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
 
 // One file rewritten in place (pwrite + ftruncate). The corruption loops write thousands of
 // variants, and on ext4 truncating a file to zero and rewriting it costs a flush at each close.

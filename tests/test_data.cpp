@@ -31,7 +31,7 @@ BOOST_AUTO_TEST_CASE(vocabulary_errors_name_the_position) {
   check_throws<tg::ValueError>([&] { vocab.encode("abxc"); }, {"CharVocab::encode", "'x'", "position 2", "3 characters"});
   check_throws<tg::ValueError>([&] { vocab.encode(std::string("a\nb")); }, {"byte 10", "position 1"});
   check_throws<tg::ValueError>([&] { vocab.decode(std::vector<std::int64_t>{0, 3}); }, {"CharVocab::decode", "holds 3 at position 1", "[0, 3)"});
-  check_throws<tg::DTypeError>([&] { vocab.decode(tg::zeros({2})); }, {"CharVocab::decode", "'ids'", "int64"});
+  check_throws<tg::DTypeError>([&] { vocab.decode(tg::zeros({2})); }, {"Tokenizer::decode", "'ids'", "int64"});
   check_throws<tg::ValueError>([] { tg::CharVocab(""); }, {"CharVocab", "empty"});
   check_throws<tg::ValueError>([] { tg::CharVocab::from_codes("97,,98"); }, {"from_codes", "position 3"});
   check_throws<tg::ValueError>([] { tg::CharVocab::from_codes("97,256"); }, {"from_codes", "'256'"});

@@ -14,7 +14,7 @@
 #   public headers (include/tapegrad/<room>/): public headers of their own room and those below
 #   examples   the public headers (<tapegrad/...>) and examples/support/
 # Outside headers: oneDNN in kernels/matmul_dnnl.cpp alone, OpenBLAS in kernels/matmul_f64.cpp alone,
-# nlohmann-json in train/ alone.
+# nlohmann-json in train/ alone, SentencePiece in train/tokenizer.cpp alone.
 cmake_minimum_required(VERSION 3.25)
 if(NOT ROOT)
   message(FATAL_ERROR "usage: cmake -DROOT=<source dir> -P check_includes.cmake")
@@ -41,10 +41,10 @@ set(problems "")
 set(checked 0)
 
 # Outside libraries with a home: the headers, where they may be included, what the error says.
-set(outside_headers "^(oneapi/dnnl/|dnnl)" "^(cblas|openblas_config)\\.h$" "^nlohmann/")
-set(outside_homes "^kernels/matmul_dnnl\\.cpp$" "^kernels/matmul_f64\\.cpp$" "^train/")
+set(outside_headers "^(oneapi/dnnl/|dnnl)" "^(cblas|openblas_config)\\.h$" "^nlohmann/" "^sentencepiece_")
+set(outside_homes "^kernels/matmul_dnnl\\.cpp$" "^kernels/matmul_f64\\.cpp$" "^train/" "^train/tokenizer\\.cpp$")
 set(outside_messages "oneDNN is called from kernels/matmul_dnnl.cpp alone" "OpenBLAS is called from kernels/matmul_f64.cpp alone"
-    "nlohmann-json is train/'s alone")
+    "nlohmann-json is train/'s alone" "SentencePiece is called from train/tokenizer.cpp alone")
 
 # check(<room key> <files...>): every quoted or bracketed include of each file against the room.
 # allowed(<room> <header> <out>): whether the room's list admits the header.

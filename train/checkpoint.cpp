@@ -8,16 +8,12 @@
 // of two bytes becomes an int64, each tensor entry a tensor) and ends in a FormatError.
 #include "tapegrad/train/checkpoint.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <bit>
 #include <cerrno>
-#include <chrono>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -31,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "autodiff/check.hpp"
+#include "train/files.hpp"
 #include "train/safetensors_header.hpp"
 #include "tapegrad/autodiff/tape.hpp"
 #include "tapegrad/ops/inplace.hpp"
@@ -42,7 +39,11 @@ static_assert(std::endian::native == std::endian::little, "safetensors I/O assum
 
 namespace tapegrad {
 namespace {
+using detail::check_path;
+using detail::errno_text;
+using detail::Fd;
 using detail::fail;
+using detail::TempFile;
 using detail::printable;
 using detail::shape_str;
 using detail::valid_utf8;
@@ -54,104 +55,6 @@ constexpr std::uint64_t kLengthBytes = 8;
 constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
 // Reads of the data section gather small tensors into pieces of this size.
 constexpr std::uint64_t kReadPiece = std::uint64_t{1} << 20;
-
-std::string errno_text(int err) { return std::generic_category().message(err); }
-
-void check_path(const char* fn, const fs::path& path) {
-  if (path.empty()) fail<ValueError>("{}: argument 'path' must name a file, got an empty path", fn);
-  if (!path.has_filename())
-    fail<ValueError>("{}: argument 'path' must name a file, got '{}', which ends in a directory separator", fn,
-                     path.string());
-}
-
-class Fd {
- public:
-  explicit Fd(int fd) noexcept : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const noexcept { return fd_; }
-
- private:
-  int fd_;
-};
-
-// ---- Writing ---------------------------------------------------------------------------------
-
-// The temporary a save writes before renaming it over the destination. Until commit() it is
-// removed when this object dies, on every path out of save, exceptions included.
-class TempFile {
- public:
-  TempFile(const char* fn, const fs::path& final_path) : fn_(fn), final_(final_path) {
-    static std::atomic<std::uint64_t> counter{0};
-    const fs::path dir = final_path.has_parent_path() ? final_path.parent_path() : fs::path(".");
-    // A hidden name next to the destination (rename() is atomic only within one filesystem),
-    // short enough for NAME_MAX whatever the destination's name; O_EXCL makes it ours alone.
-    const std::string base = final_path.filename().string().substr(0, 100);
-    int err = 0;
-    for (int attempt = 0; attempt < 100; ++attempt) {
-      const auto tick = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-      path_ = dir / fmt::format(".{}.{}-{}-{:x}.tmp", base, ::getpid(), counter.fetch_add(1), tick & 0xFFFFFF);
-      // 0666 less the umask: the permissions any newly created file would get.
-      fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-      if (fd_ >= 0) return;
-      err = errno;
-      if (err != EEXIST) break;
-    }
-    fail<IOError>("{}: cannot create a temporary file next to '{}' (as '{}'): {}", fn_, final_.string(),
-                  path_.string(), errno_text(err));
-  }
-  ~TempFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(path_.c_str());
-  }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-
-  void write_all(const void* data, std::size_t n) {
-    const auto* p = static_cast<const char*>(data);
-    while (n > 0) {
-      const ssize_t w = ::write(fd_, p, std::min<std::size_t>(n, std::size_t{1} << 30));
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) fail_io("writing", w < 0 ? errno : EIO);
-      p += w;
-      n -= static_cast<std::size_t>(w);
-    }
-  }
-
-  // fsync, close, rename over the destination, then sync the directory so the rename itself
-  // survives a power loss.
-  void commit() {
-    while (::fsync(fd_) != 0)
-      if (errno != EINTR) fail_io("syncing", errno);
-    const int fd = std::exchange(fd_, -1);
-    if (::close(fd) != 0 && errno != EINTR) fail_io("closing", errno);
-    if (::rename(path_.c_str(), final_.c_str()) != 0) fail_io("renaming", errno);
-    committed_ = true;
-    const fs::path dir = final_.has_parent_path() ? final_.parent_path() : fs::path(".");
-    Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    const int err = dfd.get() < 0 || ::fsync(dfd.get()) != 0 ? errno : 0;
-    // EINVAL: the filesystem has no directory sync; there is nothing more to do.
-    if (err != 0 && err != EINVAL && err != EINTR)
-      fail<IOError>("{}: '{}' was written completely and renamed into place, but syncing its directory '{}' "
-                    "failed ({}); the new file may not survive a power loss",
-                    fn_, final_.string(), dir.string(), errno_text(err));
-  }
-
- private:
-  [[noreturn]] void fail_io(const char* what, int err) const {
-    fail<IOError>("{}: could not save '{}': {} the temporary '{}' failed: {}; the temporary was removed and '{}' "
-                  "was left as it was",
-                  fn_, final_.string(), what, path_.string(), errno_text(err), final_.string());
-  }
-
-  const char* fn_;
-  fs::path final_, path_;
-  int fd_ = -1;
-  bool committed_ = false;
-};
 
 // Gathers small writes into large ones (the role fwrite's buffer plays); big tensors go straight
 // through without a copy.
@@ -273,12 +176,7 @@ void save_impl(const char* fn, const fs::path& path, const std::vector<NamedTens
 
 class Reader {
  public:
-  Reader(const char* fn, const fs::path& path) : fn_(fn), path_(path.string()), fd_(open_file(fn, path)) {
-    struct stat st {};
-    if (::fstat(fd_.get(), &st) != 0) io_fail("cannot stat", errno);
-    if (!S_ISREG(st.st_mode)) fail<IOError>("{}: '{}' is not a regular file", fn_, path_);
-    size_ = static_cast<std::uint64_t>(st.st_size);
-  }
+  Reader(const char* fn, const fs::path& path) : fn_(fn), path_(path.string()), fd_(detail::open_regular(fn, path, size_)) {}
   Reader(const Reader&) = delete;
   Reader& operator=(const Reader&) = delete;
 
@@ -367,14 +265,6 @@ class Reader {
     fail<IOError>("{}: {} '{}': {}", fn_, what, path_, errno_text(err));
   }
 
-  static int open_file(const char* fn, const fs::path& path) {
-    check_path(fn, path);
-    // O_NONBLOCK: opening a FIFO must not hang; it is refused as not a regular file.
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (const int err = errno; fd < 0) fail<IOError>("{}: cannot open '{}': {}", fn, path.string(), errno_text(err));
-    return fd;
-  }
-
   // Exactly n bytes at `offset`. Every range asked for lies inside the size fstat gave, so a short
   // read means the file shrank while being read.
   void read_at(std::uint64_t offset, void* out, std::uint64_t n) const {
@@ -403,8 +293,9 @@ class Reader {
 
   const char* fn_;
   std::string path_;
+  std::uint64_t size_ = 0;  // before fd_: open_regular sets it
   Fd fd_;
-  std::uint64_t size_ = 0, data_start_ = 0, data_size_ = 0;
+  std::uint64_t data_start_ = 0, data_size_ = 0;
 };
 
 }  // namespace

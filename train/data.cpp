@@ -5,6 +5,7 @@
 #include <charconv>
 
 #include "autodiff/check.hpp"
+#include "train/windows.hpp"
 
 namespace tapegrad {
 namespace {
@@ -49,8 +50,8 @@ std::string CharVocab::decode(std::span<const std::int64_t> ids) const {
   return text;
 }
 
-std::string CharVocab::decode(const Tensor& ids) const {
-  detail::check_dtype("CharVocab::decode", "ids", ids, DType::int64);
+std::string Tokenizer::decode(const Tensor& ids) const {
+  detail::check_dtype("Tokenizer::decode", "ids", ids, DType::int64);
   const std::vector<std::int64_t> v = ids.to_vector<std::int64_t>();
   return decode(std::span<const std::int64_t>(v));
 }
@@ -83,21 +84,7 @@ CharVocab CharVocab::from_codes(std::string_view codes) {
 }
 
 Windows random_windows(std::span<const std::int64_t> tokens, std::int64_t batch, std::int64_t length, Generator& gen) {
-  const auto n = static_cast<std::int64_t>(tokens.size());
-  if (batch < 1 || length < 1 || n <= length)
-    fail<ValueError>("random_windows: needs batch >= 1, length >= 1 and more than length tokens; got batch = {}, length = {} and {} tokens",
-                     batch, length, n);
-  detail::check_shape("random_windows", "the windows [batch, length]", {batch, length}, DType::int64);
-  std::vector<std::int64_t> x, y;
-  x.reserve(static_cast<std::size_t>(batch * length));
-  y.reserve(static_cast<std::size_t>(batch * length));
-  for (std::int64_t b = 0; b < batch; ++b) {
-    // One of the n - length starts; the product stays below n - length since uniform() < 1.
-    const auto at = std::min(static_cast<std::int64_t>(gen.uniform() * static_cast<double>(n - length)), n - length - 1);
-    x.insert(x.end(), tokens.begin() + at, tokens.begin() + at + length);
-    y.insert(y.end(), tokens.begin() + at + 1, tokens.begin() + at + length + 1);
-  }
-  return {from_vector(std::span<const std::int64_t>(x), {batch, length}), from_vector(std::span<const std::int64_t>(y), {batch, length})};
+  return detail::draw_windows("random_windows", tokens, batch, length, gen);
 }
 
 }  // namespace tapegrad

@@ -45,3 +45,5 @@
 #include "tapegrad/train/checkpoint.hpp"
 #include "tapegrad/train/data.hpp"
 #include "tapegrad/train/optimizer.hpp"
+#include "tapegrad/train/token_file.hpp"
+#include "tapegrad/train/tokenizer.hpp"

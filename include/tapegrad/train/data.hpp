@@ -11,20 +11,38 @@
 
 namespace tapegrad {
 
+// What a training loop needs of a vocabulary, whichever it is (CharVocab, or the SentencePiece
+// SubwordTokenizer of tokenizer.hpp): ids in [0, size()) and back.
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  virtual std::int64_t size() const = 0;
+  // Text as ids; a ValueError names the first piece of text the vocabulary cannot express.
+  virtual std::vector<std::int64_t> encode(std::string_view text) const = 0;
+  // Ids as text; a ValueError names the first id outside [0, size()) and its position.
+  virtual std::string decode(std::span<const std::int64_t> ids) const = 0;
+  std::string decode(const Tensor& ids) const;  // int64 of any shape, in row-major order
+
+ protected:
+  Tokenizer() = default;
+  Tokenizer(const Tokenizer&) = default;
+  Tokenizer& operator=(const Tokenizer&) = default;
+};
+
 // A character-level vocabulary over bytes: the distinct bytes of a text, sorted, so that id i
 // is chars()[i]. Any text works (UTF-8 or not: a multi-byte character is several tokens).
-class CharVocab {
+class CharVocab : public Tokenizer {
  public:
   // The bytes that occur in `text` (ValueError when it is empty).
   explicit CharVocab(std::string_view text);
-  std::int64_t size() const noexcept { return static_cast<std::int64_t>(chars_.size()); }
+  std::int64_t size() const noexcept override { return static_cast<std::int64_t>(chars_.size()); }
   const std::string& chars() const noexcept { return chars_; }
 
   // One id per byte; a ValueError names the first byte not in the vocabulary and its position.
-  std::vector<std::int64_t> encode(std::string_view text) const;
-  // The bytes of the ids; a ValueError names the first id outside [0, size()) and its position.
-  std::string decode(std::span<const std::int64_t> ids) const;
-  std::string decode(const Tensor& ids) const;  // int64 of any shape, in row-major order
+  std::vector<std::int64_t> encode(std::string_view text) const override;
+  // The bytes of the ids.
+  std::string decode(std::span<const std::int64_t> ids) const override;
+  using Tokenizer::decode;
 
   // The vocabulary as text that checkpoint metadata can hold (its byte values, comma-separated,
   // ascending), and back: from_codes takes exactly such a list, distinct byte values 0-255 in

@@ -33,6 +33,7 @@
 #include "tapegrad/layers/dropout.hpp"
 #include "tapegrad/layers/embedding.hpp"
 #include "tapegrad/layers/feed_forward.hpp"
+#include "tapegrad/layers/generate.hpp"
 #include "tapegrad/layers/layer_norm.hpp"
 #include "tapegrad/layers/linear.hpp"
 #include "tapegrad/layers/module.hpp"
@@ -42,3 +43,4 @@
 #include "tapegrad/train/checkpoint.hpp"
 #include "tapegrad/train/data.hpp"
 #include "tapegrad/train/optimizer.hpp"
+#include "tapegrad/train/sampling.hpp"

@@ -44,3 +44,4 @@
 #include "tapegrad/train/data.hpp"
 #include "tapegrad/train/optimizer.hpp"
 #include "tapegrad/train/sampling.hpp"
+#include "tapegrad/train/training_state.hpp"

@@ -13,7 +13,8 @@ namespace tapegrad {
 namespace {
 using detail::fail;
 
-// The token of one row: indices into `row`, most likely first (ties: the lowest id first).
+// The token of one row. The candidates are walked most likely first, ties by the lowest id, so
+// a draw is the same whatever the sort's implementation.
 std::int64_t pick(std::span<const double> row, const SampleOptions& o, Generator& gen) {
   if (o.temperature == 0) return std::max_element(row.begin(), row.end()) - row.begin();
   std::vector<std::int64_t> order(row.size());

@@ -1,11 +1,14 @@
 // Seeded random tensors with platform-independent values.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <numbers>
 #include <random>
+#include <sstream>
 #include <utility>
 
+#include "autodiff/check.hpp"
 #include "autodiff/loops.hpp"
 
 namespace tapegrad {
@@ -43,6 +46,49 @@ double Generator::normal() {
   state_->spare = r * std::sin(theta);
   state_->has_spare = true;
   return r * std::cos(theta);
+}
+
+namespace {
+
+// The engine's words as its operator<< writes them, the form its operator>> reads back.
+std::vector<std::int64_t> engine_words(const std::mt19937_64& engine) {
+  std::stringstream text;
+  text << engine;
+  std::vector<std::int64_t> words;
+  for (std::uint64_t w = 0; text >> w;) words.push_back(std::bit_cast<std::int64_t>(w));
+  return words;
+}
+
+}  // namespace
+
+Tensor Generator::get_state() const {
+  std::vector<std::int64_t> state{state_->has_spare ? 1 : 0, state_->has_spare ? std::bit_cast<std::int64_t>(state_->spare) : 0};
+  const std::vector<std::int64_t> words = engine_words(state_->engine);
+  state.insert(state.end(), words.begin(), words.end());
+  return from_vector(state, {static_cast<std::int64_t>(state.size())});
+}
+
+void Generator::set_state(const Tensor& state) {
+  const char* fn = "Generator::set_state";
+  detail::check_defined(fn, "state", state);
+  detail::check_dtype(fn, "state", state, DType::int64);
+  static const std::int64_t size = 2 + static_cast<std::int64_t>(engine_words(std::mt19937_64()).size());
+  if (state.shape() != Shape{size})
+    detail::fail<ShapeError>("{}: argument 'state' must be int64 [{}] as get_state() gives it, got shape {}", fn, size,
+                             detail::shape_str(state.shape()));
+  const std::vector<std::int64_t> s = state.to_vector<std::int64_t>();
+  State restored;
+  restored.has_spare = s[0] == 1;
+  restored.spare = std::bit_cast<double>(s[1]);
+  if ((s[0] != 0 && s[0] != 1) || (restored.has_spare ? !std::isfinite(restored.spare) : s[1] != 0))
+    detail::fail<ValueError>("{}: argument 'state' must start with 0 and 0 (no spare normal) or 1 and a finite double's bits, "
+                             "got {} and {} ({})",
+                             fn, s[0], s[1], restored.spare);
+  std::stringstream text;
+  for (std::size_t i = 2; i < s.size(); ++i) text << std::bit_cast<std::uint64_t>(s[i]) << ' ';
+  text >> restored.engine;
+  if (!text) detail::fail<ValueError>("{}: argument 'state' holds engine words std::mt19937_64 cannot read", fn);
+  *state_ = restored;
 }
 
 namespace {

@@ -39,14 +39,12 @@ int main(int argc, char** argv) {
   tg::AdamW opt(model.named_parameters(), adamw);
   train(model, opt, steps / 2);
 
-  // A checkpoint of the model and the optimizer, then training resumed from it.
-  tg::save(model, "model.safetensors", {{"vocab", vocab.to_codes()}});
-  tg::save_safetensors("optimizer.safetensors", opt.state(), {{"steps", std::to_string(opt.steps())}});
+  // One checkpoint file (model, optimizer, step, the data's stream), then training resumed from it.
+  tg::save_training_state("checkpoint.safetensors", {.model = model, .optimizer = opt, .generators = {{"data", gen}}, .step = opt.steps()});
   tg::Decoder resumed(config);
   tg::AdamW resumed_opt(resumed.named_parameters(), adamw);
-  tg::load(resumed, "model.safetensors");
-  const tg::SafetensorsFile state = tg::load_safetensors("optimizer.safetensors");
-  resumed_opt.load_state(state.tensors, std::stoll(state.metadata.at("steps")));
+  tg::TrainingState state{.model = resumed, .optimizer = resumed_opt, .generators = {{"data", gen}}};
+  tg::load_training_state("checkpoint.safetensors", state);
   train(resumed, resumed_opt, steps);
 
   // The held-out loss, in bits per character.

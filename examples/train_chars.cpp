@@ -3,23 +3,25 @@
 // The model is a small decoder-only transformer (tapegrad::Decoder) trained with AdamW on
 // random windows of the first 90% of the text; the last 10% scores it (validation loss per
 // character, in nats and bits). It then continues a prompt through its KV cache, greedily and by
-// sampling with a temperature and top-k. The checkpoint (model and optimizer) can be reloaded
-// to continue training (--resume) or only to generate (--generate).
+// sampling with a temperature and top-k. The checkpoint, one file with the whole training state
+// (model, optimizer, step, the data's and dropout's random streams), continues the run exactly
+// (--resume, in a new process: the same losses and parameters as a run never stopped) or only
+// generates (--generate).
 //
 //   ./build/examples/train_chars                                  # GPL-3 text, about a minute
 //   ./build/examples/train_chars --text book.txt --steps 5000
+//   ./build/examples/train_chars --steps 1000 --stop-at 400 && ./build/examples/train_chars --resume
 //   ./build/examples/train_chars --generate --prompt "This License" --tokens 400
 //   ./build/examples/train_chars --positions rotary               # RoPE in every block's attention
 //   ./build/examples/train_chars --positions alibi --kv-heads 1 --window 16   # ALiBi, one key/value head, a sliding window
 //   ./build/examples/train_chars --arch llama                     # RMSNorm, SwiGLU, no biases, rotary, 2 key/value heads
 //   ./build/examples/train_chars --tokenizer bpe --vocab-size 512  # SentencePiece subwords instead of bytes
 //
-// Writes OUT/loss.png, OUT/attention.png, OUT/model.safetensors, OUT/optimizer.safetensors, and
-// with --tokenizer bpe|unigram OUT/tokenizer.model.
+// Writes OUT/loss.png, OUT/attention.png, OUT/checkpoint.safetensors, and with
+// --tokenizer bpe|unigram OUT/tokenizer.model.
 #include <chrono>
 #include <filesystem>
 #include <memory>
-#include <optional>
 #include <fstream>
 #include <sstream>
 
@@ -39,6 +41,7 @@ namespace {
 struct Options {
   std::string text = "/usr/share/common-licenses/GPL-3";
   std::int64_t steps = 1000, batch = 32, context = 64, dim = 64, heads = 4, layers = 2;
+  std::int64_t stop_at = 0, log_every = 100;  // 0: run all the steps
   double lr = 2e-3, dropout = 0.2;
   std::uint64_t seed = 1;
   std::string arch = "gpt";              // gpt or llama
@@ -63,15 +66,18 @@ std::string read_file(const std::string& path) {
   return s.str();
 }
 
-// The model's shape, kept in the checkpoint's metadata so that --generate can rebuild it; a
-// subword vocabulary is kept beside it (tokenizer_path), the bytes of a char one in it.
-std::map<std::string, std::string> describe(const Options& o, const tg::Tokenizer& vocab, std::int64_t steps_done) {
+// The model's shape, kept in the checkpoint's metadata so that --generate can rebuild it, and
+// the run's training options, so that --resume continues the same run; a subword vocabulary is
+// kept beside it (tokenizer_path), the bytes of a char one in it.
+std::map<std::string, std::string> describe(const Options& o, const tg::Tokenizer& vocab) {
   std::map<std::string, std::string> meta{{"example", "train_chars"}, {"tokenizer", o.tokenizer},
+          {"arch", o.arch}, {"tie_embeddings", o.tie_embeddings ? "1" : "0"},
           {"context", std::to_string(o.context)}, {"dim", std::to_string(o.dim)},
           {"heads", std::to_string(o.heads)},     {"layers", std::to_string(o.layers)},
-          {"steps", std::to_string(steps_done)}, {"positions", o.positions},
+          {"positions", o.positions},
           {"kv_heads", std::to_string(o.kv_heads)}, {"window", std::to_string(o.window)},
-          {"arch", o.arch}, {"tie_embeddings", o.tie_embeddings ? "1" : "0"}};
+          {"total_steps", std::to_string(o.steps)}, {"batch", std::to_string(o.batch)},
+          {"lr", fmt::format("{}", o.lr)}, {"dropout", fmt::format("{}", o.dropout)}};
   if (const auto* chars = dynamic_cast<const tg::CharVocab*>(&vocab)) meta["alphabet"] = chars->to_codes();
   return meta;
 }
@@ -108,9 +114,10 @@ tg::Decoder make_model(const Options& o, const tg::Tokenizer& vocab) {
                       .tie_embeddings = o.tie_embeddings, .seed = o.seed, .kv_heads = o.kv_heads, .window = o.window});
 }
 
-// Reads the shape and the vocabulary back from a checkpoint's metadata into `o`; a field that is
-// missing or cannot be read is named with the file and its value.
-std::unique_ptr<tg::Tokenizer> restore_description(Options& o, const std::string& path) {
+// Reads the shape, the vocabulary and (for --resume) the training options back from a
+// checkpoint's metadata into `o`; a field that is missing or cannot be read is named with the file
+// and its value. `steps_given`: --steps was on the command line and extends the run.
+std::unique_ptr<tg::Tokenizer> restore_description(Options& o, const std::string& path, bool steps_given = false) {
   const auto meta = tg::load_safetensors(path).metadata;
   auto where = [&](const char* key) { return fmt::format("{}: metadata field '{}'", path, key); };
   auto field = [&](const char* key) {
@@ -118,21 +125,21 @@ std::unique_ptr<tg::Tokenizer> restore_description(Options& o, const std::string
     if (it == meta.end()) throw std::runtime_error(fmt::format("{}: no '{}' in the metadata; not a train_chars checkpoint", path, key));
     return it->second;
   };
-  // Checkpoints from before --positions, --kv-heads and --window existed: sinusoidal positions,
-  // plain multi-head attention.
-  auto number = [&](const char* key, std::optional<std::int64_t> missing = std::nullopt) {
-    return !meta.contains(key) && missing ? *missing : ex::parse_int(field(key), where(key));
-  };
+  auto number = [&](const char* key) { return ex::parse_int(field(key), where(key)); };
   o.context = number("context");
   o.dim = number("dim");
   o.heads = number("heads");
   o.layers = number("layers");
-  o.kv_heads = number("kv_heads", 0);
-  o.window = number("window", 0);
-  o.positions = meta.contains("positions") ? meta.at("positions") : "sinusoidal";
-  o.tokenizer = meta.contains("tokenizer") ? meta.at("tokenizer") : "char";  // checkpoints from before --tokenizer
-  o.arch = meta.contains("arch") ? meta.at("arch") : "gpt";  // and before --arch
-  o.tie_embeddings = number("tie_embeddings", 0) != 0;
+  o.kv_heads = number("kv_heads");
+  o.window = number("window");
+  o.positions = field("positions");
+  o.tokenizer = field("tokenizer");
+  o.arch = field("arch");
+  o.tie_embeddings = number("tie_embeddings") != 0;
+  o.batch = number("batch");
+  o.lr = ex::parse_double(field("lr"), where("lr"));
+  o.dropout = ex::parse_double(field("dropout"), where("dropout"));
+  if (!steps_given) o.steps = number("total_steps");
   // The library's messages name the value; the file and the field go in front.
   auto in_field = [&](const char* key, auto&& read) {
     try {
@@ -223,7 +230,12 @@ int main(int argc, char** argv) try {
   Options o;
   CLI::App app{"train_chars: a character-level transformer language model"};
   app.add_option("--text", o.text, "text file to learn")->check(CLI::ExistingFile);
-  app.add_option("--steps", o.steps, "training steps")->check(CLI::NonNegativeNumber);
+  const auto* steps_option =
+      app.add_option("--steps", o.steps, "training steps in all, the schedule's length (with --resume: the saved run's unless given)")
+          ->check(CLI::NonNegativeNumber);
+  app.add_option("--stop-at", o.stop_at, "stop after this step, saving the checkpoint, to continue with --resume (0: run every step)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--log-every", o.log_every, "print the loss every N steps when the output is not a terminal")->check(CLI::PositiveNumber);
   app.add_option("--batch", o.batch, "windows per step")->check(CLI::PositiveNumber);
   app.add_option("--context", o.context, "characters per window")->check(CLI::PositiveNumber);
   app.add_option("--dim", o.dim, "model width")->check(CLI::PositiveNumber);
@@ -249,8 +261,8 @@ int main(int argc, char** argv) try {
   app.add_option("--vocab-size", o.vocab_size, "subword vocabulary size (--tokenizer bpe or unigram)")->check(CLI::PositiveNumber);
   app.add_option("--threads", o.threads, "threads (0: the default)")->check(CLI::NonNegativeNumber);
   app.add_option("--out", o.out, "folder for figures and checkpoints");
-  app.add_flag("--resume", o.resume, "continue training from OUT/model.safetensors and OUT/optimizer.safetensors");
-  app.add_flag("--generate", o.generate_only, "only load OUT/model.safetensors and generate");
+  app.add_flag("--resume", o.resume, "continue the run OUT/checkpoint.safetensors holds, with its options");
+  app.add_flag("--generate", o.generate_only, "only load the model of OUT/checkpoint.safetensors and generate");
   app.add_option("--prompt", o.prompt, "text to continue");
   app.add_option("--tokens", o.tokens, "characters to generate")->check(CLI::PositiveNumber);
   app.add_option("--temperature", o.temperature, "sampling temperature (0: greedy)")->check(CLI::NonNegativeNumber);
@@ -263,54 +275,48 @@ int main(int argc, char** argv) try {
   if (static_cast<std::int64_t>(o.prompt.size()) >= o.context && !o.generate_only)
     throw std::invalid_argument(fmt::format("--prompt has {} characters; it must be shorter than --context = {}", o.prompt.size(), o.context));
   std::filesystem::create_directories(o.out);
-  const std::string model_path = o.out + "/model.safetensors", optimizer_path = o.out + "/optimizer.safetensors";
+  const std::string path = o.out + "/checkpoint.safetensors";
 
   if (o.generate_only) {
-    const auto vocab = restore_description(o, model_path);
-    tg::Decoder model = restored_model(o, *vocab, model_path);
-    tg::load(model, model_path);
+    const auto vocab = restore_description(o, path);
+    tg::Decoder model = restored_model(o, *vocab, path);
+    tg::AdamW opt(model.named_parameters());
+    tg::Generator data(0);
+    tg::TrainingState state{.model = model, .optimizer = opt, .generators = {{"data", data}}};
+    tg::load_training_state(path, state);
     model.eval();
     show_samples(model, *vocab, o);
     return 0;
   }
 
   const std::string raw = read_file(o.text);
-  const std::unique_ptr<const tg::Tokenizer> vocab = o.resume ? restore_description(o, model_path) : make_tokenizer(o, raw);
+  const std::unique_ptr<const tg::Tokenizer> vocab = o.resume ? restore_description(o, path, steps_option->count() > 0) : make_tokenizer(o, raw);
   const std::vector<std::int64_t> text = vocab->encode(raw);
   const std::size_t split = text.size() * 9 / 10;
   if (text.size() - split < static_cast<std::size_t>(o.context) + 2)
     throw std::runtime_error(fmt::format("{} is too short for windows of {} tokens", o.text, o.context));
 
-  tg::Decoder model = o.resume ? restored_model(o, *vocab, model_path) : make_model(o, *vocab);
+  tg::Decoder model = o.resume ? restored_model(o, *vocab, path) : make_model(o, *vocab);
   tg::AdamW opt(model.named_parameters(), {.lr = o.lr, .weight_decay = 0.01});
-  std::int64_t done = 0;
-  if (o.resume) {
-    // The two files are saved one after the other; a run stopped between the two renames
-    // leaves a model and moments from different steps, which must not train on together.
-    const auto model_meta = tg::load(model, model_path);
-    const auto state = tg::load_safetensors(optimizer_path);
-    const auto model_steps = model_meta.find("steps"), optimizer_steps = state.metadata.find("steps");
-    if (model_steps == model_meta.end() || optimizer_steps == state.metadata.end())
-      throw std::runtime_error(fmt::format("{} or {} has no 'steps' in its metadata; not a train_chars checkpoint", model_path, optimizer_path));
-    if (model_steps->second != optimizer_steps->second)
-      throw std::runtime_error(fmt::format("{} is from step {} but {} from step {}: a save was interrupted between the two files, "
-                                           "so they cannot resume together",
-                                           model_path, model_steps->second, optimizer_path, optimizer_steps->second));
-    done = ex::parse_int(optimizer_steps->second, fmt::format("{}: metadata field 'steps'", optimizer_path));
-    opt.load_state(state.tensors, done);
-  }
-  const std::int64_t total = done + o.steps;
+  // The windows come from one stream that the checkpoint saves (docs/training.md says why), as
+  // are the dropout layers' streams (the model's named_generators()).
+  tg::Generator data(o.seed);
+  tg::TrainingState state{.model = model, .optimizer = opt, .generators = {{"data", data}}};
+  if (o.resume) tg::load_training_state(path, state);
+  const std::int64_t done = state.step, total = o.steps, stop = o.stop_at > 0 ? std::min(o.stop_at, total) : total;
+  if (total < done)
+    throw std::invalid_argument(fmt::format("--steps {} is fewer than the {} steps {} has done", total, done, path));
   const tg::WarmupCosine schedule(o.lr, std::min<std::int64_t>(100, total / 10), total, o.lr / 10);
-  fmt::print("train_chars: {} {} tokens ({} in the vocabulary) of {} characters from {}; {} parameters; steps {} to {}; {} thread(s)\n",
-             text.size(), o.tokenizer, vocab->size(), raw.size(), o.text, model.parameter_count(), done, total, tg::num_threads());
+  fmt::print("train_chars: {} {} tokens ({} in the vocabulary) of {} characters from {}; {} parameters; steps {} to {} of {}; {} thread(s)\n",
+             text.size(), o.tokenizer, vocab->size(), raw.size(), o.text, model.parameter_count(), done, std::max(done, stop), total,
+             tg::num_threads());
 
-  tg::Generator gen(o.seed + static_cast<std::uint64_t>(done));
   ex::Series train_curve{"training", {}, {}}, validation_curve{"validation", {}, {}};
-  ex::Progress progress(o.steps);
+  ex::Progress progress(total, o.log_every, done);
   double training_seconds = 0;  // the steps alone, without the validation passes
-  for (std::int64_t step = done; step < total; ++step) {
+  for (std::int64_t step = done; step < stop; ++step) {
     const auto step_started = std::chrono::steady_clock::now();
-    const auto [x, y] = tg::random_windows(std::span(text).first(split), o.batch, o.context, gen);
+    const auto [x, y] = tg::random_windows(std::span(text).first(split), o.batch, o.context, data);
     const Tensor loss = tg::cross_entropy(model.forward(x), y);
     tg::backward(loss);
     tg::clip_grad_norm(model.parameters(), 1.0);
@@ -320,7 +326,7 @@ int main(int argc, char** argv) try {
     training_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - step_started).count();
     train_curve.x.push_back(static_cast<double>(step + 1));
     train_curve.y.push_back(loss.item());
-    if ((step + 1 - done) % 250 == 0 || step + 1 == total) {
+    if ((step + 1) % 250 == 0 || step + 1 == total) {
       model.eval();
       validation_curve.x.push_back(static_cast<double>(step + 1));
       validation_curve.y.push_back(validation_loss(model, *vocab, text, split, o.context).nats_per_token);
@@ -328,24 +334,24 @@ int main(int argc, char** argv) try {
     }
     std::vector<std::pair<std::string, double>> shown{{"loss", train_curve.y.back()}};
     if (!validation_curve.y.empty()) shown.emplace_back("val", validation_curve.y.back());
-    progress.update(step + 1 - done, (step + 1 - done) * o.batch * o.context, shown);
+    progress.update(step + 1, (step + 1 - done) * o.batch * o.context, shown);
   }
+  state.step = std::max(done, stop);
+  state.metadata = describe(o, *vocab);
+  tg::save_training_state(path, state);
   model.eval();
   const Validation val = validation_loss(model, *vocab, text, split, o.context);
   fmt::print("validation loss {:.4f} nats per token = {:.3f} bits per character ({:.3f} characters per token; uniform over the vocabulary: "
              "{:.3f} bits per token)\n",
              val.nats_per_token, val.bits_per_char(), val.chars_per_token, std::log2(static_cast<double>(vocab->size())));
-  if (o.steps > 0)
+  if (stop > done)
     fmt::print("{} positions, {} key/value heads, window {}: {:.1f} ms per training step\n", o.positions, o.kv_heads == 0 ? o.heads : o.kv_heads,
-               o.window == 0 ? std::string("none") : std::to_string(o.window), 1000 * training_seconds / static_cast<double>(o.steps));
-  tg::save(model, model_path, describe(o, *vocab, total));
-  auto state = opt.state();
-  tg::save_safetensors(optimizer_path, state, {{"steps", std::to_string(total)}});
+               o.window == 0 ? std::string("none") : std::to_string(o.window), 1000 * training_seconds / static_cast<double>(stop - done));
   if (!train_curve.x.empty())
     ex::plot_lines(o.out + "/loss.png", {"train_chars: cross-entropy per token", "step", "nats", {train_curve, validation_curve}, true});
   attention_figure(model, *vocab, o, text, split);
   show_samples(model, *vocab, o);
-  fmt::print("\nwrote {0}/loss.png, {0}/attention.png, {0}/model.safetensors, {0}/optimizer.safetensors\n", o.out);
+  fmt::print("\nwrote {0}/loss.png, {0}/attention.png, {0}/checkpoint.safetensors (step {1} of {2})\n", o.out, state.step, total);
   return 0;
 } catch (const std::exception& e) {
   fmt::print(stderr, "train_chars: {}\n", e.what());

@@ -1,11 +1,12 @@
-# train_chars --resume: a checkpoint resumes, a model and an optimizer file from different steps
-# (a run stopped between the two saves) are refused with a message that says so, and metadata
-# that cannot be read is refused naming the file, the field and the value.
-#   cmake -DEXE=path/to/train_chars -DOUT=dir -P train_chars_resume.cmake
-set(small --batch 2 --context 16 --dim 16 --heads 2 --layers 1 --tokens 4 --threads 1 --out ${OUT})
+# train_chars --resume: a run stopped after step 3 of 6 and resumed in a second process prints
+# the losses the run never stopped prints and ends with the same checkpoint, byte for byte;
+# metadata that cannot be read is refused naming the file, the field and the value. EXTRA (a
+# list) adds options to the run, another model or vocabulary; the metadata checks run without it.
+#   cmake -DEXE=path/to/train_chars -DOUT=dir [-DEXTRA="--arch;llama"] -P train_chars_resume.cmake
+set(small --batch 2 --context 16 --dim 16 --heads 2 --layers 1 --tokens 4 --threads 1 --log-every 1)
 
-function(run expect_success)
-  execute_process(COMMAND ${EXE} ${small} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+function(run expect_success out_dir)
+  execute_process(COMMAND ${EXE} ${small} --out ${out_dir} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(expect_success AND NOT rc EQUAL 0)
     message(FATAL_ERROR "train_chars ${ARGN} failed (${rc}):\n${out}\n${err}")
   elseif(NOT expect_success AND rc EQUAL 0)
@@ -15,20 +16,39 @@ function(run expect_success)
   set(err "${err}" PARENT_SCOPE)
 endfunction()
 
+# The printed losses: "step i/6  loss x" and, at the last step, the validation loss; the
+# throughput and time left on the same lines differ from run to run.
+function(losses text result)
+  string(REGEX MATCHALL "step [0-9]+/[0-9]+  loss [0-9.]+(  val [0-9.]+)?|validation loss [0-9.]+ nats" found "${text}")
+  set(${result} "${found}" PARENT_SCOPE)
+endfunction()
+
 file(REMOVE_RECURSE ${OUT})
-run(TRUE --steps 2)
-file(COPY_FILE ${OUT}/optimizer.safetensors ${OUT}/optimizer_at_2.safetensors)
-run(TRUE --resume --steps 1)
-if(NOT out MATCHES "steps 2 to 3")
-  message(FATAL_ERROR "the resumed run did not continue from step 2:\n${out}")
+run(TRUE ${OUT}/straight --steps 6 --dropout 0.2 ${EXTRA})
+losses("${out}" straight)
+run(TRUE ${OUT}/resumed --steps 6 --dropout 0.2 --stop-at 3 ${EXTRA})
+losses("${out}" first)
+list(FILTER first EXCLUDE REGEX "^validation")  # the stopped run's own score, at step 3
+run(TRUE ${OUT}/resumed --resume)
+if(NOT out MATCHES "steps 3 to 6 of 6")
+  message(FATAL_ERROR "the resumed run did not continue from step 3:\n${out}")
+endif()
+losses("${out}" second)
+list(LENGTH straight n)
+if(NOT n EQUAL 7)
+  message(FATAL_ERROR "expected 6 step losses and a validation loss, found ${n}: ${straight}")
+endif()
+if(NOT "${first};${second}" STREQUAL "${straight}")
+  message(FATAL_ERROR "the stopped and resumed run printed other losses:\n  ${first};${second}\nthan the run straight through:\n  ${straight}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files ${OUT}/straight/checkpoint.safetensors ${OUT}/resumed/checkpoint.safetensors
+                RESULT_VARIABLE differ)
+if(NOT differ EQUAL 0)
+  message(FATAL_ERROR "the resumed run's checkpoint differs from the straight run's (parameters, optimizer or random streams)")
 endif()
 
-# What a run stopped between the two saves leaves (the model is saved first): the model of
-# step 3 beside the optimizer of step 2.
-file(COPY_FILE ${OUT}/optimizer_at_2.safetensors ${OUT}/optimizer.safetensors)
-run(FALSE --resume --steps 1)
-if(NOT err MATCHES "is from step 3 but [^\n]*optimizer.safetensors from step 2: a save was interrupted")
-  message(FATAL_ERROR "mismatched files refused without saying why:\n${err}")
+if(EXTRA)
+  return()
 endif()
 
 # Metadata that cannot be read is named with its file, its field and its value. Each edit keeps
@@ -40,24 +60,25 @@ function(edit file from to)
   endif()
 endfunction()
 function(refused what expected)
-  run(FALSE ${ARGN})
+  run(FALSE ${OUT}/straight ${ARGN})
   if(NOT err MATCHES "${expected}")
     message(FATAL_ERROR "${what}: the message does not name the file, field and value (expected /${expected}/):\n${err}")
   endif()
 endfunction()
-file(REMOVE_RECURSE ${OUT})
-run(TRUE --steps 1)
-file(COPY_FILE ${OUT}/model.safetensors ${OUT}/model_good.safetensors)
-edit(${OUT}/model.safetensors "\"dim\":\"16\"" "\"dim\":\"1x\"")
-refused("dim" "model.safetensors: metadata field 'dim': '1x' is not an integer" --generate)
-refused("dim on resume" "model.safetensors: metadata field 'dim': '1x' is not an integer" --resume --steps 1)
-file(COPY_FILE ${OUT}/model_good.safetensors ${OUT}/model.safetensors)
-edit(${OUT}/model.safetensors "\"positions\":\"sinusoidal\"" "\"positions\":\"sinusoidaX\"")
-refused("positions" "model.safetensors: metadata field 'positions': 'sinusoidaX' is not a kind of positions" --generate)
-file(COPY_FILE ${OUT}/model_good.safetensors ${OUT}/model.safetensors)
-edit(${OUT}/model.safetensors "\"heads\":\"2\"" "\"heads\":\"0\"")
-refused("heads 0" "model.safetensors: the metadata describe no model[^\n]*config.heads" --generate)
-file(COPY_FILE ${OUT}/model_good.safetensors ${OUT}/model.safetensors)
-edit(${OUT}/model.safetensors "\"steps\":\"1\"" "\"steps\":\"-\"")
-edit(${OUT}/optimizer.safetensors "\"steps\":\"1\"" "\"steps\":\"-\"")
-refused("steps" "optimizer.safetensors: metadata field 'steps': '-' is not an integer" --resume --steps 1)
+set(file ${OUT}/straight/checkpoint.safetensors)
+file(COPY_FILE ${file} ${OUT}/good.safetensors)
+# bad_value(FROM TO WHAT EXPECTED ARGS...): the good file with FROM edited into TO is refused.
+function(bad_value from to what expected)
+  file(COPY_FILE ${OUT}/good.safetensors ${file})
+  edit(${file} "${from}" "${to}")
+  refused("${what}" "${expected}" ${ARGN})
+endfunction()
+bad_value("\"dim\":\"16\"" "\"dim\":\"1x\"" "dim" "checkpoint.safetensors: metadata field 'dim': '1x' is not an integer" --generate)
+refused("dim on resume" "checkpoint.safetensors: metadata field 'dim': '1x' is not an integer" --resume)
+bad_value("\"positions\":\"sinusoidal\"" "\"positions\":\"sinusoidaX\"" "positions"
+          "checkpoint.safetensors: metadata field 'positions': 'sinusoidaX' is not a kind of positions" --generate)
+bad_value("\"arch\":\"gpt\"" "\"arch\":\"gpX\"" "arch" "checkpoint.safetensors: metadata field 'arch': 'gpX' is not an arch" --resume)
+bad_value("\"heads\":\"2\"" "\"heads\":\"0\"" "heads 0" "checkpoint.safetensors: the metadata describe no model[^\n]*config.heads" --generate)
+bad_value("\"lr\":\"0.002\"" "\"lr\":\"0.00z\"" "lr" "checkpoint.safetensors: metadata field 'lr': '0.00z' is not a number" --resume)
+bad_value("\"tapegrad.step\":\"6\"" "\"tapegrad.step\":\"-\"" "step"
+          "load_training_state: [^\n]*checkpoint.safetensors': metadata 'tapegrad.step'[^\n]*got '-'" --resume)

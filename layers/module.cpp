@@ -16,11 +16,13 @@ void check_name(std::string_view kind, std::string_view name) {
     fail<ValueError>("Module::visit: a {} name must be non-empty and contain no '.', got '{}'", kind, name);
 }
 
-// Walks a module tree, calling `on_parameter(full name, tensor)` and `on_module(module)`.
+// Walks a module tree, calling `on_parameter(full name, tensor)`, `on_module(module)` and
+// `on_generator(full name, generator)`.
 class Walker final : public ModuleVisitor {
  public:
-  Walker(std::function<void(const std::string&, Tensor&)> on_parameter, std::function<void(Module&)> on_module)
-      : on_parameter_(std::move(on_parameter)), on_module_(std::move(on_module)) {}
+  Walker(std::function<void(const std::string&, Tensor&)> on_parameter, std::function<void(Module&)> on_module,
+         std::function<void(const std::string&, Generator&)> on_generator = nullptr)
+      : on_parameter_(std::move(on_parameter)), on_module_(std::move(on_module)), on_generator_(std::move(on_generator)) {}
 
   void walk(Module& root) {
     if (on_module_) on_module_(root);
@@ -29,6 +31,10 @@ class Walker final : public ModuleVisitor {
   void parameter(std::string_view name, Tensor& t) override {
     check_name("parameter", name);
     if (on_parameter_) on_parameter_(prefix_ + std::string(name), t);
+  }
+  void generator(std::string_view name, Generator& g) override {
+    check_name("generator", name);
+    if (on_generator_) on_generator_(prefix_ + std::string(name), g);
   }
   void module(std::string_view name, Module& m) override {
     check_name("module", name);
@@ -50,6 +56,7 @@ class Walker final : public ModuleVisitor {
 
   std::function<void(const std::string&, Tensor&)> on_parameter_;
   std::function<void(Module&)> on_module_;
+  std::function<void(const std::string&, Generator&)> on_generator_;
   std::string prefix_;
 };
 
@@ -85,6 +92,12 @@ std::int64_t Module::parameter_count() {
     if (__builtin_add_overflow(n, p.tensor.numel(), &n))
       detail::fail<ValueError>("Module::parameter_count: the parameters hold more than {} elements in all", INT64_MAX);
   return n;
+}
+
+std::vector<NamedGenerator> Module::named_generators() {
+  std::vector<NamedGenerator> out;
+  Walker(nullptr, nullptr, [&](const std::string& name, Generator& g) { out.push_back({name, g}); }).walk(*this);
+  return out;
 }
 
 void Module::zero_grad() {

@@ -1,9 +1,6 @@
 // TransformerBlock and Decoder: compositions of layers whose backward passes are their ops'.
 #include "tapegrad/layers/transformer.hpp"
 
-#include <algorithm>
-#include <cmath>
-#include <numeric>
 #include <type_traits>
 
 #include "layers/layer_support.hpp"
@@ -65,25 +62,6 @@ std::variant<LearnedPositions, SinusoidalPositions, std::monostate> make_positio
   if (c.positions == PositionKind::learned) return LearnedPositions(p);
   if (c.positions == PositionKind::sinusoidal) return SinusoidalPositions(p);
   return std::monostate{};
-}
-
-// The next token of one row: argmax at temperature 0, otherwise a draw from
-// softmax(logits / temperature) restricted to the top_k largest logits.
-std::int64_t pick(std::vector<double> logits, const GenerateOptions& o, Generator& gen) {
-  const auto v = static_cast<std::int64_t>(logits.size());
-  if (o.temperature == 0) return std::max_element(logits.begin(), logits.end()) - logits.begin();
-  std::vector<std::int64_t> order(logits.size());
-  std::iota(order.begin(), order.end(), 0);
-  const std::int64_t k = o.top_k > 0 ? std::min(o.top_k, v) : v;
-  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](auto a, auto b) { return logits[a] > logits[b]; });
-  const double top = logits[static_cast<std::size_t>(order[0])];
-  std::vector<double> p(static_cast<std::size_t>(k));
-  double z = 0;
-  for (std::int64_t i = 0; i < k; ++i) z += p[i] = std::exp((logits[static_cast<std::size_t>(order[i])] - top) / o.temperature);
-  double u = gen.uniform() * z;
-  for (std::int64_t i = 0; i < k; ++i)
-    if ((u -= p[i]) < 0) return order[i];
-  return order[k - 1];  // u landed on the rounding error at the end
 }
 
 }  // namespace
@@ -192,62 +170,29 @@ Tensor Decoder::logits(const Tensor& h) const {
 Tensor Decoder::generate(const Tensor& prompt, const GenerateOptions& o) const {
   const char* op = "Decoder::generate";
   check_ids(op, "prompt", prompt, config_.vocab);
-  if (prompt.size(1) < 1)
-    detail::fail<ShapeError>("{}: argument 'prompt' must be [B, T0] with T0 >= 1, got shape {}", op, detail::shape_str(prompt.shape()));
   const bool bounded = config_.max_len > 0;  // 0: rotary or alibi positions, no limit
-  if (o.restart_after < 0 || o.restart_after == 1 || (bounded && o.restart_after > config_.max_len))
-    detail::fail<ValueError>("{}: options.restart_after must be 0 (no limit) or {}, got {}", op,
-                             bounded ? fmt::format("in [2, config.max_len = {}]", config_.max_len) : std::string(">= 2"), o.restart_after);
-  if (o.restart_after > 0 && prompt.size(1) >= o.restart_after)
-    detail::fail<ValueError>("{}: the prompt's {} positions must be fewer than options.restart_after = {}", op, prompt.size(1), o.restart_after);
-  if (o.new_tokens < 0 || (bounded && o.restart_after == 0 && o.new_tokens > config_.max_len - prompt.size(1)))
+  if (bounded && o.restart_after > config_.max_len)
+    detail::fail<ValueError>("{}: options.restart_after must be at most config.max_len = {}, got {}", op, config_.max_len, o.restart_after);
+  if (bounded && o.restart_after == 0 && o.new_tokens > config_.max_len - prompt.size(1))
     detail::fail<ValueError>("{}: the prompt's {} positions plus options.new_tokens = {} must fit config.max_len = {} "
                              "(or set options.restart_after)",
                              op, prompt.size(1), o.new_tokens, config_.max_len);
-  if (!(o.temperature >= 0) || !std::isfinite(o.temperature) || o.top_k < 0)
-    detail::fail<ValueError>("{}: options.temperature must be finite and >= 0 and options.top_k >= 0, got {} and {}", op,
-                             o.temperature, o.top_k);
-  // The result [B, T0 + new_tokens] must be possible before any step runs (with a window,
-  // new_tokens is bounded by nothing else).
-  std::int64_t total = 0;
-  if (__builtin_add_overflow(prompt.size(1), o.new_tokens, &total))
-    detail::fail<ValueError>("{}: the prompt's {} positions plus options.new_tokens = {} overflow int64", op, prompt.size(1), o.new_tokens);
-  try {
-    detail::check_shape(op, "the result [B, T0 + new_tokens]", {prompt.size(0), total}, DType::int64);
-  } catch (const ShapeError&) {
-    detail::fail<ValueError>("{}: the result [B, T0 + options.new_tokens] = [{}, {}] would be more than can be allocated", op,
-                             prompt.size(0), total);
-  }
-  NoGradGuard no_grad;
-  const std::int64_t batch = prompt.size(0), t0 = prompt.size(1), vocab = config_.vocab;
-  std::vector<KVCache> caches(blocks.size());
   Generator gen(o.seed);
-  std::vector<std::int64_t> ids = prompt.to_vector<std::int64_t>();  // grows row by row below
-  std::vector<std::vector<std::int64_t>> rows(static_cast<std::size_t>(batch));
-  for (std::int64_t b = 0; b < batch; ++b) rows[b].assign(ids.begin() + b * t0, ids.begin() + (b + 1) * t0);
-  Tensor input = prompt;
-  for (std::int64_t step = 0; step < o.new_tokens; ++step) {
-    if (o.restart_after > 0 && caches[0].length() + input.size(1) > o.restart_after) {
-      // Full: start again from the last window / 2 tokens of each row.
-      const std::int64_t keep = o.restart_after / 2;
-      std::vector<std::int64_t> tail;
-      for (const auto& r : rows) tail.insert(tail.end(), r.end() - keep, r.end());
-      input = from_vector(std::span<const std::int64_t>(tail), {batch, keep});
-      for (auto& c : caches) c.clear();
-    }
-    Tensor x = embed(input, caches[0].length());
-    for (std::size_t i = 0; i < blocks.size(); ++i) x = blocks[i].decode(x, caches[i]);
-    const auto logits = this->logits(select(x, 1, -1)).to_vector<double>();  // [B, vocab]
-    std::vector<std::int64_t> next(static_cast<std::size_t>(batch));
-    for (std::int64_t b = 0; b < batch; ++b) {
-      next[b] = pick({logits.begin() + b * vocab, logits.begin() + (b + 1) * vocab}, o, gen);
-      rows[b].push_back(next[b]);
-    }
-    input = from_vector(std::span<const std::int64_t>(next), {batch, 1});
-  }
-  std::vector<std::int64_t> out;
-  for (const auto& r : rows) out.insert(out.end(), r.begin(), r.end());
-  return from_vector(std::span<const std::int64_t>(out), {batch, total});
+  Cache cache = start_cache();
+  return detail::generate_tokens(
+      op, prompt, o, gen, [&] { cache = start_cache(); }, [&](const Tensor& ids) { return decode_step(ids, cache); });
+}
+
+Tensor Decoder::decode_step(const Tensor& ids, Cache& cache) const {
+  const char* op = "Decoder::decode_step";
+  check_ids(op, "ids", ids, config_.vocab);
+  if (cache.size() != blocks.size())
+    detail::fail<ValueError>("{}: argument 'cache' holds {} KV caches; the model has {} blocks (use start_cache())", op, cache.size(),
+                             blocks.size());
+  NoGradGuard no_grad;
+  Tensor x = embed(ids, cache.empty() ? 0 : cache[0].length());
+  for (std::size_t i = 0; i < blocks.size(); ++i) x = blocks[i].decode(x, cache[i]);
+  return logits(select(x, 1, -1));
 }
 
 std::vector<Tensor> Decoder::attention_weights(const Tensor& ids) const {

@@ -3,6 +3,7 @@
 # side writes a file the script checks, and loads a file the script wrote; FIXTURES order each
 # pair. Without /usr/bin/python3 the interop tests are not registered.
 tapegrad_test(test_checkpoint test_checkpoint.cpp)
+tapegrad_test(test_training_state test_training_state.cpp)
 
 find_program(TAPEGRAD_PYTHON3 python3 PATHS /usr/bin NO_DEFAULT_PATH)
 if(TAPEGRAD_PYTHON3)

@@ -514,7 +514,7 @@ BOOST_AUTO_TEST_CASE(decoder_errors_name_the_decoder) {
   check_throws<tg::ValueError>([] { tg::Decoder({.vocab = 5, .max_len = -1, .dim = 8, .positions = tg::PositionKind::alibi}); },
                                {"Decoder", "config.max_len", ">= 0", "no limit", "got -1"});
   tg::Decoder unbounded({.vocab = 5, .dim = 8, .positions = tg::PositionKind::alibi});
-  check_throws<tg::ValueError>([&] { unbounded.generate(ids({1}), {.restart_after = 1}); }, {"Decoder::generate", "restart_after", ">= 2", "got 1"});
+  check_throws<tg::ValueError>([&] { unbounded.generate(ids({1}), {.restart_after = 1}); }, {"Decoder::generate", "restart_after", "at least 2", "got 1"});
   check_throws<tg::ValueError>([&] { model.generate(ids({1}), {.restart_after = 5}); }, {"Decoder::generate", "restart_after", "config.max_len = 4", "got 5"});
   tg::LayerNorm ln({.dim = 2});
   check_throws<tg::DTypeError>([&] { ln.forward(tg::zeros({1, 2}, tg::float64)); }, {"LayerNorm::forward", "'x'", "float64", "config.dtype"});

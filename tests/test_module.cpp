@@ -111,3 +111,24 @@ BOOST_AUTO_TEST_CASE(module_names_with_a_dot_are_refused) {
   DottedChild m;
   check_throws<tg::ValueError>([&] { m.named_parameters(); }, {"Module::visit", "'a.b'"});
 }
+
+// A module's generators are reached by name, as references: restoring one through
+// named_generators() makes the next dropout draw the same mask again.
+BOOST_AUTO_TEST_CASE(named_generators_reach_each_dropout_stream) {
+  tg::TransformerBlock block({.dim = 8, .heads = 2, .dropout = 0.5, .seed = 3});
+  std::vector<std::string> names;
+  for (const auto& g : block.named_generators()) names.push_back(g.name);
+  BOOST_TEST(names == (std::vector<std::string>{"drop.generator", "ff.drop.generator"}), boost::test_tools::per_element());
+  const Tensor x = tg::randn({2, 3, 8}, 1);
+  std::vector<Tensor> states;
+  for (const auto& g : block.named_generators()) states.push_back(g.generator.get().get_state());
+  const auto first = block.forward(x).to_vector<float>();
+  BOOST_TEST(block.forward(x).to_vector<float>() != first);  // the streams moved on
+  for (std::size_t i = 0; i < states.size(); ++i) block.named_generators()[i].generator.get().set_state(states[i]);
+  BOOST_TEST(block.forward(x).to_vector<float>() == first);
+  struct BadGenerator final : tg::Module {
+    void visit(tg::ModuleVisitor& v) override { v.generator("a.b", gen); }
+    tg::Generator gen{1};
+  } bad;
+  check_throws<tg::ValueError>([&] { bad.named_generators(); }, {"Module::visit", "generator", "'a.b'"});
+}

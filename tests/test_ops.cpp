@@ -281,7 +281,8 @@ BOOST_AUTO_TEST_CASE(every_public_op_has_an_entry) {
       {"Embedding", "test_layers"},     {"LayerNorm", "test_layers"},      {"Dropout", "test_layers"},
       {"FeedForward", "test_layers"},   {"LearnedPositions", "test_layers"}, {"SinusoidalPositions", "test_layers"},
       {"TransformerBlock", "test_layers"}, {"Decoder", "test_layers"}, {"RMSNorm", "test_layers"}, {"Norm", "test_layers"}, {"check_window", "test_attention_variants"},
-      {"check_kv_heads", "test_attention_variants"}};
+      {"check_kv_heads", "test_attention_variants"},
+      {"generate", "test_sampling"},    {"generate_tokens", "test_sampling"}};
   for (const auto& [name, suite] : elsewhere) {
     std::ifstream in(std::string(TAPEGRAD_TESTS) + "/" + suite + ".cpp");
     const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};

@@ -2,6 +2,7 @@
 #define BOOST_TEST_MODULE tensor
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -132,6 +133,53 @@ BOOST_AUTO_TEST_SUITE_END()
 BOOST_AUTO_TEST_SUITE(shape_arithmetic)
 
 constexpr std::int64_t operator""_p2(unsigned long long e) { return std::int64_t{1} << e; }
+
+// A saved state resumes the stream exactly, a spare normal included, in this generator or another.
+BOOST_AUTO_TEST_CASE(generator_state_resumes_the_stream) {
+  for (const bool spare : {false, true}) {
+    tg::Generator gen(11);
+    tg::randn({8}, gen, tg::float64);  // an even count of normals: none cached
+    if (spare) gen.normal();  // an odd count of normals leaves one cached
+    const Tensor state = gen.get_state();
+    BOOST_TEST(state.to_vector<std::int64_t>()[0] == (spare ? 1 : 0));
+    auto draw = [](tg::Generator& g) {
+      std::vector<double> v{g.normal(), g.uniform(), g.normal()};
+      for (double x : tg::randn({5}, g, tg::float64).to_vector<double>()) v.push_back(x);
+      v.push_back(static_cast<double>(g.next_u64() >> 11));
+      return v;
+    };
+    const std::vector<double> after = draw(gen);
+    gen.set_state(state);
+    BOOST_TEST(draw(gen) == after);  // bitwise: operator== on doubles
+    tg::Generator other(99);
+    other.set_state(state);
+    BOOST_TEST(draw(other) == after);
+    BOOST_TEST(other.get_state().to_vector<std::int64_t>() == gen.get_state().to_vector<std::int64_t>());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(generator_state_refuses_what_get_state_cannot_give) {
+  tg::Generator gen(3);
+  gen.normal();
+  const Tensor good = gen.get_state();
+  const std::int64_t n = good.size(0);
+  auto with = [&](std::int64_t flag, std::int64_t bits) {
+    std::vector<std::int64_t> v = good.to_vector<std::int64_t>();
+    v[0] = flag;
+    v[1] = bits;
+    return tg::from_vector(v, {n});
+  };
+  const std::string size = std::to_string(n);
+  check_throws<tg::Error>([&] { gen.set_state(Tensor()); }, {"Generator::set_state", "'state'", "undefined"});
+  check_throws<tg::DTypeError>([&] { gen.set_state(good.to(tg::float64)); }, {"Generator::set_state", "'state'", "int64"});
+  check_throws<tg::ShapeError>([&] { gen.set_state(tg::slice(good, 0, 0, n - 1)); }, {"Generator::set_state", "int64 [" + size + "]"});
+  check_throws<tg::ShapeError>([&] { gen.set_state(tg::reshape(good, {1, n})); }, {"Generator::set_state", "[1, " + size + "]"});
+  check_throws<tg::ValueError>([&] { gen.set_state(with(2, 0)); }, {"Generator::set_state", "got 2 and 0"});
+  check_throws<tg::ValueError>([&] { gen.set_state(with(0, 5)); }, {"Generator::set_state", "got 0 and 5"});
+  const auto inf_bits = std::bit_cast<std::int64_t>(std::numeric_limits<double>::infinity());
+  check_throws<tg::ValueError>([&] { gen.set_state(with(1, inf_bits)); }, {"Generator::set_state", "finite", "inf"});
+  BOOST_TEST(gen.get_state().to_vector<std::int64_t>() == good.to_vector<std::int64_t>());  // every refusal left it as it was
+}
 
 BOOST_AUTO_TEST_CASE(factories_check_zero_size_shapes_too) {
   const Shape huge{0, 62_p2, 4};

@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "autodiff/check.hpp"
+#include "train/checkpoint_io.hpp"
 #include "train/files.hpp"
 #include "train/safetensors_header.hpp"
 #include "tapegrad/autodiff/tape.hpp"
@@ -86,8 +87,10 @@ std::string json_string(const std::string& s) { return nlohmann::json(s).dump();
                    fn, count, at_least, bytes, kMaxHeaderBytes);
 }
 
-void save_impl(const char* fn, const fs::path& path, const std::vector<NamedTensor>& tensors,
-               const std::map<std::string, std::string>& metadata) {
+}  // namespace
+
+void detail::write_safetensors(const char* fn, const fs::path& path, const std::vector<NamedTensor>& tensors,
+                               const std::map<std::string, std::string>& metadata) {
   check_path(fn, path);
   std::unordered_map<std::string_view, std::size_t> seen;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
@@ -173,6 +176,8 @@ void save_impl(const char* fn, const fs::path& path, const std::vector<NamedTens
 }
 
 // ---- Reading ---------------------------------------------------------------------------------
+
+namespace {
 
 class Reader {
  public:
@@ -308,25 +313,21 @@ Tensor SafetensorsFile::find(const std::string& name) const {
 
 void save_safetensors(const fs::path& path, const std::vector<NamedTensor>& tensors,
                       const std::map<std::string, std::string>& metadata) {
-  save_impl("save_safetensors", path, tensors, metadata);
+  detail::write_safetensors("save_safetensors", path, tensors, metadata);
 }
+
+SafetensorsFile detail::read_safetensors(const char* fn, const fs::path& path) { return Reader(fn, path).read(); }
 
 SafetensorsFile load_safetensors(const fs::path& path) { return Reader("load_safetensors", path).read(); }
 
 void save(Module& module, const fs::path& path, const std::map<std::string, std::string>& metadata) {
-  save_impl("save", path, module.named_parameters(), metadata);
+  detail::write_safetensors("save", path, module.named_parameters(), metadata);
 }
 
-std::map<std::string, std::string> load(Module& module, const fs::path& path) {
-  SafetensorsFile file = Reader("load", path).read();
-  const std::vector<NamedTensor> params = module.named_parameters();
-
+std::vector<std::string> detail::fit_problems(const std::vector<NamedTensor>& params, const std::vector<NamedTensor>& tensors) {
   std::unordered_map<std::string_view, const Tensor*> in_file;
-  for (const auto& t : file.tensors) in_file.emplace(t.name, &t.tensor);
+  for (const auto& t : tensors) in_file.emplace(t.name, &t.tensor);
   auto describe = [](const Tensor& t) { return fmt::format("{} {}", t.dtype(), shape_str(t.shape())); };
-
-  // Every problem is collected before anything is written, so a checkpoint that does not fit
-  // leaves the module exactly as it was, and one message shows the whole difference.
   std::vector<std::string> problems;
   std::set<std::string_view> in_module;
   for (const auto& [name, p] : params) {
@@ -364,15 +365,29 @@ std::map<std::string, std::string> load(Module& module, const fs::path& path) {
         break;
       }
   }
-  for (const auto& t : file.tensors)
+  for (const auto& t : tensors)
     if (!in_module.contains(t.name))
       problems.push_back(fmt::format("unexpected '{}': the file has {}, the module has no parameter of that name",
                                      printable(t.name), describe(t.tensor)));
+  return problems;
+}
+
+void detail::copy_fitted(const std::vector<NamedTensor>& params, const std::vector<NamedTensor>& tensors) {
+  std::unordered_map<std::string_view, const Tensor*> in_file;
+  for (const auto& t : tensors) in_file.emplace(t.name, &t.tensor);
+  for (const auto& [name, p] : params) copy_(p, *in_file.at(name));
+}
+
+std::map<std::string, std::string> load(Module& module, const fs::path& path) {
+  SafetensorsFile file = Reader("load", path).read();
+  const std::vector<NamedTensor> params = module.named_parameters();
+  // Every problem is collected before anything is written, so a checkpoint that does not fit
+  // leaves the module exactly as it was, and one message shows the whole difference.
+  const std::vector<std::string> problems = detail::fit_problems(params, file.tensors);
   if (!problems.empty())
     fail<ValueError>("load: '{}' does not fit the module ({} problem{}; no parameter was changed):\n  {}",
                      path.string(), problems.size(), problems.size() == 1 ? "" : "s", fmt::join(problems, "\n  "));
-
-  for (const auto& [name, p] : params) copy_(p, *in_file.at(name));
+  detail::copy_fitted(params, file.tensors);
   return std::move(file.metadata);
 }
 

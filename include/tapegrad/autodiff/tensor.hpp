@@ -154,6 +154,14 @@ class Generator {
   double uniform();  // [0, 1)
   double normal();   // mean 0, standard deviation 1
   std::uint64_t next_u64();
+  // The stream's position, for a checkpoint: int64 [2 + W], whether a spare normal is cached, its
+  // bits, then the engine's W words in the standard library's own textual form (W = 313 with
+  // libstdc++), so a state is read back by a build on the same standard library. After
+  // set_state(s) the draws are exactly those that followed get_state(); a state of another
+  // dtype, shape or an impossible spare is refused (DTypeError, ShapeError, ValueError) and the
+  // generator is left as it was.
+  Tensor get_state() const;
+  void set_state(const Tensor& state);
 
  private:
   struct State;

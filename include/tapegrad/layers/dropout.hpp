@@ -14,7 +14,7 @@ class Dropout : public Module {
  public:
   explicit Dropout(double p = 0.0, std::uint64_t seed = 0);
   Tensor forward(const Tensor& x) const;
-  void visit(ModuleVisitor&) override {}
+  void visit(ModuleVisitor& v) override { v.generator("generator", gen_); }
   double p() const noexcept { return p_; }
 
  private:

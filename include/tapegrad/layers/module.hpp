@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -37,6 +38,8 @@ class ModuleVisitor {
  public:
   virtual void parameter(std::string_view name, Tensor& t) = 0;
   virtual void module(std::string_view name, Module& m) = 0;
+  // A random stream the module's forward draws from (Dropout's), so a checkpoint can resume it.
+  virtual void generator(std::string_view name, Generator& g) = 0;
   // A list of children, named "<name>.0", "<name>.1"...
   template <class M> void modules(std::string_view name, std::vector<M>& list) {
     for (std::size_t i = 0; i < list.size(); ++i) list_child(name, i, list[i]);
@@ -50,6 +53,11 @@ class ModuleVisitor {
 struct NamedTensor {
   std::string name;
   Tensor tensor;
+};
+
+struct NamedGenerator {
+  std::string name;
+  std::reference_wrapper<Generator> generator;
 };
 
 class Module {
@@ -72,6 +80,9 @@ class Module {
   // The parameter called `name` (full dotted name), or a ValueError listing the names there are.
   Tensor parameter(std::string_view name);
   std::int64_t parameter_count();  // elements, over all parameters
+  // Every generator visit() reports (a Dropout's), depth first with its full name
+  // ("blocks.0.drop.generator"): the random state a checkpoint needs besides the parameters.
+  std::vector<NamedGenerator> named_generators();
   void zero_grad();                // drops every parameter's accumulated gradient
 
   // Training mode (the default) or evaluation mode, for this module and every descendant:

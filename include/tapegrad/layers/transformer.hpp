@@ -14,6 +14,7 @@
 
 #include "tapegrad/layers/embedding.hpp"
 #include "tapegrad/layers/feed_forward.hpp"
+#include "tapegrad/layers/generate.hpp"
 #include "tapegrad/layers/linear.hpp"
 #include "tapegrad/layers/module.hpp"
 #include "tapegrad/layers/multihead_attention.hpp"
@@ -88,18 +89,6 @@ struct DecoderConfig {
   std::int64_t window = 0;    // > 0: every block attends to the last `window` positions only
 };
 
-struct GenerateOptions {
-  std::int64_t new_tokens = 1;  // >= 0
-  double temperature = 1.0;     // 0: greedy (argmax); otherwise logits / temperature are sampled
-  std::int64_t top_k = 0;       // > 0: sample among the k most likely tokens only
-  std::uint64_t seed = 0;       // for sampling
-  // > 0: attend to at most this many positions. When the cache holds that many, generation
-  // restarts from the last restart_after / 2 tokens (positions from 0 again), so a model trained
-  // on windows of this length never sees longer ones; the output may then be longer than
-  // max_len. 0: no limit. (Not the config's sliding window, which never restarts.)
-  std::int64_t restart_after = 0;
-};
-
 class Decoder : public Module {
  public:
   explicit Decoder(const DecoderConfig& config);
@@ -108,12 +97,16 @@ class Decoder : public Module {
   // The last block's output h [..., dim] -> logits [..., vocab]: ln_f, then the head (or the
   // tied table).
   Tensor logits(const Tensor& h) const;
-  // Continues each row of `prompt` (int64 [B, T0], T0 >= 1) by options.new_tokens tokens,
-  // running the prompt once and then one position per step through a KV cache per block
-  // (see GenerateOptions::restart_after for sequences longer than the model was trained on).
-  // Returns [B, T0 + new_tokens]. Inference (records nothing); dropout follows the module's
-  // mode, so call eval() first.
+  // generate(*this, prompt, options, gen) with gen = Generator(options.seed), the prompt's ids
+  // checked against config.vocab and, without options.restart_after, its length plus new_tokens
+  // against config.max_len. Inference (records nothing); dropout follows the module's mode, so
+  // call eval() first.
   Tensor generate(const Tensor& prompt, const GenerateOptions& options) const;
+  // The model as generate() runs it (CachedModel): a KV cache per block, and ids int64 [B, n]
+  // after the cache's positions -> the logits [B, vocab] of the position after the last.
+  using Cache = std::vector<KVCache>;
+  Cache start_cache() const { return Cache(blocks.size()); }
+  Tensor decode_step(const Tensor& ids, Cache& cache) const;
   // Every block's attention weights [B, heads, T, T] for ids [B, T], in block order (records
   // nothing): what each position looked at.
   std::vector<Tensor> attention_weights(const Tensor& ids) const;

@@ -280,10 +280,7 @@ int main(int argc, char** argv) try {
   if (o.generate_only) {
     const auto vocab = restore_description(o, path);
     tg::Decoder model = restored_model(o, *vocab, path);
-    tg::AdamW opt(model.named_parameters());
-    tg::Generator data(0);
-    tg::TrainingState state{.model = model, .optimizer = opt, .generators = {{"data", data}}};
-    tg::load_training_state(path, state);
+    tg::load_training_state_model(path, model);
     model.eval();
     show_samples(model, *vocab, o);
     return 0;

@@ -137,6 +137,37 @@ BOOST_AUTO_TEST_CASE(a_file_that_does_not_fit_changes_nothing) {
   unchanged();
 }
 
+BOOST_AUTO_TEST_CASE(the_model_alone_loads_for_inference) {
+  TempDir dir;
+  const fs::path file = dir.path / "state.safetensors";
+  Run run(1);
+  run.train(0, 2);
+  tg::TrainingState saved = run.state();
+  saved.metadata = {{"vocab", "abc"}};
+  tg::save_training_state(file, saved);
+
+  tg::Decoder model({.vocab = 11, .max_len = 8, .dim = 8, .heads = 2, .layers = 2, .dropout = 0.3, .seed = 9});
+  std::vector<tg::Tensor> streams;
+  for (const tg::NamedGenerator& g : model.named_generators()) streams.push_back(g.generator.get().get_state());
+  BOOST_TEST((tg::load_training_state_model(file, model) == std::map<std::string, std::string>{{"vocab", "abc"}}));
+  const auto loaded = model.parameters(), trained = run.model.parameters();
+  BOOST_REQUIRE(loaded.size() == trained.size());
+  for (std::size_t i = 0; i < loaded.size(); ++i) BOOST_TEST(loaded[i].to_vector<float>() == trained[i].to_vector<float>());
+  std::size_t i = 0;  // the random streams are left as they were
+  for (const tg::NamedGenerator& g : model.named_generators())
+    BOOST_TEST(g.generator.get().get_state().to_vector<std::int64_t>() == streams[i++].to_vector<std::int64_t>());
+
+  tg::Decoder wider({.vocab = 11, .max_len = 8, .dim = 12, .heads = 2, .layers = 2});
+  const auto before = wider.parameters()[0].to_vector<float>();
+  check_throws<tg::ValueError>([&] { tg::load_training_state_model(file, wider); },
+                               {"load_training_state_model", "state.safetensors", "does not fit the model", "'tok.weight': shape [11, 12]",
+                                "nothing was changed"});
+  BOOST_TEST(wider.parameters()[0].to_vector<float>() == before);
+  tg::save(model, file);
+  check_throws<tg::FormatError>([&] { tg::load_training_state_model(file, model); },
+                                {"load_training_state_model", "no metadata 'tapegrad.step'"});
+}
+
 BOOST_AUTO_TEST_CASE(save_refuses_what_it_could_not_load) {
   TempDir dir;
   const fs::path file = dir.path / "state.safetensors";

@@ -21,16 +21,30 @@ constexpr std::string_view kModel = "model.", kOptimizer = "optimizer.", kGenera
 const std::string kStep = "tapegrad.step", kOptimizerSteps = "tapegrad.optimizer_steps", kLearningRate = "tapegrad.learning_rate";
 
 // The value of a metadata key the state wrote, read whole as T (a FormatError otherwise).
-template <class T> T read_number(const std::filesystem::path& path, const std::map<std::string, std::string>& metadata, const std::string& key) {
+template <class T>
+T read_number(const char* fn, const std::filesystem::path& path, const std::map<std::string, std::string>& metadata, const std::string& key) {
   const auto it = metadata.find(key);
   if (it == metadata.end())
-    fail<FormatError>("load_training_state: '{}' has no metadata '{}'; it is not a file save_training_state wrote", path.string(), key);
+    fail<FormatError>("{}: '{}' has no metadata '{}'; it is not a file save_training_state wrote", fn, path.string(), key);
   T value{};
   const std::string& text = it->second;
   const auto [end, err] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (err != std::errc() || end != text.data() + text.size() || !(value >= 0) || !std::isfinite(static_cast<double>(value)))
-    fail<FormatError>("load_training_state: '{}': metadata '{}' must be a finite number >= 0, got '{}'", path.string(), key, text);
+    fail<FormatError>("{}: '{}': metadata '{}' must be a finite number >= 0, got '{}'", fn, path.string(), key, text);
   return value;
+}
+
+// The caller's metadata: the file's, without the keys the state keeps for itself.
+std::map<std::string, std::string> callers_metadata(std::map<std::string, std::string>& metadata) {
+  std::map<std::string, std::string> out;
+  for (auto& [key, value] : metadata)
+    if (!key.starts_with(kReserved)) out.emplace(key, std::move(value));
+  return out;
+}
+
+[[noreturn]] void refuse(const char* fn, const std::filesystem::path& path, const char* what, const std::vector<std::string>& problems) {
+  fail<ValueError>("{}: '{}' does not fit {} ({} problem{}; nothing was changed):\n  {}", fn, path.string(), what, problems.size(),
+                   problems.size() == 1 ? "" : "s", fmt::join(problems, "\n  "));
 }
 
 // Each generator of the state under its name in the file: the model's, then the loop's.
@@ -69,9 +83,9 @@ void save_training_state(const std::filesystem::path& path, const TrainingState&
 void load_training_state(const std::filesystem::path& path, TrainingState& state) {
   const char* fn = "load_training_state";
   SafetensorsFile file = detail::read_safetensors(fn, path);
-  const auto step = read_number<std::int64_t>(path, file.metadata, kStep);
-  const auto optimizer_steps = read_number<std::int64_t>(path, file.metadata, kOptimizerSteps);
-  const auto learning_rate = read_number<double>(path, file.metadata, kLearningRate);
+  const auto step = read_number<std::int64_t>(fn, path, file.metadata, kStep);
+  const auto optimizer_steps = read_number<std::int64_t>(fn, path, file.metadata, kOptimizerSteps);
+  const auto learning_rate = read_number<double>(fn, path, file.metadata, kLearningRate);
 
   // Everything is checked before anything is written, so a file that does not fit changes nothing.
   std::vector<std::string> problems;
@@ -104,9 +118,7 @@ void load_training_state(const std::filesystem::path& path, TrainingState& state
   }
   const std::vector<NamedTensor> params = state.model.named_parameters();
   for (const std::string& p : detail::fit_problems(params, parameters)) problems.push_back("model: " + p);
-  if (!problems.empty())
-    fail<ValueError>("{}: '{}' does not fit the training state ({} problem{}; nothing was changed):\n  {}", fn, path.string(),
-                     problems.size(), problems.size() == 1 ? "" : "s", fmt::join(problems, "\n  "));
+  if (!problems.empty()) refuse(fn, path, "the training state", problems);
   try {
     state.optimizer.load_state(optimizer, optimizer_steps);  // checks everything before it copies
   } catch (const Error& e) {
@@ -116,9 +128,23 @@ void load_training_state(const std::filesystem::path& path, TrainingState& state
   detail::copy_fitted(params, parameters);
   for (auto& [g, r] : restored) *g = r;
   state.step = step;
-  state.metadata.clear();
-  for (auto& [key, value] : file.metadata)
-    if (!key.starts_with(kReserved)) state.metadata.emplace(key, std::move(value));
+  state.metadata = callers_metadata(file.metadata);
+}
+
+std::map<std::string, std::string> load_training_state_model(const std::filesystem::path& path, Module& model) {
+  const char* fn = "load_training_state_model";
+  SafetensorsFile file = detail::read_safetensors(fn, path);
+  read_number<std::int64_t>(fn, path, file.metadata, kStep);  // a file save_training_state wrote
+  std::set<std::string> streams;  // the model's random streams: training state, not the model's function
+  for (const NamedGenerator& g : model.named_generators()) streams.insert(std::string(kModel) + g.name);
+  std::vector<NamedTensor> parameters;
+  for (NamedTensor& t : file.tensors)
+    if (t.name.starts_with(kModel) && !streams.contains(t.name)) parameters.push_back({t.name.substr(kModel.size()), t.tensor});
+  const std::vector<NamedTensor> params = model.named_parameters();
+  const std::vector<std::string> problems = detail::fit_problems(params, parameters);
+  if (!problems.empty()) refuse(fn, path, "the model", problems);
+  detail::copy_fitted(params, parameters);
+  return callers_metadata(file.metadata);
 }
 
 }  // namespace tapegrad

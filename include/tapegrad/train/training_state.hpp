@@ -52,4 +52,10 @@ void save_training_state(const std::filesystem::path& path, const TrainingState&
 // FormatError, as is a malformed safetensors file.
 void load_training_state(const std::filesystem::path& path, TrainingState& state);
 
+// The model alone from a file save_training_state wrote, for inference or evaluation: its
+// parameters in place, nothing else read (no optimizer to build, the random streams left as they
+// are). Returns the caller's metadata. A ValueError lists every parameter that does not fit, and
+// nothing is changed; a file without the training state's metadata is a FormatError.
+std::map<std::string, std::string> load_training_state_model(const std::filesystem::path& path, Module& model);
+
 }  // namespace tapegrad

@@ -59,17 +59,23 @@ struct Run {
   tg::Generator data;
 };
 
+// `run` after `steps` steps, saved in `dir` at that step with the metadata {vocab: abc}: the file.
+fs::path trained_and_saved(const TempDir& dir, Run& run, std::int64_t steps) {
+  run.train(0, steps);
+  tg::TrainingState saved = run.state();
+  saved.step = steps;
+  saved.metadata = {{"vocab", "abc"}};
+  const fs::path file = dir.path / "state.safetensors";
+  tg::save_training_state(file, saved);
+  return file;
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(a_resumed_run_equals_the_uninterrupted_one) {
   TempDir dir;
-  const fs::path file = dir.path / "state.safetensors";
   Run run(1);
-  run.train(0, 3);
-  tg::TrainingState saved = run.state();
-  saved.step = 3;
-  saved.metadata = {{"vocab", "abc"}};
-  tg::save_training_state(file, saved);
+  const fs::path file = trained_and_saved(dir, run, 3);
   const std::vector<float> after = run.train(3, 4);
 
   Run resumed(2);  // other weights, another data stream: the file must replace all of them
@@ -139,12 +145,8 @@ BOOST_AUTO_TEST_CASE(a_file_that_does_not_fit_changes_nothing) {
 
 BOOST_AUTO_TEST_CASE(the_model_alone_loads_for_inference) {
   TempDir dir;
-  const fs::path file = dir.path / "state.safetensors";
   Run run(1);
-  run.train(0, 2);
-  tg::TrainingState saved = run.state();
-  saved.metadata = {{"vocab", "abc"}};
-  tg::save_training_state(file, saved);
+  const fs::path file = trained_and_saved(dir, run, 2);
 
   tg::Decoder model({.vocab = 11, .max_len = 8, .dim = 8, .heads = 2, .layers = 2, .dropout = 0.3, .seed = 9});
   std::vector<tg::Tensor> streams;

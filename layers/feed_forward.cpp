@@ -15,6 +15,7 @@ std::int64_t hidden_of(const FeedForwardConfig& c) {
   detail::check_field("FeedForward", "hidden", c.hidden, 0);
   detail::check_field("FeedForward", "multiple_of", c.multiple_of);
   detail::check_float_dtype("FeedForward", c.dtype);
+  detail::check_activation("FeedForward", c.activation);
   if (c.hidden != 0) return c.hidden;
   const bool gated = c.activation == Activation::swiglu;
   if (c.dim > (gated ? (INT64_MAX - c.multiple_of) / 8 : INT64_MAX / 4))

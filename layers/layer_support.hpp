@@ -6,6 +6,8 @@
 #include <cstdint>
 
 #include "autodiff/check.hpp"
+#include "tapegrad/layers/feed_forward.hpp"
+#include "tapegrad/layers/norm.hpp"
 
 namespace tapegrad::detail {
 
@@ -17,6 +19,19 @@ inline void check_field(const char* layer, const char* field, std::int64_t value
 // MultiHeadAttention share; `when` ends the message.
 inline void check_heads_divide(const char* layer, std::int64_t heads, const char* width_field, std::int64_t width, const char* when = "") {
   if (width % heads != 0) fail<ValueError>("{}: config.heads = {} must divide config.{} = {}{}", layer, heads, width_field, width, when);
+}
+// An enum config value must be one of its enumerators (a value cast from an integer may not be):
+// `names` lists them, e.g. "NormKind::layer or NormKind::rms".
+template <class Enum>
+void check_enum(const char* layer, const char* what, Enum value, Enum last, const char* names) {
+  const auto v = static_cast<long long>(value);
+  if (v < 0 || v > static_cast<long long>(last)) fail<ValueError>("{}: {} must be {}, got the value {}", layer, what, names, v);
+}
+inline void check_activation(const char* layer, Activation a) {
+  check_enum(layer, "config.activation", a, Activation::swiglu, "Activation::gelu, Activation::relu or Activation::swiglu");
+}
+inline void check_norm_kind(const char* layer, const char* what, NormKind k) {
+  check_enum(layer, what, k, NormKind::rms, "NormKind::layer or NormKind::rms");
 }
 inline void check_float_dtype(const char* layer, DType dtype) {
   if (!is_floating(dtype)) fail<DTypeError>("{}: config.dtype must be float32 or float64, got {}", layer, dtype);

@@ -1,10 +1,13 @@
 // Norm: one of two norm layers, chosen by a config; forward and parameters are the chosen one's.
 #include "tapegrad/layers/norm.hpp"
 
+#include "layers/layer_support.hpp"
+
 namespace tapegrad {
 namespace {
 
 std::variant<LayerNorm, RMSNorm> make_norm(NormKind kind, std::int64_t dim, DType dtype) {
+  detail::check_norm_kind("Norm", "argument 'kind'", kind);
   if (kind == NormKind::rms) return RMSNorm({.dim = dim, .dtype = dtype});
   return LayerNorm({.dim = dim, .dtype = dtype});
 }

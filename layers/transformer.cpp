@@ -17,6 +17,8 @@ const TransformerBlockConfig& checked(const TransformerBlockConfig& c) {
   detail::check_field("TransformerBlock", "dim", c.dim);
   detail::check_field("TransformerBlock", "heads", c.heads);
   detail::check_heads_divide("TransformerBlock", c.heads, "dim", c.dim);
+  detail::check_activation("TransformerBlock", c.activation);
+  detail::check_norm_kind("TransformerBlock", "config.norm", c.norm);
   check_kv_heads("TransformerBlock", "config.", c.heads, c.kv_heads);
   check_window("TransformerBlock", "config.window", c.window);
   return c;
@@ -27,6 +29,10 @@ const TransformerBlockConfig& checked(const TransformerBlockConfig& c) {
 const DecoderConfig& checked(const DecoderConfig& c) {
   const char* layer = "Decoder";
   detail::check_field(layer, "vocab", c.vocab);
+  detail::check_enum(layer, "config.positions", c.positions, PositionKind::alibi,
+                     "PositionKind::learned, PositionKind::sinusoidal, PositionKind::rotary or PositionKind::alibi");
+  detail::check_activation(layer, c.activation);
+  detail::check_norm_kind(layer, "config.norm", c.norm);
   if (c.positions == PositionKind::learned || c.positions == PositionKind::sinusoidal)
     detail::check_field(layer, "max_len", c.max_len, 1, " with learned or sinusoidal positions (the table's rows)");
   else

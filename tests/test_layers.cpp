@@ -258,6 +258,26 @@ BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(transformer)
 
+// An enum field outside its enum (a cast from a config file's integer, say) is refused, as
+// TokenFile and SubwordTokenizer::train refuse theirs, rather than picking a layer silently.
+BOOST_AUTO_TEST_CASE(enum_fields_outside_their_enum_are_refused) {
+  const auto bad_activation = static_cast<tg::Activation>(7);
+  const auto bad_norm = static_cast<tg::NormKind>(7);
+  const auto bad_positions = static_cast<tg::PositionKind>(7);
+  check_throws<tg::ValueError>([&] { tg::FeedForward({.dim = 4, .activation = bad_activation}); },
+                               {"FeedForward", "config.activation", "Activation::gelu, Activation::relu or Activation::swiglu", "7"});
+  check_throws<tg::ValueError>([&] { tg::Norm(bad_norm, 4, tg::float32); }, {"Norm", "'kind'", "NormKind::layer or NormKind::rms", "7"});
+  check_throws<tg::ValueError>([&] { tg::TransformerBlock({.dim = 4, .activation = bad_activation}); },
+                               {"TransformerBlock", "config.activation", "7"});
+  check_throws<tg::ValueError>([&] { tg::TransformerBlock({.dim = 4, .norm = bad_norm}); }, {"TransformerBlock", "config.norm", "7"});
+  check_throws<tg::ValueError>([&] { tg::Decoder({.vocab = 3, .max_len = 4, .dim = 4, .activation = bad_activation}); },
+                               {"Decoder", "config.activation", "7"});
+  check_throws<tg::ValueError>([&] { tg::Decoder({.vocab = 3, .max_len = 4, .dim = 4, .norm = bad_norm}); }, {"Decoder", "config.norm", "7"});
+  check_throws<tg::ValueError>([&] { tg::Decoder({.vocab = 3, .max_len = 4, .dim = 4, .positions = bad_positions}); },
+                               {"Decoder", "config.positions", "PositionKind::learned, PositionKind::sinusoidal, PositionKind::rotary or PositionKind::alibi", "7"});
+}
+
+
 namespace {
 tg::Decoder tiny_decoder(tg::DType dtype, tg::PositionKind positions = tg::PositionKind::learned) {
   return tg::Decoder({.vocab = 7, .max_len = 9, .dim = 8, .heads = 2, .layers = 2, .hidden = 16, .positions = positions, .dtype = dtype, .seed = 11});

@@ -113,6 +113,9 @@ BOOST_AUTO_TEST_CASE(top_p_draws_only_the_nucleus_after_top_k) {
   check_frequencies(frequencies(logits, {.top_k = 2, .top_p = 0.6}, n), {0, 1, 0, 0}, n, "top_k then top_p");
   // top_p = 1 keeps every token.
   check_frequencies(frequencies(logits, {.top_p = 1}, n), softmax_over(logits, 1.0, std::vector<bool>(4, true)), n, "top_p 1");
+  // A tie across the nucleus's boundary is cut by id (sampling.hpp), where top_k keeps ties.
+  const std::vector<double> tied{0.0, 0.0, 0.0};
+  check_frequencies(frequencies(tied, {.top_p = 0.5}, n), {0.5, 0.5, 0}, n, "tie at the top_p boundary");
 }
 
 BOOST_AUTO_TEST_CASE(minus_infinity_is_never_drawn) {

@@ -17,8 +17,10 @@ struct SampleOptions {
   // as Hugging Face's TopKLogitsWarper); 0: off.
   std::int64_t top_k = 0;
   // In (0, 1]; below 1 keeps the smallest set of most likely tokens whose probability (after
-  // top_k) reaches top_p: a token stays when the tokens more likely than it hold less than top_p,
-  // so the most likely always stays. 1: off.
+  // top_k) reaches top_p: with the tokens in order, most likely first and equal logits by lower
+  // id, a token stays when the tokens before it hold less than top_p, so the most likely always
+  // stays. Unlike top_k, a tie across the boundary is cut by id: of logits {0, 0, 0} with
+  // top_p = 0.5, ids 0 and 1 stay and id 2 goes. 1: off.
   double top_p = 1.0;
 };
 

@@ -144,6 +144,8 @@ BOOST_AUTO_TEST_CASE(bad_logits_and_options_are_refused) {
   check_throws<tg::ValueError>([&] { tg::sample(ok, {.top_k = -2}, gen); }, {"sample", "options.top_k", ">= 0", "-2"});
   check_throws<tg::ValueError>([&] { tg::sample(ok, {.top_p = 0}, gen); }, {"sample", "options.top_p", "(0, 1]", "got 0"});
   check_throws<tg::ValueError>([&] { tg::sample(ok, {.top_p = 1.5}, gen); }, {"sample", "options.top_p", "1.5"});
+  // check_sample_options is public: a null caller's name is its own, not fmt's format_error.
+  check_throws<tg::ValueError>([&] { tg::check_sample_options(nullptr, {.top_p = 2}); }, {"check_sample_options", "options.top_p", "got 2"});
   check_throws<tg::ValueError>([&] { tg::sample(ok, {.top_p = std::nan("")}, gen); }, {"sample", "options.top_p", "nan"});
   check_throws<tg::DTypeError>([&] { tg::sample(tg::zeros({2, 3}, tg::int64), {}, gen); }, {"sample", "'logits'", "int64"});
   check_throws<tg::ShapeError>([&] { tg::sample(tg::zeros({2, 3, 4}), {}, gen); }, {"sample", "'logits'", "[V] or [B, V]", "[2, 3, 4]"});

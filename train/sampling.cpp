@@ -52,6 +52,7 @@ std::int64_t pick(std::span<const double> row, const SampleOptions& o, Generator
 }  // namespace
 
 void check_sample_options(const char* fn, const SampleOptions& o) {
+  if (fn == nullptr) fn = "check_sample_options";
   if (!(o.temperature >= 0) || !std::isfinite(o.temperature))
     fail<ValueError>("{}: options.temperature must be finite and >= 0 (0: greedy), got {}", fn, o.temperature);
   if (o.top_k < 0) fail<ValueError>("{}: options.top_k must be >= 0 (0: off), got {}", fn, o.top_k);

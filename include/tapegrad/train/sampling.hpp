@@ -24,7 +24,8 @@ struct SampleOptions {
   double top_p = 1.0;
 };
 
-// The one check of SampleOptions, with `fn` naming the caller: sample, generate, Decoder::generate.
+// The one check of SampleOptions, with `fn` naming the caller: sample, generate, Decoder::generate
+// (null: "check_sample_options").
 void check_sample_options(const char* fn, const SampleOptions& options);
 
 // One token id per row of `logits` (float32 or float64; [V] -> int64 [], [B, V] -> int64 [B]).

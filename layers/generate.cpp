@@ -9,6 +9,23 @@
 #include "tapegrad/train/sampling.hpp"
 
 namespace tapegrad {
+namespace {
+
+// sample() of the model's logits, its refusal named as generate's (the options were checked
+// before the first step, so what it refuses is the logits): the caller passed no 'logits'.
+std::vector<std::int64_t> sample_step(const char* fn, std::int64_t step, const Tensor& logits, const SampleOptions& o, Generator& gen) {
+  try {
+    return sample(logits, o, gen).to_vector<std::int64_t>();
+  } catch (const DTypeError& e) {
+    detail::fail<DTypeError>("{}: the logits the model's decode_step returned at step {} cannot be sampled: {}", fn, step, e.what());
+  } catch (const ShapeError& e) {
+    detail::fail<ShapeError>("{}: the logits the model's decode_step returned at step {} cannot be sampled: {}", fn, step, e.what());
+  } catch (const ValueError& e) {
+    detail::fail<ValueError>("{}: the logits the model's decode_step returned at step {} cannot be sampled: {}", fn, step, e.what());
+  }
+}
+
+}  // namespace
 
 Tensor detail::generate_tokens(const char* fn, const Tensor& prompt, const GenerateOptions& o, Generator& gen,
                                const std::function<void()>& restart, const std::function<Tensor(const Tensor&)>& step) {
@@ -54,7 +71,7 @@ Tensor detail::generate_tokens(const char* fn, const Tensor& prompt, const Gener
       fail<ShapeError>("{}: the model's decode_step must return logits [B = {}, V], got {}", fn, batch,
                        logits.defined() ? shape_str(logits.shape()) : "an undefined tensor");
     cached += input.size(1);
-    const std::vector<std::int64_t> next = sample(logits, sampling, gen).to_vector<std::int64_t>();
+    const std::vector<std::int64_t> next = sample_step(fn, n, logits, sampling, gen);
     for (std::int64_t b = 0; b < batch; ++b) rows[b].push_back(next[b]);
     input = from_vector(next, {batch, 1});
   }

@@ -241,6 +241,14 @@ BOOST_AUTO_TEST_CASE(generate_checks_its_prompt_options_and_model) {
   check_throws<tg::ValueError>([&] { tg::generate(model, prompt, {.restart_after = 2}, gen); }, {"generate", "fewer than options.restart_after = 2"});
   const Bigram wrong{tg::zeros({5, 2, 5}), 0};
   check_throws<tg::ShapeError>([&] { tg::generate(wrong, prompt, {}, gen); }, {"generate", "decode_step", "[B = 1, V]", "[1, 2, 5]"});
+  // Logits sample() refuses are named as the model's, by generate, with sample's reason.
+  const Bigram nan_logits{tg::full({5, 5}, std::nan(""), tg::float64), 0};
+  check_throws<tg::ValueError>([&] { tg::generate(nan_logits, prompt, {}, gen); },
+                               {"generate: the logits the model's decode_step returned at step 0 cannot be sampled", "nan", "row 0"});
+  const Bigram int_logits{tg::zeros({5, 5}, tg::int64), 0};
+  check_throws<tg::DTypeError>([&] { tg::generate(int_logits, prompt, {}, gen); }, {"generate", "decode_step", "int64"});
+  const Bigram no_vocab{tg::zeros({5, 0}), 0};
+  check_throws<tg::ShapeError>([&] { tg::generate(no_vocab, prompt, {}, gen); }, {"generate", "decode_step", "V >= 1"});
 }
 
 // Decoder::generate is generate() over the Decoder's decode_step (both run detail::generate_tokens).

@@ -687,6 +687,16 @@ BOOST_AUTO_TEST_CASE(a_failed_rename_removes_the_temporary) {
   BOOST_TEST(fs::is_directory(target / "inside"));
 }
 
+BOOST_AUTO_TEST_CASE(a_file_saved_over_keeps_its_permissions) {
+  const TempDir dir;
+  const fs::path p = dir / "private.safetensors";
+  tg::save_safetensors(p, {{"a", tg::ones({2})}});
+  fs::permissions(p, fs::perms::owner_read | fs::perms::owner_write);
+  tg::save_safetensors(p, {{"b", tg::ones({3})}});
+  BOOST_TEST(static_cast<int>(fs::status(p).permissions() & fs::perms::mask) == 0600);
+  BOOST_TEST(tg::load_safetensors(p).tensors.front().name == "b");
+}
+
 BOOST_AUTO_TEST_CASE(a_long_file_name_still_gets_a_temporary) {
   const TempDir dir;
   const std::string name = std::string(240, 'n') + ".safetensors";  // 252 bytes, NAME_MAX is 255

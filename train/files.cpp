@@ -92,6 +92,11 @@ void TempFile::write_all(const void* data, std::size_t n) {
 }
 
 void TempFile::commit() {
+  // A file saved over keeps its permissions (a private 0600 checkpoint stays private); a new one
+  // gets 0666 less the umask, as any newly created file.
+  struct stat old {};
+  if (::stat(final_.c_str(), &old) == 0 && S_ISREG(old.st_mode) && ::fchmod(fd_, old.st_mode & 07777) != 0)
+    fail_io("setting the permissions of", errno);
   while (::fsync(fd_) != 0)
     if (errno != EINTR) fail_io("syncing", errno);
   const int fd = std::exchange(fd_, -1);

@@ -84,6 +84,9 @@ void Generator::set_state(const Tensor& state) {
     detail::fail<ValueError>("{}: argument 'state' must start with 0 and 0 (no spare normal) or 1 and a finite double's bits, "
                              "got {} and {} ({})",
                              fn, s[0], s[1], restored.spare);
+  // An engine whose words are all zero draws only zeros (the seeding never makes one).
+  if (std::all_of(s.begin() + 2, s.end() - 1, [](std::int64_t w) { return w == 0; }))
+    detail::fail<ValueError>("{}: argument 'state' holds an all-zero engine state, which draws only zeros; get_state() never gives one", fn);
   std::stringstream text;
   for (std::size_t i = 2; i < s.size(); ++i) text << std::bit_cast<std::uint64_t>(s[i]) << ' ';
   text >> restored.engine;

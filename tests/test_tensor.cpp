@@ -178,6 +178,9 @@ BOOST_AUTO_TEST_CASE(generator_state_refuses_what_get_state_cannot_give) {
   check_throws<tg::ValueError>([&] { gen.set_state(with(0, 5)); }, {"Generator::set_state", "got 0 and 5"});
   const auto inf_bits = std::bit_cast<std::int64_t>(std::numeric_limits<double>::infinity());
   check_throws<tg::ValueError>([&] { gen.set_state(with(1, inf_bits)); }, {"Generator::set_state", "finite", "inf"});
+  std::vector<std::int64_t> zero_engine(static_cast<std::size_t>(n), 0);
+  zero_engine.back() = good.to_vector<std::int64_t>().back();  // the engine's position, as saved
+  check_throws<tg::ValueError>([&] { gen.set_state(tg::from_vector(zero_engine, {n})); }, {"Generator::set_state", "all-zero engine state"});
   BOOST_TEST(gen.get_state().to_vector<std::int64_t>() == good.to_vector<std::int64_t>());  // every refusal left it as it was
 }
 

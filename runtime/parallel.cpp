@@ -50,9 +50,8 @@ struct Job {
 
 void run_chunk(void* data, int c) noexcept { static_cast<Job*>(data)->run(c); }
 
-// The cores this process may run on (its CPU affinity, which taskset, cgroups' cpusets and
-// container limits narrow), as PyTorch, oneDNN and OpenBLAS default to; OMP_NUM_THREADS wins when
-// set. Results have the same bits on any count, so the default only changes the speed.
+// The cores this process may run on (its CPU affinity, which taskset and cpusets narrow; a CPU
+// quota does not), as PyTorch, oneDNN and OpenBLAS default to; OMP_NUM_THREADS wins when set. Results have the same bits on any count, so the default only changes the speed.
 int affinity_cores() noexcept {
   for (int cpus = 1024; cpus <= (1 << 20); cpus *= 4) {  // a set too small for the kernel's: EINVAL
     cpu_set_t* set = CPU_ALLOC(cpus);

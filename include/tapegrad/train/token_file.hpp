@@ -26,7 +26,9 @@ namespace tapegrad {
 enum class TokenLayout { llmc, raw };
 
 // A token file mapped read-only, its header (llmc) and every id (< vocab_size) checked on opening.
-// Movable, not copyable; the mapping ends with the object.
+// Movable, not copyable; the mapping ends with the object. Replace a mapped file by writing a new
+// one over it (write_token_file renames it into place: the mapping keeps the old one); truncating
+// it in place while it is mapped ends the process with SIGBUS, as for any mapped file.
 class TokenFile {
  public:
   // vocab_size in [1, 65536] (uint16 ids).

@@ -27,7 +27,7 @@ std::vector<std::int64_t> sample_step(const char* fn, std::int64_t step, const T
 
 }  // namespace
 
-Tensor detail::generate_tokens(const char* fn, const Tensor& prompt, const GenerateOptions& o, Generator& gen,
+Tensor detail::generate_tokens(const char* fn, const Tensor& prompt, const GenerateOptions& o, Generator& gen, PositionLimit limit,
                                const std::function<void()>& restart, const std::function<Tensor(const Tensor&)>& step) {
   detail::check_dtype(fn, "prompt", prompt, DType::int64);
   if (prompt.dim() != 2 || prompt.size(1) < 1)
@@ -37,6 +37,11 @@ Tensor detail::generate_tokens(const char* fn, const Tensor& prompt, const Gener
   if (o.restart_after > 0 && prompt.size(1) >= o.restart_after)
     fail<ValueError>("{}: the prompt's {} positions must be fewer than options.restart_after = {}", fn, prompt.size(1), o.restart_after);
   if (o.new_tokens < 0) fail<ValueError>("{}: options.new_tokens must be >= 0, got {}", fn, o.new_tokens);
+  if (limit.most > 0 && o.restart_after > limit.most)
+    fail<ValueError>("{}: options.restart_after must be at most {} = {}, got {}", fn, limit.name, limit.most, o.restart_after);
+  if (limit.most > 0 && o.restart_after == 0 && o.new_tokens > limit.most - prompt.size(1))
+    fail<ValueError>("{}: the prompt's {} positions plus options.new_tokens = {} must fit {} = {} (or set options.restart_after)", fn,
+                     prompt.size(1), o.new_tokens, limit.name, limit.most);
   const SampleOptions sampling{.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p};
   check_sample_options(fn, sampling);
   // The result [B, T0 + new_tokens] must be possible before any step runs.

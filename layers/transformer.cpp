@@ -176,17 +176,10 @@ Tensor Decoder::logits(const Tensor& h) const {
 Tensor Decoder::generate(const Tensor& prompt, const GenerateOptions& o) const {
   const char* op = "Decoder::generate";
   check_ids(op, "prompt", prompt, config_.vocab);
-  const bool bounded = config_.max_len > 0;  // 0: rotary or alibi positions, no limit
-  if (bounded && o.restart_after > config_.max_len)
-    detail::fail<ValueError>("{}: options.restart_after must be at most config.max_len = {}, got {}", op, config_.max_len, o.restart_after);
-  if (bounded && o.restart_after == 0 && o.new_tokens > config_.max_len - prompt.size(1))
-    detail::fail<ValueError>("{}: the prompt's {} positions plus options.new_tokens = {} must fit config.max_len = {} "
-                             "(or set options.restart_after)",
-                             op, prompt.size(1), o.new_tokens, config_.max_len);
   Generator gen(o.seed);
   Cache cache = start_cache();
   return detail::generate_tokens(
-      op, prompt, o, gen, [&] { cache = start_cache(); }, [&](const Tensor& ids) { return decode_step(ids, cache); });
+      op, prompt, o, gen, {config_.max_len, "config.max_len"}, [&] { cache = start_cache(); }, [&](const Tensor& ids) { return decode_step(ids, cache); });
 }
 
 Tensor Decoder::decode_step(const Tensor& ids, Cache& cache) const {

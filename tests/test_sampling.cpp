@@ -262,6 +262,16 @@ BOOST_AUTO_TEST_CASE(decoder_generates_through_generate) {
   tg::Decoder::Cache short_cache(1);
   check_throws<tg::ValueError>([&] { model.decode_step(prompt, short_cache); }, {"Decoder::decode_step", "'cache'", "1 KV caches", "2 blocks"});
   check_throws<tg::ValueError>([&] { model.generate(prompt, {.top_p = 2}); }, {"Decoder::generate", "options.top_p", "got 2"});
+  // Its position table bounds generate() as it bounds Decoder::generate, before any step runs.
+  const tg::GenerateOptions fits{.new_tokens = 7, .temperature = 0}, too_long{.new_tokens = 8, .temperature = 0};
+  BOOST_TEST(tg::generate(model, prompt, fits, gen).to_vector<std::int64_t>() == model.generate(prompt, fits).to_vector<std::int64_t>());
+  check_throws<tg::ValueError>([&] { tg::generate(model, prompt, too_long, gen); },
+                               {"generate: the prompt's 2 positions plus options.new_tokens = 8", "the model's max_positions() = 9",
+                                "restart_after"});
+  check_throws<tg::ValueError>([&] { model.generate(prompt, too_long); }, {"Decoder::generate", "must fit config.max_len = 9"});
+  check_throws<tg::ValueError>([&] { tg::generate(model, prompt, {.restart_after = 10}, gen); },
+                               {"generate", "options.restart_after must be at most the model's max_positions() = 9", "got 10"});
+  BOOST_TEST(tg::generate(model, prompt, {.new_tokens = 30, .temperature = 0, .restart_after = 9}, gen).size(1) == 32);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

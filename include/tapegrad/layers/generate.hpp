@@ -35,7 +35,9 @@ struct GenerateOptions {
 // A model generate() can run: start_cache() gives an empty cache (M::Cache) for a new batch,
 // and decode_step(tokens, cache) reads int64 tokens [B, n], n >= 1, the positions that follow
 // those in the cache, keeps them in the cache and returns the logits [B, V] of the position after
-// the last. Decoder is one.
+// the last. Decoder is one. A model whose cache holds a bounded number of positions says so with
+// max_positions() (an int64, 0: no limit), and generate() then checks the prompt and
+// new_tokens against it (or restart_after) before any step, as Decoder::generate does.
 template <class M>
 concept CachedModel = requires(const M& model, const Tensor& tokens, typename M::Cache& cache) {
   { model.start_cache() } -> std::convertible_to<typename M::Cache>;
@@ -43,9 +45,14 @@ concept CachedModel = requires(const M& model, const Tensor& tokens, typename M:
 };
 
 namespace detail {
+// The positions a model's cache holds at most: `most` (0: no limit), named `name` in errors.
+struct PositionLimit {
+  std::int64_t most = 0;
+  const char* name = "";
+};
 // generate()'s loop, the model reached through `restart` (a fresh cache) and `step`
 // (decode_step on it); `fn` names the caller in errors.
-Tensor generate_tokens(const char* fn, const Tensor& prompt, const GenerateOptions& options, Generator& gen,
+Tensor generate_tokens(const char* fn, const Tensor& prompt, const GenerateOptions& options, Generator& gen, PositionLimit limit,
                        const std::function<void()>& restart, const std::function<Tensor(const Tensor&)>& step);
 }  // namespace detail
 
@@ -56,9 +63,11 @@ Tensor generate_tokens(const char* fn, const Tensor& prompt, const GenerateOptio
 // eval() first.
 template <CachedModel M>
 Tensor generate(const M& model, const Tensor& prompt, const GenerateOptions& options, Generator& gen) {
+  detail::PositionLimit limit{0, "the model's max_positions()"};
+  if constexpr (requires { { model.max_positions() } -> std::convertible_to<std::int64_t>; }) limit.most = model.max_positions();
   typename M::Cache cache = model.start_cache();
   return detail::generate_tokens(
-      "generate", prompt, options, gen, [&] { cache = model.start_cache(); },
+      "generate", prompt, options, gen, limit, [&] { cache = model.start_cache(); },
       [&](const Tensor& tokens) -> Tensor { return model.decode_step(tokens, cache); });
 }
 

@@ -107,6 +107,8 @@ class Decoder : public Module {
   using Cache = std::vector<KVCache>;
   Cache start_cache() const { return Cache(blocks.size()); }
   Tensor decode_step(const Tensor& ids, Cache& cache) const;
+  // config.max_len: with a position table, the most positions a cache may hold (0: no limit).
+  std::int64_t max_positions() const { return config_.max_len; }
   // Every block's attention weights [B, heads, T, T] for ids [B, T], in block order (records
   // nothing): what each position looked at.
   std::vector<Tensor> attention_weights(const Tensor& ids) const;

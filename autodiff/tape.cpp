@@ -5,6 +5,7 @@
 #include <atomic>
 #include <limits>
 #include <map>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 
@@ -167,10 +168,44 @@ struct Walk {
   }
 };
 
+// backward()'s on_gradient_ready: how many edges of the walk may still send to each leaf, so the
+// hook fires once per leaf, as soon as nothing more can reach it. Made only when a hook is set.
+class LeafCountdown {
+ public:
+  LeafCountdown(const Walk& walk, const GradientReadyHook& hook) : hook_(hook) {
+    for (std::size_t i = 0; i < walk.nodes.size(); ++i) for_each_leaf(walk, i, [&](const Edge& e) { ++remaining_[e.leaf.get()]; });
+  }
+  // A leaf passed as an output: complete now, unless a node sends to it too (it fires with the last).
+  void output(const std::shared_ptr<TensorImpl>& leaf, const LeafGradients& leaves) {
+    if (remaining_.try_emplace(leaf.get(), 0).second) fire(leaf, leaves);
+  }
+  // Node i ran or was skipped: its leaf edges send nothing more.
+  void done(const Walk& walk, std::size_t i, const LeafGradients& leaves) {
+    for_each_leaf(walk, i, [&](const Edge& e) { if (--remaining_[e.leaf.get()] == 0) fire(e.leaf, leaves); });
+  }
+
+ private:
+  template <class F>
+  static void for_each_leaf(const Walk& walk, std::size_t i, F f) {
+    const std::vector<bool>& needs = walk.needs_of(i);
+    const std::vector<Edge>& inputs = walk.views[i].inputs;
+    for (std::size_t k = 0; k < inputs.size(); ++k)
+      if (needs[k] && inputs[k].leaf) f(inputs[k]);
+  }
+  // The hook gets a handle to the pass's gradient, which own_gradient counts: if the hook keeps
+  // it, .grad gets a copy. No gradient (never reached, or no longer requires grad): no call.
+  void fire(const std::shared_ptr<TensorImpl>& leaf, const LeafGradients& leaves) const {
+    if (const Tensor g = leaves.find(leaf.get()); g.defined()) hook_(Tensor(leaf), g);
+  }
+
+  const GradientReadyHook& hook_;
+  std::unordered_map<const TensorImpl*, std::size_t> remaining_;
+};
+
 // One backward pass: backward() applies its leaf gradients, grad() reads the wanted ones.
 class Pass {
  public:
-  explicit Pass(bool create_graph);
+  explicit Pass(bool create_graph, const GradientReadyHook* on_ready = nullptr);
   // grad(): only these tensors' gradients are wanted (their nodes' and leaves' gradients are
   // kept, and nodes that lead to none of them are skipped).
   void want(const std::vector<Tensor>& inputs);
@@ -181,11 +216,13 @@ class Pass {
  private:
   Walk collect_reachable(const std::vector<Tensor>& outputs) const;
   void prune_to_wanted(Walk& walk) const;
-  void run_nodes(Walk& walk);
+  void run_nodes(Walk& walk, LeafCountdown* countdown);
+  void run_node(Walk& walk, std::size_t i);
   std::vector<Tensor> call_backward(Walk& walk, std::size_t i, const std::vector<bool>& needs) const;
   void send_on(Walk& walk, std::size_t i, const std::vector<Tensor>& grads, const std::vector<bool>& needs);
 
   bool create_graph_;
+  const GradientReadyHook* on_ready_;  // backward()'s hook, or none
   bool wanting_ = false;
   std::uint64_t oldest_wanted_ = 0;  // nodes older than this are not walked (grad() of intermediates)
   std::unordered_map<const Node*, int> wanted_nodes_;
@@ -270,7 +307,7 @@ void check_pass_arguments(const char* op, const std::vector<Tensor>& outputs, co
   }
 }
 
-Pass::Pass(bool create_graph) : create_graph_(create_graph) {}
+Pass::Pass(bool create_graph, const GradientReadyHook* on_ready) : create_graph_(create_graph), on_ready_(on_ready) {}
 
 void Pass::want(const std::vector<Tensor>& inputs) {
   wanting_ = true;
@@ -351,37 +388,48 @@ void Pass::run(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gr
   BackwardDepth depth;
   Walk walk = collect_reachable(outputs);
   if (wanting_) prune_to_wanted(walk);
+  std::optional<LeafCountdown> countdown;
+  if (on_ready_ != nullptr) countdown.emplace(walk, *on_ready_);
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     const auto& impl = *outputs[i].impl();
     if (const Node* n = live_node(impl)) walk.send(n, impl.slot, grad_outputs[i]);
     else leaves.add(outputs[i].impl_ptr(), grad_outputs[i]);
   }
-  run_nodes(walk);
+  if (countdown)  // after the loop: a leaf passed twice as an output fires once, with the sum
+    for (const Tensor& out : outputs)
+      if (live_node(*out.impl()) == nullptr) countdown->output(out.impl_ptr(), leaves);
+  run_nodes(walk, countdown ? &*countdown : nullptr);
 }
 
 // Newest first, every node that gradients reached: its backward, then its gradients sent on to
 // its inputs (micrograd's `for v in reversed(topo): v._backward()`).
-void Pass::run_nodes(Walk& walk) {
+void Pass::run_nodes(Walk& walk, LeafCountdown* countdown) {
   for (std::size_t i = 0; i < walk.nodes.size(); ++i) {
-    if (walk.pending[i].empty() || (wanting_ && !walk.leads[i])) continue;
-    const Node& node = *walk.nodes[i];
-    if (walk.views[i].released || !walk.views[i].backward)
-      fail<GraphError>("backward: the graph through {} was released by clear_tape() on the thread that recorded it, "
-                       "so the gradients reaching it cannot go further",
-                       node.name);
-    if (wanting_ && wanted_nodes_.count(&node) > 0)
-      for (std::size_t slot = 0; slot < walk.pending[i].size(); ++slot)
-        if (walk.pending[i][slot].defined()) captured_[{&node, static_cast<std::int32_t>(slot)}] = walk.pending[i][slot];
-    const std::vector<bool>& needs = walk.needs_of(i);
-    if (wanting_ && std::none_of(needs.begin(), needs.end(), [](bool b) { return b; })) continue;
-    check_saved_versions(node.name, walk.views[i].saved);
-    TapeObserver* const observer = observer_of_thread;
-    if (observer != nullptr) observer->backward_began(node.name);
-    const std::vector<Tensor> grads = call_backward(walk, i, needs);
-    walk.pending[i] = {};  // release this node's upstream gradients as soon as they are used
-    send_on(walk, i, grads, needs);
-    if (observer != nullptr) observer->backward_ended(node.name);
+    run_node(walk, i);
+    if (countdown != nullptr) countdown->done(walk, i, leaves);  // run or skipped alike
   }
+}
+
+// Node i's backward and sends, or nothing when no gradient reached it (or, for grad(), none is wanted below it).
+void Pass::run_node(Walk& walk, std::size_t i) {
+  if (walk.pending[i].empty() || (wanting_ && !walk.leads[i])) return;
+  const Node& node = *walk.nodes[i];
+  if (walk.views[i].released || !walk.views[i].backward)
+    fail<GraphError>("backward: the graph through {} was released by clear_tape() on the thread that recorded it, "
+                     "so the gradients reaching it cannot go further",
+                     node.name);
+  if (wanting_ && wanted_nodes_.count(&node) > 0)
+    for (std::size_t slot = 0; slot < walk.pending[i].size(); ++slot)
+      if (walk.pending[i][slot].defined()) captured_[{&node, static_cast<std::int32_t>(slot)}] = walk.pending[i][slot];
+  const std::vector<bool>& needs = walk.needs_of(i);
+  if (wanting_ && std::none_of(needs.begin(), needs.end(), [](bool b) { return b; })) return;
+  check_saved_versions(node.name, walk.views[i].saved);
+  TapeObserver* const observer = observer_of_thread;
+  if (observer != nullptr) observer->backward_began(node.name);
+  const std::vector<Tensor> grads = call_backward(walk, i, needs);
+  walk.pending[i] = {};  // release this node's upstream gradients as soon as they are used
+  send_on(walk, i, grads, needs);
+  if (observer != nullptr) observer->backward_ended(node.name);
 }
 
 // Node i's backward. A create_graph pass runs it as the node whose saved outputs
@@ -547,7 +595,7 @@ void backward(const Tensor& output) {
 
 void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs, const BackwardOptions& options) {
   detail::check_pass_arguments("backward", outputs, grad_outputs);
-  detail::Pass pass(options.create_graph);
+  detail::Pass pass(options.create_graph, options.on_gradient_ready ? &options.on_gradient_ready : nullptr);
   pass.run(outputs, grad_outputs);
   detail::TapeObserver* const observer = detail::observer_of_thread;
   if (observer != nullptr) observer->backward_began("(gradients into leaves)");

@@ -28,12 +28,23 @@
 
 namespace tapegrad {
 
+// See BackwardOptions::on_gradient_ready.
+using GradientReadyHook = std::function<void(const Tensor& leaf, const Tensor& gradient)>;
+
 struct BackwardOptions {
   // Record the backward pass itself, so that the gradients it produces have a graph and can be
   // differentiated again (gradients of gradients, Hessian-vector products). Off: nothing extra
   // is recorded. A leaf's .grad then holds a graph that holds the leaf: zero_grad() frees it;
   // grad() below returns the gradients instead and leaves .grad alone.
   bool create_graph = false;
+  // Called during the pass, on the calling thread, once for each leaf the pass reaches that
+  // requires grad, as soon as that leaf's gradient for this pass is complete (every node of the
+  // pass that sends to it has run), with that gradient: this pass's total for the leaf, before it
+  // is added to .grad (which happens only when the whole pass succeeded). Data-parallel training
+  // starts reducing a gradient here while the backward goes on; an optimizer can update a
+  // parameter here while its gradient is in cache. If the hook throws, the pass stops, the
+  // exception propagates and no .grad changes.
+  GradientReadyHook on_gradient_ready = nullptr;  // initialized, so `{.create_graph = true}` warns of no missing field
 };
 
 // Runs backward from a scalar (one-element) tensor with upstream gradient 1.

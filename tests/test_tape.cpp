@@ -1,8 +1,10 @@
 // The tape: recording, backward from one or several outputs, accumulation, no-grad, clearing,
-// depth, threads, user-defined ops and misuse.
+// depth, threads, user-defined ops, the gradient-ready hook and misuse.
 #define BOOST_TEST_MODULE tape
 #include <atomic>
 #include <functional>
+#include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "support.hpp"
@@ -383,6 +385,188 @@ BOOST_AUTO_TEST_CASE(clear_tape_inside_a_backward_is_a_graph_error) {
   BOOST_TEST(!x.grad().defined());
   tg::backward(tg::sum(x * 1.0));  // the tape still works afterwards
   BOOST_TEST(x.grad().item() == 1.0);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(gradient_ready_hook)
+
+namespace {
+// What BackwardOptions::on_gradient_ready was called with, in order: the leaf and its gradient.
+struct Fired {
+  std::vector<std::pair<Tensor, Tensor>> calls;
+  tg::BackwardOptions options(bool create_graph = false) {
+    tg::BackwardOptions o;
+    o.create_graph = create_graph;
+    o.on_gradient_ready = [this](const Tensor& leaf, const Tensor& g) { calls.emplace_back(leaf, g); };
+    return o;
+  }
+  std::vector<Tensor> gradients_of(const Tensor& leaf) const {
+    std::vector<Tensor> out;
+    for (const auto& [l, g] : calls)
+      if (l.impl() == leaf.impl()) out.push_back(g);
+    return out;
+  }
+};
+
+// x * w as a user op whose backward appends `name` to `log`: shows when the pass runs it.
+Tensor logged_mul(const Tensor& x, const Tensor& w, const char* name, std::vector<std::string>& log) {
+  Tensor out;
+  {
+    tg::NoGradGuard off;
+    out = x * w;
+  }
+  std::vector<Tensor> outs{out};
+  tg::record_op(name, std::vector<Tensor>{x, w}, outs, [x = x.detach(), w = w.detach(), name, &log](std::span<const Tensor> g, const std::vector<bool>&) {
+    log.emplace_back(name);
+    return std::vector<Tensor>{g[0] * w, g[0] * x};
+  });
+  return outs[0];
+}
+
+// x passed on, but its backward sends no gradient: the nodes under it are reached by no gradient.
+Tensor cut(const Tensor& x) {
+  std::vector<Tensor> outs{x.detach() * 1.0};
+  tg::record_op("cut", std::vector<Tensor>{x}, outs, [](std::span<const Tensor>, const std::vector<bool>&) { return std::vector<Tensor>(1); });
+  return outs[0];
+}
+
+void ensure_once_with_its_grad(const Fired& fired, const Tensor& leaf, const std::string& what) {
+  const std::vector<Tensor> got = fired.gradients_of(leaf);
+  BOOST_REQUIRE_MESSAGE(got.size() == 1u, what << " fired " << got.size() << " times");
+  BOOST_TEST(got[0].to_vector<double>() == leaf.grad().to_vector<double>());  // bitwise
+  BOOST_TEST(!leaf.grad().shares_storage_with(got[0]));  // kept by the hook, so .grad is a copy
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(each_reached_leaf_fires_once_with_what_goes_into_its_grad) {
+  Tensor a = tg::tensor({1.0, 2.0}, tg::float64).set_requires_grad();
+  Tensor b = tg::tensor({3.0, 4.0}, tg::float64).set_requires_grad();
+  Tensor unused = tg::ones({2}, tg::float64).set_requires_grad();
+  Tensor switched_off = tg::tensor({5.0, 6.0}, tg::float64).set_requires_grad();
+  Tensor cut_off = tg::tensor({7.0, 8.0}, tg::float64).set_requires_grad();
+  // a * cut_off runs no backward (cut sends nothing): a still fires once it is skipped, cut_off never.
+  const Tensor loss = tg::sum(a * b) + tg::sum(cut(a * cut_off)) + tg::sum(switched_off * 2.0);
+  switched_off.set_requires_grad(false);
+  Fired fired;
+  tg::backward({loss}, {tg::ones({}, tg::float64)}, fired.options());
+  BOOST_TEST(fired.calls.size() == 2u);
+  ensure_once_with_its_grad(fired, a, "a");
+  ensure_once_with_its_grad(fired, b, "b");
+  BOOST_TEST(a.grad().to_vector<double>() == (std::vector<double>{3, 4}));
+  for (const Tensor* t : {&unused, &switched_off, &cut_off}) {
+    BOOST_TEST(fired.gradients_of(*t).empty());
+    BOOST_TEST(!t->grad().defined());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_leaf_used_by_several_nodes_fires_after_the_last_with_the_sum) {
+  Tensor w = tg::tensor({1.0, 2.0}, tg::float64).set_requires_grad();
+  const Tensor x = tg::tensor({3.0, 4.0}, tg::float64);
+  std::vector<std::string> log;
+  const Tensor first = logged_mul(x, w, "first", log);  // the oldest node: its backward runs last
+  // w * w is a tied parameter: one node whose two inputs are both w.
+  const Tensor loss = tg::sum(first * 2.0 + w * w + w * x);
+  Fired fired;
+  tg::BackwardOptions options = fired.options();
+  options.on_gradient_ready = [&](const Tensor& leaf, const Tensor& g) {
+    log.emplace_back("w ready");
+    fired.calls.emplace_back(leaf, g);
+  };
+  tg::backward({loss}, {tg::ones({}, tg::float64)}, options);
+  BOOST_TEST(log == (std::vector<std::string>{"first", "w ready"}));
+  ensure_once_with_its_grad(fired, w, "w");
+  BOOST_TEST(w.grad().to_vector<double>() == (std::vector<double>{11, 16}));  // 2x + 2w + x
+}
+
+BOOST_AUTO_TEST_CASE(a_leaf_fires_as_soon_as_its_gradient_is_complete_not_at_the_end) {
+  const Tensor x = tg::tensor({1.0, 2.0}, tg::float64);
+  Tensor w1 = tg::tensor({2.0, 3.0}, tg::float64).set_requires_grad();
+  Tensor w2 = tg::tensor({4.0, 5.0}, tg::float64).set_requires_grad();
+  Tensor w3 = tg::tensor({6.0, 7.0}, tg::float64).set_requires_grad();
+  std::vector<std::string> log;
+  const Tensor h = logged_mul(logged_mul(logged_mul(x, w1, "op1", log), w2, "op2", log), w3, "op3", log);
+  tg::BackwardOptions options;
+  options.on_gradient_ready = [&](const Tensor& leaf, const Tensor&) {
+    log.emplace_back(leaf.impl() == w1.impl() ? "w1" : leaf.impl() == w2.impl() ? "w2" : "w3");
+  };
+  tg::backward({tg::sum(h)}, {tg::ones({}, tg::float64)}, options);
+  BOOST_TEST(log == (std::vector<std::string>{"op3", "w3", "op2", "w2", "op1", "w1"}));
+}
+
+BOOST_AUTO_TEST_CASE(a_hook_that_throws_stops_the_pass_and_changes_no_grad) {
+  const Tensor x = tg::tensor({1.0, 2.0}, tg::float64);
+  Tensor w1 = tg::tensor({2.0, 3.0}, tg::float64).set_requires_grad();
+  Tensor w2 = tg::tensor({4.0, 5.0}, tg::float64).set_requires_grad();
+  Tensor w3 = tg::tensor({6.0, 7.0}, tg::float64).set_requires_grad();
+  const Tensor loss = tg::sum(x * w1 * w2 * w3);
+  tg::backward(loss);  // every .grad holds something the failed pass must leave as it is
+  const std::vector<std::vector<double>> before{w1.grad().to_vector<double>(), w2.grad().to_vector<double>(),
+                                                w3.grad().to_vector<double>()};
+  std::vector<Tensor> fired;
+  tg::BackwardOptions options;
+  options.on_gradient_ready = [&](const Tensor& leaf, const Tensor&) {
+    fired.push_back(leaf);
+    if (leaf.impl() == w2.impl()) throw std::runtime_error("hook: reducing w2 failed");
+  };
+  check_throws<std::runtime_error>([&] { tg::backward({loss}, {tg::ones({}, tg::float64)}, options); }, {"reducing w2 failed"});
+  BOOST_REQUIRE(fired.size() == 2u);  // w3, then w2; the pass stopped before w1's
+  BOOST_TEST((fired[0].impl() == w3.impl() && fired[1].impl() == w2.impl()));
+  BOOST_TEST(w1.grad().to_vector<double>() == before[0]);
+  BOOST_TEST(w2.grad().to_vector<double>() == before[1]);
+  BOOST_TEST(w3.grad().to_vector<double>() == before[2]);  // its hook fired before the throw
+  tg::clear_tape();
+}
+
+BOOST_AUTO_TEST_CASE(a_create_graph_pass_fires_and_its_grad_keeps_its_graph) {
+  Tensor x = tg::tensor({1.0, 2.0}, tg::float64).set_requires_grad();
+  {
+    Fired fired;
+    tg::backward({tg::sum(x * x * x)}, {tg::ones({}, tg::float64)}, fired.options(true));
+    ensure_once_with_its_grad(fired, x, "x");
+    BOOST_TEST(fired.calls[0].second.requires_grad());
+  }
+  BOOST_TEST(x.grad().to_vector<double>() == (std::vector<double>{3, 12}));  // 3x^2
+  BOOST_REQUIRE(x.grad().requires_grad());
+  const Tensor second = tg::grad({tg::sum(x.grad())}, {x})[0];  // 6x
+  BOOST_TEST(second.to_vector<double>() == (std::vector<double>{6, 12}));
+  x.zero_grad();  // frees the cycle leaf -> .grad -> graph -> leaf
+}
+
+BOOST_AUTO_TEST_CASE(a_leaf_passed_as_an_output_fires_with_its_grad_output) {
+  Tensor x = tg::tensor({1.0, 2.0}, tg::float64).set_requires_grad();
+  {
+    Fired fired;
+    tg::backward({x}, {tg::tensor({5.0, 6.0}, tg::float64)}, fired.options());
+    ensure_once_with_its_grad(fired, x, "x alone");
+    BOOST_TEST(x.grad().to_vector<double>() == (std::vector<double>{5, 6}));
+  }
+  x.zero_grad();
+  // Passed twice and also reached through a node: once, with the three contributions summed.
+  Fired fired;
+  tg::backward({x, x * 2.0, x}, {tg::tensor({5.0, 6.0}, tg::float64), tg::tensor({1.0, 1.0}, tg::float64), tg::tensor({10.0, 20.0}, tg::float64)},
+               fired.options());
+  ensure_once_with_its_grad(fired, x, "x with a node");
+  BOOST_TEST(x.grad().to_vector<double>() == (std::vector<double>{17, 28}));
+}
+
+BOOST_AUTO_TEST_CASE(a_nested_pass_counts_its_own_leaves) {
+  Tensor w = tg::tensor({1.0, 2.0}, tg::float64).set_requires_grad();
+  Tensor z = tg::tensor({3.0}, tg::float64).set_requires_grad();
+  Fired outer, inner;
+  // An identity on w whose backward runs a pass of its own, with its own hook, on another leaf.
+  std::vector<Tensor> outs{w.detach() * 1.0};
+  tg::record_op("nested", std::vector<Tensor>{w}, outs, [&](std::span<const Tensor> g, const std::vector<bool>&) {
+    tg::EnableGradGuard on;
+    tg::backward({tg::sum(z * z)}, {tg::ones({}, tg::float64)}, inner.options());
+    return std::vector<Tensor>{g[0]};
+  });
+  tg::backward({tg::sum(outs[0] * w)}, {tg::ones({}, tg::float64)}, outer.options());
+  BOOST_TEST(inner.calls.size() == 1u);
+  ensure_once_with_its_grad(inner, z, "z");
+  BOOST_TEST(outer.calls.size() == 1u);
+  ensure_once_with_its_grad(outer, w, "w");
+  BOOST_TEST(w.grad().to_vector<double>() == (std::vector<double>{2, 4}));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

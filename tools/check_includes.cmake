@@ -11,10 +11,12 @@
 #              but runtime/cpu.hpp (a loop built for several CPUs is a kernel, in kernels/)
 #   layers     layers/, the public headers, autodiff/check.hpp (errors)
 #   train      train/, the public headers, autodiff/check.hpp
+#   distributed  distributed/, the public headers, autodiff/check.hpp
 #   public headers (include/tapegrad/<room>/): public headers of their own room and those below
 #   examples   the public headers (<tapegrad/...>) and examples/support/
 # Outside headers: oneDNN in kernels/matmul_dnnl.cpp alone, OpenBLAS in kernels/matmul_f64.cpp alone,
-# nlohmann-json in train/ alone, SentencePiece in train/tokenizer.cpp alone.
+# nlohmann-json in train/ alone, SentencePiece in train/tokenizer.cpp alone, MPI in
+# distributed/communicator_mpi.cpp alone.
 cmake_minimum_required(VERSION 3.25)
 if(NOT ROOT)
   message(FATAL_ERROR "usage: cmake -DROOT=<source dir> -P check_includes.cmake")
@@ -30,21 +32,25 @@ list(REMOVE_ITEM entry_runtime_ops "runtime/cpu.hpp")
 set(allowed_ops "ops/" "kernels/" "autodiff/" ${entry_runtime_ops} "tapegrad/autodiff/" "tapegrad/ops/" "tapegrad/runtime/")
 set(allowed_layers "layers/" "tapegrad/" "autodiff/check.hpp")
 set(allowed_train "train/" "tapegrad/" "autodiff/check.hpp")
+set(allowed_distributed "distributed/" "tapegrad/" "autodiff/check.hpp")
 set(allowed_public_autodiff "tapegrad/autodiff/")
 set(allowed_public_runtime "tapegrad/runtime/")
 set(allowed_public_ops "tapegrad/autodiff/" "tapegrad/ops/")
 set(allowed_public_layers "tapegrad/autodiff/" "tapegrad/ops/" "tapegrad/layers/" "tapegrad/runtime/")
 set(allowed_public_train "tapegrad/autodiff/" "tapegrad/ops/" "tapegrad/layers/" "tapegrad/train/")
+set(allowed_public_distributed "tapegrad/autodiff/" "tapegrad/ops/" "tapegrad/layers/" "tapegrad/train/" "tapegrad/distributed/")
 set(allowed_examples "tapegrad/" "support/" "examples/support/")
 
 set(problems "")
 set(checked 0)
 
 # Outside libraries with a home: the headers, where they may be included, what the error says.
-set(outside_headers "^(oneapi/dnnl/|dnnl)" "^(cblas|openblas_config)\\.h$" "^nlohmann/" "^sentencepiece_")
-set(outside_homes "^kernels/matmul_dnnl\\.cpp$" "^kernels/matmul_f64\\.cpp$" "^train/" "^train/tokenizer\\.cpp$")
+set(outside_headers "^(oneapi/dnnl/|dnnl)" "^(cblas|openblas_config)\\.h$" "^nlohmann/" "^sentencepiece_" "^mpi\\.h$")
+set(outside_homes "^kernels/matmul_dnnl\\.cpp$" "^kernels/matmul_f64\\.cpp$" "^train/" "^train/tokenizer\\.cpp$"
+    "^distributed/communicator_mpi\\.cpp$")
 set(outside_messages "oneDNN is called from kernels/matmul_dnnl.cpp alone" "OpenBLAS is called from kernels/matmul_f64.cpp alone"
-    "nlohmann-json is train/'s alone" "SentencePiece is called from train/tokenizer.cpp alone")
+    "nlohmann-json is train/'s alone" "SentencePiece is called from train/tokenizer.cpp alone"
+    "MPI is called from distributed/communicator_mpi.cpp alone")
 
 # check(<room key> <files...>): every quoted or bracketed include of each file against the room.
 # allowed(<room> <header> <out>): whether the room's list admits the header.
@@ -83,7 +89,9 @@ function(check room)
         set(header "${CMAKE_MATCH_1}")
         # Outside headers: only the libraries with a home are checked, in the file itself.
         set(outside FALSE)
-        foreach(i RANGE 2)
+        list(LENGTH outside_headers n_outside)
+        math(EXPR last_outside "${n_outside} - 1")
+        foreach(i RANGE ${last_outside})
           list(GET outside_headers ${i} pattern)
           if(header MATCHES "${pattern}")
             set(outside TRUE)
@@ -94,7 +102,7 @@ function(check room)
             endif()
           endif()
         endforeach()
-        if(outside OR NOT header MATCHES "^(runtime|autodiff|kernels|ops|layers|train|tapegrad|support|examples)/")
+        if(outside OR NOT header MATCHES "^(runtime|autodiff|kernels|ops|layers|train|distributed|tapegrad|support|examples)/")
           continue()  # the standard library, fmt, Boost, CLI11, PLplot...
         endif()
         admitted(${room} "${header}" ok)
@@ -118,7 +126,7 @@ function(check room)
           endif()
         endif()
         # Follow the project's internal headers (public ones are checked as their own files).
-        if(header MATCHES "^(runtime|autodiff|kernels|ops|layers|train)/" AND EXISTS "${ROOT}/${header}")
+        if(header MATCHES "^(runtime|autodiff|kernels|ops|layers|train|distributed)/" AND EXISTS "${ROOT}/${header}")
           set(next "${ROOT}/${header}")
           if(NOT next IN_LIST seen)
             list(APPEND seen "${next}")
@@ -138,11 +146,11 @@ function(check room)
   set(checked ${checked} PARENT_SCOPE)
 endfunction()
 
-foreach(room runtime autodiff kernels ops layers train)
+foreach(room runtime autodiff kernels ops layers train distributed)
   file(GLOB files "${ROOT}/${room}/*.cpp" "${ROOT}/${room}/*.hpp")
   check(${room} ${files})
 endforeach()
-foreach(room autodiff runtime ops layers train)
+foreach(room autodiff runtime ops layers train distributed)
   file(GLOB files "${ROOT}/include/tapegrad/${room}/*.hpp")
   check(public_${room} ${files})
 endforeach()

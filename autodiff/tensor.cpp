@@ -265,6 +265,16 @@ Tensor& Tensor::set_requires_grad(bool on) {
 
 bool Tensor::is_leaf() const { return detail::live_node(checked(*this, "Tensor::is_leaf")) == nullptr; }
 Tensor Tensor::grad() const { return checked(*this, "Tensor::grad").grad; }
+void Tensor::set_grad(const Tensor& gradient) {
+  auto& impl = const_cast<detail::TensorImpl&>(checked(*this, "Tensor::set_grad"));
+  if (gradient.defined()) {
+    if (!impl.leaf_requires_grad)
+      detail::fail<GraphError>("Tensor::set_grad: this tensor is not a leaf that requires grad; only such a leaf has a gradient");
+    detail::check_like("Tensor::set_grad", "gradient", gradient, "the leaf", *this);
+    if (gradient.requires_grad()) detail::fail<GraphError>("Tensor::set_grad: argument 'gradient' must have no history (detach() it)");
+  }
+  impl.grad = gradient;
+}
 void Tensor::zero_grad() { const_cast<detail::TensorImpl&>(checked(*this, "Tensor::zero_grad")).grad = Tensor(); }
 
 Tensor Tensor::detach() const {

@@ -50,3 +50,5 @@
 #include "tapegrad/train/token_file.hpp"
 #include "tapegrad/train/tokenizer.hpp"
 #include "tapegrad/train/training_state.hpp"
+#include "tapegrad/distributed/data_parallel.hpp"
+#include "tapegrad/distributed/process_group.hpp"

@@ -73,6 +73,9 @@ class Tensor {
   Tensor& set_requires_grad(bool on = true);
   bool is_leaf() const;
   Tensor grad() const;  // undefined until a backward reached this leaf
+  // Replaces this leaf's gradient (data-parallel training sets the averaged one): a tensor of
+  // the leaf's shape and dtype with no history, or an undefined one to drop it.
+  void set_grad(const Tensor& gradient);
   void zero_grad();     // drops the accumulated gradient
   // The same storage and layout with no autograd history.
   Tensor detach() const;

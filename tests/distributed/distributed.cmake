@@ -1,0 +1,71 @@
+# The distributed room. test_distributed: the micro-batch tree and DataParallel in one process
+# (always). With MPI: dp_check trained under mpirun on 1, 2, 3, 4 and 6 processes and alone, its
+# final parameters compared bit for bit, and one rank made to die, throw, stall or differ.
+tapegrad_test(test_distributed test_distributed.cpp)
+target_include_directories(test_distributed PRIVATE ${PROJECT_SOURCE_DIR})  # the internal tree
+add_executable(dp_check distributed/dp_check.cpp)
+target_link_libraries(dp_check PRIVATE tapegrad::tapegrad tapegrad_warnings)
+
+set(_dp ${CMAKE_CURRENT_BINARY_DIR}/dp)
+file(MAKE_DIRECTORY ${_dp})
+# One process accumulating the 12 micro-batches, without a launcher: the reference.
+add_test(NAME dp_alone COMMAND dp_check --out ${_dp}/alone.safetensors)
+add_test(NAME dp_alone_float64 COMMAND dp_check --float64 --out ${_dp}/alone64.safetensors)
+set_tests_properties(dp_alone dp_alone_float64 PROPERTIES FIXTURES_SETUP dp_reference ENVIRONMENT OMP_NUM_THREADS=1)
+if(NOT TAPEGRAD_MPI_FOUND OR NOT MPIEXEC_EXECUTABLE)
+  return()
+endif()
+
+# Open MPI: root needs its consent, more processes than cores need --oversubscribe, threads need
+# --bind-to none; the shared-memory transport's single copy fails in some containers.
+execute_process(COMMAND ${MPIEXEC_EXECUTABLE} --version OUTPUT_VARIABLE _mpi_version ERROR_QUIET)
+set(_flags ${MPIEXEC_PREFLAGS})
+set(_env OMP_NUM_THREADS=1)
+if(_mpi_version MATCHES "OpenRTE|Open MPI|open-mpi")
+  list(APPEND _flags --oversubscribe --bind-to none)
+  list(APPEND _env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none)
+endif()
+function(dp_run name np)
+  add_test(NAME ${name} COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} ${_flags} $<TARGET_FILE:dp_check> ${ARGN})
+  set_tests_properties(${name} PROPERTIES ENVIRONMENT "${_env}" TIMEOUT 120 RESOURCE_LOCK mpi)
+endfunction()
+
+set(_same "")
+foreach(np IN ITEMS 1 2 3 4 6)
+  dp_run(dp_np${np} ${np} --out ${_dp}/np${np}.safetensors)
+  list(APPEND _same dp_np${np} np${np})
+endforeach()
+dp_run(dp_np2_shard 2 --shard --out ${_dp}/np2_shard.safetensors)
+dp_run(dp_np4_shard 4 --shard --out ${_dp}/np4_shard.safetensors)
+dp_run(dp_np3_float64 3 --float64 --out ${_dp}/np3_64.safetensors)
+dp_run(dp_np4_one_bucket_each 4 --bucket-bytes 1 --out ${_dp}/np4_small.safetensors)
+dp_run(dp_np2_fast 2 --fast --out ${_dp}/np2_fast.safetensors)
+dp_run(dp_np4_fast_shard 4 --fast --shard --out ${_dp}/np4_fast_shard.safetensors)
+list(APPEND _same dp_np2_shard np2_shard dp_np4_shard np4_shard dp_np4_one_bucket_each np4_small)
+set_tests_properties(dp_np1 dp_np2 dp_np3 dp_np4 dp_np6 dp_np2_shard dp_np4_shard dp_np3_float64 dp_np4_one_bucket_each dp_np2_fast
+                     dp_np4_fast_shard PROPERTIES FIXTURES_SETUP dp_runs)
+
+# Bit for bit: every exact run against the process that ran alone.
+while(_same)
+  list(POP_FRONT _same run file)
+  add_test(NAME ${run}_same_bits COMMAND dp_check --compare ${_dp}/alone.safetensors ${_dp}/${file}.safetensors --tolerance 0)
+  set_tests_properties(${run}_same_bits PROPERTIES FIXTURES_REQUIRED "dp_reference;dp_runs")
+endwhile()
+add_test(NAME dp_np3_float64_same_bits COMMAND dp_check --compare ${_dp}/alone64.safetensors ${_dp}/np3_64.safetensors --tolerance 0)
+# fast: MPI's sum, in its own order; close, not equal.
+add_test(NAME dp_np2_fast_close COMMAND dp_check --compare ${_dp}/alone.safetensors ${_dp}/np2_fast.safetensors --tolerance 1e-2)
+add_test(NAME dp_np4_fast_shard_close COMMAND dp_check --compare ${_dp}/alone.safetensors ${_dp}/np4_fast_shard.safetensors --tolerance 1e-2)
+set_tests_properties(dp_np3_float64_same_bits dp_np2_fast_close dp_np4_fast_shard_close PROPERTIES FIXTURES_REQUIRED "dp_reference;dp_runs")
+
+# A rank that fails ends the job, with a message naming it, instead of hanging (TIMEOUT).
+dp_run(dp_killed_rank_ends_the_job 2 --die-rank 1 --at-step 2)
+set_tests_properties(dp_killed_rank_ends_the_job PROPERTIES TIMEOUT 60 PASS_REGULAR_EXPRESSION "process rank 1 .*exited on signal 9")
+dp_run(dp_throwing_rank_ends_the_job 3 --throw-rank 1 --at-step 2)
+set_tests_properties(dp_throwing_rank_ends_the_job PROPERTIES TIMEOUT 60
+                     PASS_REGULAR_EXPRESSION "rank 1 of 3: dp_check: the failure asked for with --throw-rank")
+dp_run(dp_stalled_rank_times_out 2 --stall-rank 1 --at-step 2 --timeout 3)
+set_tests_properties(dp_stalled_rank_times_out PROPERTIES TIMEOUT 60
+                     PASS_REGULAR_EXPRESSION "rank 0 of 2: DataParallel::synchronize: the exchange of bucket 0 of step 2 did not finish within 3 s")
+dp_run(dp_mismatched_rank_is_named 2 --mismatch-rank 1)
+set_tests_properties(dp_mismatched_rank_is_named PROPERTIES TIMEOUT 60
+                     PASS_REGULAR_EXPRESSION "rank 1 of 2: DataParallel: this process's model or options differ from rank 0's")

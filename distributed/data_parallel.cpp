@@ -458,10 +458,10 @@ std::vector<NamedTensor> DataParallel::optimizer_parameters() const {
   return out;
 }
 
-bool DataParallel::owns(const std::string& name) const {
+int DataParallel::owner(const std::string& name) const {
   for (const Param& p : impl_->params)
-    if (p.name == name) return !options_.shard_optimizer_state || p.owner == group_.rank();
-  fail<ValueError>("DataParallel::owns: the model has no parameter '{}'", name);
+    if (p.name == name) return p.owner;
+  fail<ValueError>("DataParallel::owner: the model has no parameter '{}'", name);
 }
 
 void DataParallel::share_parameters() {

@@ -16,12 +16,19 @@
 //   ./build/examples/train_chars --positions alibi --kv-heads 1 --window 16   # ALiBi, one key/value head, a sliding window
 //   ./build/examples/train_chars --arch llama                     # RMSNorm, SwiGLU, no biases, rotary, 2 key/value heads
 //   ./build/examples/train_chars --tokenizer bpe --vocab-size 512  # SentencePiece subwords instead of bytes
+//   mpirun -np 2 ./build/examples/train_chars --distributed       # two processes, each half of every batch
+//
+// --distributed splits each step's batch into --micro-batches (M) that the processes share
+// (DataParallel): the same windows, dropout keyed by micro-batch, and the gradients summed in one
+// fixed order, so the run is the same bits on 1, 2, 4 (any count dividing M) processes. Rank 0
+// prints, validates, draws the figures and writes the checkpoint, which resumes on any count.
 //
 // Writes OUT/loss.png, OUT/attention.png, OUT/checkpoint.safetensors, and with
 // --tokenizer bpe|unigram OUT/tokenizer.model.
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <fstream>
 #include <sstream>
 
@@ -53,6 +60,9 @@ struct Options {
   int threads = 0;
   std::string out = "train_chars_out";
   bool resume = false, generate_only = false;
+  bool distributed = false, shard_optimizer = false;
+  std::int64_t micro_batches = 4;  // with --distributed
+  std::string reduction = "exact";
   std::string prompt = "This License";
   std::int64_t tokens = 300, top_k = 10;
   double temperature = 0.8;
@@ -77,7 +87,8 @@ std::map<std::string, std::string> describe(const Options& o, const tg::Tokenize
           {"positions", o.positions},
           {"kv_heads", std::to_string(o.kv_heads)}, {"window", std::to_string(o.window)},
           {"total_steps", std::to_string(o.steps)}, {"batch", std::to_string(o.batch)},
-          {"lr", fmt::format("{}", o.lr)}, {"dropout", fmt::format("{}", o.dropout)}};
+          {"lr", fmt::format("{}", o.lr)}, {"dropout", fmt::format("{}", o.dropout)},
+          {"micro_batches", std::to_string(o.distributed ? o.micro_batches : 0)}, {"reduction", o.reduction}};
   if (const auto* chars = dynamic_cast<const tg::CharVocab*>(&vocab)) meta["alphabet"] = chars->to_codes();
   return meta;
 }
@@ -140,6 +151,14 @@ std::unique_ptr<tg::Tokenizer> restore_description(Options& o, const std::string
   o.lr = ex::parse_double(field("lr"), where("lr"));
   o.dropout = ex::parse_double(field("dropout"), where("dropout"));
   if (!steps_given) o.steps = number("total_steps");
+  // A data-parallel run continues as one, with its micro-batches (files from before have none).
+  if (meta.count("micro_batches") > 0) {
+    o.micro_batches = number("micro_batches");
+    o.distributed = o.micro_batches > 0;
+    o.reduction = field("reduction");
+    if (o.reduction != "exact" && o.reduction != "fast")
+      throw std::invalid_argument(fmt::format("{}: '{}' is not a reduction (exact or fast)", where("reduction"), o.reduction));
+  }
   // The library's messages name the value; the file and the field go in front.
   auto in_field = [&](const char* key, auto&& read) {
     try {
@@ -224,9 +243,28 @@ void attention_figure(const tg::Decoder& model, const tg::Tokenizer& vocab, cons
   ex::plot_heatmaps(o.out + "/attention.png", fmt::format("last block on \"{}\"", shown), panels);
 }
 
-}  // namespace
+// The data-parallel step: this process's micro-batches of the step's windows, their gradients
+// exchanged; returns the mean loss over all M micro-batches (the same on every process).
+double distributed_step(tg::DataParallel& dp, tg::Decoder& model, tg::AdamW& opt, const tg::Windows& batch, const Options& o,
+                        std::int64_t step) {
+  const std::int64_t rows = o.batch / o.micro_batches;
+  std::vector<double> losses;
+  for (std::int64_t k = dp.first_micro_batch(); k < dp.end_micro_batch(); ++k) {
+    tg::key_generators(model, o.seed, step * o.micro_batches + k);
+    const Tensor loss = tg::cross_entropy(model.forward(tg::narrow(batch.x, 0, k * rows, rows)), tg::narrow(batch.y, 0, k * rows, rows));
+    dp.backward(loss);
+    losses.push_back(loss.item());
+  }
+  dp.synchronize();
+  dp.clip_grad_norm(1.0);
+  opt.step();
+  dp.share_parameters();
+  double sum = 0;
+  for (const double l : tg::all_gather(dp.group(), losses)) sum += l;
+  return sum / static_cast<double>(o.micro_batches);
+}
 
-int main(int argc, char** argv) try {
+int run(tg::ProcessGroup& group, int argc, char** argv) {
   Options o;
   CLI::App app{"train_chars: a character-level transformer language model"};
   app.add_option("--text", o.text, "text file to learn")->check(CLI::ExistingFile);
@@ -267,7 +305,19 @@ int main(int argc, char** argv) try {
   app.add_option("--tokens", o.tokens, "characters to generate")->check(CLI::PositiveNumber);
   app.add_option("--temperature", o.temperature, "sampling temperature (0: greedy)")->check(CLI::NonNegativeNumber);
   app.add_option("--top-k", o.top_k, "sample among the k most likely characters (0: all)")->check(CLI::NonNegativeNumber);
+  app.add_flag("--distributed", o.distributed,
+               "data-parallel: the processes an MPI launcher started share each batch's micro-batches (alone: one process, the same bits)");
+  app.add_option("--micro-batches", o.micro_batches, "with --distributed: micro-batches per step, dividing --batch; the process count must divide it")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--reduction", o.reduction,
+                 "with --distributed: exact (one fixed order of the sum: the same bits on any process count) or fast (MPI's all-reduce)")
+      ->check(CLI::IsMember({"exact", "fast"}));
+  app.add_flag("--shard-optimizer", o.shard_optimizer, "with --distributed: each process keeps the optimizer state of its share of the parameters (ZeRO-1)");
   CLI11_PARSE(app, argc, argv);
+  if (group.size() > 1 && !o.distributed && !o.resume)
+    throw std::invalid_argument(fmt::format("an MPI launcher started {} processes; add --distributed to train them together", group.size()));
+  if (group.size() > 1 && o.generate_only) throw std::invalid_argument("--generate runs in one process, not under an MPI launcher");
+  const bool speaker = group.rank() == 0;  // prints, validates, draws and writes
   if (o.positions.empty()) o.positions = o.arch == "llama" ? "rotary" : "sinusoidal";
   if (o.arch == "llama" && o.kv_heads == 0 && o.heads % 2 == 0) o.kv_heads = o.heads / 2;
   if (o.threads > 0) tg::set_num_threads(o.threads);
@@ -288,41 +338,62 @@ int main(int argc, char** argv) try {
 
   const std::string raw = read_file(o.text);
   const std::unique_ptr<const tg::Tokenizer> vocab = o.resume ? restore_description(o, path, steps_option->count() > 0) : make_tokenizer(o, raw);
+  if (group.size() > 1 && !o.distributed)
+    throw std::invalid_argument(fmt::format("{} is not a data-parallel run's; resume it in one process", path));
+  if (o.distributed && o.batch % o.micro_batches != 0)
+    throw std::invalid_argument(fmt::format("--batch {} must be a multiple of --micro-batches {}", o.batch, o.micro_batches));
   const std::vector<std::int64_t> text = vocab->encode(raw);
   const std::size_t split = text.size() * 9 / 10;
   if (text.size() - split < static_cast<std::size_t>(o.context) + 2)
     throw std::runtime_error(fmt::format("{} is too short for windows of {} tokens", o.text, o.context));
 
   tg::Decoder model = o.resume ? restored_model(o, *vocab, path) : make_model(o, *vocab);
-  tg::AdamW opt(model.named_parameters(), {.lr = o.lr, .weight_decay = 0.01});
+  std::optional<tg::DataParallel> dp;
+  if (o.distributed)
+    dp.emplace(group, model, tg::DataParallelOptions{.micro_batches = o.micro_batches,
+                                                     .reduction = o.reduction == "fast" ? tg::GradientReduction::fast : tg::GradientReduction::exact,
+                                                     .shard_optimizer_state = o.shard_optimizer});
+  tg::AdamW opt(dp ? dp->optimizer_parameters() : model.named_parameters(), {.lr = o.lr, .weight_decay = 0.01});
   // The windows come from one stream that the checkpoint saves (docs/training.md says why), as
   // are the dropout layers' streams (the model's named_generators()).
   tg::Generator data(o.seed);
   tg::TrainingState state{.model = model, .optimizer = opt, .generators = {{"data", data}}};
-  if (o.resume) tg::load_training_state(path, state);
+  if (o.resume && dp) tg::load_training_state(path, state, *dp);
+  else if (o.resume) tg::load_training_state(path, state);
   const std::int64_t done = state.step, total = o.steps, stop = o.stop_at > 0 ? std::min(o.stop_at, total) : total;
   if (total < done)
     throw std::invalid_argument(fmt::format("--steps {} is fewer than the {} steps {} has done", total, done, path));
   const tg::WarmupCosine schedule(o.lr, std::min<std::int64_t>(100, total / 10), total, o.lr / 10);
-  fmt::print("train_chars: {} {} tokens ({} in the vocabulary) of {} characters from {}; {} parameters; steps {} to {} of {}; {} thread(s)\n",
+  if (speaker)
+    fmt::print("train_chars: {} {} tokens ({} in the vocabulary) of {} characters from {}; {} parameters; steps {} to {} of {}; {} thread(s)\n",
              text.size(), o.tokenizer, vocab->size(), raw.size(), o.text, model.parameter_count(), done, std::max(done, stop), total,
              tg::num_threads());
+  if (speaker && dp)
+    fmt::print("data-parallel: {} process(es) ({}), {} micro-batches of {} windows per step, {} reduction{}\n", group.size(), group.backend(),
+               o.micro_batches, o.batch / o.micro_batches, o.reduction, o.shard_optimizer ? ", sharded optimizer state" : "");
 
   ex::Series train_curve{"training", {}, {}}, validation_curve{"validation", {}, {}};
   ex::Progress progress(total, o.log_every, done);
   double training_seconds = 0;  // the steps alone, without the validation passes
   for (std::int64_t step = done; step < stop; ++step) {
     const auto step_started = std::chrono::steady_clock::now();
-    const auto [x, y] = tg::random_windows(std::span(text).first(split), o.batch, o.context, data);
-    const Tensor loss = tg::cross_entropy(model.forward(x), y);
-    tg::backward(loss);
-    tg::clip_grad_norm(model.parameters(), 1.0);
+    const tg::Windows batch = tg::random_windows(std::span(text).first(split), o.batch, o.context, data);
     opt.set_learning_rate(schedule(step));
-    opt.step();
+    double loss_value = 0;
+    if (dp) {
+      loss_value = distributed_step(*dp, model, opt, batch, o, step);
+    } else {
+      const Tensor loss = tg::cross_entropy(model.forward(batch.x), batch.y);
+      tg::backward(loss);
+      tg::clip_grad_norm(model.parameters(), 1.0);
+      opt.step();
+      loss_value = loss.item();
+    }
     opt.zero_grad();
     training_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - step_started).count();
+    if (!speaker) continue;
     train_curve.x.push_back(static_cast<double>(step + 1));
-    train_curve.y.push_back(loss.item());
+    train_curve.y.push_back(loss_value);
     if ((step + 1) % 250 == 0 || step + 1 == total) {
       model.eval();
       validation_curve.x.push_back(static_cast<double>(step + 1));
@@ -335,7 +406,13 @@ int main(int argc, char** argv) try {
   }
   state.step = std::max(done, stop);
   state.metadata = describe(o, *vocab);
-  tg::save_training_state(path, state);
+  if (dp) {
+    tg::key_generators(model, o.seed, state.step * o.micro_batches);  // the streams of the next step, whoever saves
+    tg::save_training_state(path, state, *dp);
+  } else {
+    tg::save_training_state(path, state);
+  }
+  if (!speaker) return 0;
   model.eval();
   const Validation val = validation_loss(model, *vocab, text, split, o.context);
   fmt::print("validation loss {:.4f} nats per token = {:.3f} bits per character ({:.3f} characters per token; uniform over the vocabulary: "
@@ -350,6 +427,18 @@ int main(int argc, char** argv) try {
   show_samples(model, *vocab, o);
   fmt::print("\nwrote {0}/loss.png, {0}/attention.png, {0}/checkpoint.safetensors (step {1} of {2})\n", o.out, state.step, total);
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  tg::ProcessGroup group;  // MPI's processes under a launcher, else this one alone
+  try {
+    return run(group, argc, argv);
+  } catch (const std::exception& e) {
+    if (group.size() > 1) group.abort(fmt::format("train_chars: {}", e.what()));  // ends every process
+    throw;
+  }
 } catch (const std::exception& e) {
   fmt::print(stderr, "train_chars: {}\n", e.what());
   return 1;

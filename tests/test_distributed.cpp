@@ -269,7 +269,7 @@ BOOST_AUTO_TEST_CASE(bad_options_and_calls_are_refused) {
   tg::DataParallel dp(group, model, {.micro_batches = 2});
   check_throws<tg::ValueError>([&] { dp.synchronize(); }, {"DataParallel::synchronize", "0 of its 2 micro-batches"});
   check_throws<tg::ShapeError>([&] { dp.backward(model.forward(micro_batch(0).x)); }, {"DataParallel::backward", "'loss'", "one element"});
-  check_throws<tg::ValueError>([&] { dp.owns("nothing"); }, {"DataParallel::owns", "'nothing'"});
+  check_throws<tg::ValueError>([&] { dp.owner("nothing"); }, {"DataParallel::owner", "'nothing'"});
   dp.backward(loss_of(model, 0));
   dp.backward(loss_of(model, 1));
   check_throws<tg::ValueError>([&] { dp.backward(loss_of(model, 2)); }, {"DataParallel::backward", "all its 2 micro-batches", "synchronize"});

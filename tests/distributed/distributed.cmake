@@ -16,18 +16,9 @@ if(NOT TAPEGRAD_MPI_FOUND OR NOT MPIEXEC_EXECUTABLE)
   return()
 endif()
 
-# Open MPI: root needs its consent, more processes than cores need --oversubscribe, threads need
-# --bind-to none; the shared-memory transport's single copy fails in some containers.
-execute_process(COMMAND ${MPIEXEC_EXECUTABLE} --version OUTPUT_VARIABLE _mpi_version ERROR_QUIET)
-set(_flags ${MPIEXEC_PREFLAGS})
-set(_env OMP_NUM_THREADS=1)
-if(_mpi_version MATCHES "OpenRTE|Open MPI|open-mpi")
-  list(APPEND _flags --oversubscribe --bind-to none)
-  list(APPEND _env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none)
-endif()
 function(dp_run name np)
-  add_test(NAME ${name} COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} ${_flags} $<TARGET_FILE:dp_check> ${ARGN})
-  set_tests_properties(${name} PROPERTIES ENVIRONMENT "${_env}" TIMEOUT 120 RESOURCE_LOCK mpi)
+  add_test(NAME ${name} COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} ${TAPEGRAD_MPIEXEC_FLAGS} $<TARGET_FILE:dp_check> ${ARGN})
+  set_tests_properties(${name} PROPERTIES ENVIRONMENT "${TAPEGRAD_MPIEXEC_ENV}" TIMEOUT 120 RESOURCE_LOCK mpi)
 endfunction()
 
 set(_same "")

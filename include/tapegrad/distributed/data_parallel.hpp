@@ -36,12 +36,14 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <vector>
 
 #include "tapegrad/distributed/process_group.hpp"
 #include "tapegrad/layers/module.hpp"
 #include "tapegrad/train/optimizer.hpp"
+#include "tapegrad/train/training_state.hpp"
 
 namespace tapegrad {
 
@@ -96,8 +98,10 @@ class DataParallel {
   // After the optimizer's step: with sharded state, every process receives the parameters the
   // others updated; otherwise nothing to do.
   void share_parameters();
-  // Whether this process's optimizer updates parameter `name`.
-  bool owns(const std::string& name) const;
+  bool sharded() const noexcept { return options_.shard_optimizer_state; }
+  // The rank whose optimizer updates parameter `name` with sharded state (consecutive
+  // parameters, about as many elements on each rank).
+  int owner(const std::string& name) const;
   const DataParallelStats& stats() const noexcept { return stats_; }
   ProcessGroup& group() noexcept { return group_; }
 
@@ -116,6 +120,15 @@ class DataParallel {
 // `seed`, the stream's name and `index`: keyed by the global micro-batch number, dropout draws
 // the same masks for a micro-batch on whichever process computes it.
 void key_generators(Module& model, std::uint64_t seed, std::int64_t index);
+
+// A data-parallel run's whole training state (training_state.hpp) in one file, which rank 0
+// writes and every rank reads, whatever the process count that wrote it, with or without sharded
+// optimizer state: sharded, each parameter's optimizer state is sent to rank 0 to be written,
+// and each rank takes its own from the file (rank 0 holds the whole optimizer state while it
+// writes, and every rank while it reads). Every rank calls them; the path must be one every
+// rank can read (a shared file system).
+void save_training_state(const std::filesystem::path& path, const TrainingState& state, DataParallel& dp);
+void load_training_state(const std::filesystem::path& path, TrainingState& state, DataParallel& dp);
 
 // Every rank's `values` (the same count on each), in rank order.
 std::vector<double> all_gather(ProcessGroup& group, const std::vector<double>& values);

@@ -1,0 +1,114 @@
+// A data-parallel run's training state: one file, written by rank 0, read by every rank, whatever
+// the number of processes that wrote it (see data_parallel.hpp).
+#include <deque>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "autodiff/check.hpp"
+#include "distributed/comm_thread.hpp"
+#include "tapegrad/distributed/data_parallel.hpp"
+#include "tapegrad/ops/inplace.hpp"
+
+namespace tapegrad {
+using detail::fail;
+
+namespace {
+
+// The whole model's optimizer state in one place, for the file: slots of the real optimizer's
+// kind, over every parameter. It never steps.
+class GatheredState final : public Optimizer {
+ public:
+  GatheredState(std::vector<NamedTensor> params, double lr, const std::vector<std::pair<std::string, bool>>& slots)
+      : Optimizer("DataParallel's gathered optimizer state", std::move(params), lr) {
+    for (const auto& [slot, counter] : slots) add_slot(names_.emplace_back(slot).c_str(), counter);
+  }
+  void step() override { fail<ValueError>("DataParallel's gathered optimizer state is for checkpoints; it does not step"); }
+
+ private:
+  std::deque<std::string> names_;  // add_slot keeps the pointer
+};
+
+// The optimizer's slots ("exp_avg", "step", ...; counter: a per-parameter int64 count), as rank
+// 0's optimizer has them (rank 0 always updates a parameter), given to every rank.
+std::vector<std::pair<std::string, bool>> optimizer_slots(DataParallel& dp, const Optimizer& opt) {
+  std::string text;
+  if (dp.group().rank() == 0 && !opt.parameters().empty()) {
+    const std::string suffix = "." + opt.parameters().front().name;
+    for (const NamedTensor& t : opt.state())
+      if (t.name.size() > suffix.size() && t.name.ends_with(suffix))
+        text += fmt::format("{}{}\n", t.tensor.dtype() == int64 ? '#' : '=', t.name.substr(0, t.name.size() - suffix.size()));
+  }
+  dp.group().comm().run("DataParallel: the optimizer's slots", [&](detail::Communicator& c) {
+    std::int64_t length = static_cast<std::int64_t>(text.size());
+    c.broadcast(&length, 1, detail::Elem::i64, 0);
+    text.resize(static_cast<std::size_t>(length));
+    c.broadcast(text.data(), length, detail::Elem::u8, 0);
+  });
+  std::vector<std::pair<std::string, bool>> slots;
+  for (std::size_t at = 0; at < text.size();) {
+    const std::size_t end = text.find('\n', at);
+    slots.emplace_back(text.substr(at + 1, end - at - 1), text[at] == '#');
+    at = end + 1;
+  }
+  return slots;
+}
+
+}  // namespace
+
+void save_training_state(const std::filesystem::path& path, const TrainingState& state, DataParallel& dp) {
+  ProcessGroup& group = dp.group();
+  if (!dp.sharded()) {
+    if (group.rank() == 0) save_training_state(path, state);
+    group.barrier();
+    return;
+  }
+  // Each parameter's slots go from the rank that updates it to rank 0, one tensor at a time.
+  const auto slots = optimizer_slots(dp, state.optimizer);
+  const std::vector<NamedTensor> params = state.model.named_parameters();
+  std::map<std::string, Tensor> mine, received;
+  for (const NamedTensor& t : state.optimizer.state()) mine.emplace(t.name, t.tensor);
+  for (const NamedTensor& p : params) {
+    const int owner = dp.owner(p.name);
+    for (const auto& [slot, counter] : slots) {
+      const std::string name = slot + "." + p.name;
+      Tensor buffer = owner == group.rank() ? mine.at(name).contiguous() : (counter ? zeros({}, int64) : zeros(p.tensor.shape(), p.tensor.dtype()));
+      if (owner != 0) group.broadcast({buffer}, owner);
+      if (group.rank() == 0) received.emplace(name, buffer);
+    }
+  }
+  if (group.rank() == 0) {
+    GatheredState gathered(params, state.optimizer.learning_rate(), slots);
+    std::vector<NamedTensor> ordered;
+    for (const NamedTensor& t : gathered.state()) ordered.push_back({t.name, received.at(t.name)});
+    gathered.load_state(ordered, state.optimizer.steps());
+    save_training_state(path, TrainingState{state.model, gathered, state.generators, state.step, state.metadata});
+  }
+  group.barrier();
+}
+
+void load_training_state(const std::filesystem::path& path, TrainingState& state, DataParallel& dp) {
+  if (!dp.sharded()) {
+    load_training_state(path, state);
+    return;
+  }
+  // The whole state into a gathered optimizer, checked as load_training_state checks it; then
+  // this rank's parameters' slots into its own.
+  const auto slots = optimizer_slots(dp, state.optimizer);
+  GatheredState gathered(state.model.named_parameters(), state.optimizer.learning_rate(), slots);
+  TrainingState whole{state.model, gathered, state.generators, state.step, state.metadata};
+  load_training_state(path, whole);
+  std::set<std::string> wanted;
+  for (const auto& [slot, counter] : slots)
+    for (const NamedTensor& p : state.optimizer.parameters()) wanted.insert(slot + "." + p.name);
+  std::vector<NamedTensor> own;
+  for (const NamedTensor& t : gathered.state())
+    if (wanted.contains(t.name)) own.push_back(t);
+  state.optimizer.load_state(own, gathered.steps());
+  state.optimizer.set_learning_rate(gathered.learning_rate());
+  state.step = whole.step;
+  state.metadata = whole.metadata;
+}
+
+}  // namespace tapegrad

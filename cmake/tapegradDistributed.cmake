@@ -5,7 +5,7 @@
 # TAPEGRAD_MPI=OFF builds without MPI even where it is installed.
 option(TAPEGRAD_MPI "Build the distributed room on MPI when it is found" ON)
 target_sources(tapegrad PRIVATE distributed/process_group.cpp distributed/comm_thread.cpp distributed/communicator_solo.cpp
-               distributed/sum_tree.cpp distributed/data_parallel.cpp distributed/training_state.cpp)
+               distributed/sum_tree.cpp distributed/data_parallel.cpp distributed/exchange.cpp distributed/training_state.cpp)
 if(TAPEGRAD_MPI)
   set(MPI_CXX_SKIP_MPICXX ON)
   find_package(MPI COMPONENTS CXX)

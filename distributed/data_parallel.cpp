@@ -11,7 +11,7 @@
 
 #include "autodiff/check.hpp"
 #include "distributed/comm_thread.hpp"
-#include "distributed/sum_tree.hpp"
+#include "distributed/bucket.hpp"
 #include "tapegrad/autodiff/tape.hpp"
 #include "tapegrad/ops/inplace.hpp"
 #include "tapegrad/ops/reduction.hpp"
@@ -20,6 +20,8 @@
 namespace tapegrad {
 using detail::Communicator;
 using detail::Elem;
+using detail::Bucket;
+using detail::elem_of;
 using detail::fail;
 using detail::TreeNode;
 
@@ -27,28 +29,6 @@ namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-
-Elem elem_of(DType d) { return d == float64 ? Elem::f64 : Elem::f32; }
-
-// left += right, element by element: the one addition every node of the tree is made of.
-void add_into(Tensor& left, const Tensor& right) {
-  const std::int64_t n = left.numel();
-  if (left.dtype() == float64) {
-    double* a = left.data<double>();
-    const double* b = right.data<const double>();
-    for (std::int64_t e = 0; e < n; ++e) a[e] += b[e];
-  } else {
-    float* a = left.data<float>();
-    const float* b = right.data<const float>();
-    for (std::int64_t e = 0; e < n; ++e) a[e] += b[e];
-  }
-}
-
-template <class T>
-void divide(T* x, std::int64_t n, std::int64_t m) {
-  const T d = static_cast<T>(m);
-  for (std::int64_t e = 0; e < n; ++e) x[e] /= d;
 }
 
 std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
@@ -59,25 +39,6 @@ std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
 }
 
 }  // namespace
-
-// One bucket: its parameters' gradients as one flat buffer per micro-batch, this process's
-// partial sums, and the step's result. Shared with the communication thread's jobs.
-struct Bucket {
-  DType dtype = float32;
-  std::int64_t numel = 0;
-  std::vector<std::size_t> params;   // indices into Impl::params, in bucket order
-  std::vector<std::int64_t> shard;   // size + 1 boundaries: rank j reduces [shard[j], shard[j + 1])
-  Tensor leaf;                       // the current micro-batch's gradients
-  std::vector<char> filled;          // per parameter of the bucket: its gradient is in `leaf`
-  std::size_t pending = 0;           // parameters of the current micro-batch still to come
-  detail::TreeStack<Tensor> sums{1};
-  std::vector<Tensor> spare;         // buffers to reuse
-  Tensor result;                     // the step's mean gradients (with sharded state: own shard)
-  std::future<void> exchanged;
-  bool ready = false, launched = false;
-  double seconds = 0;                // the communication thread's time on this step's exchange
-  std::int64_t bytes = 0;
-};
 
 struct Param {
   std::string name;
@@ -230,84 +191,6 @@ DataParallel::DataParallel(ProcessGroup& group, Module& model, const DataParalle
 
 DataParallel::~DataParallel() = default;
 
-namespace {
-
-// The job that reduces one bucket on the communication thread, by the tree (exact) or by MPI's
-// all-reduce (fast). `nodes`: this process's partial sums.
-void exchange(Communicator& c, Bucket& b, const std::vector<std::pair<TreeNode, Tensor>>& nodes,
-              const std::vector<std::vector<TreeNode>>& covers, std::int64_t m, GradientReduction reduction, bool sharded) {
-  const auto started = std::chrono::steady_clock::now();
-  const int size = c.size(), rank = c.rank();
-  const Elem e = elem_of(b.dtype);
-  const std::size_t item = itemsize(b.dtype);
-  const auto r = static_cast<std::size_t>(rank);
-  const std::int64_t mine = b.shard[r + 1] - b.shard[r];
-  std::vector<std::int64_t> lengths;
-  for (int j = 0; j < size; ++j) lengths.push_back(b.shard[static_cast<std::size_t>(j) + 1] - b.shard[static_cast<std::size_t>(j)]);
-  b.result = empty({b.numel}, b.dtype);
-  char* result = static_cast<char*>(const_cast<void*>(b.result.raw_data()));
-  b.bytes = 0;
-  if (reduction == GradientReduction::exact) {
-    // Shard j of each partial sum goes to rank j, which sums all of them in the tree's order.
-    std::vector<std::int64_t> send_counts, recv_counts;
-    Tensor send = empty({b.numel * static_cast<std::int64_t>(nodes.size())}, b.dtype);
-    char* out = static_cast<char*>(const_cast<void*>(send.raw_data()));
-    for (int j = 0; j < size; ++j) {
-      const auto jj = static_cast<std::size_t>(j);
-      for (const auto& [node, value] : nodes) {
-        std::memcpy(out, static_cast<const char*>(value.raw_data()) + b.shard[jj] * static_cast<std::int64_t>(item),
-                    static_cast<std::size_t>(lengths[jj]) * item);
-        out += lengths[jj] * static_cast<std::int64_t>(item);
-      }
-      send_counts.push_back(lengths[jj] * static_cast<std::int64_t>(nodes.size()));
-      recv_counts.push_back(mine * static_cast<std::int64_t>(covers[jj].size()));
-      if (j != rank) b.bytes += send_counts.back() * static_cast<std::int64_t>(item);
-    }
-    std::int64_t received = 0;
-    for (const std::int64_t n : recv_counts) received += n;
-    Tensor recv = empty({received}, b.dtype);
-    c.all_to_all(send.raw_data(), send_counts, const_cast<void*>(recv.raw_data()), recv_counts, e);
-    std::vector<TreeNode> all;
-    for (const auto& cover : covers) all.insert(all.end(), cover.begin(), cover.end());
-    void* own = result + b.shard[r] * static_cast<std::int64_t>(item);
-    if (b.dtype == float64) {
-      std::vector<const double*> values;
-      for (std::size_t i = 0; i < all.size(); ++i) values.push_back(recv.data<const double>() + static_cast<std::int64_t>(i) * mine);
-      detail::tree_sum(m, all, values, static_cast<double*>(own), mine);
-      divide(static_cast<double*>(own), mine, m);
-    } else {
-      std::vector<const float*> values;
-      for (std::size_t i = 0; i < all.size(); ++i) values.push_back(recv.data<const float>() + static_cast<std::int64_t>(i) * mine);
-      detail::tree_sum(m, all, values, static_cast<float*>(own), mine);
-      divide(static_cast<float*>(own), mine, m);
-    }
-    if (!sharded) {
-      Tensor shard_copy = empty({mine}, b.dtype);
-      std::memcpy(const_cast<void*>(shard_copy.raw_data()), own, static_cast<std::size_t>(mine) * item);
-      c.all_gather(shard_copy.raw_data(), result, lengths, e);
-      b.bytes += mine * (size - 1) * static_cast<std::int64_t>(item);
-    }
-  } else {
-    // This process's partial sums in order, then MPI's sum over the processes.
-    Tensor local = empty({b.numel}, b.dtype);
-    std::memcpy(const_cast<void*>(local.raw_data()), nodes[0].second.raw_data(), static_cast<std::size_t>(b.numel) * item);
-    for (std::size_t i = 1; i < nodes.size(); ++i) add_into(local, nodes[i].second);
-    void* own = result + b.shard[r] * static_cast<std::int64_t>(item);
-    if (sharded) {
-      c.reduce_scatter_sum(local.raw_data(), own, lengths, e);
-    } else {
-      c.all_reduce_sum(const_cast<void*>(local.raw_data()), b.numel, e);
-      std::memcpy(result, local.raw_data(), static_cast<std::size_t>(b.numel) * item);
-    }
-    const std::int64_t from = sharded ? b.shard[r] : 0, count = sharded ? mine : b.numel;
-    if (b.dtype == float64) divide(reinterpret_cast<double*>(result) + from, count, m);
-    else divide(reinterpret_cast<float*>(result) + from, count, m);
-    b.bytes = 2 * b.numel * (size - 1) / size * static_cast<std::int64_t>(item);
-  }
-  b.seconds = seconds_since(started);
-}
-
-}  // namespace
 
 void DataParallel::backward(const Tensor& loss) {
   const char* fn = "DataParallel::backward";
@@ -333,7 +216,7 @@ void DataParallel::backward(const Tensor& loss) {
   // buckets then go to the communication thread, in bucket order.
   auto complete = [&](std::size_t bucket) {
     Bucket& b = *s.buckets[bucket];
-    b.sums.push(k, std::move(b.leaf), add_into);
+    b.sums.push(k, std::move(b.leaf), detail::add_into);
     b.leaf = Tensor();
     if (k + 1 < end_) return;
     b.ready = true;
@@ -383,7 +266,7 @@ void DataParallel::launch(std::size_t bucket) {
   b->launched = true;
   b->exchanged = group_.comm().submit([b, nodes = std::move(nodes), covers = impl_->covers, m = options_.micro_batches,
                                        reduction = options_.reduction, sharded = options_.shard_optimizer_state](Communicator& c) {
-    exchange(c, *b, nodes, covers, m, reduction, sharded);
+    detail::exchange(c, *b, nodes, covers, m, reduction, sharded);
   });
 }
 

@@ -368,9 +368,13 @@ int run(tg::ProcessGroup& group, int argc, char** argv) {
     fmt::print("train_chars: {} {} tokens ({} in the vocabulary) of {} characters from {}; {} parameters; steps {} to {} of {}; {} thread(s)\n",
              text.size(), o.tokenizer, vocab->size(), raw.size(), o.text, model.parameter_count(), done, std::max(done, stop), total,
              tg::num_threads());
-  if (speaker && dp)
-    fmt::print("data-parallel: {} process(es) ({}), {} micro-batches of {} windows per step, {} reduction{}\n", group.size(), group.backend(),
-               o.micro_batches, o.batch / o.micro_batches, o.reduction, o.shard_optimizer ? ", sharded optimizer state" : "");
+  if (speaker && dp) {
+    double state_bytes = 0;  // the optimizer state this process keeps (about 1/P of it when sharded)
+    for (const auto& t : opt.state()) state_bytes += static_cast<double>(t.tensor.numel() * static_cast<std::int64_t>(tg::itemsize(t.tensor.dtype())));
+    fmt::print("data-parallel: {} process(es) ({}), {} micro-batches of {} windows per step, {} reduction, optimizer state {:.2f} MB on rank 0{}\n",
+               group.size(), group.backend(), o.micro_batches, o.batch / o.micro_batches, o.reduction, state_bytes / 1e6,
+               o.shard_optimizer ? " (sharded)" : "");
+  }
 
   ex::Series train_curve{"training", {}, {}}, validation_curve{"validation", {}, {}};
   ex::Progress progress(total, o.log_every, done);

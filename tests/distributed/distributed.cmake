@@ -1,6 +1,7 @@
 # The distributed room. test_distributed: the micro-batch tree and DataParallel in one process
-# (always). With MPI: dp_check trained under mpirun on 1, 2, 3, 4 and 6 processes and alone, its
-# final parameters compared bit for bit, and one rank made to die, throw, stall or differ.
+# (always). With MPI: dp_check trained under mpirun on 1, 2, 3, 4 and 6 processes (12
+# micro-batches) and on 2 and 4 (8 micro-batches), and alone, its final parameters compared bit
+# for bit, and one rank made to die, throw, stall or differ.
 tapegrad_test(test_distributed test_distributed.cpp)
 target_include_directories(test_distributed PRIVATE ${PROJECT_SOURCE_DIR})  # the internal tree
 add_executable(dp_check distributed/dp_check.cpp)
@@ -11,7 +12,8 @@ file(MAKE_DIRECTORY ${_dp})
 # One process accumulating the 12 micro-batches, without a launcher: the reference.
 add_test(NAME dp_alone COMMAND dp_check --out ${_dp}/alone.safetensors)
 add_test(NAME dp_alone_float64 COMMAND dp_check --float64 --out ${_dp}/alone64.safetensors)
-set_tests_properties(dp_alone dp_alone_float64 PROPERTIES FIXTURES_SETUP dp_reference ENVIRONMENT OMP_NUM_THREADS=1)
+add_test(NAME dp_alone_m8 COMMAND dp_check --micro-batches 8 --out ${_dp}/alone_m8.safetensors)
+set_tests_properties(dp_alone dp_alone_float64 dp_alone_m8 PROPERTIES FIXTURES_SETUP dp_reference ENVIRONMENT OMP_NUM_THREADS=1)
 if(NOT TAPEGRAD_MPI_FOUND OR NOT MPIEXEC_EXECUTABLE)
   return()
 endif()
@@ -42,6 +44,13 @@ while(_same)
   add_test(NAME ${run}_same_bits COMMAND dp_check --compare ${_dp}/alone.safetensors ${_dp}/${file}.safetensors --tolerance 0)
   set_tests_properties(${run}_same_bits PROPERTIES FIXTURES_REQUIRED "dp_reference;dp_runs")
 endwhile()
+# 8 micro-batches (a power of two: each process's share is one subtree) on 2 and 4 processes.
+foreach(np IN ITEMS 2 4)
+  dp_run(dp_m8_np${np} ${np} --micro-batches 8 --out ${_dp}/m8_np${np}.safetensors)
+  set_tests_properties(dp_m8_np${np} PROPERTIES FIXTURES_SETUP dp_runs)
+  add_test(NAME dp_m8_np${np}_same_bits COMMAND dp_check --compare ${_dp}/alone_m8.safetensors ${_dp}/m8_np${np}.safetensors --tolerance 0)
+  set_tests_properties(dp_m8_np${np}_same_bits PROPERTIES FIXTURES_REQUIRED "dp_reference;dp_runs")
+endforeach()
 add_test(NAME dp_np3_float64_same_bits COMMAND dp_check --compare ${_dp}/alone64.safetensors ${_dp}/np3_64.safetensors --tolerance 0)
 # fast: MPI's sum, in its own order; close, not equal.
 add_test(NAME dp_np2_fast_close COMMAND dp_check --compare ${_dp}/alone.safetensors ${_dp}/np2_fast.safetensors --tolerance 1e-2)

@@ -30,7 +30,13 @@ void CommThread::abandon() {
 }
 
 std::future<void> CommThread::submit(std::function<void(Communicator&)> job) {
-  std::packaged_task<void()> task([this, job = std::move(job)] { job(communicator_); });
+  // The job is moved out and destroyed once it has run: the task's shared state lives as long as
+  // its future, and a job holding its own future's owner (a bucket) would never be freed.
+  std::packaged_task<void()> task([this, job = std::move(job)]() mutable {
+    const std::function<void(Communicator&)> run = std::move(job);
+    job = nullptr;
+    run(communicator_);
+  });
   std::future<void> done = task.get_future();
   {
     std::lock_guard lock(mutex_);

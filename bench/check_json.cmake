@@ -2,8 +2,8 @@
 # the document main.cpp describes: its top-level keys, the facts, and for every table its fields,
 # a row holding every column key, and a time cell's four keys with a positive median; then that
 # the Markdown page has the command, every section's heading and every table's title and header.
-#   cmake -DBENCH=path/to/tapegrad_bench -DOUT=file.json -P check_json.cmake
-set(sections system overhead softmax fused decode checkpoint gpt2)
+#   cmake -DBENCH=path/to/tapegrad_bench -DOUT=file.json -DMPI=ON|OFF -P check_json.cmake
+set(sections system overhead softmax fused decode checkpoint gpt2 distributed)
 list(JOIN sections "," only)
 set(page ${OUT}.md)
 file(REMOVE ${OUT} ${page})  # documents left by an earlier run must not pass for this one's
@@ -34,7 +34,8 @@ list(LENGTH sections want_count)
 if(NOT ran_count EQUAL want_count)
   message(FATAL_ERROR "run.sections has ${ran_count} entries, ${want_count} expected")
 endif()
-set(tables references overhead softmax fused decode generate checkpoint gpt2 gpt2_ops gpt2_threads gpt2_bf16_loss)
+set(tables references overhead softmax fused decode generate checkpoint gpt2 gpt2_ops gpt2_threads gpt2_bf16_loss distributed_chars
+    distributed_gpt2)
 foreach(table ${tables})
   foreach(field section title notes)
     get(value tables ${table} ${field})
@@ -67,6 +68,15 @@ endforeach()
 get(resident tables fused rows 0 resident_forward_backward_mib)
 if(NOT resident GREATER 0)
   message(FATAL_ERROR "fused: the child process reported ${resident} MiB")
+endif()
+# The distributed section's runs: every one where MPI launches (-DMPI=ON), else the one-process two.
+string(JSON runs LENGTH "${doc}" tables distributed_chars rows)
+set(want 2)
+if(MPI)
+  set(want 5)
+endif()
+if(NOT runs EQUAL want)
+  message(FATAL_ERROR "distributed_chars has ${runs} rows, ${want} expected (MPI ${MPI})")
 endif()
 file(READ ${page} markdown)
 macro(expect text)

@@ -19,7 +19,7 @@
 // _gflops (GFLOP/s), _mib, _percent; _fraction and _ratio are plain ratios (a _memory ending: of
 // the memory copy's bandwidth, bench::memory_copy). Table ids: references,
 // matmul, overhead, kernels, softmax, attention, fused, variants, bf16, bf16_error, decode, generate,
-// threads, threads_busy, train, checkpoint.
+// threads, threads_busy, train, checkpoint, distributed_chars, distributed_gpt2.
 #include <algorithm>
 #include <fstream>
 
@@ -51,6 +51,7 @@ constexpr Section kSections[] = {
     {"threads", bench::section_threads, "Each operation on 1 thread against 2, alone and next to a process that keeps a core busy."},
     {"train", bench::section_train, "A training step of train_sort's model: time per step and where it goes."},
     {"gpt2", bench::section_gpt2, "One training step of a GPT-2-shaped decoder (163M parameters: GPT-2 small with an untied head; 4 x 64 tokens): against the sum of its products at oneDNN's throughput (hot: each on operands it has just used; cold: all in memory; chain: in the step's order on the step's buffers), op by op, on 1 and 2 threads, float32 and bfloat16, peak memory against llm.c's activations, against PyTorch's twin in turn (where python3-torch is installed), and bfloat16's loss against float32's over 200 steps."},
+    {"distributed", bench::section_distributed, "Data-parallel training (DataParallel) of train_chars' model and the GPT-2 shape: 1 process x 2 threads against 2 processes x 1 thread under mpirun, exact against fast reduction, how much of the exchange the backward hides, and how far the parameters drift apart."},
     {"checkpoint", bench::section_checkpoint, "Saving and loading checkpoints of 1k to 100k tensors: time per tensor and resident memory."},
 };
 

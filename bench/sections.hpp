@@ -43,6 +43,8 @@ void section_threads(Report& report, const Options& options);
 void section_train(Report& report, const Options& options);
 // A GPT-2-shaped training step: against its matmul limit, op by op, threads, bfloat16, memory.
 void section_gpt2(Report& report, const Options& options);
+// Data-parallel training, 1 process x 2 threads against 2 processes x 1 thread (tapegrad_dp_worker under mpirun).
+void section_distributed(Report& report, const Options& options);
 // Saving and loading checkpoints of 1k to 100k tensors: time per tensor and resident memory.
 void section_checkpoint(Report& report, const Options& options);
 

@@ -2,8 +2,9 @@
 // as 1 process x 2 threads against 2 processes x 1 thread, for train_chars' model and the
 // GPT-2 shape. Each run is another program, tapegrad_dp_worker (bench/dp_worker.cpp, built
 // beside tapegrad_bench), alone or under mpirun, which trains warm-up steps then timed ones and
-// writes its figures as JSON and its final parameters. Per run: the step's time (median, min-max
-// over the timed steps); the exchange's time per step (the communication thread's time on the
+// writes its figures as JSON and its final parameters; train_chars' runs go in turn, three
+// rounds (the GPT-2 shape's, one: a round is minutes). Per run: the step's time (median, min-max
+// over the timed steps of every round); the exchange's time per step (the communication thread's time on the
 // buckets), what synchronize() still waited for, and so the fraction the backward hid; the
 // gradient bytes each process sent per step; and the largest difference of the final parameters
 // from the one-process DataParallel run (exact: the same bits on any process count that divides
@@ -16,7 +17,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <optional>
 
 #include <nlohmann/json.hpp>
 #include <tapegrad/tapegrad.hpp>
@@ -44,35 +44,38 @@ constexpr Run kRuns[] = {
     {"exact, sharded state", 2, 1, "--shard"},
 };
 
+// A run's figures over the rounds: every timed step, and per step the means over the processes.
 struct Outcome {
-  Stats step;
-  double exchange = 0, waiting = 0, share = 0, bytes = 0;  // per step, the mean over the processes
-  int micro_batches = 0, rows = 0;
+  std::vector<double> steps;                               // seconds
+  double exchange = 0, waiting = 0, share = 0, bytes = 0;  // summed over the rounds
+  int rounds = 0, micro_batches = 0, rows = 0;
+  bool failed = false;
   std::string backend;
+  double per_round(double total) const { return total / rounds; }
 };
 
-// The worker's run, or nothing (and a note) when it failed.
-std::optional<Outcome> launch(Table& table, const std::string& command, const fs::path& json) {
+// One more round of a run: the worker's figures join `o`; false (and a note) when it failed.
+bool launch(Table& table, const std::string& command, const fs::path& json, Outcome& o) {
   fs::remove(json);
   if (std::system(command.c_str()) != 0 || !fs::exists(json)) {
     table.note(fmt::format("failed: {}", command));
-    return std::nullopt;
+    return false;
   }
   std::ifstream in(json);
   const nlohmann::json doc = nlohmann::json::parse(in);
-  Outcome o;
   const auto seconds = doc.at("step_seconds").get<std::vector<double>>();
-  o.step = stats_of(seconds);
+  o.steps.insert(o.steps.end(), seconds.begin(), seconds.end());
   const double steps = static_cast<double>(seconds.size()), processes = doc.at("processes").get<double>();
   const auto mean = [&](const char* key) {
     double total = 0;
     for (const double v : doc.at(key).get<std::vector<double>>()) total += v;
     return total / processes / steps;
   };
-  o.exchange = mean("exchange_seconds"), o.waiting = mean("waiting_seconds"), o.share = mean("share_seconds"), o.bytes = mean("bytes_sent");
+  o.exchange += mean("exchange_seconds"), o.waiting += mean("waiting_seconds"), o.share += mean("share_seconds"), o.bytes += mean("bytes_sent");
   o.micro_batches = doc.at("micro_batches").get<int>(), o.rows = doc.at("rows").get<int>();
   o.backend = doc.at("backend").get<std::string>();
-  return o;
+  ++o.rounds;
+  return true;
 }
 
 // The largest |a - b| over two parameter files of the same model.
@@ -87,7 +90,7 @@ double max_difference(const fs::path& a, const fs::path& b) {
 }
 
 void model_table(Report& report, const Options& options, const fs::path& worker, const fs::path& dir, const char* model,
-                 const std::string& title, int warmup, int steps) {
+                 const std::string& title, int warmup, int steps, int rounds) {
   auto& table = report.table(fmt::format("distributed_{}", model), title,
                              {{"processes", "P", 0, 2},
                               {"threads", "T", 0, 2},
@@ -103,41 +106,51 @@ void model_table(Report& report, const Options& options, const fs::path& worker,
 #ifndef TAPEGRAD_MPI_LAUNCH
   table.note("tapegrad was built without MPI, or MPI has no launcher here: the 2-process rows are left out");
 #endif
-  std::optional<Outcome> reference;  // 1 x 2 DataParallel exact
-  fs::path reference_params;
-  for (const Run& r : kRuns) {
-    const bool many = r.processes > 1;
+  // In turn, round after round, so that the machine's slow phases fall on every run alike.
+  Outcome outcomes[std::size(kRuns)];
+  const auto params_of = [&](const Run& r) { return dir / fmt::format("{}_{}_{}.safetensors", model, r.processes, r.flags + (*r.flags ? 2 : 0)); };
+  for (int round = 0; round < rounds; ++round)
+    for (std::size_t i = 0; i < std::size(kRuns); ++i) {
+      const Run& r = kRuns[i];
 #ifdef TAPEGRAD_MPI_LAUNCH
-    const std::string launcher = many ? fmt::format("{} {} ", TAPEGRAD_MPI_LAUNCH, r.processes) : "";
+      const std::string launcher = r.processes > 1 ? fmt::format("{} {} ", TAPEGRAD_MPI_LAUNCH, r.processes) : "";
 #else
-    const std::string launcher;
-    if (many) continue;  // said in the section's note
+      const std::string launcher;
+      if (r.processes > 1) continue;  // said in the table's note
 #endif
-    const fs::path json = dir / "run.json", params = dir / fmt::format("{}_{}_{}.safetensors", model, r.processes, r.flags + (*r.flags ? 2 : 0));
-    const std::string command =
-        fmt::format("OMP_NUM_THREADS={} {}'{}' --model {}{} {} --processes {} --threads {} --warmup {} --steps {} --json '{}' --params '{}' > /dev/null",
-                    r.threads, launcher, worker.string(), model, options.quick ? " --quick" : "", r.flags, r.processes, r.threads, warmup,
-                    steps, json.string(), params.string());
-    const std::optional<Outcome> o = launch(table, command, json);
-    if (!o) continue;
-    const bool plain = std::string(r.flags) == "--plain";
-    if (!plain && !many) reference = o, reference_params = params;
+      if (outcomes[i].failed) continue;
+      const fs::path json = dir / "run.json";
+      const std::string command = fmt::format(
+          "OMP_NUM_THREADS={} {}'{}' --model {}{} {} --processes {} --threads {} --warmup {} --steps {} --json '{}' --params '{}' > /dev/null",
+          r.threads, launcher, worker.string(), model, options.quick ? " --quick" : "", r.flags, r.processes, r.threads, warmup, steps,
+          json.string(), params_of(r).string());
+      outcomes[i].failed = !launch(table, command, json, outcomes[i]);
+    }
+  const Outcome& reference = outcomes[0];  // 1 x 2 DataParallel exact
+  const bool have_reference = reference.rounds > 0;
+  const double reference_median = have_reference ? stats_of(reference.steps).median : 0;
+  for (std::size_t i = 0; i < std::size(kRuns); ++i) {
+    const Run& r = kRuns[i];
+    const Outcome& o = outcomes[i];
+    if (o.rounds == 0) continue;
+    const bool many = r.processes > 1, plain = std::string(r.flags) == "--plain";
+    const double exchange = o.per_round(o.exchange), waiting = o.per_round(o.waiting);
+    const double difference = many && have_reference ? max_difference(params_of(kRuns[0]), params_of(r)) : -1;  // -1: none
+    const Stats step = stats_of(o.steps);
     const Cell none;
-    const double difference = many && reference ? max_difference(reference_params, params) : -1;  // -1: none
-    table.add({static_cast<std::int64_t>(r.processes), static_cast<std::int64_t>(r.threads), r.label, o->step,
-               reference ? Cell(reference->step.median / o->step.median) : none, plain ? none : Cell(o->exchange * 1e3),
-               plain ? none : Cell(o->waiting * 1e3), plain || o->exchange <= 0 ? none : Cell(1 - o->waiting / o->exchange),
-               std::string(r.flags) == "--shard" ? Cell(o->share * 1e3) : none, plain ? none : Cell(o->bytes / (1 << 20)),
-               difference >= 0 ? Cell(difference) : none});
+    table.add({static_cast<std::int64_t>(r.processes), static_cast<std::int64_t>(r.threads), r.label, step,
+               have_reference ? Cell(reference_median / step.median) : none, plain ? none : Cell(exchange * 1e3), plain ? none : Cell(waiting * 1e3),
+               plain || exchange <= 0 ? none : Cell(1 - waiting / exchange), std::string(r.flags) == "--shard" ? Cell(o.per_round(o.share) * 1e3) : none,
+               plain ? none : Cell(o.per_round(o.bytes) / (1 << 20)), difference >= 0 ? Cell(difference) : none});
+    if (i == 0)
+      table.note(fmt::format("a step: {} micro-batches of {} ({} in all); each run {} untimed steps then {} timed, {} round(s) in turn; "
+                             "max |param diff| after those {} steps, against the 1 x 2 DataParallel run",
+                             o.micro_batches, o.rows, o.micro_batches * o.rows, warmup, steps, rounds, warmup + steps));
+    if (i == 2) table.note(fmt::format("{} processes on {}, launched by mpirun", r.processes, o.backend));
     if (difference == 0.0 && r.processes == 2 && std::string(r.flags) == "--fast")
       table.note(fmt::format("fast on 2 processes, {} micro-batches: each process's partial sum is a subtree of exact's tree and MPI's sum of "
                              "the two is one addition, the tree's root: the same bits as exact here",
-                             o->micro_batches));
-    if (&r == &kRuns[2]) table.note(fmt::format("{} processes on {}, launched by mpirun", r.processes, o->backend));
-    if (&r == &kRuns[0])
-      table.note(fmt::format("a step: {} micro-batches of {} ({} in all), {} untimed steps then {} timed; max |param diff| after those {} steps, "
-                             "against the 1 x 2 DataParallel run",
-                             o->micro_batches, o->rows, o->micro_batches * o->rows, warmup, steps, warmup + steps));
+                             o.micro_batches));
   }
 }
 
@@ -161,11 +174,11 @@ void section_distributed(Report& report, const Options& options) {
       "as on one process, which has nothing to send), hidden = 1 - waited / exchange; sent: gradient bytes each process sent per step; means over the processes";
   model_table(report, options, worker, dir, "chars",
               "train_chars' model (vocabulary of the GPL's bytes, T 64, width 64, 4 heads, 2 blocks, dropout 0.2), 32 windows a step: " + columns,
-              options.quick ? quick_warmup : 5, options.quick ? quick_steps : 30);
+              options.quick ? quick_warmup : 5, options.quick ? quick_steps : 20, options.quick ? 1 : 3);
   model_table(report, options, worker, dir, "gpt2",
               std::string(options.quick ? "the small GPT-2 stand-in (--quick)" : "the GPT-2 shape (12 x 768, vocab 50257, T 64)") +
                   ", B sequences a step as B micro-batches of one: " + columns,
-              options.quick ? quick_warmup : 3, options.quick ? quick_steps : 5);
+              options.quick ? quick_warmup : 3, options.quick ? quick_steps : 5, 1);
   fs::remove_all(dir, error);
 }
 

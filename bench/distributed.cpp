@@ -2,8 +2,9 @@
 // as 1 process x 2 threads against 2 processes x 1 thread, for train_chars' model and the
 // GPT-2 shape. Each run is another program, tapegrad_dp_worker (bench/dp_worker.cpp, built
 // beside tapegrad_bench), alone or under mpirun, which trains warm-up steps then timed ones and
-// writes its figures as JSON and its final parameters; train_chars' runs go in turn, three
-// rounds (the GPT-2 shape's, one: a round is minutes). Per run: the step's time (median, min-max
+// writes its figures as JSON and its final parameters. The runs go in turn, in rounds (three for
+// train_chars' model, two for the GPT-2 shape, whose round takes about a minute and a half), so
+// that the machine's slow phases fall on every run alike. Per run: the step's time (median, min-max
 // over the timed steps of every round); the exchange's time per step (the communication thread's time on the
 // buckets), what synchronize() still waited for, and so the fraction the backward hid; the
 // gradient bytes each process sent per step; and the largest difference of the final parameters
@@ -106,7 +107,7 @@ void model_table(Report& report, const Options& options, const fs::path& worker,
 #ifndef TAPEGRAD_MPI_LAUNCH
   table.note("tapegrad was built without MPI, or MPI has no launcher here: the 2-process rows are left out");
 #endif
-  // In turn, round after round, so that the machine's slow phases fall on every run alike.
+  // In turn, round after round.
   Outcome outcomes[std::size(kRuns)];
   const auto params_of = [&](const Run& r) { return dir / fmt::format("{}_{}_{}.safetensors", model, r.processes, r.flags + (*r.flags ? 2 : 0)); };
   for (int round = 0; round < rounds; ++round)
@@ -178,7 +179,7 @@ void section_distributed(Report& report, const Options& options) {
   model_table(report, options, worker, dir, "gpt2",
               std::string(options.quick ? "the small GPT-2 stand-in (--quick)" : "the GPT-2 shape (12 x 768, vocab 50257, T 64)") +
                   ", B sequences a step as B micro-batches of one: " + columns,
-              options.quick ? quick_warmup : 3, options.quick ? quick_steps : 5, 1);
+              options.quick ? quick_warmup : 3, options.quick ? quick_steps : 5, options.quick ? 1 : 2);
   fs::remove_all(dir, error);
 }
 

@@ -160,14 +160,14 @@ void model_table(Report& report, const Options& options, const fs::path& worker,
 void section_distributed(Report& report, const Options& options) {
   std::error_code error;
   const fs::path worker = fs::read_symlink("/proc/self/exe", error).parent_path() / "tapegrad_dp_worker";
-  const fs::path dir = fs::temp_directory_path() / fmt::format("tapegrad_bench_dp_{}", ::getpid());
-  fs::create_directories(dir);
   report.fact("distributed_cores", "cores for the distributed runs", static_cast<std::int64_t>(::sysconf(_SC_NPROCESSORS_ONLN)));
   if (error || !fs::exists(worker)) {
     auto& table = report.table("distributed_chars", "data-parallel training: not run", {{"run", "run", 0, 3}});
     table.note(fmt::format("tapegrad_dp_worker is not beside tapegrad_bench ({})", worker.string()));
     return;
   }
+  const fs::path dir = fs::temp_directory_path() / fmt::format("tapegrad_bench_dp_{}", ::getpid());
+  fs::create_directories(dir);
   const int quick_steps = 2, quick_warmup = 1;
   const std::string columns =
       "ms per step (median, min-max over the timed steps); exchange: the communication thread's time on the buckets, waited: what "

@@ -33,8 +33,6 @@ struct Bucket {
 };
 
 inline Elem elem_of(DType d) { return d == float64 ? Elem::f64 : Elem::f32; }
-// left += right, element by element: the one addition every node of the tree is made of.
-void add_into(Tensor& left, const Tensor& right);
 // Reduces one bucket on the communication thread, by the tree (exact) or by MPI's all-reduce
 // (fast), into b.result. `nodes`: this process's partial sums; `covers`: every rank's.
 void exchange(Communicator& c, Bucket& b, const std::vector<std::pair<TreeNode, Tensor>>& nodes,

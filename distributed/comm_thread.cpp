@@ -3,6 +3,8 @@
 
 #include <chrono>
 
+#include <fmt/format.h>
+
 #include "autodiff/check.hpp"
 #include "tapegrad/distributed/process_group.hpp"
 
@@ -46,9 +48,15 @@ std::future<void> CommThread::submit(std::function<void(Communicator&)> job) {
   return done;
 }
 
+void CommThread::check_usable(const std::string& what) const {
+  if (broken_)
+    fail<DistributedError>("rank {} of {}: {}: an earlier collective of this process failed or timed out; the processes are out of step, "
+                           "so no further collective can run",
+                           communicator_.rank(), communicator_.size(), what);
+}
+
 void CommThread::wait(std::future<void>& done, const std::string& what) {
-  if (broken_) fail<DistributedError>("rank {} of {}: {}: an earlier collective of this process failed", communicator_.rank(),
-                                      communicator_.size(), what);
+  check_usable(what);
   const auto limit = std::chrono::duration<double>(timeout_);
   if (done.wait_for(limit) != std::future_status::ready) {
     broken_ = true;
@@ -57,13 +65,18 @@ void CommThread::wait(std::future<void>& done, const std::string& what) {
   }
   try {
     done.get();
-  } catch (...) {
+  } catch (const std::exception& e) {
     broken_ = true;
-    throw;
+    // The call that failed (an MPI error names itself and the rank) under the operation it served.
+    std::string message = e.what();
+    const std::string prefix = fmt::format("rank {} of {}: ", communicator_.rank(), communicator_.size());
+    if (message.starts_with(prefix)) message.erase(0, prefix.size());
+    fail<DistributedError>("{}{}: {}", prefix, what, message);
   }
 }
 
 void CommThread::run(const std::string& what, std::function<void(Communicator&)> job) {
+  check_usable(what);
   std::future<void> done = submit(std::move(job));
   wait(done, what);
 }

@@ -22,8 +22,11 @@ class CommThread {
   // Waits for `done`; a job that threw rethrows here, and one still running after the timeout
   // throws a DistributedError naming `what`. Either leaves the group broken: later waits throw.
   void wait(std::future<void>& done, const std::string& what);
-  // Runs `job` on the thread and waits for it.
+  // Runs `job` on the thread and waits for it. The job must own everything it touches (capture
+  // tensors by value, other state by shared_ptr): after a timeout it may still run, later.
   void run(const std::string& what, std::function<void(Communicator&)> job);
+  // A DistributedError naming `what` once a collective has failed or timed out.
+  void check_usable(const std::string& what) const;
   bool broken() const noexcept { return broken_; }
   // Whether every job queued has run, waiting up to the timeout for the last ones.
   bool drained();

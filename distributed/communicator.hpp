@@ -24,7 +24,8 @@ class Communicator {
   // recv_counts[j] from rank j (packed in rank order).
   virtual void all_to_all(const void* send, const std::vector<std::int64_t>& send_counts, void* recv,
                           const std::vector<std::int64_t>& recv_counts, Elem e) = 0;
-  // Every rank receives every rank's `counts[j]` elements, packed in rank order.
+  // Every rank receives every rank's `counts[j]` elements, packed in rank order. `send` null:
+  // in place, this rank's part already where it goes in `recv`.
   virtual void all_gather(const void* send, void* recv, const std::vector<std::int64_t>& counts, Elem e) = 0;
   // The sum over the ranks, in place, in whatever order the MPI library chooses.
   virtual void all_reduce_sum(void* data, std::int64_t count, Elem e) = 0;
@@ -37,10 +38,13 @@ class Communicator {
 };
 
 // MPI's world when the process was started by an MPI launcher (mpirun sets OMPI_COMM_WORLD_SIZE,
-// MPICH's mpiexec PMI_SIZE) and the library was built with MPI; otherwise one process.
+// MPICH's mpiexec PMI_SIZE, PMIx launchers PMIX_RANK) and the library was built with MPI;
+// otherwise one process.
 std::unique_ptr<Communicator> make_communicator();
 std::unique_ptr<Communicator> make_solo_communicator();
-// Whether the environment says an MPI launcher started this process.
+// Whether the environment says an MPI launcher started this process, and the process count it
+// says it started, if any.
 bool launched_by_mpi();
+const char* launcher_size();
 
 }  // namespace tapegrad::detail

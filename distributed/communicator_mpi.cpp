@@ -27,14 +27,15 @@ class Mpi final : public Communicator {
     int initialised = 0;
     MPI_Initialized(&initialised);
     if (initialised) fail<DistributedError>("ProcessGroup: MPI was initialised already; make one ProcessGroup per process, before any other MPI use");
-    // Every call comes from the communication thread; MULTIPLE also lets abort() come from
-    // another thread while that one waits in a collective.
+    // Every collective comes from the communication thread; abort() may come from another
+    // thread while that one waits in a collective, which only MULTIPLE allows.
     int provided = 0;
     if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
       fail<DistributedError>("ProcessGroup: MPI_Init_thread failed");
-    if (provided < MPI_THREAD_SERIALIZED)
-      fail<DistributedError>("ProcessGroup: the MPI library gives thread level {}; tapegrad needs MPI_THREAD_SERIALIZED ({}) or more",
-                             provided, static_cast<int>(MPI_THREAD_SERIALIZED));
+    if (provided < MPI_THREAD_MULTIPLE)
+      fail<DistributedError>("ProcessGroup: the MPI library gives thread level {}; tapegrad needs MPI_THREAD_MULTIPLE ({}), as Open MPI and "
+                             "MPICH give",
+                             provided, static_cast<int>(MPI_THREAD_MULTIPLE));
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
@@ -61,8 +62,8 @@ class Mpi final : public Communicator {
   }
   void all_gather(const void* send, void* recv, const std::vector<std::int64_t>& counts, Elem e) override {
     const auto [c, d] = counts_and_displacements(counts);
-    check("MPI_Allgatherv", MPI_Allgatherv(send, c[static_cast<std::size_t>(rank_)], type_of(e), recv, c.data(), d.data(), type_of(e),
-                                           MPI_COMM_WORLD));
+    check("MPI_Allgatherv", MPI_Allgatherv(send == nullptr ? MPI_IN_PLACE : send, c[static_cast<std::size_t>(rank_)], type_of(e), recv, c.data(),
+                                           d.data(), type_of(e), MPI_COMM_WORLD));
   }
   void all_reduce_sum(void* data, std::int64_t count, Elem e) override {
     check("MPI_Allreduce", MPI_Allreduce(MPI_IN_PLACE, data, as_int(count), type_of(e), MPI_SUM, MPI_COMM_WORLD));

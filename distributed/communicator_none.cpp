@@ -1,5 +1,4 @@
 // Built without MPI: a process group is one process, and refuses to pretend otherwise under a launcher.
-#include <cstdlib>
 #include <string>
 
 #include "autodiff/check.hpp"
@@ -9,8 +8,7 @@
 namespace tapegrad::detail {
 
 std::unique_ptr<Communicator> make_communicator() {
-  const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
-  if (size == nullptr) size = std::getenv("PMI_SIZE");
+  const char* size = launcher_size();
   if (size != nullptr && std::string(size) != "1")
     fail<DistributedError>("ProcessGroup: an MPI launcher started {} processes, but this tapegrad was built without MPI, so each would "
                            "train alone; install libopenmpi-dev and openmpi-bin and rebuild",

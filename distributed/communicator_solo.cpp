@@ -17,7 +17,16 @@ std::size_t elem_size(Elem e) {
   return 1;
 }
 
-bool launched_by_mpi() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr; }
+const char* launcher_size() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"})
+    if (const char* value = std::getenv(name)) return value;
+  return nullptr;
+}
+
+bool launched_by_mpi() {
+  // Open MPI's mpirun, MPICH's mpiexec (PMI), PMIx launchers (srun --mpi=pmix among them).
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr;
+}
 
 namespace {
 
@@ -32,7 +41,9 @@ class Solo final : public Communicator {
                   Elem e) override {
     copy(send, recv, send_counts[0], e);
   }
-  void all_gather(const void* send, void* recv, const std::vector<std::int64_t>& counts, Elem e) override { copy(send, recv, counts[0], e); }
+  void all_gather(const void* send, void* recv, const std::vector<std::int64_t>& counts, Elem e) override {
+    if (send != nullptr) copy(send, recv, counts[0], e);
+  }
   void all_reduce_sum(void*, std::int64_t, Elem) override {}
   void reduce_scatter_sum(const void* send, void* recv, const std::vector<std::int64_t>& counts, Elem e) override {
     copy(send, recv, counts[0], e);

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -55,18 +56,20 @@ struct DataParallel::Impl {
   std::vector<std::vector<TreeNode>> covers;           // each rank's partial sums
   std::int64_t done = 0;                               // micro-batches of this step so far
   std::size_t next_launch = 0;
+  bool synchronized = false;                           // since the last backward
   bool failed = false;
 };
 
 namespace {
 
-// The parameters' names, dtypes and shapes and the options, one line each: what every process
-// must agree on.
-std::string describe(const std::vector<Param>& params, const DataParallelOptions& o, int size) {
+// The parameters' names, dtypes, shapes and whether they train, and the options as given, one
+// line each: what every process must agree on.
+std::string describe(const std::vector<NamedTensor>& named, const DataParallelOptions& o, int size) {
   std::string text = fmt::format("processes {}\nmicro_batches {}\nbucket_bytes {}\nreduction {}\nshard_optimizer_state {}\n", size,
                                  o.micro_batches, o.bucket_bytes, o.reduction == GradientReduction::exact ? "exact" : "fast", o.shard_optimizer_state);
-  for (auto p = params.rbegin(); p != params.rend(); ++p)  // in the module's order
-    text += fmt::format("parameter {} {} [{}]\n", p->name, p->tensor.dtype(), fmt::join(p->tensor.shape(), ", "));
+  for (const NamedTensor& p : named)
+    text += fmt::format("parameter {} {} [{}]{}\n", p.name, p.tensor.dtype(), fmt::join(p.tensor.shape(), ", "),
+                        p.tensor.requires_grad() ? "" : " frozen");
   return text;
 }
 
@@ -85,6 +88,36 @@ std::string first_difference(const std::string& mine, const std::string& theirs,
   return {};
 }
 
+// Every process's `mine` must be rank 0's; otherwise each throws, the differing ones saying how.
+void agree(ProcessGroup& group, const std::string& mine, const char* fn) {
+  struct Shared {
+    std::string theirs;
+    std::vector<std::int64_t> flags;
+  };
+  const auto shared = std::make_shared<Shared>();
+  shared->flags.assign(static_cast<std::size_t>(group.size()), 0);
+  group.comm().run(fmt::format("{}: the check that every process has the same model and options", fn), [shared, mine](Communicator& c) {
+    std::int64_t length = static_cast<std::int64_t>(mine.size());
+    c.broadcast(&length, 1, Elem::i64, 0);
+    shared->theirs = c.rank() == 0 ? mine : std::string(static_cast<std::size_t>(length), '\0');
+    c.broadcast(shared->theirs.data(), length, Elem::u8, 0);
+    std::int64_t differs = shared->theirs != mine ? 1 : 0;
+    c.all_gather(&differs, shared->flags.data(), std::vector<std::int64_t>(shared->flags.size(), 1), Elem::i64);
+  });
+  std::vector<int> differing;
+  for (int r = 0; r < group.size(); ++r)
+    if (shared->flags[static_cast<std::size_t>(r)] != 0) differing.push_back(r);
+  if (differing.empty()) return;
+  if (shared->theirs != mine) {
+    std::string their_line;
+    const std::string my_line = first_difference(mine, shared->theirs, their_line);
+    fail<DistributedError>("rank {} of {}: {}: this process's model or options differ from rank 0's: rank 0 has '{}', this process has '{}'",
+                           group.rank(), group.size(), fn, their_line, my_line);
+  }
+  fail<DistributedError>("rank {} of {}: {}: the model or options of rank(s) {} differ from rank 0's (their messages say how)", group.rank(),
+                         group.size(), fn, fmt::join(differing, ", "));
+}
+
 }  // namespace
 
 DataParallel::DataParallel(ProcessGroup& group, Module& model, const DataParallelOptions& options)
@@ -92,24 +125,27 @@ DataParallel::DataParallel(ProcessGroup& group, Module& model, const DataParalle
   const char* fn = "DataParallel";
   const int size = group.size(), rank = group.rank();
   const std::int64_t m = options.micro_batches;
+  // Agreement first: then an option or a model that one process refuses, every process refuses.
+  const std::vector<NamedTensor> named = model.named_parameters();
+  agree(group, describe(named, options, size), fn);
   if (m < 1) fail<ValueError>("{}: options.micro_batches must be >= 1, got {}", fn, m);
   if (m % size != 0)
     fail<ValueError>("{}: options.micro_batches = {} must be a multiple of the {} processes (each takes as many)", fn, m, size);
   if (options.bucket_bytes <= 0 || options.bucket_bytes > (std::int64_t{1} << 30))
     fail<ValueError>("{}: options.bucket_bytes must be in (0, 2^30], got {}", fn, options.bucket_bytes);
+  if (named.empty()) fail<ValueError>("{}: the model has no parameters", fn);
   first_ = m / size * rank;
   end_ = first_ + m / size;
   for (int r = 0; r < size; ++r) impl_->covers.push_back(detail::tree_cover(m, m / size * r, m / size * (r + 1)));
 
-  // The parameters in the order the backward completes them (about the reverse of the
-  // module's), bucketed by dtype and size.
-  auto named = model.named_parameters();
-  if (named.empty()) fail<ValueError>("{}: the model has no parameters", fn);
+  // The parameters that train, in the order the backward completes them (about the reverse of
+  // the module's), bucketed by dtype and size. Frozen ones are only given rank 0's values.
   std::int64_t total = 0;
   for (auto it = named.rbegin(); it != named.rend(); ++it) {
     const DType d = it->tensor.dtype();
     if (d != float32 && d != float64)
       fail<DTypeError>("{}: parameter '{}' is {}; data-parallel training reduces float32 and float64 gradients", fn, it->name, d);
+    if (!it->tensor.requires_grad()) continue;
     Param p{it->name, it->tensor};
     const std::int64_t bytes = p.tensor.numel() * static_cast<std::int64_t>(itemsize(d));
     if (impl_->buckets.empty() || impl_->buckets.back()->dtype != d ||
@@ -135,6 +171,11 @@ DataParallel::DataParallel(ProcessGroup& group, Module& model, const DataParalle
     at += p.tensor.numel();
   }
   // The exchange's shards: even cuts, or along the owners with sharded state.
+  std::size_t most_nodes = 0, all_nodes = 0;
+  for (const auto& cover : impl_->covers) {
+    most_nodes = std::max(most_nodes, cover.size());
+    all_nodes += cover.size();
+  }
   for (auto& bp : impl_->buckets) {
     Bucket& b = *bp;
     b.shard.assign(static_cast<std::size_t>(size) + 1, b.numel);
@@ -150,43 +191,26 @@ DataParallel::DataParallel(ProcessGroup& group, Module& model, const DataParalle
         }
     }
     b.filled.assign(b.params.size(), 0);
+    // MPI counts are ints: every process must find its messages countable, or none may start.
+    std::int64_t widest = 0;
+    for (int j = 0; j < size; ++j) widest = std::max(widest, b.shard[static_cast<std::size_t>(j) + 1] - b.shard[static_cast<std::size_t>(j)]);
+    const std::int64_t largest = std::max(b.numel * static_cast<std::int64_t>(most_nodes), widest * static_cast<std::int64_t>(all_nodes));
+    if (largest > std::numeric_limits<int>::max())
+      fail<ValueError>("{}: the bucket of parameter '{}' would send {} elements in one MPI message, more than MPI counts ({}); a parameter "
+                       "that large needs fewer micro-batches per process",
+                       fn, impl_->params[b.params.front()].name, largest, std::numeric_limits<int>::max());
   }
 
-  // Every process must describe the same model and options; then rank 0's values go to all.
-  const std::string mine = describe(impl_->params, options, size);
-  std::string theirs;
-  std::vector<std::int64_t> flags(static_cast<std::size_t>(size), 0);
-  group.comm().run("DataParallel: the check that every process has the same model and options", [&](Communicator& c) {
-    std::int64_t length = static_cast<std::int64_t>(mine.size());
-    c.broadcast(&length, 1, Elem::i64, 0);
-    theirs.resize(static_cast<std::size_t>(length));
-    if (rank == 0) theirs = mine;
-    c.broadcast(theirs.data(), length, Elem::u8, 0);
-    std::int64_t differs = theirs != mine ? 1 : 0;
-    c.all_gather(&differs, flags.data(), std::vector<std::int64_t>(static_cast<std::size_t>(size), 1), Elem::i64);
-  });
-  std::vector<int> differing;
-  for (int r = 0; r < size; ++r)
-    if (flags[static_cast<std::size_t>(r)] != 0) differing.push_back(r);
-  if (!differing.empty()) {
-    if (theirs != mine) {
-      std::string their_line;
-      const std::string my_line = first_difference(mine, theirs, their_line);
-      fail<DistributedError>("rank {} of {}: {}: this process's model or options differ from rank 0's: rank 0 has '{}', this process has '{}'",
-                             rank, size, fn, their_line, my_line);
-    }
-    fail<DistributedError>("rank {} of {}: {}: the model or options of rank(s) {} differ from rank 0's (their messages say how)", rank, size,
-                           fn, fmt::join(differing, ", "));
-  }
+  // Rank 0's values to every process, frozen parameters included.
   NoGradGuard no_grad;
   std::vector<Tensor> values;
-  for (const Param& p : impl_->params) {
+  for (const NamedTensor& p : named) {
     values.push_back(empty(p.tensor.shape(), p.tensor.dtype()));
     copy_(values.back(), p.tensor);
   }
   group.broadcast(values, 0);
   if (rank != 0)
-    for (std::size_t i = 0; i < values.size(); ++i) copy_(impl_->params[i].tensor, values[i]);
+    for (std::size_t i = 0; i < values.size(); ++i) copy_(named[i].tensor, values[i]);
 }
 
 DataParallel::~DataParallel() = default;
@@ -198,9 +222,13 @@ void DataParallel::backward(const Tensor& loss) {
   if (s.failed) fail<DistributedError>("rank {} of {}: {}: an earlier step failed part-way; this DataParallel cannot go on", group_.rank(), group_.size(), fn);
   detail::check_defined(fn, "loss", loss);
   if (loss.numel() != 1) fail<ShapeError>("{}: argument 'loss' must have one element, got shape [{}]", fn, fmt::join(loss.shape(), ", "));
+  if (!loss.requires_grad())
+    fail<GraphError>("{}: argument 'loss' does not require grad (computed under NoGradGuard, or from no parameter that trains)", fn);
   if (s.done == end_ - first_)
     fail<ValueError>("{}: this process has run all its {} micro-batches of the step; call synchronize() before the next step's", fn, end_ - first_);
   const std::int64_t k = first_ + s.done;
+  s.synchronized = false;
+  bool completed_any = false;  // a bucket joined the sums: a failure after it cannot be undone
   for (auto& bp : s.buckets) {
     Bucket& b = *bp;
     if (b.spare.empty()) {
@@ -216,7 +244,8 @@ void DataParallel::backward(const Tensor& loss) {
   // buckets then go to the communication thread, in bucket order.
   auto complete = [&](std::size_t bucket) {
     Bucket& b = *s.buckets[bucket];
-    b.sums.push(k, std::move(b.leaf), detail::add_into);
+    completed_any = true;
+    b.sums.push(k, std::move(b.leaf), [](Tensor& left, const Tensor& right) { add_(left, right); });  // a + b, on every thread
     b.leaf = Tensor();
     if (k + 1 < end_) return;
     b.ready = true;
@@ -253,7 +282,12 @@ void DataParallel::backward(const Tensor& loss) {
       complete(bucket);
     }
   } catch (...) {
-    s.failed = true;
+    if (completed_any) {
+      s.failed = true;
+    } else {  // nothing joined the sums: the micro-batch can be run again
+      for (auto& bp : s.buckets)
+        if (bp->leaf.defined()) bp->spare.push_back(std::move(bp->leaf));
+    }
     throw;
   }
   for (Param& p : s.params) p.tensor.zero_grad();
@@ -280,7 +314,7 @@ void DataParallel::synchronize() {
   const auto started = std::chrono::steady_clock::now();
   try {
     for (std::size_t i = 0; i < s.buckets.size(); ++i)
-      group_.comm().wait(s.buckets[i]->exchanged, fmt::format("{}: the exchange of bucket {} of step {}", fn, i, stats_.steps));
+      group_.comm().wait(s.buckets[i]->exchanged, fmt::format("{}: the exchange of bucket {} in step {} of this DataParallel", fn, i, stats_.steps));
   } catch (...) {
     s.failed = true;
     throw;
@@ -305,17 +339,19 @@ void DataParallel::synchronize() {
   }
   s.done = 0;
   s.next_launch = 0;
+  s.synchronized = true;
   ++stats_.steps;
 }
 
 double DataParallel::clip_grad_norm(double max_norm) {
+  const char* fn = "DataParallel::clip_grad_norm";
+  if (!impl_->synchronized) fail<ValueError>("{}: the step's gradients are not there yet; call synchronize() first", fn);
+  if (!(max_norm > 0) || !std::isfinite(max_norm)) fail<ValueError>("{}: argument 'max_norm' must be finite and > 0, got {}", fn, max_norm);
   std::vector<Tensor> mine;  // in the module's order, as clip_grad_norm sums them
   for (auto it = impl_->params.rbegin(); it != impl_->params.rend(); ++it)
     if (!options_.shard_optimizer_state || it->owner == group_.rank()) mine.push_back(it->tensor);
   if (!options_.shard_optimizer_state) return tapegrad::clip_grad_norm(mine, max_norm);
   // clip_grad_norm's sum, over every process's parameters in the module's order.
-  if (!(max_norm > 0) || !std::isfinite(max_norm))
-    fail<ValueError>("DataParallel::clip_grad_norm: argument 'max_norm' must be finite and > 0, got {}", max_norm);
   NoGradGuard no_grad;
   const std::size_t n = impl_->params.size();
   std::vector<double> squares(n, 0.0);
@@ -349,26 +385,25 @@ int DataParallel::owner(const std::string& name) const {
 
 void DataParallel::share_parameters() {
   if (!options_.shard_optimizer_state) return;
+  if (!impl_->synchronized)
+    fail<ValueError>("DataParallel::share_parameters: no step to share; call it after synchronize() and the optimizer's step()");
   Impl& s = *impl_;
   const int size = group_.size(), rank = group_.rank();
   for (std::size_t bucket = 0; bucket < s.buckets.size(); ++bucket) {
     Bucket& b = *s.buckets[bucket];
-    const std::size_t item = itemsize(b.dtype);
-    Tensor flat = empty({b.numel}, b.dtype);
+    const auto item = static_cast<std::int64_t>(itemsize(b.dtype));
+    std::vector<std::int64_t> lengths;
+    for (int j = 0; j < size; ++j) lengths.push_back(b.shard[static_cast<std::size_t>(j) + 1] - b.shard[static_cast<std::size_t>(j)]);
+    // This process's parameters in place in the bucket's layout, then everyone's gathered there.
+    const Tensor flat = empty({b.numel}, b.dtype);
     char* base = static_cast<char*>(const_cast<void*>(flat.raw_data()));
     for (std::size_t i : b.params)
       if (const Param& p = s.params[i]; p.owner == rank) {
         const Tensor v = p.tensor.detach().contiguous();
-        std::memcpy(base + p.offset * static_cast<std::int64_t>(item), v.raw_data(), static_cast<std::size_t>(v.numel()) * item);
+        std::memcpy(base + p.offset * item, v.raw_data(), static_cast<std::size_t>(v.numel() * item));
       }
-    std::vector<std::int64_t> lengths;
-    for (int j = 0; j < size; ++j) lengths.push_back(b.shard[static_cast<std::size_t>(j) + 1] - b.shard[static_cast<std::size_t>(j)]);
-    const std::int64_t own = b.shard[static_cast<std::size_t>(rank)];
-    Tensor mine = empty({std::max<std::int64_t>(lengths[static_cast<std::size_t>(rank)], 1)}, b.dtype);
-    std::memcpy(const_cast<void*>(mine.raw_data()), base + own * static_cast<std::int64_t>(item),
-                static_cast<std::size_t>(lengths[static_cast<std::size_t>(rank)]) * item);
-    group_.comm().run(fmt::format("DataParallel::share_parameters: bucket {} of step {}", bucket, stats_.steps),
-                      [&](Communicator& c) { c.all_gather(mine.raw_data(), base, lengths, elem_of(b.dtype)); });
+    group_.comm().run(fmt::format("DataParallel::share_parameters: bucket {} in step {} of this DataParallel", bucket, stats_.steps),
+                      [flat, lengths, e = elem_of(b.dtype)](Communicator& c) { c.all_gather(nullptr, const_cast<void*>(flat.raw_data()), lengths, e); });
     NoGradGuard no_grad;
     for (std::size_t i : b.params)
       if (const Param& p = s.params[i]; p.owner != rank) copy_(p.tensor, reshape(narrow(flat, 0, p.offset, p.tensor.numel()), p.tensor.shape()));
@@ -379,25 +414,33 @@ void key_generators(Module& model, std::uint64_t seed, std::int64_t index) {
   for (NamedGenerator& g : model.named_generators()) {
     std::uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a of the name
     for (const char ch : g.name) h = (h ^ static_cast<unsigned char>(ch)) * 0x100000001b3ULL;
-    g.generator.get() = Generator(mix(mix(seed) ^ mix(h) ^ mix(static_cast<std::uint64_t>(index) + 0x632be59bd9b4e019ULL)));
+    g.generator.get() = Generator(mix(mix(mix(seed) ^ h) ^ static_cast<std::uint64_t>(index)));  // chained: no two keys cancel
   }
 }
 
 std::vector<double> all_gather(ProcessGroup& group, const std::vector<double>& values) {
-  const auto size = static_cast<std::size_t>(group.size());
-  std::vector<std::int64_t> counts(size);
-  std::vector<double> out;
-  group.comm().run("all_gather", [&](Communicator& c) {
-    const std::int64_t n = static_cast<std::int64_t>(values.size());
-    c.all_gather(&n, counts.data(), std::vector<std::int64_t>(size, 1), Elem::i64);
+  struct Shared {
+    std::vector<std::int64_t> counts;
+    std::vector<double> out;
+    std::int64_t differs = -1;  // a rank whose count is not this one's
+  };
+  const auto shared = std::make_shared<Shared>();
+  shared->counts.assign(static_cast<std::size_t>(group.size()), 0);
+  group.comm().run("all_gather", [shared, values](Communicator& c) {
+    const auto size = static_cast<std::size_t>(c.size());
+    const auto n = static_cast<std::int64_t>(values.size());
+    c.all_gather(&n, shared->counts.data(), std::vector<std::int64_t>(size, 1), Elem::i64);
     for (std::size_t r = 0; r < size; ++r)
-      if (counts[r] != n)
-        fail<DistributedError>("rank {} of {}: all_gather: this process gives {} values, rank {} gives {}; every process must give as many",
-                               c.rank(), c.size(), n, r, counts[r]);
-    out.resize(values.size() * size);
-    c.all_gather(values.data(), out.data(), counts, Elem::f64);
+      if (shared->counts[r] != shared->counts[0]) shared->differs = static_cast<std::int64_t>(r);
+    if (shared->differs >= 0) return;  // every rank sees the same counts, so every rank stops here
+    shared->out.resize(values.size() * size);
+    c.all_gather(values.data(), shared->out.data(), shared->counts, Elem::f64);
   });
-  return out;
+  if (shared->differs >= 0)
+    fail<ValueError>("rank {} of {}: all_gather: argument 'values' must have as many values on every process; rank 0 gives {}, rank {} "
+                     "gives {}",
+                     group.rank(), group.size(), shared->counts[0], shared->differs, shared->counts[static_cast<std::size_t>(shared->differs)]);
+  return shared->out;
 }
 
 }  // namespace tapegrad

@@ -7,14 +7,14 @@
 namespace tapegrad::detail {
 namespace {
 
+// out = sum / m, element by element (in place when out is sum).
 template <class T>
-void divide(T* x, std::int64_t n, std::int64_t m) {
+void divide(const T* sum, T* out, std::int64_t n, std::int64_t m) {
   const T d = static_cast<T>(m);
-  for (std::int64_t e = 0; e < n; ++e) x[e] /= d;
+  for (std::int64_t e = 0; e < n; ++e) out[e] = sum[e] / d;
 }
 
-}  // namespace
-
+// left += right, element by element (the main thread's merges use add_, the same a + b).
 void add_into(Tensor& left, const Tensor& right) {
   const std::int64_t n = left.numel();
   if (left.dtype() == float64) {
@@ -28,78 +28,85 @@ void add_into(Tensor& left, const Tensor& right) {
   }
 }
 
+}  // namespace
+
 void exchange(Communicator& c, Bucket& b, const std::vector<std::pair<TreeNode, Tensor>>& nodes,
               const std::vector<std::vector<TreeNode>>& covers, std::int64_t m, GradientReduction reduction, bool sharded) {
   const auto started = std::chrono::steady_clock::now();
-  const int size = c.size(), rank = c.rank();
+  const int size = c.size();
+  const auto r = static_cast<std::size_t>(c.rank());
   const Elem e = elem_of(b.dtype);
-  const std::size_t item = itemsize(b.dtype);
-  const auto r = static_cast<std::size_t>(rank);
-  const std::int64_t mine = b.shard[r + 1] - b.shard[r];
+  const auto item = static_cast<std::int64_t>(itemsize(b.dtype));
   std::vector<std::int64_t> lengths;
-  for (int j = 0; j < size; ++j) lengths.push_back(b.shard[static_cast<std::size_t>(j) + 1] - b.shard[static_cast<std::size_t>(j)]);
+  for (std::size_t j = 0; j + 1 < b.shard.size(); ++j) lengths.push_back(b.shard[j + 1] - b.shard[j]);
+  const std::int64_t mine = lengths[r];
   b.result = empty({b.numel}, b.dtype);
   char* result = static_cast<char*>(const_cast<void*>(b.result.raw_data()));
+  char* own = result + b.shard[r] * item;
+  auto mean = [&](const void* sum, void* out, std::int64_t n) {
+    if (b.dtype == float64) divide(static_cast<const double*>(sum), static_cast<double*>(out), n, m);
+    else divide(static_cast<const float*>(sum), static_cast<float*>(out), n, m);
+  };
   b.bytes = 0;
-  if (reduction == GradientReduction::exact) {
-    // Shard j of each partial sum goes to rank j, which sums all of them in the tree's order.
-    std::vector<std::int64_t> send_counts, recv_counts;
-    Tensor send = empty({b.numel * static_cast<std::int64_t>(nodes.size())}, b.dtype);
-    char* out = static_cast<char*>(const_cast<void*>(send.raw_data()));
-    for (int j = 0; j < size; ++j) {
-      const auto jj = static_cast<std::size_t>(j);
-      for (const auto& [node, value] : nodes) {
-        std::memcpy(out, static_cast<const char*>(value.raw_data()) + b.shard[jj] * static_cast<std::int64_t>(item),
-                    static_cast<std::size_t>(lengths[jj]) * item);
-        out += lengths[jj] * static_cast<std::int64_t>(item);
-      }
-      send_counts.push_back(lengths[jj] * static_cast<std::int64_t>(nodes.size()));
-      recv_counts.push_back(mine * static_cast<std::int64_t>(covers[jj].size()));
-      if (j != rank) b.bytes += send_counts.back() * static_cast<std::int64_t>(item);
+  if (size == 1 && nodes.size() == 1) {
+    // One process: its one partial sum is the tree's root (its micro-batches are all of them).
+    mean(nodes[0].second.raw_data(), result, b.numel);
+  } else if (reduction == GradientReduction::exact) {
+    // Shard j of each partial sum goes to rank j, which sums all of them in the tree's order. A
+    // partial sum's shards lie in rank order: one partial sum is sent as it is.
+    const std::int64_t k = static_cast<std::int64_t>(nodes.size());
+    Tensor packed;
+    const void* send = nodes[0].second.raw_data();
+    if (k > 1) {
+      packed = empty({b.numel * k}, b.dtype);
+      char* out = static_cast<char*>(const_cast<void*>(packed.raw_data()));
+      for (std::size_t j = 0; j < lengths.size(); ++j)
+        for (const auto& [node, value] : nodes) {
+          std::memcpy(out, static_cast<const char*>(value.raw_data()) + b.shard[j] * item, static_cast<std::size_t>(lengths[j] * item));
+          out += lengths[j] * item;
+        }
+      send = packed.raw_data();
     }
+    std::vector<std::int64_t> send_counts, recv_counts;
     std::int64_t received = 0;
-    for (const std::int64_t n : recv_counts) received += n;
+    for (std::size_t j = 0; j < lengths.size(); ++j) {
+      send_counts.push_back(lengths[j] * k);
+      recv_counts.push_back(mine * static_cast<std::int64_t>(covers[j].size()));
+      received += recv_counts.back();
+      if (j != r) b.bytes += send_counts.back() * item;
+    }
     Tensor recv = empty({received}, b.dtype);
-    c.all_to_all(send.raw_data(), send_counts, const_cast<void*>(recv.raw_data()), recv_counts, e);
+    c.all_to_all(send, send_counts, const_cast<void*>(recv.raw_data()), recv_counts, e);
     std::vector<TreeNode> all;
     for (const auto& cover : covers) all.insert(all.end(), cover.begin(), cover.end());
-    void* own = result + b.shard[r] * static_cast<std::int64_t>(item);
     if (b.dtype == float64) {
       std::vector<const double*> values;
       for (std::size_t i = 0; i < all.size(); ++i) values.push_back(recv.data<const double>() + static_cast<std::int64_t>(i) * mine);
-      tree_sum(m, all, values, static_cast<double*>(own), mine);
-      divide(static_cast<double*>(own), mine, m);
+      tree_sum(m, all, values, reinterpret_cast<double*>(own), mine);
     } else {
       std::vector<const float*> values;
       for (std::size_t i = 0; i < all.size(); ++i) values.push_back(recv.data<const float>() + static_cast<std::int64_t>(i) * mine);
-      tree_sum(m, all, values, static_cast<float*>(own), mine);
-      divide(static_cast<float*>(own), mine, m);
+      tree_sum(m, all, values, reinterpret_cast<float*>(own), mine);
     }
+    mean(own, own, mine);
     if (!sharded) {
-      Tensor shard_copy = empty({mine}, b.dtype);
-      std::memcpy(const_cast<void*>(shard_copy.raw_data()), own, static_cast<std::size_t>(mine) * item);
-      c.all_gather(shard_copy.raw_data(), result, lengths, e);
-      b.bytes += mine * (size - 1) * static_cast<std::int64_t>(item);
+      c.all_gather(nullptr, result, lengths, e);  // in place: this rank's shard is where it goes
+      b.bytes += mine * (size - 1) * item;
     }
   } else {
     // This process's partial sums in order, then MPI's sum over the processes.
-    Tensor local = empty({b.numel}, b.dtype);
-    std::memcpy(const_cast<void*>(local.raw_data()), nodes[0].second.raw_data(), static_cast<std::size_t>(b.numel) * item);
+    Tensor local = nodes[0].second;  // the step's own buffer: free to overwrite
     for (std::size_t i = 1; i < nodes.size(); ++i) add_into(local, nodes[i].second);
-    void* own = result + b.shard[r] * static_cast<std::int64_t>(item);
     if (sharded) {
       c.reduce_scatter_sum(local.raw_data(), own, lengths, e);
+      mean(own, own, mine);
     } else {
       c.all_reduce_sum(const_cast<void*>(local.raw_data()), b.numel, e);
-      std::memcpy(result, local.raw_data(), static_cast<std::size_t>(b.numel) * item);
+      mean(local.raw_data(), result, b.numel);
     }
-    const std::int64_t from = sharded ? b.shard[r] : 0, count = sharded ? mine : b.numel;
-    if (b.dtype == float64) divide(reinterpret_cast<double*>(result) + from, count, m);
-    else divide(reinterpret_cast<float*>(result) + from, count, m);
-    b.bytes = 2 * b.numel * (size - 1) / size * static_cast<std::int64_t>(item);
+    b.bytes = 2 * b.numel * (size - 1) / size * item;
   }
   b.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 }
-
 
 }  // namespace tapegrad::detail

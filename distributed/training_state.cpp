@@ -32,24 +32,42 @@ class GatheredState final : public Optimizer {
 
 // The optimizer's slots ("exp_avg", "step", ...; counter: a per-parameter int64 count), as rank
 // 0's optimizer has them (rank 0 always updates a parameter), given to every rank.
-std::vector<std::pair<std::string, bool>> optimizer_slots(DataParallel& dp, const Optimizer& opt) {
-  std::string text;
+// The parameters an optimizer can hold: those that train (DataParallel gives frozen ones no state).
+std::vector<NamedTensor> trained_parameters(Module& model) {
+  std::vector<NamedTensor> out;
+  for (NamedTensor& p : model.named_parameters())
+    if (p.tensor.requires_grad()) out.push_back(std::move(p));
+  return out;
+}
+
+std::vector<std::pair<std::string, bool>> optimizer_slots(DataParallel& dp, const Optimizer& opt, const char* fn) {
+  // Every rank's optimizer must update exactly its own parameters, or the slots would not line up.
+  std::vector<std::string> expected, given;
+  for (const NamedTensor& p : dp.optimizer_parameters()) expected.push_back(p.name);
+  for (const NamedTensor& p : opt.parameters()) given.push_back(p.name);
+  const std::vector<double> verdicts = all_gather(dp.group(), {expected == given ? 0.0 : 1.0});
+  for (std::size_t r = 0; r < verdicts.size(); ++r)
+    if (verdicts[r] != 0)
+      fail<ValueError>("rank {} of {}: {}: argument 'state.optimizer' must update the parameters of dp.optimizer_parameters(), in that order; "
+                       "rank {}'s does not",
+                       dp.group().rank(), dp.group().size(), fn, r);
+  auto text = std::make_shared<std::string>();
   if (dp.group().rank() == 0 && !opt.parameters().empty()) {
     const std::string suffix = "." + opt.parameters().front().name;
     for (const NamedTensor& t : opt.state())
       if (t.name.size() > suffix.size() && t.name.ends_with(suffix))
-        text += fmt::format("{}{}\n", t.tensor.dtype() == int64 ? '#' : '=', t.name.substr(0, t.name.size() - suffix.size()));
+        *text += fmt::format("{}{}\n", t.tensor.dtype() == int64 ? '#' : '=', t.name.substr(0, t.name.size() - suffix.size()));
   }
-  dp.group().comm().run("DataParallel: the optimizer's slots", [&](detail::Communicator& c) {
-    std::int64_t length = static_cast<std::int64_t>(text.size());
+  dp.group().comm().run(fmt::format("{}: the optimizer's slots", fn), [text](detail::Communicator& c) {
+    std::int64_t length = static_cast<std::int64_t>(text->size());
     c.broadcast(&length, 1, detail::Elem::i64, 0);
-    text.resize(static_cast<std::size_t>(length));
-    c.broadcast(text.data(), length, detail::Elem::u8, 0);
+    text->resize(static_cast<std::size_t>(length));
+    c.broadcast(text->data(), length, detail::Elem::u8, 0);
   });
   std::vector<std::pair<std::string, bool>> slots;
-  for (std::size_t at = 0; at < text.size();) {
-    const std::size_t end = text.find('\n', at);
-    slots.emplace_back(text.substr(at + 1, end - at - 1), text[at] == '#');
+  for (std::size_t at = 0; at < text->size();) {
+    const std::size_t end = text->find('\n', at);
+    slots.emplace_back(text->substr(at + 1, end - at - 1), (*text)[at] == '#');
     at = end + 1;
   }
   return slots;
@@ -64,9 +82,10 @@ void save_training_state(const std::filesystem::path& path, const TrainingState&
     group.barrier();
     return;
   }
-  // Each parameter's slots go from the rank that updates it to rank 0, one tensor at a time.
-  const auto slots = optimizer_slots(dp, state.optimizer);
-  const std::vector<NamedTensor> params = state.model.named_parameters();
+  // Each parameter's slots are broadcast by the rank that updates it, one tensor at a time, and
+  // rank 0 keeps them.
+  const auto slots = optimizer_slots(dp, state.optimizer, "save_training_state");
+  const std::vector<NamedTensor> params = trained_parameters(state.model);
   std::map<std::string, Tensor> mine, received;
   for (const NamedTensor& t : state.optimizer.state()) mine.emplace(t.name, t.tensor);
   for (const NamedTensor& p : params) {
@@ -95,8 +114,8 @@ void load_training_state(const std::filesystem::path& path, TrainingState& state
   }
   // The whole state into a gathered optimizer, checked as load_training_state checks it; then
   // this rank's parameters' slots into its own.
-  const auto slots = optimizer_slots(dp, state.optimizer);
-  GatheredState gathered(state.model.named_parameters(), state.optimizer.learning_rate(), slots);
+  const auto slots = optimizer_slots(dp, state.optimizer, "load_training_state");
+  GatheredState gathered(trained_parameters(state.model), state.optimizer.learning_rate(), slots);
   TrainingState whole{state.model, gathered, state.generators, state.step, state.metadata};
   load_training_state(path, whole);
   std::set<std::string> wanted;

@@ -124,20 +124,26 @@ tg::Decoder small_decoder(tg::DType dtype = tg::float32) {
   return tg::Decoder({.vocab = 11, .max_len = 6, .dim = 8, .heads = 2, .layers = 1, .dropout = 0.2, .dtype = dtype, .seed = 4});
 }
 
+// Large enough that the kernels split their work over two threads.
+tg::Decoder medium_decoder() {
+  return tg::Decoder({.vocab = 11, .max_len = 64, .dim = 64, .heads = 4, .layers = 1, .dropout = 0.2, .dtype = tg::float64, .seed = 4});
+}
+
 struct Batch {
   Tensor x, y;
 };
-Batch micro_batch(std::int64_t k) {
-  std::vector<std::int64_t> x(12), y(12);
-  for (std::size_t i = 0; i < 12; ++i) {
+Batch micro_batch(std::int64_t k, std::int64_t rows = 2, std::int64_t length = 6) {
+  const auto n = static_cast<std::size_t>(rows * length);
+  std::vector<std::int64_t> x(n), y(n);
+  for (std::size_t i = 0; i < n; ++i) {
     x[i] = static_cast<std::int64_t>((i * 7 + static_cast<std::size_t>(k) * 3) % 11);
     y[i] = static_cast<std::int64_t>((i * 5 + static_cast<std::size_t>(k)) % 11);
   }
-  return {tg::from_vector(x, {2, 6}), tg::from_vector(y, {2, 6})};
+  return {tg::from_vector(x, {rows, length}), tg::from_vector(y, {rows, length})};
 }
 
-Tensor loss_of(tg::Decoder& model, std::int64_t k) {
-  const Batch b = micro_batch(k);
+Tensor loss_of(tg::Decoder& model, std::int64_t k, std::int64_t rows = 2, std::int64_t length = 6) {
+  const Batch b = micro_batch(k, rows, length);
   return tg::cross_entropy(model.forward(b.x), b.y);
 }
 
@@ -200,16 +206,16 @@ BOOST_AUTO_TEST_CASE(an_unreached_parameter_gets_a_zero_gradient) {
 // optimizer state (one process owns everything, but the sharded path still runs).
 BOOST_AUTO_TEST_CASE(training_has_the_same_bits_on_any_thread_count_and_sharding) {
   const int threads_before = tg::num_threads();
-  auto train = [](int threads, bool shard, tg::GradientReduction reduction) {
+  auto train = [](int threads, bool shard) {
     tg::set_num_threads(threads);
     tg::ProcessGroup group;
-    tg::Decoder model = small_decoder(tg::float64);
-    tg::DataParallel dp(group, model, {.micro_batches = 3, .bucket_bytes = 512, .reduction = reduction, .shard_optimizer_state = shard});
+    tg::Decoder model = medium_decoder();
+    tg::DataParallel dp(group, model, {.micro_batches = 3, .bucket_bytes = 4096, .shard_optimizer_state = shard});
     tg::AdamW opt(dp.optimizer_parameters(), {.lr = 1e-2});
     for (int step = 0; step < 3; ++step) {
       for (std::int64_t k = dp.first_micro_batch(); k < dp.end_micro_batch(); ++k) {
         tg::key_generators(model, 1, step * 3 + k);
-        dp.backward(loss_of(model, step * 3 + k));
+        dp.backward(loss_of(model, step * 3 + k, 4, 64));
       }
       dp.synchronize();
       dp.clip_grad_norm(0.1);
@@ -223,10 +229,9 @@ BOOST_AUTO_TEST_CASE(training_has_the_same_bits_on_any_thread_count_and_sharding
     }
     return out;
   };
-  const auto one = train(1, false, tg::GradientReduction::exact);
-  for (const auto& [threads, shard, reduction] : {std::tuple{2, false, tg::GradientReduction::exact}, std::tuple{1, true, tg::GradientReduction::exact},
-                                                  std::tuple{2, true, tg::GradientReduction::fast}}) {
-    const auto other = train(threads, shard, reduction);
+  const auto one = train(1, false);
+  for (const auto& [threads, shard] : {std::pair{2, false}, std::pair{1, true}, std::pair{2, true}}) {
+    const auto other = train(threads, shard);
     BOOST_CHECK_MESSAGE(std::memcmp(one.data(), other.data(), one.size() * sizeof(double)) == 0,
                         threads << " threads, shard " << shard);
   }
@@ -245,6 +250,42 @@ BOOST_AUTO_TEST_CASE(clip_grad_norm_is_clip_grad_norms_with_sharded_state_too) {
     const auto a = model.named_parameters(), b = plain.named_parameters();
     for (std::size_t i = 0; i < a.size(); ++i) BOOST_CHECK(a[i].tensor.grad().to_vector<float>() == b[i].tensor.grad().to_vector<float>());
   }
+}
+
+// A parameter that does not train is given rank 0's value and nothing else: no bucket, no
+// gradient, not the optimizer's.
+BOOST_AUTO_TEST_CASE(frozen_parameters_are_left_out) {
+  tg::ProcessGroup group;
+  tg::Decoder model = small_decoder();
+  const auto named = model.named_parameters();
+  Tensor frozen = named.front().tensor;
+  frozen.set_requires_grad(false);
+  tg::DataParallel dp(group, model, {.micro_batches = 2});
+  for (const auto& p : dp.optimizer_parameters()) BOOST_CHECK(p.name != named.front().name);
+  BOOST_CHECK_EQUAL(dp.optimizer_parameters().size(), named.size() - 1);
+  for (std::int64_t k = 0; k < 2; ++k) dp.backward(loss_of(model, k));
+  dp.synchronize();
+  BOOST_CHECK(!frozen.grad().defined());
+  for (std::size_t i = 1; i < named.size(); ++i) BOOST_CHECK_MESSAGE(named[i].tensor.grad().defined(), named[i].name);
+}
+
+// A mistake caught before any gradient joined the sums leaves DataParallel usable.
+BOOST_AUTO_TEST_CASE(a_refused_micro_batch_can_be_run_again) {
+  tg::ProcessGroup group;
+  tg::Decoder model = small_decoder();
+  tg::DataParallel dp(group, model, {.micro_batches = 1, .shard_optimizer_state = true});
+  check_throws<tg::ValueError>([&] { dp.clip_grad_norm(1.0); }, {"DataParallel::clip_grad_norm", "synchronize() first"});
+  check_throws<tg::ValueError>([&] { dp.share_parameters(); }, {"DataParallel::share_parameters", "after synchronize()"});
+  Tensor detached;
+  {
+    tg::NoGradGuard no_grad;
+    detached = loss_of(model, 0);
+  }
+  check_throws<tg::GraphError>([&] { dp.backward(detached); }, {"DataParallel::backward", "'loss'", "does not require grad"});
+  dp.backward(loss_of(model, 0));
+  dp.synchronize();
+  check_throws<tg::ValueError>([&] { dp.clip_grad_norm(0.0); }, {"DataParallel::clip_grad_norm", "'max_norm'", "got 0"});
+  BOOST_CHECK(dp.clip_grad_norm(1.0) > 0);
 }
 
 BOOST_AUTO_TEST_CASE(key_generators_depends_on_seed_name_and_index_alone) {

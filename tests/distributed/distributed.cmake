@@ -65,7 +65,15 @@ set_tests_properties(dp_throwing_rank_ends_the_job PROPERTIES TIMEOUT 60
                      PASS_REGULAR_EXPRESSION "rank 1 of 3: dp_check: the failure asked for with --throw-rank")
 dp_run(dp_stalled_rank_times_out 2 --stall-rank 1 --at-step 2 --timeout 3)
 set_tests_properties(dp_stalled_rank_times_out PROPERTIES TIMEOUT 60
-                     PASS_REGULAR_EXPRESSION "rank 0 of 2: DataParallel::synchronize: the exchange of bucket 0 of step 2 did not finish within 3 s")
+                     PASS_REGULAR_EXPRESSION "rank 0 of 2: DataParallel::synchronize: the exchange of bucket 0 in step 2 of this DataParallel did not finish within 3 s")
+# Caught, the timeout leaves the group refusing collectives (no job of the caller's left to write
+# into freed memory); options that differ are named even when one process would refuse its own.
+dp_run(dp_caught_timeout_refuses_collectives 2 --stall-rank 1 --at-step 2 --timeout 3 --catch-timeout)
+set_tests_properties(dp_caught_timeout_refuses_collectives PROPERTIES TIMEOUT 60
+                     PASS_REGULAR_EXPRESSION "rank 0 of 2: ProcessGroup::barrier: an earlier collective of this process failed or timed out")
+dp_run(dp_differing_options_are_named 2 --other-micro-batches-rank 1)
+set_tests_properties(dp_differing_options_are_named PROPERTIES TIMEOUT 60
+                     PASS_REGULAR_EXPRESSION "rank 1 of 2: DataParallel: this process's model or options differ from rank 0's: rank 0 has 'micro_batches 12', this process has 'micro_batches 3'")
 dp_run(dp_mismatched_rank_is_named 2 --mismatch-rank 1)
 set_tests_properties(dp_mismatched_rank_is_named PROPERTIES TIMEOUT 60
                      PASS_REGULAR_EXPRESSION "rank 1 of 2: DataParallel: this process's model or options differ from rank 0's")

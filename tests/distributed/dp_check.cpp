@@ -5,6 +5,8 @@
 //
 //   mpirun -np 2 dp_check --out np2.safetensors [--micro-batches 12] [--fast] [--shard] [--float64]
 //   mpirun -np 2 dp_check --die-rank 1 --at-step 2        # also --throw-rank, --stall-rank, --mismatch-rank
+//   mpirun -np 2 dp_check --other-micro-batches-rank 1    # options that differ, one of them refused locally
+//   mpirun -np 2 dp_check --stall-rank 1 --timeout 3 --catch-timeout
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -29,7 +31,7 @@ std::map<std::string, std::string> parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string key = argv[i];
     if (key.rfind("--", 0) != 0) throw std::invalid_argument("dp_check: unexpected argument '" + key + "'");
-    const bool flag = key == "--fast" || key == "--shard" || key == "--float64";
+    const bool flag = key == "--fast" || key == "--shard" || key == "--float64" || key == "--catch-timeout";
     if (!flag && i + 1 == argc) throw std::invalid_argument("dp_check: " + key + " needs a value");
     o[key.substr(2)] = flag ? "1" : argv[++i];
   }
@@ -47,8 +49,9 @@ int run(tg::ProcessGroup& group, const std::map<std::string, std::string>& o) {
   const bool mismatch = number(o, "mismatch-rank", -1) == group.rank();
   tg::Decoder model({.vocab = vocab, .max_len = length, .dim = 16, .heads = 2, .layers = mismatch ? 3 : 2, .dropout = 0.1,
                      .dtype = o.count("float64") ? tg::float64 : tg::float32, .seed = 7});
+  const bool other_options = number(o, "other-micro-batches-rank", -1) == group.rank();
   tg::DataParallel dp(group, model,
-                      {.micro_batches = m, .bucket_bytes = number(o, "bucket-bytes", 4096),
+                      {.micro_batches = other_options ? 3 : m, .bucket_bytes = number(o, "bucket-bytes", 4096),
                        .reduction = o.count("fast") ? tg::GradientReduction::fast : tg::GradientReduction::exact, .shard_optimizer_state = o.count("shard") > 0});
   tg::AdamW opt(dp.optimizer_parameters(), {.lr = 1e-2, .weight_decay = 0.01});
   // Every process draws the whole step's windows from one stream and takes its micro-batches.
@@ -66,7 +69,17 @@ int run(tg::ProcessGroup& group, const std::map<std::string, std::string>& o) {
       tg::key_generators(model, 3, step * m + k);
       dp.backward(tg::cross_entropy(model.forward(tg::narrow(x, 0, k * rows, rows)), tg::narrow(y, 0, k * rows, rows)));
     }
-    dp.synchronize();
+    if (o.count("catch-timeout") > 0) {
+      // A caller may catch the timeout; the group then refuses every further collective.
+      try {
+        dp.synchronize();
+      } catch (const tg::DistributedError& e) {
+        std::fprintf(stderr, "caught: %s\n", e.what());
+        group.barrier();
+      }
+    } else {
+      dp.synchronize();
+    }
     dp.clip_grad_norm(0.5);
     opt.step();
     dp.share_parameters();

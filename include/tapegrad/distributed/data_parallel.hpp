@@ -70,9 +70,12 @@ struct DataParallelStats {
 
 class DataParallel {
  public:
-  // Checks that every process has the same parameters (names, shapes, dtypes) and options (a
-  // DistributedError names the first difference and the ranks), then gives every process rank
-  // 0's parameter values. Every parameter must be float32 or float64.
+  // Checks that every process has the same parameters (names, shapes, dtypes, which train) and
+  // options (a DistributedError names the first difference and the ranks) before anything else,
+  // then gives every process rank 0's parameter values. Every parameter must be float32 or
+  // float64; one that does not require grad is frozen (rank 0's values, no gradient, not the
+  // optimizer's). DataParallel owns the parameters' .grad from here on, and knows each
+  // parameter by the tensor it has now.
   DataParallel(ProcessGroup& group, Module& model, const DataParallelOptions& options = {});
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
@@ -84,14 +87,17 @@ class DataParallel {
   std::int64_t end_micro_batch() const noexcept { return end_; }
   std::int64_t micro_batches() const noexcept { return options_.micro_batches; }
 
-  // Runs the backward of the next micro-batch's loss (a scalar). Its gradients join this
-  // process's sums, not .grad; the last micro-batch's start the exchange as they complete.
+  // Runs the backward of the next micro-batch's loss (a scalar that requires grad). Its
+  // gradients join this process's sums, not .grad (which it clears); the last micro-batch's
+  // start the exchange as they complete. A failure before any gradient joined the sums leaves
+  // the micro-batch to be run again; one after it ends this DataParallel (a DistributedError).
   void backward(const Tensor& loss);
   // Waits for the exchange; then every parameter's .grad is the mean of its gradient over the M
   // micro-batches (with sharded optimizer state, only this process's parameters have one). A
   // parameter no micro-batch reached counts a zero gradient.
   void synchronize();
-  // The global norm of the gradients, clip_grad_norm's rule and bits, with sharded state too.
+  // After synchronize(): the global norm of the gradients, clip_grad_norm's rule and bits, with
+  // sharded state too.
   double clip_grad_norm(double max_norm);
   // The parameters this process's optimizer updates: all of them, or its own with sharded state.
   std::vector<NamedTensor> optimizer_parameters() const;
@@ -123,10 +129,11 @@ void key_generators(Module& model, std::uint64_t seed, std::int64_t index);
 
 // A data-parallel run's whole training state (training_state.hpp) in one file, which rank 0
 // writes and every rank reads, whatever the process count that wrote it, with or without sharded
-// optimizer state: sharded, each parameter's optimizer state is sent to rank 0 to be written,
-// and each rank takes its own from the file (rank 0 holds the whole optimizer state while it
-// writes, and every rank while it reads). Every rank calls them; the path must be one every
-// rank can read (a shared file system).
+// optimizer state: sharded, each parameter's optimizer state is broadcast by the rank that keeps
+// it for rank 0 to write, and each rank takes its own from the file (rank 0 holds the whole
+// optimizer state while it writes, and every rank while it reads). Every rank calls them, with
+// an optimizer on dp.optimizer_parameters(); the path must be one every rank can read (a shared
+// file system).
 void save_training_state(const std::filesystem::path& path, const TrainingState& state, DataParallel& dp);
 void load_training_state(const std::filesystem::path& path, TrainingState& state, DataParallel& dp);
 

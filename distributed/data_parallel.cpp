@@ -39,8 +39,8 @@ std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
   return x ^ (x >> 31);
 }
 
-}  // namespace
-
+// A parameter that trains: where its gradient lies in its bucket, and which rank keeps its
+// optimizer state when that is sharded.
 struct Param {
   std::string name;
   Tensor tensor;
@@ -48,6 +48,8 @@ struct Param {
   std::int64_t offset = 0;
   int owner = 0;
 };
+
+}  // namespace
 
 struct DataParallel::Impl {
   std::vector<Param> params;

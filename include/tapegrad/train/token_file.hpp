@@ -55,7 +55,9 @@ class TokenFile {
 void write_token_file(const std::filesystem::path& path, std::span<const std::int64_t> ids, std::int64_t vocab_size);
 
 // random_windows over the file with a generator seeded from (seed, step, rank) alone: the windows
-// of a step do not depend on what was drawn before. step >= 0, rank >= 0.
+// of a step do not depend on what was drawn before. step >= 0, rank >= 0. In data-parallel
+// training pass the global micro-batch index as `rank`: the windows then do not depend on the
+// process count either.
 Windows token_windows(const TokenFile& file, std::int64_t batch, std::int64_t length, std::uint64_t seed, std::int64_t step,
                       std::int64_t rank = 0);
 

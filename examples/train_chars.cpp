@@ -366,8 +366,8 @@ int run(tg::ProcessGroup& group, int argc, char** argv) {
   const tg::WarmupCosine schedule(o.lr, std::min<std::int64_t>(100, total / 10), total, o.lr / 10);
   if (speaker)
     fmt::print("train_chars: {} {} tokens ({} in the vocabulary) of {} characters from {}; {} parameters; steps {} to {} of {}; {} thread(s)\n",
-             text.size(), o.tokenizer, vocab->size(), raw.size(), o.text, model.parameter_count(), done, std::max(done, stop), total,
-             tg::num_threads());
+               text.size(), o.tokenizer, vocab->size(), raw.size(), o.text, model.parameter_count(), done, std::max(done, stop), total,
+               tg::num_threads());
   if (speaker && dp) {
     double state_bytes = 0;  // the optimizer state this process keeps (about 1/P of it when sharded)
     for (const auto& t : opt.state()) state_bytes += static_cast<double>(t.tensor.numel() * static_cast<std::int64_t>(tg::itemsize(t.tensor.dtype())));

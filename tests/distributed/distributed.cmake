@@ -60,6 +60,12 @@ set_tests_properties(dp_np3_float64_same_bits dp_np2_fast_close dp_np4_fast_shar
 # A rank that fails ends the job, with a message naming it, instead of hanging (TIMEOUT).
 dp_run(dp_killed_rank_ends_the_job 2 --die-rank 1 --at-step 2)
 set_tests_properties(dp_killed_rank_ends_the_job PROPERTIES TIMEOUT 60 PASS_REGULAR_EXPRESSION "process rank 1 .*exited on signal 9")
+# ... and the checkpoint it saved after its last whole step resumes, on one process, exactly.
+add_test(NAME dp_killed_rank_leaves_a_checkpoint_that_resumes
+         COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:dp_check> -DMPIEXEC=${MPIEXEC_EXECUTABLE} "-DFLAGS=${TAPEGRAD_MPIEXEC_FLAGS}"
+                 -DOUT=${_dp}/killed -DREFERENCE=${_dp}/alone.safetensors -P ${CMAKE_CURRENT_SOURCE_DIR}/distributed/killed_rank_checkpoint.cmake)
+set_tests_properties(dp_killed_rank_leaves_a_checkpoint_that_resumes PROPERTIES ENVIRONMENT "${TAPEGRAD_MPIEXEC_ENV}" RESOURCE_LOCK mpi
+                     FIXTURES_REQUIRED dp_reference TIMEOUT 120)
 dp_run(dp_throwing_rank_ends_the_job 3 --throw-rank 1 --at-step 2)
 set_tests_properties(dp_throwing_rank_ends_the_job PROPERTIES TIMEOUT 60
                      PASS_REGULAR_EXPRESSION "rank 1 of 3: dp_check: the failure asked for with --throw-rank")

@@ -7,6 +7,7 @@
 //   mpirun -np 2 dp_check --die-rank 1 --at-step 2        # also --throw-rank, --stall-rank, --mismatch-rank
 //   mpirun -np 2 dp_check --other-micro-batches-rank 1    # options that differ, one of them refused locally
 //   mpirun -np 2 dp_check --stall-rank 1 --timeout 3 --catch-timeout
+//   mpirun -np 2 dp_check --checkpoint c.safetensors --die-rank 1 --at-step 3; dp_check --checkpoint c.safetensors --resume
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -31,7 +32,7 @@ std::map<std::string, std::string> parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string key = argv[i];
     if (key.rfind("--", 0) != 0) throw std::invalid_argument("dp_check: unexpected argument '" + key + "'");
-    const bool flag = key == "--fast" || key == "--shard" || key == "--float64" || key == "--catch-timeout";
+    const bool flag = key == "--fast" || key == "--shard" || key == "--float64" || key == "--catch-timeout" || key == "--resume";
     if (!flag && i + 1 == argc) throw std::invalid_argument("dp_check: " + key + " needs a value");
     o[key.substr(2)] = flag ? "1" : argv[++i];
   }
@@ -58,7 +59,13 @@ int run(tg::ProcessGroup& group, const std::map<std::string, std::string>& o) {
   tg::Generator text_gen(11), data(5);
   std::vector<std::int64_t> text(400);
   for (auto& t : text) t = static_cast<std::int64_t>(text_gen.next_u64() % vocab);
-  for (int step = 0; step < steps; ++step) {
+  // --checkpoint: the training state after every step, which --resume continues from.
+  tg::TrainingState state{.model = model, .optimizer = opt, .generators = {{"data", data}}};
+  if (o.count("resume") > 0) {
+    tg::load_training_state(o.at("checkpoint"), state, dp);
+    if (group.rank() == 0) std::printf("resumed at step %lld\n", static_cast<long long>(state.step));
+  }
+  for (auto step = static_cast<int>(state.step); step < steps; ++step) {
     const auto [x, y] = tg::random_windows(text, m * rows, length, data);
     for (std::int64_t k = dp.first_micro_batch(); k < dp.end_micro_batch(); ++k) {
       if (step == at_step) {
@@ -83,6 +90,10 @@ int run(tg::ProcessGroup& group, const std::map<std::string, std::string>& o) {
     dp.clip_grad_norm(0.5);
     opt.step();
     dp.share_parameters();
+    if (o.count("checkpoint") > 0) {
+      state.step = step + 1;
+      tg::save_training_state(o.at("checkpoint"), state, dp);
+    }
   }
   if (group.rank() == 0 && o.count("out")) tg::save_safetensors(o.at("out"), model.named_parameters());
   const auto& s = dp.stats();

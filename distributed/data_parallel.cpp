@@ -59,6 +59,7 @@ struct DataParallel::Impl {
   std::int64_t done = 0;                               // micro-batches of this step so far
   std::size_t next_launch = 0;
   bool synchronized = false;                           // since the last backward
+  bool shared = true;                                  // sharded: share_parameters() since synchronize()
   bool failed = false;
 };
 
@@ -166,10 +167,12 @@ DataParallel::DataParallel(ProcessGroup& group, Module& model, const DataParalle
     impl_->index[p.tensor.impl()] = impl_->params.size();
     impl_->params.push_back(std::move(p));
   }
-  // Owners for sharded state: consecutive parameters, about total / size elements each.
+  // Owners for sharded state: consecutive parameters, about total / size elements each (a
+  // parameter goes to the rank its middle element falls on).
   std::int64_t at = 0;
   for (Param& p : impl_->params) {
-    p.owner = static_cast<int>(std::min<std::int64_t>(size - 1, at * size / std::max<std::int64_t>(total, 1)));
+    const std::int64_t middle = at + p.tensor.numel() / 2;
+    p.owner = static_cast<int>(std::min<std::int64_t>(size - 1, middle * size / std::max<std::int64_t>(total, 1)));
     at += p.tensor.numel();
   }
   // The exchange's shards: even cuts, or along the owners with sharded state.
@@ -228,6 +231,10 @@ void DataParallel::backward(const Tensor& loss) {
     fail<GraphError>("{}: argument 'loss' does not require grad (computed under NoGradGuard, or from no parameter that trains)", fn);
   if (s.done == end_ - first_)
     fail<ValueError>("{}: this process has run all its {} micro-batches of the step; call synchronize() before the next step's", fn, end_ - first_);
+  if (!s.shared)
+    fail<ValueError>("{}: with sharded optimizer state, call share_parameters() after the optimizer's step, before the next step (the other "
+                     "processes' parameters are not here yet)",
+                     fn);
   const std::int64_t k = first_ + s.done;
   s.synchronized = false;
   bool completed_any = false;  // a bucket joined the sums: a failure after it cannot be undone
@@ -311,8 +318,9 @@ void DataParallel::synchronize() {
   Impl& s = *impl_;
   if (s.failed) fail<DistributedError>("rank {} of {}: {}: an earlier step failed part-way; this DataParallel cannot go on", group_.rank(), group_.size(), fn);
   if (s.done != end_ - first_)
-    fail<ValueError>("{}: this process has run {} of its {} micro-batches of the step (backward once per micro-batch first)", fn, s.done,
-                     end_ - first_);
+    fail<ValueError>("{}: this process has run {} of its {} micro-batches of the step (dp.backward(loss) once per micro-batch first; "
+                     "a plain backward() does not reach DataParallel)",
+                     fn, s.done, end_ - first_);
   const auto started = std::chrono::steady_clock::now();
   try {
     for (std::size_t i = 0; i < s.buckets.size(); ++i)
@@ -342,6 +350,7 @@ void DataParallel::synchronize() {
   s.done = 0;
   s.next_launch = 0;
   s.synchronized = true;
+  s.shared = !sharded;
   ++stats_.steps;
 }
 
@@ -379,6 +388,8 @@ std::vector<NamedTensor> DataParallel::optimizer_parameters() const {
   return out;
 }
 
+bool DataParallel::parameters_shared() const noexcept { return impl_->shared; }
+
 int DataParallel::owner(const std::string& name) const {
   for (const Param& p : impl_->params)
     if (p.name == name) return p.owner;
@@ -390,6 +401,7 @@ void DataParallel::share_parameters() {
   if (!impl_->synchronized)
     fail<ValueError>("DataParallel::share_parameters: no step to share; call it after synchronize() and the optimizer's step()");
   Impl& s = *impl_;
+  s.shared = true;
   const int size = group_.size(), rank = group_.rank();
   for (std::size_t bucket = 0; bucket < s.buckets.size(); ++bucket) {
     Bucket& b = *s.buckets[bucket];

@@ -30,8 +30,7 @@ class GatheredState final : public Optimizer {
   std::deque<std::string> names_;  // add_slot keeps the pointer
 };
 
-// The optimizer's slots ("exp_avg", "step", ...; counter: a per-parameter int64 count), as rank
-// 0's optimizer has them (rank 0 always updates a parameter), given to every rank.
+// The optimizer's slots ("exp_avg", "step", ...; counter: a per-parameter int64 count).
 // The parameters an optimizer can hold: those that train (DataParallel gives frozen ones no state).
 std::vector<NamedTensor> trained_parameters(Module& model) {
   std::vector<NamedTensor> out;
@@ -40,7 +39,7 @@ std::vector<NamedTensor> trained_parameters(Module& model) {
   return out;
 }
 
-std::vector<std::pair<std::string, bool>> optimizer_slots(DataParallel& dp, const Optimizer& opt, const char* fn) {
+std::vector<std::pair<std::string, bool>> optimizer_slots(DataParallel& dp, Module& model, const Optimizer& opt, const char* fn) {
   // Every rank's optimizer must update exactly its own parameters, or the slots would not line up.
   std::vector<std::string> expected, given;
   for (const NamedTensor& p : dp.optimizer_parameters()) expected.push_back(p.name);
@@ -51,18 +50,23 @@ std::vector<std::pair<std::string, bool>> optimizer_slots(DataParallel& dp, cons
       fail<ValueError>("rank {} of {}: {}: argument 'state.optimizer' must update the parameters of dp.optimizer_parameters(), in that order; "
                        "rank {}'s does not",
                        dp.group().rank(), dp.group().size(), fn, r);
+  // The slots as the optimizer of a rank that updates a parameter has them (the owner of the
+  // first one), given to every rank.
+  const std::vector<NamedTensor> trained = trained_parameters(model);
+  if (trained.empty()) return {};
+  const int root = dp.owner(trained.front().name);
   auto text = std::make_shared<std::string>();
-  if (dp.group().rank() == 0 && !opt.parameters().empty()) {
+  if (dp.group().rank() == root) {
     const std::string suffix = "." + opt.parameters().front().name;
     for (const NamedTensor& t : opt.state())
       if (t.name.size() > suffix.size() && t.name.ends_with(suffix))
         *text += fmt::format("{}{}\n", t.tensor.dtype() == int64 ? '#' : '=', t.name.substr(0, t.name.size() - suffix.size()));
   }
-  dp.group().comm().run(fmt::format("{}: the optimizer's slots", fn), [text](detail::Communicator& c) {
+  dp.group().comm().run(fmt::format("{}: the optimizer's slots", fn), [text, root](detail::Communicator& c) {
     std::int64_t length = static_cast<std::int64_t>(text->size());
-    c.broadcast(&length, 1, detail::Elem::i64, 0);
+    c.broadcast(&length, 1, detail::Elem::i64, root);
     text->resize(static_cast<std::size_t>(length));
-    c.broadcast(text->data(), length, detail::Elem::u8, 0);
+    c.broadcast(text->data(), length, detail::Elem::u8, root);
   });
   std::vector<std::pair<std::string, bool>> slots;
   for (std::size_t at = 0; at < text->size();) {
@@ -77,6 +81,9 @@ std::vector<std::pair<std::string, bool>> optimizer_slots(DataParallel& dp, cons
 
 void save_training_state(const std::filesystem::path& path, const TrainingState& state, DataParallel& dp) {
   ProcessGroup& group = dp.group();
+  if (!dp.parameters_shared())
+    fail<ValueError>("save_training_state: with sharded optimizer state, call dp.share_parameters() after the optimizer's step, before "
+                     "saving (rank 0 does not have the other processes' parameters yet)");
   if (!dp.sharded()) {
     if (group.rank() == 0) save_training_state(path, state);
     group.barrier();
@@ -84,7 +91,7 @@ void save_training_state(const std::filesystem::path& path, const TrainingState&
   }
   // Each parameter's slots are broadcast by the rank that updates it, one tensor at a time, and
   // rank 0 keeps them.
-  const auto slots = optimizer_slots(dp, state.optimizer, "save_training_state");
+  const auto slots = optimizer_slots(dp, state.model, state.optimizer, "save_training_state");
   const std::vector<NamedTensor> params = trained_parameters(state.model);
   std::map<std::string, Tensor> mine, received;
   for (const NamedTensor& t : state.optimizer.state()) mine.emplace(t.name, t.tensor);
@@ -114,7 +121,7 @@ void load_training_state(const std::filesystem::path& path, TrainingState& state
   }
   // The whole state into a gathered optimizer, checked as load_training_state checks it; then
   // this rank's parameters' slots into its own.
-  const auto slots = optimizer_slots(dp, state.optimizer, "load_training_state");
+  const auto slots = optimizer_slots(dp, state.model, state.optimizer, "load_training_state");
   GatheredState gathered(trained_parameters(state.model), state.optimizer.learning_rate(), slots);
   TrainingState whole{state.model, gathered, state.generators, state.step, state.metadata};
   load_training_state(path, whole);

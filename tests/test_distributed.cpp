@@ -7,6 +7,7 @@
 #include <tapegrad/distributed/data_parallel.hpp>
 
 #include "distributed/sum_tree.hpp"
+#include "files.hpp"
 #include "support.hpp"
 
 namespace tg = tapegrad;
@@ -286,6 +287,28 @@ BOOST_AUTO_TEST_CASE(a_refused_micro_batch_can_be_run_again) {
   dp.synchronize();
   check_throws<tg::ValueError>([&] { dp.clip_grad_norm(0.0); }, {"DataParallel::clip_grad_norm", "'max_norm'", "got 0"});
   BOOST_CHECK(dp.clip_grad_norm(1.0) > 0);
+}
+
+// With sharded state, the parameters the others updated must arrive before the next step or a
+// checkpoint: forgetting share_parameters() is refused, not trained on.
+BOOST_AUTO_TEST_CASE(a_sharded_step_must_be_shared) {
+  tg::ProcessGroup group;
+  tg::Decoder model = small_decoder();
+  tg::DataParallel dp(group, model, {.micro_batches = 1, .shard_optimizer_state = true});
+  tg::AdamW opt(dp.optimizer_parameters());
+  BOOST_CHECK(dp.parameters_shared());
+  dp.backward(loss_of(model, 0));
+  dp.synchronize();
+  opt.step();
+  BOOST_CHECK(!dp.parameters_shared());
+  check_throws<tg::ValueError>([&] { dp.backward(loss_of(model, 1)); }, {"DataParallel::backward", "share_parameters()"});
+  tg::TrainingState state{.model = model, .optimizer = opt};
+  const tg_test::TempDir dir;
+  check_throws<tg::ValueError>([&] { tg::save_training_state(dir / "unshared.safetensors", state, dp); },
+                               {"save_training_state", "share_parameters()"});
+  BOOST_CHECK(dir.entries().empty());
+  dp.share_parameters();
+  dp.backward(loss_of(model, 1));
 }
 
 BOOST_AUTO_TEST_CASE(key_generators_depends_on_seed_name_and_index_alone) {

@@ -3,18 +3,21 @@
 // with the same averaged gradient.
 //
 //   tg::ProcessGroup group;
-//   tg::DataParallel dp(group, model, {.micro_batches = 8});   // rank 0's parameters everywhere
+//   tg::DataParallel dp(group, model, {.micro_batches = M});   // rank 0's parameters everywhere
 //   tg::AdamW opt(dp.optimizer_parameters(), {.lr = 3e-4});
 //   for (std::int64_t step = 0; step < steps; ++step) {
+//     // the step's M micro-batches of `rows` windows, drawn alike on every process
 //     for (std::int64_t k = dp.first_micro_batch(); k < dp.end_micro_batch(); ++k) {
-//       tg::key_generators(model, seed, step * 8 + k);       // dropout keyed by micro-batch
-//       dp.backward(tg::cross_entropy(model.forward(x[k]), y[k]));
+//       tg::key_generators(model, seed, step * M + k);       // dropout keyed by micro-batch
+//       dp.backward(tg::cross_entropy(model.forward(tg::narrow(x, 0, k * rows, rows)), tg::narrow(y, 0, k * rows, rows)));
 //     }
-//     dp.synchronize();                                       // .grad: the mean over the 8
+//     dp.synchronize();                                       // .grad: the mean over the M
 //     dp.clip_grad_norm(1.0);
 //     opt.step();
 //     dp.share_parameters();                                  // with sharded optimizer state
 //   }
+//
+// docs/distributed.md has the whole loop, checkpoints included.
 //
 // How (PyTorch DDP's design, on MPI): the gradients are grouped in buckets of about
 // bucket_bytes, in the reverse order of the parameters (the order the backward completes them).
@@ -102,13 +105,18 @@ class DataParallel {
   // The parameters this process's optimizer updates: all of them, or its own with sharded state.
   std::vector<NamedTensor> optimizer_parameters() const;
   // After the optimizer's step: with sharded state, every process receives the parameters the
-  // others updated; otherwise nothing to do.
+  // others updated (the next backward, and a checkpoint, refuse to go on without it); otherwise
+  // nothing to do.
   void share_parameters();
   bool sharded() const noexcept { return options_.shard_optimizer_state; }
   // The rank whose optimizer updates parameter `name` with sharded state (consecutive
-  // parameters, about as many elements on each rank).
+  // parameters, about as many elements on each rank; a rank may get none when one parameter
+  // holds most of them).
   int owner(const std::string& name) const;
   const DataParallelStats& stats() const noexcept { return stats_; }
+  // Whether the parameters are the same on every process now (not between a sharded step and
+  // share_parameters()).
+  bool parameters_shared() const noexcept;
   ProcessGroup& group() noexcept { return group_; }
 
   struct Impl;

@@ -2,6 +2,7 @@
 // sums, the step's result, and the job that exchanges it on the communication thread.
 #pragma once
 
+#include <chrono>
 #include <future>
 #include <utility>
 #include <vector>
@@ -27,12 +28,15 @@ struct Bucket {
   std::vector<Tensor> spare;         // buffers to reuse
   Tensor result;                     // the step's mean gradients (with sharded state: own shard)
   std::future<void> exchanged;
-  bool ready = false, launched = false;
+  bool ready = false;                // complete for this step: may go to the communication thread
   double seconds = 0;                // the communication thread's time on this step's exchange
   std::int64_t bytes = 0;
 };
 
 inline Elem elem_of(DType d) { return d == float64 ? Elem::f64 : Elem::f32; }
+inline double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
 // Reduces one bucket on the communication thread, by the tree (exact) or by MPI's all-reduce
 // (fast), into b.result. `nodes`: this process's partial sums; `covers`: every rank's.
 void exchange(Communicator& c, Bucket& b, const std::vector<std::pair<TreeNode, Tensor>>& nodes,

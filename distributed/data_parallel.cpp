@@ -24,13 +24,10 @@ using detail::Elem;
 using detail::Bucket;
 using detail::elem_of;
 using detail::fail;
+using detail::seconds_since;
 using detail::TreeNode;
 
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
 
 std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
   x += 0x9e3779b97f4a7c15ULL;
@@ -266,7 +263,6 @@ void DataParallel::backward(const Tensor& loss) {
     if (it == s.index.end()) return;  // a leaf that is not one of the model's parameters
     const Param& p = s.params[it->second];
     Bucket& b = *s.buckets[p.bucket];
-    if (b.filled[p.position] != 0) return;
     const Tensor g = gradient.is_contiguous() ? gradient : gradient.contiguous();
     const std::size_t item = itemsize(b.dtype);
     std::memcpy(static_cast<char*>(const_cast<void*>(b.leaf.raw_data())) + p.offset * static_cast<std::int64_t>(item), g.raw_data(),
@@ -306,7 +302,6 @@ void DataParallel::backward(const Tensor& loss) {
 void DataParallel::launch(std::size_t bucket) {
   const std::shared_ptr<Bucket> b = impl_->buckets[bucket];
   std::vector<std::pair<TreeNode, Tensor>> nodes = b->sums.nodes();
-  b->launched = true;
   b->exchanged = group_.comm().submit([b, nodes = std::move(nodes), covers = impl_->covers, m = options_.micro_batches,
                                        reduction = options_.reduction, sharded = options_.shard_optimizer_state](Communicator& c) {
     detail::exchange(c, *b, nodes, covers, m, reduction, sharded);
@@ -336,7 +331,7 @@ void DataParallel::synchronize() {
     stats_.bytes_sent += b.bytes;
     for (auto& [node, value] : b.sums.nodes()) b.spare.push_back(std::move(value));
     b.sums.clear();
-    b.ready = b.launched = false;
+    b.ready = false;
   }
   const bool sharded = options_.shard_optimizer_state;
   for (Param& p : s.params) {

@@ -1,8 +1,8 @@
 // The exchange of one bucket (see bucket.hpp and docs/distributed.md): the exact tree, or MPI's sum.
-#include <chrono>
 #include <cstring>
 
 #include "distributed/bucket.hpp"
+#include "tapegrad/ops/inplace.hpp"
 
 namespace tapegrad::detail {
 namespace {
@@ -12,20 +12,6 @@ template <class T>
 void divide(const T* sum, T* out, std::int64_t n, std::int64_t m) {
   const T d = static_cast<T>(m);
   for (std::int64_t e = 0; e < n; ++e) out[e] = sum[e] / d;
-}
-
-// left += right, element by element (the main thread's merges use add_, the same a + b).
-void add_into(Tensor& left, const Tensor& right) {
-  const std::int64_t n = left.numel();
-  if (left.dtype() == float64) {
-    double* a = left.data<double>();
-    const double* b = right.data<const double>();
-    for (std::int64_t e = 0; e < n; ++e) a[e] += b[e];
-  } else {
-    float* a = left.data<float>();
-    const float* b = right.data<const float>();
-    for (std::int64_t e = 0; e < n; ++e) a[e] += b[e];
-  }
 }
 
 }  // namespace
@@ -96,7 +82,7 @@ void exchange(Communicator& c, Bucket& b, const std::vector<std::pair<TreeNode, 
   } else {
     // This process's partial sums in order, then MPI's sum over the processes.
     Tensor local = nodes[0].second;  // the step's own buffer: free to overwrite
-    for (std::size_t i = 1; i < nodes.size(); ++i) add_into(local, nodes[i].second);
+    for (std::size_t i = 1; i < nodes.size(); ++i) add_(local, nodes[i].second);  // a + b, as the tree's merges
     if (sharded) {
       c.reduce_scatter_sum(local.raw_data(), own, lengths, e);
       mean(own, own, mine);
@@ -106,7 +92,7 @@ void exchange(Communicator& c, Bucket& b, const std::vector<std::pair<TreeNode, 
     }
     b.bytes = 2 * b.numel * (size - 1) / size * item;
   }
-  b.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  b.seconds = seconds_since(started);
 }
 
 }  // namespace tapegrad::detail

@@ -77,6 +77,9 @@ set_tests_properties(dp_stalled_rank_times_out PROPERTIES TIMEOUT 60
 dp_run(dp_caught_timeout_refuses_collectives 2 --stall-rank 1 --at-step 2 --timeout 3 --catch-timeout)
 set_tests_properties(dp_caught_timeout_refuses_collectives PROPERTIES TIMEOUT 60
                      PASS_REGULAR_EXPRESSION "rank 0 of 2: ProcessGroup::barrier: an earlier collective of this process failed or timed out")
+dp_run(dp_differing_sizes_are_refused_everywhere 2 --size-mismatch-rank 1)
+set_tests_properties(dp_differing_sizes_are_refused_everywhere PROPERTIES TIMEOUT 60
+                     PASS_REGULAR_EXPRESSION "broadcast refused: rank 0 of 2: ProcessGroup::broadcast: argument 'tensors' must have the same sizes on every process; rank 1's differ from rank 0's.*all_gather refused: rank 0 of 2: all_gather: argument 'values' must have as many values on every process; rank 0 gives 1, rank 1 gives 2")
 dp_run(dp_differing_options_are_named 2 --other-micro-batches-rank 1)
 set_tests_properties(dp_differing_options_are_named PROPERTIES TIMEOUT 60
                      PASS_REGULAR_EXPRESSION "rank 1 of 2: DataParallel: this process's model or options differ from rank 0's: rank 0 has 'micro_batches 12', this process has 'micro_batches 3'")

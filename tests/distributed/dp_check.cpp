@@ -6,6 +6,7 @@
 //   mpirun -np 2 dp_check --out np2.safetensors [--micro-batches 12] [--fast] [--shard] [--float64]
 //   mpirun -np 2 dp_check --die-rank 1 --at-step 2        # also --throw-rank, --stall-rank, --mismatch-rank
 //   mpirun -np 2 dp_check --other-micro-batches-rank 1    # options that differ, one of them refused locally
+//   mpirun -np 2 dp_check --size-mismatch-rank 1          # a broadcast and an all_gather of other sizes on rank 1
 //   mpirun -np 2 dp_check --stall-rank 1 --timeout 3 --catch-timeout
 //   mpirun -np 2 dp_check --checkpoint c.safetensors --die-rank 1 --at-step 3; dp_check --checkpoint c.safetensors --resume
 #include <algorithm>
@@ -44,7 +45,27 @@ std::int64_t number(const std::map<std::string, std::string>& o, const std::stri
   return it == o.end() ? fallback : std::stoll(it->second);
 }
 
+// --size-mismatch-rank R: that rank gives a broadcast and an all_gather other sizes; both must be
+// refused on every rank (none waits for a message that never comes), and the group goes on.
+int check_size_mismatch(tg::ProcessGroup& group, int odd) {
+  const bool mine = group.rank() == odd;
+  auto refused = [&](const char* what, auto&& call) {
+    try {
+      call();
+    } catch (const tg::Error& e) {
+      if (group.rank() == 0) std::printf("%s refused: %s\n", what, e.what());
+      return true;
+    }
+    return false;
+  };
+  const bool both = refused("broadcast", [&] { group.broadcast({tg::zeros({mine ? 4 : 3})}); }) &&
+                    refused("all_gather", [&] { tg::all_gather(group, std::vector<double>(mine ? 2 : 1, 0.0)); });
+  group.barrier();  // still usable
+  return both ? 0 : 1;
+}
+
 int run(tg::ProcessGroup& group, const std::map<std::string, std::string>& o) {
+  if (o.count("size-mismatch-rank") > 0) return check_size_mismatch(group, static_cast<int>(number(o, "size-mismatch-rank", 1)));
   const std::int64_t m = number(o, "micro-batches", 12), steps = number(o, "steps", 5), rows = 2, length = 8, vocab = 13;
   const int at_step = static_cast<int>(number(o, "at-step", 2));
   const bool mismatch = number(o, "mismatch-rank", -1) == group.rank();

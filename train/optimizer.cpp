@@ -21,12 +21,9 @@ namespace {
 using detail::fail;
 using detail::shape_str;
 
-void check_range(const char* kind, const char* name, double value, double low, double high, bool high_open) {
-  const bool ok = value >= low && (high_open ? value < high : value <= high);
-  if (!ok)
-    fail<ValueError>("{}: option '{}' must be in [{}, {}{}, got {}", kind, name, low, high, high_open ? ")" : "]", value);
+void check_range(const char* kind, const char* name, double value, double high) {
+  if (!(value >= 0 && value < high)) fail<ValueError>("{}: option '{}' must be in [0, {}), got {}", kind, name, high, value);
 }
-
 
 // The global norm of the parameters' gradients and the factor clip_grad_norm scales them by (1
 // when none, or when the norm is not finite).
@@ -44,6 +41,7 @@ std::pair<double, double> clip_factor(const std::vector<Tensor>& parameters, dou
   const double factor = max_norm / (total + 1e-6);
   return {total, std::isfinite(total) && factor < 1 ? factor : 1.0};
 }
+
 }  // namespace
 
 Optimizer::Optimizer(const char* kind, std::vector<NamedTensor> parameters, double lr)
@@ -133,8 +131,8 @@ void Optimizer::load_state(const std::vector<NamedTensor>& state, std::int64_t s
 
 SGD::SGD(std::vector<NamedTensor> parameters, const SgdOptions& options)
     : Optimizer("SGD", std::move(parameters), options.lr), options_(options) {
-  check_range(kind_, "momentum", options.momentum, 0, 1, true);
-  check_range(kind_, "weight_decay", options.weight_decay, 0, INFINITY, true);
+  check_range(kind_, "momentum", options.momentum, 1);
+  check_range(kind_, "weight_decay", options.weight_decay, INFINITY);
   if (options.nesterov && options.momentum == 0)
     fail<ValueError>("SGD: option 'nesterov' needs momentum > 0, got momentum = 0");
   if (options.momentum > 0) velocity_ = add_slot("momentum");
@@ -163,10 +161,10 @@ Adam::Adam(std::vector<NamedTensor> parameters, const AdamOptions& options) : Ad
 
 Adam::Adam(const char* kind, std::vector<NamedTensor> parameters, const AdamOptions& options, bool decoupled)
     : Optimizer(kind, std::move(parameters), options.lr), options_(options), decoupled_(decoupled) {
-  check_range(kind_, "beta1", options.beta1, 0, 1, true);
-  check_range(kind_, "beta2", options.beta2, 0, 1, true);
-  check_range(kind_, "weight_decay", options.weight_decay, 0, INFINITY, true);
-  check_range(kind_, "max_grad_norm", options.max_grad_norm, 0, INFINITY, true);
+  check_range(kind_, "beta1", options.beta1, 1);
+  check_range(kind_, "beta2", options.beta2, 1);
+  check_range(kind_, "weight_decay", options.weight_decay, INFINITY);
+  check_range(kind_, "max_grad_norm", options.max_grad_norm, INFINITY);
   grad_norm_ = std::numeric_limits<double>::quiet_NaN();
   if (!(options.eps > 0) || !std::isfinite(options.eps)) fail<ValueError>("{}: option 'eps' must be finite and > 0, got {}", kind_, options.eps);
   exp_avg_ = add_slot("exp_avg");
@@ -200,7 +198,6 @@ void Adam::step() {
 
 AdamW::AdamW(std::vector<NamedTensor> parameters, const AdamWOptions& o)
     : Adam("AdamW", std::move(parameters), {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.max_grad_norm}, true) {}
-
 
 double clip_grad_norm(const std::vector<Tensor>& parameters, double max_norm) {
   NoGradGuard no_grad;

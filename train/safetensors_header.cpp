@@ -48,8 +48,7 @@ struct Entry {
   std::optional<std::string> unexpected;  // the first key other than the three
   bool has_dtype = false, has_shape = false, has_offsets = false;
   std::optional<std::string> dtype;
-  std::string dtype_bad, shape_bad, offsets_bad;  // a value of the wrong type, described
-  bool shape_array = false, offsets_array = false;
+  std::string dtype_bad, shape_bad, offsets_bad;  // a value of the wrong type, described (else empty)
   std::vector<std::int64_t> dims;
   std::optional<std::string> bad_dim;  // the first element that is not an index
   std::vector<std::string> offset_texts;
@@ -69,13 +68,13 @@ class HeaderSax final : public nlohmann::json_sax<Json> {
  public:
   HeaderSax(std::uint64_t data_size, SafetensorsHeader& out) : data_size_(data_size), out_(out) {}
 
-  bool null() override { return value({"null", "null"}); }
-  bool boolean(bool v) override { return value({"boolean", v ? "true" : "false"}); }
-  bool number_integer(number_integer_t v) override { return value({"number", std::to_string(v)}); }  // negative
-  bool number_unsigned(number_unsigned_t v) override { return value({"number", std::to_string(v)}, v); }
-  bool number_float(number_float_t, const string_t& text) override { return value({"number", text}); }
-  bool string(string_t& s) override { return value({"string", Json(s).dump()}, std::nullopt, &s); }
-  bool binary(binary_t&) override { return value({"binary", "..."}); }  // not in JSON text
+  bool null() override { return scalar({"null", "null"}); }
+  bool boolean(bool v) override { return scalar({"boolean", v ? "true" : "false"}); }
+  bool number_integer(number_integer_t v) override { return scalar({"number", std::to_string(v)}); }  // negative
+  bool number_unsigned(number_unsigned_t v) override { return scalar({"number", std::to_string(v)}, v); }
+  bool number_float(number_float_t, const string_t& text) override { return scalar({"number", text}); }
+  bool string(string_t& s) override { return scalar({"string", Json(s).dump()}, std::nullopt, &s); }
+  bool binary(binary_t&) override { return scalar({"binary", "..."}); }  // not in JSON text
   bool start_object(std::size_t) override { return open(true); }
   bool start_array(std::size_t) override { return open(false); }
   bool end_object() override { return close(); }
@@ -100,10 +99,13 @@ class HeaderSax final : public nlohmann::json_sax<Json> {
   }
   std::string shown() const { return printable(entry_.name); }
 
-  bool value(const Seen& seen, std::optional<std::uint64_t> index = std::nullopt, const std::string* text = nullptr);
+  Role value(const Seen& seen, std::optional<std::uint64_t> index = std::nullopt, const std::string* text = nullptr);
+  bool scalar(const Seen& seen, std::optional<std::uint64_t> index = std::nullopt, const std::string* text = nullptr) {
+    value(seen, index, text);
+    return true;
+  }
   bool open(bool object);
   bool close();
-  void field(const std::string& key, const Seen& seen, std::optional<std::uint64_t> index, const std::string* text, bool array);
   void finish_entry();
 
   std::uint64_t data_size_;
@@ -131,25 +133,41 @@ bool HeaderSax::key(string_t& k) {
   return true;
 }
 
-// A scalar, or (from open) the start of an object or array, as the value of its parent's slot.
-bool HeaderSax::value(const Seen& seen, std::optional<std::uint64_t> index, const std::string* text) {
+// A scalar, or (from open) the start of an object or array, as the value of its parent's slot;
+// returns the role of the frame an object or array opens.
+Role HeaderSax::value(const Seen& seen, std::optional<std::uint64_t> index, const std::string* text) {
+  const bool object = seen.type == "object", array = seen.type == "array";
   if (frames_.empty()) {
+    if (object) return Role::top;
     problem_once("the header must be a JSON object, found {}", seen.describe());
-    return true;
+    return Role::ignored;
   }
-  Frame& f = frames_.back();
+  const Frame& f = frames_.back();
   switch (f.role) {
     case Role::top:
       if (f.key == "__metadata__") {
+        if (object) return Role::metadata;
         problem_once("'__metadata__' must be an object of strings, found {}", seen.describe());
-      } else {
-        entry_ = Entry{};
-        entry_.name = f.key;
-        entry_.not_object = seen;
-        finish_entry();
+        return Role::ignored;
+      }
+      entry_ = Entry{};
+      entry_.name = f.key;
+      if (object) return Role::entry;
+      entry_.not_object = seen;
+      finish_entry();
+      break;
+    case Role::entry:
+      if (f.key == "dtype") {
+        if (text != nullptr) entry_.dtype = *text;
+        else entry_.dtype_bad = seen.describe();
+      } else if (f.key == "shape") {
+        if (array) return Role::shape;
+        entry_.shape_bad = seen.describe();
+      } else if (f.key == "data_offsets") {
+        if (array) return Role::offsets;
+        entry_.offsets_bad = seen.text.empty() ? seen.type : seen.text;
       }
       break;
-    case Role::entry: field(f.key, seen, index, text, false); break;
     case Role::metadata:
       if (text != nullptr) out_.metadata.emplace(f.key, *text);
       else problem_once("'__metadata__' values must be strings; key '{}' holds {}", printable(f.key), seen.describe());
@@ -164,20 +182,7 @@ bool HeaderSax::value(const Seen& seen, std::optional<std::uint64_t> index, cons
       break;
     case Role::ignored: break;
   }
-  return true;
-}
-
-void HeaderSax::field(const std::string& key, const Seen& seen, std::optional<std::uint64_t>, const std::string* text, bool array) {
-  if (key == "dtype") {
-    if (text != nullptr) entry_.dtype = *text;
-    else entry_.dtype_bad = seen.describe();
-  } else if (key == "shape") {
-    if (array) entry_.shape_array = true;
-    else entry_.shape_bad = seen.describe();
-  } else if (key == "data_offsets") {
-    if (array) entry_.offsets_array = true;
-    else entry_.offsets_bad = seen.text.empty() ? seen.type : seen.text;
-  }
+  return Role::ignored;
 }
 
 bool HeaderSax::open(bool object) {
@@ -185,29 +190,7 @@ bool HeaderSax::open(bool object) {
     stop_ = fmt::format("the header nests {}s deeper than the format's {} levels", object ? "object" : "array", kMaxDepth);
     return false;
   }
-  const Seen seen{object ? "object" : "array", ""};
-  Role role = Role::ignored;
-  if (frames_.empty()) {
-    if (object) role = Role::top;
-    else value(seen);
-  } else {
-    const Frame& parent = frames_.back();
-    if (parent.role == Role::top && object) {
-      role = parent.key == "__metadata__" ? Role::metadata : Role::entry;
-      if (role == Role::entry) {
-        entry_ = Entry{};
-        entry_.name = parent.key;
-      }
-    } else if (parent.role == Role::entry && !object && (parent.key == "shape" || parent.key == "data_offsets")) {
-      role = parent.key == "shape" ? Role::shape : Role::offsets;
-      field(parent.key, seen, std::nullopt, nullptr, true);
-    } else if (parent.role == Role::entry) {
-      field(parent.key, seen, std::nullopt, nullptr, false);
-    } else if (parent.role != Role::ignored) {
-      value(seen);
-    }
-  }
-  frames_.push_back({role, object, {}, {}});
+  frames_.push_back({value({object ? "object" : "array", ""}), object, {}, {}});
   return true;
 }
 
@@ -236,11 +219,11 @@ void HeaderSax::finish_entry() {
     return problem_once("tensor '{}' has dtype '{}', which tapegrad does not hold (it reads F32, F64, BOOL and I64); convert "
                         "it before saving",
                         shown(), printable(*e.dtype));
-  if (!e.shape_array) return problem_once("tensor '{}': shape must be an array, found {}", shown(), e.shape_bad);
+  if (!e.shape_bad.empty()) return problem_once("tensor '{}': shape must be an array, found {}", shown(), e.shape_bad);
   if (e.bad_dim) return problem_once("tensor '{}': shape must hold non-negative integers, found '{}'", shown(), printable(*e.bad_dim));
-  if (!e.offsets_array || e.offsets.size() != 2)
+  if (!e.offsets_bad.empty() || e.offsets.size() != 2)
     return problem_once("tensor '{}': data_offsets must be an array [begin, end], found '{}'", shown(),
-                        printable(e.offsets_array ? fmt::format("[{}]", fmt::join(e.offset_texts, ",")) : e.offsets_bad));
+                        printable(e.offsets_bad.empty() ? fmt::format("[{}]", fmt::join(e.offset_texts, ",")) : e.offsets_bad));
   for (std::size_t i = 0; i < 2; ++i)
     if (!e.offsets[i])
       return problem_once("tensor '{}': data_offsets must hold non-negative integers, found '{}'", shown(), printable(e.offset_texts[i]));

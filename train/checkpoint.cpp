@@ -2,24 +2,18 @@
 //
 // nlohmann-json reads the header (safetensors_header.cpp) and escapes strings when writing it;
 // it is private to these files, so no public header and no consumer of the installed library
-// sees it. The reader never
-// trusts a number from the file before checking it against the file's real size, so a corrupt or
-// hostile file costs memory in proportion to its size (a small multiple of it: each shape entry
-// of two bytes becomes an int64, each tensor entry a tensor) and ends in a FormatError.
+// sees it. The reader never trusts a number from the file before checking it against the file's
+// real size, so a corrupt or hostile file costs memory in proportion to its size (a small
+// multiple of it: each shape entry of two bytes becomes an int64, each tensor entry a tensor)
+// and ends in a FormatError.
 #include "tapegrad/train/checkpoint.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <array>
 #include <bit>
-#include <cerrno>
 #include <cstring>
-#include <limits>
-#include <optional>
+#include <numeric>
 #include <set>
 #include <string_view>
-#include <system_error>
 #include <unordered_map>
 #include <utility>
 
@@ -27,7 +21,6 @@
 #include <nlohmann/json.hpp>
 
 #include "autodiff/check.hpp"
-#include "train/checkpoint_io.hpp"
 #include "train/files.hpp"
 #include "train/safetensors_header.hpp"
 #include "tapegrad/autodiff/tape.hpp"
@@ -40,11 +33,7 @@ static_assert(std::endian::native == std::endian::little, "safetensors I/O assum
 
 namespace tapegrad {
 namespace {
-using detail::check_path;
-using detail::errno_text;
-using detail::Fd;
 using detail::fail;
-using detail::TempFile;
 using detail::printable;
 using detail::shape_str;
 using detail::valid_utf8;
@@ -56,28 +45,6 @@ constexpr std::uint64_t kLengthBytes = 8;
 constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
 // Reads of the data section gather small tensors into pieces of this size.
 constexpr std::uint64_t kReadPiece = std::uint64_t{1} << 20;
-
-// Gathers small writes into large ones (the role fwrite's buffer plays); big tensors go straight
-// through without a copy.
-class BufferedWriter {
- public:
-  explicit BufferedWriter(TempFile& file) : file_(file) { buffer_.reserve(kCapacity); }
-  void append(const void* data, std::size_t n) {
-    if (buffer_.size() + n > kCapacity) flush();
-    if (n >= kCapacity) return file_.write_all(data, n);
-    const auto* p = static_cast<const char*>(data);
-    buffer_.insert(buffer_.end(), p, p + n);
-  }
-  void flush() {
-    if (!buffer_.empty()) file_.write_all(buffer_.data(), buffer_.size());
-    buffer_.clear();
-  }
-
- private:
-  static constexpr std::size_t kCapacity = std::size_t{1} << 20;
-  TempFile& file_;
-  std::vector<char> buffer_;
-};
 
 std::string json_string(const std::string& s) { return nlohmann::json(s).dump(); }
 
@@ -91,7 +58,6 @@ std::string json_string(const std::string& s) { return nlohmann::json(s).dump();
 
 void detail::write_safetensors(const char* fn, const fs::path& path, const std::vector<NamedTensor>& tensors,
                                const std::map<std::string, std::string>& metadata) {
-  check_path(fn, path);
   std::unordered_map<std::string_view, std::size_t> seen;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const std::string& name = tensors[i].name;
@@ -126,7 +92,7 @@ void detail::write_safetensors(const char* fn, const fs::path& path, const std::
   // Bytes by decreasing element size, stable: with the header padded to 8 bytes, every tensor then
   // starts at a multiple of its own element size in the file, without gaps (the format allows none).
   std::vector<std::size_t> layout(tensors.size());
-  for (std::size_t i = 0; i < layout.size(); ++i) layout[i] = i;
+  std::iota(layout.begin(), layout.end(), 0);
   std::stable_sort(layout.begin(), layout.end(),
                    [&](std::size_t a, std::size_t b) {
                      return itemsize(tensors[a].tensor.dtype()) > itemsize(tensors[b].tensor.dtype());
@@ -142,11 +108,8 @@ void detail::write_safetensors(const char* fn, const fs::path& path, const std::
   std::string header = "{";
   if (!metadata.empty()) {
     header += "\"__metadata__\":{";
-    bool first = true;
-    for (const auto& [key, value] : metadata) {
-      header += fmt::format("{}{}:{}", first ? "" : ",", json_string(key), json_string(value));
-      first = false;
-    }
+    for (const auto& [key, value] : metadata)
+      header += fmt::format("{}{}:{}", header.back() == '{' ? "" : ",", json_string(key), json_string(value));
     header += "}";
   }
   for (std::size_t i = 0; i < tensors.size(); ++i) {
@@ -159,19 +122,17 @@ void detail::write_safetensors(const char* fn, const fs::path& path, const std::
   header.append((kLengthBytes - header.size() % kLengthBytes) % kLengthBytes, ' ');
   if (header.size() > kMaxHeaderBytes) fail_header_size(fn, tensors.size(), header.size(), "");
 
-  TempFile file(fn, path);
-  BufferedWriter out(file);
+  detail::TempFile file(fn, path);
   const std::uint64_t length = header.size();
-  out.append(&length, sizeof length);
-  out.append(header.data(), header.size());
+  file.append(&length, sizeof length);
+  file.append(header.data(), header.size());
   // One row-major copy at a time (only strided views need one), made without recording.
   const NoGradGuard no_grad;
   for (std::size_t i : layout) {
     if (byte_size(i) == 0) continue;
     const Tensor row_major = contiguous(tensors[i].tensor);
-    out.append(row_major.raw_data(), static_cast<std::size_t>(byte_size(i)));
+    file.append(row_major.raw_data(), static_cast<std::size_t>(byte_size(i)));
   }
-  out.flush();
   file.commit();
 }
 
@@ -181,7 +142,7 @@ namespace {
 
 class Reader {
  public:
-  Reader(const char* fn, const fs::path& path) : fn_(fn), path_(path.string()), fd_(detail::open_regular(fn, path, size_)) {}
+  Reader(const char* fn, const fs::path& path) : fn_(fn), path_(path), fd_(detail::open_regular(fn, path, size_)) {}
   Reader(const Reader&) = delete;
   Reader& operator=(const Reader&) = delete;
 
@@ -263,29 +224,11 @@ class Reader {
   }
 
   template <class... Args> [[noreturn]] void format_fail(fmt::format_string<Args...> f, Args&&... args) const {
-    fail<FormatError>("{}: '{}' is not a valid safetensors file: {}", fn_, path_,
+    fail<FormatError>("{}: '{}' is not a valid safetensors file: {}", fn_, path_.string(),
                       fmt::format(f, std::forward<Args>(args)...));
   }
-  [[noreturn]] void io_fail(const char* what, int err) const {
-    fail<IOError>("{}: {} '{}': {}", fn_, what, path_, errno_text(err));
-  }
-
-  // Exactly n bytes at `offset`. Every range asked for lies inside the size fstat gave, so a short
-  // read means the file shrank while being read.
   void read_at(std::uint64_t offset, void* out, std::uint64_t n) const {
-    auto* p = static_cast<char*>(out);
-    while (n > 0) {
-      const ssize_t r = ::pread(fd_.get(), p, std::min<std::uint64_t>(n, std::uint64_t{1} << 30), static_cast<off_t>(offset));
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0) io_fail("cannot read", errno);
-      if (r == 0)
-        fail<IOError>("{}: '{}' ended at byte {} while reading it, before the {} bytes it had when opened; was it "
-                      "changed while being read?",
-                      fn_, path_, offset, size_);
-      p += r;
-      offset += static_cast<std::uint64_t>(r);
-      n -= static_cast<std::uint64_t>(r);
-    }
+    detail::read_at(fn_, path_, fd_.get(), size_, offset, out, n);
   }
 
   // A bool byte other than 0 or 1 is not a value a C++ bool may hold.
@@ -297,9 +240,9 @@ class Reader {
   }
 
   const char* fn_;
-  std::string path_;
+  fs::path path_;
   std::uint64_t size_ = 0;  // before fd_: open_regular sets it
-  Fd fd_;
+  detail::Fd fd_;
   std::uint64_t data_start_ = 0, data_size_ = 0;
 };
 

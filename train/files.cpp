@@ -1,4 +1,4 @@
-// The files train/ writes and reads (files.hpp): the path check, opening to read, atomic saves.
+// The files train/ writes and reads (files.hpp): the path check, reading, atomic saves.
 #include "train/files.hpp"
 
 #include <fcntl.h>
@@ -20,7 +20,7 @@ namespace fs = std::filesystem;
 
 std::string errno_text(int err) { return std::generic_category().message(err); }
 
-void check_path(const char* fn, const fs::path& path) {
+static void check_path(const char* fn, const fs::path& path) {
   if (path.empty()) fail<ValueError>("{}: argument 'path' must name a file, got an empty path", fn);
   if (!path.has_filename())
     fail<ValueError>("{}: argument 'path' must name a file, got '{}', which ends in a directory separator", fn, path.string());
@@ -43,21 +43,33 @@ int open_regular(const char* fn, const fs::path& path, std::uint64_t& size) {
   return owned.release();
 }
 
+void read_at(const char* fn, const fs::path& path, int fd, std::uint64_t size, std::uint64_t offset, void* out,
+             std::uint64_t n) {
+  auto* p = static_cast<char*>(out);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, std::min<std::uint64_t>(n, std::uint64_t{1} << 30), static_cast<off_t>(offset));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) fail<IOError>("{}: cannot read '{}': {}", fn, path.string(), errno_text(errno));
+    if (r == 0)
+      fail<IOError>("{}: '{}' ended at byte {} while reading it, before the {} bytes it had when opened; was it "
+                    "changed while being read?",
+                    fn, path.string(), offset, size);
+    p += r;
+    offset += static_cast<std::uint64_t>(r);
+    n -= static_cast<std::uint64_t>(r);
+  }
+}
+
 std::string read_all(const char* fn, const fs::path& path) {
   std::uint64_t size = 0;
   const Fd fd(open_regular(fn, path, size));
   std::string bytes(static_cast<std::size_t>(size), '\0');
-  for (std::size_t at = 0; at < bytes.size();) {
-    const ssize_t r = ::read(fd.get(), bytes.data() + at, bytes.size() - at);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) fail<IOError>("{}: cannot read '{}': {}", fn, path.string(), errno_text(errno));
-    if (r == 0) fail<IOError>("{}: '{}' ended at byte {} while reading it, before the {} bytes it had when opened", fn, path.string(), at, size);
-    at += static_cast<std::size_t>(r);
-  }
+  read_at(fn, path, fd.get(), size, 0, bytes.data(), size);
   return bytes;
 }
 
 TempFile::TempFile(const char* fn, const fs::path& final_path) : fn_(fn), final_(final_path) {
+  check_path(fn, final_path);
   static std::atomic<std::uint64_t> counter{0};
   const fs::path dir = final_path.has_parent_path() ? final_path.parent_path() : fs::path(".");
   // A hidden name next to the destination (rename() is atomic only within one filesystem),
@@ -91,7 +103,20 @@ void TempFile::write_all(const void* data, std::size_t n) {
   }
 }
 
+void TempFile::append(const void* data, std::size_t n) {
+  constexpr std::size_t kBuffer = std::size_t{1} << 20;
+  if (buffer_.size() + n > kBuffer) {
+    write_all(buffer_.data(), buffer_.size());
+    buffer_.clear();
+  }
+  if (n >= kBuffer) return write_all(data, n);
+  buffer_.reserve(kBuffer);
+  const auto* p = static_cast<const char*>(data);
+  buffer_.insert(buffer_.end(), p, p + n);
+}
+
 void TempFile::commit() {
+  write_all(buffer_.data(), buffer_.size());
   // A file saved over keeps its permissions (a private 0600 checkpoint stays private); a new one
   // gets 0666 less the umask, as any newly created file.
   struct stat old {};

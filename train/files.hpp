@@ -6,13 +6,11 @@
 #include <filesystem>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace tapegrad::detail {
 
 std::string errno_text(int err);
-
-// A path must name a file: not empty, not ending in a directory separator (ValueError).
-void check_path(const char* fn, const std::filesystem::path& path);
 
 class Fd {
  public:
@@ -27,14 +25,20 @@ class Fd {
   int fd_;
 };
 
-// Opens `path` read-only after check_path; an IOError unless it opens and is a regular file.
-// `size` receives its length in bytes.
+// Opens `path` read-only after checking that it names a file (not empty, not ending in a
+// directory separator: a ValueError); an IOError unless it opens and is a regular file. `size`
+// receives its length in bytes.
 int open_regular(const char* fn, const std::filesystem::path& path, std::uint64_t& size);
+// Exactly n bytes at `offset` of the file `fd` opened with `size` bytes; every range asked for
+// lies inside `size`, so a short read means the file shrank while being read (an IOError).
+void read_at(const char* fn, const std::filesystem::path& path, int fd, std::uint64_t size, std::uint64_t offset,
+             void* out, std::uint64_t n);
 // The whole of a regular file (IOError when it cannot be read).
 std::string read_all(const char* fn, const std::filesystem::path& path);
 
-// The temporary a save writes before renaming it over the destination. Until commit() it is
-// removed when this object dies, on every path out of save, exceptions included.
+// The temporary a save writes before renaming it over the destination, after the path check
+// open_regular makes. Until commit() it is removed when this object dies, on every path out of
+// save, exceptions included.
 class TempFile {
  public:
   TempFile(const char* fn, const std::filesystem::path& final_path);
@@ -43,6 +47,9 @@ class TempFile {
   TempFile& operator=(const TempFile&) = delete;
 
   void write_all(const void* data, std::size_t n);
+  // Gathers small writes into large ones (the role fwrite's buffer plays); big ones go straight
+  // through without a copy. commit() writes what is left.
+  void append(const void* data, std::size_t n);
   // fsync, close, rename over the destination, then sync the directory so the rename itself
   // survives a power loss.
   void commit();
@@ -54,6 +61,7 @@ class TempFile {
   std::filesystem::path final_, path_;
   int fd_ = -1;
   bool committed_ = false;
+  std::vector<char> buffer_;
 };
 
 }  // namespace tapegrad::detail

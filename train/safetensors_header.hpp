@@ -1,14 +1,17 @@
 // Internal: the JSON header of a safetensors file, read and checked in one pass (checkpoint.cpp
-// reads the rest of the file).
+// reads the rest of the file); checkpoint.cpp's reader, writer and load's check, with `fn` naming
+// the public function in errors, for the other checkpoints of train/ (training_state.cpp).
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "tapegrad/autodiff/tensor.hpp"
+#include "tapegrad/train/checkpoint.hpp"
 
 namespace tapegrad::detail {
 
@@ -44,5 +47,15 @@ struct SafetensorsHeader {
 // Linear in the header's length, and it keeps no document: beyond `text` it holds the specs, the
 // names once more (to find a repeated one) and the metadata.
 std::string read_safetensors_header(std::string_view text, std::uint64_t data_size, SafetensorsHeader& out);
+
+// save_safetensors and load_safetensors.
+void write_safetensors(const char* fn, const std::filesystem::path& path, const std::vector<NamedTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata);
+SafetensorsFile read_safetensors(const char* fn, const std::filesystem::path& path);
+// What keeps `tensors` from being copied into the module's `params` (load's check), one line
+// each: missing and unexpected names, dtypes, shapes, parameters that cannot be written.
+std::vector<std::string> fit_problems(const std::vector<NamedTensor>& params, const std::vector<NamedTensor>& tensors);
+// Copies each of `tensors` into the parameter of its name, in place: after fit_problems found none.
+void copy_fitted(const std::vector<NamedTensor>& params, const std::vector<NamedTensor>& tensors);
 
 }  // namespace tapegrad::detail

@@ -6,7 +6,6 @@
 #include <array>
 #include <bit>
 #include <cerrno>
-#include <cstring>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -48,6 +47,15 @@ TokenFile::TokenFile(const std::filesystem::path& path, std::int64_t vocab_size,
   const std::uint64_t header = layout == TokenLayout::llmc ? kHeaderBytes : 0;
   if (size < header) format_fail(fmt::format("it is {} bytes long, shorter than the {}-byte header (truncated?)", size, header));
   if ((size - header) % 2 != 0) format_fail(fmt::format("its {} bytes after the header are not a whole number of uint16", size - header));
+  const std::uint64_t count = (size - header) / 2;
+  if (layout == TokenLayout::llmc) {
+    std::array<std::int32_t, kHeaderInts> h{};
+    detail::read_at(fn, path, fd.get(), size, 0, h.data(), kHeaderBytes);
+    if (h[0] != kMagic) format_fail(fmt::format("the header's magic is {}, not {}", h[0], kMagic));
+    if (h[1] != kVersion) format_fail(fmt::format("the header's version is {}; only version {} (uint16 tokens) is read", h[1], kVersion));
+    if (h[2] < 0 || static_cast<std::uint64_t>(h[2]) != count)
+      format_fail(fmt::format("the header counts {} tokens but the file holds {} after the header", h[2], count));
+  }
   if (size > 0) {
     map_ = ::mmap(nullptr, static_cast<std::size_t>(size), PROT_READ, MAP_PRIVATE, fd.get(), 0);
     if (map_ == MAP_FAILED) {
@@ -56,28 +64,13 @@ TokenFile::TokenFile(const std::filesystem::path& path, std::int64_t vocab_size,
     }
     map_bytes_ = static_cast<std::size_t>(size);
   }
-  // From here the destructor does not run on a throw: the mapping is released by this guard.
-  struct Unmap {
-    TokenFile* self;
-    ~Unmap() {
-      if (self && self->map_) ::munmap(self->map_, self->map_bytes_);
-    }
-  } unmap{this};
   const auto* bytes = static_cast<const unsigned char*>(map_);
-  const std::uint64_t count = (size - header) / 2;
-  if (layout == TokenLayout::llmc) {
-    std::array<std::int32_t, kHeaderInts> h{};
-    std::memcpy(h.data(), bytes, kHeaderBytes);
-    if (h[0] != kMagic) format_fail(fmt::format("the header's magic is {}, not {}", h[0], kMagic));
-    if (h[1] != kVersion) format_fail(fmt::format("the header's version is {}; only version {} (uint16 tokens) is read", h[1], kVersion));
-    if (h[2] < 0 || static_cast<std::uint64_t>(h[2]) != count)
-      format_fail(fmt::format("the header counts {} tokens but the file holds {} after the header", h[2], count));
-  }
   tokens_ = {reinterpret_cast<const std::uint16_t*>(bytes + header), static_cast<std::size_t>(count)};
   for (std::size_t i = 0; i < tokens_.size(); ++i)
-    if (tokens_[i] >= vocab_size)
-      format_fail(fmt::format("token {} is id {}, not below vocab_size = {}", i, tokens_[i], vocab_size));
-  unmap.self = nullptr;
+    if (const std::uint16_t id = tokens_[i]; id >= vocab_size) {
+      ::munmap(map_, map_bytes_);  // a constructor that throws runs no destructor
+      format_fail(fmt::format("token {} is id {}, not below vocab_size = {}", i, id, vocab_size));
+    }
 }
 
 TokenFile::~TokenFile() {
@@ -104,7 +97,6 @@ TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
 void write_token_file(const std::filesystem::path& path, std::span<const std::int64_t> ids, std::int64_t vocab_size) {
   constexpr const char* fn = "write_token_file";
   check_vocab_size(fn, vocab_size);
-  detail::check_path(fn, path);
   if (ids.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()))
     fail<ValueError>("{}: argument 'ids' holds {} tokens; the header's int32 count holds at most {}", fn, ids.size(),
                      std::numeric_limits<std::int32_t>::max());

@@ -102,7 +102,6 @@ SubwordTokenizer SubwordTokenizer::load(const std::filesystem::path& path) {
 }
 
 void SubwordTokenizer::save(const std::filesystem::path& path) const {
-  detail::check_path("SubwordTokenizer::save", path);
   detail::TempFile file("SubwordTokenizer::save", path);
   file.write_all(impl_->bytes.data(), impl_->bytes.size());
   file.commit();

@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 
 #include "autodiff/check.hpp"
-#include "train/checkpoint_io.hpp"
+#include "train/safetensors_header.hpp"
 
 namespace tapegrad {
 namespace {

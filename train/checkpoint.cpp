@@ -143,8 +143,6 @@ namespace {
 class Reader {
  public:
   Reader(const char* fn, const fs::path& path) : fn_(fn), path_(path), fd_(detail::open_regular(fn, path, size_)) {}
-  Reader(const Reader&) = delete;
-  Reader& operator=(const Reader&) = delete;
 
   SafetensorsFile read() {
     if (size_ < kLengthBytes)

@@ -27,12 +27,6 @@ struct DTypeCode {
 };
 constexpr std::array<DTypeCode, 4> kCodes{{{"F32", float32}, {"F64", float64}, {"BOOL", bool_}, {"I64", int64}}};
 
-std::optional<DType> dtype_of_code(std::string_view code) {
-  for (const auto& c : kCodes)
-    if (c.code == code) return c.dtype;
-  return std::nullopt;
-}
-
 using Json = nlohmann::json;
 
 // A value as a message shows it: its JSON type, and its text when it is a scalar.
@@ -46,7 +40,6 @@ struct Entry {
   std::string name;
   std::optional<Seen> not_object;  // the entry itself is not an object
   std::optional<std::string> unexpected;  // the first key other than the three
-  bool has_dtype = false, has_shape = false, has_offsets = false;
   std::optional<std::string> dtype;
   std::string dtype_bad, shape_bad, offsets_bad;  // a value of the wrong type, described (else empty)
   std::vector<std::int64_t> dims;
@@ -106,7 +99,7 @@ class HeaderSax final : public nlohmann::json_sax<Json> {
   }
   bool open(bool object);
   bool close();
-  void finish_entry();
+  void finish_entry(const std::unordered_set<std::string>& keys = {});
 
   std::uint64_t data_size_;
   SafetensorsHeader& out_;
@@ -124,12 +117,8 @@ bool HeaderSax::key(string_t& k) {
     return false;
   }
   f.key = k;
-  if (f.role == Role::entry) {
-    if (k == "dtype") entry_.has_dtype = true;
-    else if (k == "shape") entry_.has_shape = true;
-    else if (k == "data_offsets") entry_.has_offsets = true;
-    else if (!entry_.unexpected) entry_.unexpected = k;
-  }
+  if (f.role == Role::entry && k != "dtype" && k != "shape" && k != "data_offsets" && !entry_.unexpected)
+    entry_.unexpected = k;
   return true;
 }
 
@@ -195,14 +184,14 @@ bool HeaderSax::open(bool object) {
 }
 
 bool HeaderSax::close() {
-  const Role role = frames_.back().role;
+  if (frames_.back().role == Role::entry) finish_entry(frames_.back().keys);
   frames_.pop_back();
-  if (role == Role::entry) finish_entry();
   return true;
 }
 
-// The checks of one entry, in the order they are documented; the first problem is kept.
-void HeaderSax::finish_entry() {
+// The checks of one entry (`keys`: those of its object), in the order they are documented; the
+// first problem is kept.
+void HeaderSax::finish_entry(const std::unordered_set<std::string>& keys) {
   const Entry& e = entry_;
   if (!first_.empty()) return;
   if (e.name.empty()) return problem_once("a tensor has an empty name, which tapegrad cannot save or use as a parameter");
@@ -211,11 +200,11 @@ void HeaderSax::finish_entry() {
                         e.not_object->describe());
   if (e.unexpected)
     return problem_once("tensor '{}': unexpected key '{}' (an entry holds dtype, shape and data_offsets)", shown(), printable(*e.unexpected));
-  for (auto [has, key] : {std::pair{e.has_dtype, "dtype"}, {e.has_shape, "shape"}, {e.has_offsets, "data_offsets"}})
-    if (!has) return problem_once("tensor '{}': its entry has no '{}'", shown(), key);
+  for (const char* key : {"dtype", "shape", "data_offsets"})
+    if (!keys.contains(key)) return problem_once("tensor '{}': its entry has no '{}'", shown(), key);
   if (!e.dtype) return problem_once("tensor '{}': dtype must be a string, found {}", shown(), e.dtype_bad);
-  const auto dtype = dtype_of_code(*e.dtype);
-  if (!dtype)
+  const auto code = std::find_if(kCodes.begin(), kCodes.end(), [&](const DTypeCode& c) { return c.code == *e.dtype; });
+  if (code == kCodes.end())
     return problem_once("tensor '{}' has dtype '{}', which tapegrad does not hold (it reads F32, F64, BOOL and I64); convert "
                         "it before saving",
                         shown(), printable(*e.dtype));
@@ -227,7 +216,7 @@ void HeaderSax::finish_entry() {
   for (std::size_t i = 0; i < 2; ++i)
     if (!e.offsets[i])
       return problem_once("tensor '{}': data_offsets must hold non-negative integers, found '{}'", shown(), printable(e.offset_texts[i]));
-  TensorSpec s{e.name, *dtype, e.dims, *e.offsets[0], *e.offsets[1]};
+  TensorSpec s{e.name, code->dtype, e.dims, *e.offsets[0], *e.offsets[1]};
   if (s.begin > s.end) return problem_once("tensor '{}': data_offsets [{}, {}] end before they begin", shown(), s.begin, s.end);
   if (s.end > data_size_)
     return problem_once("tensor '{}': data_offsets [{}, {}] run past the end of the data, which has {} bytes after the header "

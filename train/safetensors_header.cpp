@@ -222,20 +222,16 @@ void HeaderSax::finish_entry(const std::unordered_set<std::string>& keys) {
     return problem_once("tensor '{}': data_offsets [{}, {}] run past the end of the data, which has {} bytes after the header "
                         "(truncated?)",
                         shown(), s.begin, s.end, data_size_);
-  // The tensor factories' rule (the sizes with 0 counted as 1, times the item size, at most
-  // kMaxBytes), so that making the tensor cannot refuse a shape accepted here: [0, 2^50] holds no
-  // bytes but is refused too.
-  std::int64_t addressed = static_cast<std::int64_t>(itemsize(s.dtype)), numel = 1;
-  bool overflow = false;
-  for (std::int64_t dim : s.shape) {
-    overflow = __builtin_mul_overflow(addressed, std::max<std::int64_t>(dim, 1), &addressed);
-    if (overflow) break;
-    numel *= dim;  // at most `addressed`, which did not overflow
-  }
-  if (overflow || addressed > kMaxBytes)
-    return problem_once("tensor '{}': shape {} has more elements than can be addressed (its sizes, with 0 counted as 1, "
-                        "times the item size exceed 2^48 bytes)",
+  // The tensor factories' own check, so that making the tensor cannot refuse a shape accepted
+  // here: [0, 2^50] holds no bytes but is refused too.
+  std::int64_t numel = 0;
+  try {
+    numel = check_shape("read_safetensors_header", "shape", s.shape, s.dtype);
+  } catch (const ShapeError&) {
+    return problem_once("tensor '{}': shape {} has more elements than can be addressed (its sizes, with 0 counted as "
+                        "1, times the item size exceed 2^48 bytes)",
                         shown(), shape_str(s.shape));
+  }
   const std::int64_t bytes = numel * static_cast<std::int64_t>(itemsize(s.dtype));
   if (static_cast<std::uint64_t>(bytes) != s.end - s.begin)
     return problem_once("tensor '{}': shape {} of {} needs {} bytes, but data_offsets [{}, {}] hold {}", shown(), shape_str(s.shape),

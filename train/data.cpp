@@ -41,12 +41,9 @@ std::vector<std::int64_t> CharVocab::encode(std::string_view text) const {
 }
 
 std::string CharVocab::decode(std::span<const std::int64_t> ids) const {
+  detail::check_ids("CharVocab::decode", ids, size());
   std::string text(ids.size(), '\0');
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || ids[i] >= size())
-      fail<ValueError>("CharVocab::decode: argument 'ids' holds {} at position {}; ids must be in [0, {})", ids[i], i, size());
-    text[i] = chars_[static_cast<std::size_t>(ids[i])];
-  }
+  for (std::size_t i = 0; i < ids.size(); ++i) text[i] = chars_[static_cast<std::size_t>(ids[i])];
   return text;
 }
 

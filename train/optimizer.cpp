@@ -8,6 +8,7 @@
 #include <numbers>
 #include <map>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "autodiff/check.hpp"
@@ -179,9 +180,7 @@ void Adam::step() {
   if (options_.max_grad_norm > 0) {
     std::vector<Tensor> params;
     for (const auto& p : params_) params.push_back(p.tensor);
-    const auto [total, factor] = clip_factor(params, options_.max_grad_norm, "Adam::step");
-    grad_norm_ = total;
-    scale = factor;
+    std::tie(grad_norm_, scale) = clip_factor(params, options_.max_grad_norm, "Adam::step");
   }
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i].tensor;

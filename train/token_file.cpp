@@ -100,12 +100,9 @@ void write_token_file(const std::filesystem::path& path, std::span<const std::in
   if (ids.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()))
     fail<ValueError>("{}: argument 'ids' holds {} tokens; the header's int32 count holds at most {}", fn, ids.size(),
                      std::numeric_limits<std::int32_t>::max());
+  detail::check_ids(fn, ids, vocab_size);
   std::vector<std::uint16_t> tokens(ids.size());
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || ids[i] >= vocab_size)
-      fail<ValueError>("{}: argument 'ids' holds {} at position {}; ids must be in [0, {})", fn, ids[i], i, vocab_size);
-    tokens[i] = static_cast<std::uint16_t>(ids[i]);
-  }
+  for (std::size_t i = 0; i < ids.size(); ++i) tokens[i] = static_cast<std::uint16_t>(ids[i]);
   std::array<std::int32_t, kHeaderInts> header{};
   header[0] = kMagic;
   header[1] = kVersion;

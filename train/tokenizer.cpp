@@ -14,6 +14,7 @@
 #include "tapegrad/train/checkpoint.hpp"
 #include "train/files.hpp"
 #include "train/safetensors_header.hpp"
+#include "train/windows.hpp"
 
 namespace tapegrad {
 namespace {
@@ -126,12 +127,9 @@ std::vector<std::int64_t> SubwordTokenizer::encode(std::string_view text) const 
 }
 
 std::string SubwordTokenizer::decode(std::span<const std::int64_t> ids) const {
+  detail::check_ids("SubwordTokenizer::decode", ids, size());
   std::vector<int> pieces(ids.size());
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || ids[i] >= size())
-      fail<ValueError>("SubwordTokenizer::decode: argument 'ids' holds {} at position {}; ids must be in [0, {})", ids[i], i, size());
-    pieces[i] = static_cast<int>(ids[i]);
-  }
+  for (std::size_t i = 0; i < ids.size(); ++i) pieces[i] = static_cast<int>(ids[i]);
   std::string text;
   if (const auto status = impl_->processor.Decode(pieces, &text); !status.ok())
     fail<ValueError>("SubwordTokenizer::decode: SentencePiece could not decode: {}", status.message());

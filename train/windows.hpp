@@ -1,5 +1,5 @@
 // Internal: random training windows over any token container (random_windows' int64 ids, a
-// token file's uint16 ids), one rule for both.
+// token file's uint16 ids), one rule for both; the one range check of ids a caller gives.
 #pragma once
 
 #include <algorithm>
@@ -11,6 +11,13 @@
 #include "tapegrad/train/data.hpp"
 
 namespace tapegrad::detail {
+
+// Each of `ids` in [0, size), or a ValueError naming the first that is not.
+inline void check_ids(const char* fn, std::span<const std::int64_t> ids, std::int64_t size) {
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || ids[i] >= size)
+      fail<ValueError>("{}: argument 'ids' holds {} at position {}; ids must be in [0, {})", fn, ids[i], i, size);
+}
 
 template <class Token>
 Windows draw_windows(const char* fn, std::span<const Token> tokens, std::int64_t batch, std::int64_t length, Generator& gen) {

@@ -128,7 +128,7 @@ void TempFile::commit() {
   if (::close(fd) != 0 && errno != EINTR) fail_io("closing", errno);
   if (::rename(path_.c_str(), final_.c_str()) != 0) fail_io("renaming", errno);
   committed_ = true;
-  const fs::path dir = path_.parent_path();  // the temporary's, the destination's
+  const fs::path dir = path_.parent_path();  // where the constructor put the temporary
   Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   const int err = dfd.get() < 0 || ::fsync(dfd.get()) != 0 ? errno : 0;
   // EINVAL: the filesystem has no directory sync; there is nothing more to do.

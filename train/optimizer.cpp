@@ -23,7 +23,8 @@ using detail::fail;
 using detail::shape_str;
 
 void check_range(const char* kind, const char* name, double value, double high) {
-  if (!(value >= 0 && value < high)) fail<ValueError>("{}: option '{}' must be in [0, {}), got {}", kind, name, high, value);
+  if (!(value >= 0 && value < high))
+    fail<ValueError>("{}: option '{}' must be in [0, {}), got {}", kind, name, high, value);
 }
 
 // The global norm of the parameters' gradients and the factor clip_grad_norm scales them by (1

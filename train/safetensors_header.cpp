@@ -211,8 +211,9 @@ void HeaderSax::finish_entry(const std::unordered_set<std::string>& keys) {
   if (!e.shape_bad.empty()) return problem_once("tensor '{}': shape must be an array, found {}", shown(), e.shape_bad);
   if (e.bad_dim) return problem_once("tensor '{}': shape must hold non-negative integers, found '{}'", shown(), printable(*e.bad_dim));
   if (!e.offsets_bad.empty() || e.offsets.size() != 2)
-    return problem_once("tensor '{}': data_offsets must be an array [begin, end], found '{}'", shown(),
-                        printable(e.offsets_bad.empty() ? fmt::format("[{}]", fmt::join(e.offset_texts, ",")) : e.offsets_bad));
+    return problem_once(
+        "tensor '{}': data_offsets must be an array [begin, end], found '{}'", shown(),
+        printable(e.offsets_bad.empty() ? fmt::format("[{}]", fmt::join(e.offset_texts, ",")) : e.offsets_bad));
   for (std::size_t i = 0; i < 2; ++i)
     if (!e.offsets[i])
       return problem_once("tensor '{}': data_offsets must hold non-negative integers, found '{}'", shown(), printable(e.offset_texts[i]));

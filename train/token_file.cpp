@@ -52,7 +52,8 @@ TokenFile::TokenFile(const std::filesystem::path& path, std::int64_t vocab_size,
     std::array<std::int32_t, kHeaderInts> h{};
     detail::read_at(fn, path, fd.get(), size, 0, h.data(), kHeaderBytes);
     if (h[0] != kMagic) format_fail(fmt::format("the header's magic is {}, not {}", h[0], kMagic));
-    if (h[1] != kVersion) format_fail(fmt::format("the header's version is {}; only version {} (uint16 tokens) is read", h[1], kVersion));
+    if (h[1] != kVersion)
+      format_fail(fmt::format("the header's version is {}; only version {} (uint16 tokens) is read", h[1], kVersion));
     if (h[2] < 0 || static_cast<std::uint64_t>(h[2]) != count)
       format_fail(fmt::format("the header counts {} tokens but the file holds {} after the header", h[2], count));
   }

@@ -18,6 +18,14 @@ namespace {
 Shape leading(const Tensor& t) { return Shape(t.shape().begin(), t.shape().end() - 2); }
 }  // namespace
 
+void check_bias(const char* op, const Tensor& bias, const Shape& scores, DType dtype) {
+  if (!bias.defined()) return;
+  check_floating(op, "bias", bias);
+  if (bias.dtype() != dtype)
+    fail<DTypeError>("{}: argument 'bias' is {} but the activations are {}; convert it with to()", op, bias.dtype(), dtype);
+  check_on_scores(op, "bias", bias, scores);
+}
+
 Shape check_attention(const AttentionArgs& a) {
   const DType dtype = check_same_float(a.op, "q", a.q, "k", a.k);
   check_same_float(a.op, "q", a.q, "v", a.v);
@@ -39,15 +47,7 @@ Shape check_attention(const AttentionArgs& a) {
   Shape scores = batch;
   scores.push_back(a.q.size(-2));
   scores.push_back(a.k.size(-2));
-  if (a.bias.defined()) {
-    check_floating(a.op, "bias", a.bias);
-    if (a.bias.dtype() != dtype)
-      fail<DTypeError>("{}: argument 'bias' is {} but the activations are {}; convert it with to()", a.op,
-                       a.bias.dtype(), dtype);
-    if (broadcast_args(a.op, "scores", scores, "bias", a.bias.shape()) != scores)
-      fail<ShapeError>("{}: argument 'bias' with shape {} must broadcast to the scores' shape {}", a.op,
-                       shape_str(a.bias.shape()), shape_str(scores));
-  }
+  check_bias(a.op, a.bias, scores, dtype);
   check_countable(a.op, fmt::format("q {}, k {} and v {} give the scores", shape_str(a.q.shape()), shape_str(a.k.shape()),
                                     shape_str(a.v.shape())).c_str(), scores);
   // What will be allocated is checked before anything is computed.

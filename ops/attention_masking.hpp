@@ -25,6 +25,12 @@ struct MaskNames {
 // is not bool or slopes of another dtype, ShapeError for shapes. With key_start > 0 (a KV cache
 // that dropped its oldest keys) the rows cover keys key_start .. K - 1 only, numbered from 0, at
 // the same positions: what the masks say of the keys before key_start is never read.
+// t (a mask or a bias) broadcasts to the scores' shape, else a ShapeError naming `name`.
+void check_on_scores(const char* op, const std::string& name, const Tensor& t, const Shape& scores);
+// t's part on the keys from key_start on (dim -1); undefined, a scalar or a size-1 key dim (which
+// broadcasts) stays as it is.
+Tensor keys_from(const Tensor& t, std::int64_t key_start);
+
 RowMasks masking_rows(const char* op, const AttentionMasking& m, const Shape& scores_shape, DType dtype, const MaskNames& names = {},
                       std::int64_t key_start = 0);
 

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "tapegrad/autodiff/tensor.hpp"
+#include "ops/attention_core.hpp"
 
 namespace tapegrad::detail {
 
@@ -23,5 +23,22 @@ Shape ungrouped(const Shape& scores);
 // [..., Hkv, G, L, W] -> [..., Hkv G, L, W]: the heads back in order h = hkv G + g (a view of a
 // contiguous result; undefined stays undefined).
 Tensor merge_groups(const Tensor& x);
+
+// Attention of H query heads (dim -3 of a.q) over kv_heads key/value heads as these views
+// (kv_heads 0 or H: plain attention, no views); rows_for(shape) gives the call's rows for the
+// ungrouped scores' shape [..., H, Q, K], once a's tensors are checked.
+template <class RowsFor> AttentionResult grouped_attention(AttentionArgs a, std::int64_t kv_heads, RowsFor&& rows_for) {
+  const bool grouped = kv_heads != 0 && kv_heads != a.q.size(-3);
+  if (grouped) {
+    a.q = group_queries(a.q, kv_heads);
+    a.k = group_keys(a.k);
+    a.v = group_keys(a.v);
+    a.bias = group_pairs(a.bias, kv_heads);
+  }
+  const Shape scores = check_attention(a);
+  AttentionResult r = attention_core(a, scores, rows_for(grouped ? ungrouped(scores) : scores));
+  if (grouped) r = {merge_groups(r.output), merge_groups(r.weights)};
+  return r;
+}
 
 }  // namespace tapegrad::detail

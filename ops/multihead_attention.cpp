@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "kernels/weighted_matmul.hpp"
-#include "ops/attention_core.hpp"
 #include "ops/attention_masking.hpp"
 #include "ops/grouped_heads.hpp"
 #include "ops/multihead_projections.hpp"
@@ -30,14 +29,12 @@ struct KVCacheAccess {
   static Tensor keys(const KVCache& c) { return c.keys(); }
   static Tensor values(const KVCache& c) { return c.values(); }
   static const Tensor& buffer(const KVCache& c) { return c.k_; }
-  static const Tensor& value_buffer(const KVCache& c) { return c.v_; }
   static void reset(KVCache& c) { c.k_ = c.v_ = Tensor(); }
 };
 
 namespace {
 
 struct MhaShapes {
-  const char* op;  // the public function being run, for error messages and the tape node's name
   std::int64_t b, q, k, h, d, dv, cout;
   std::int64_t hkv = 0;  // key/value heads, dividing h
 };
@@ -83,19 +80,17 @@ void check_kv_widths(const char* op, const MhaParameters& p, const MhaShapes& s)
     fail<ShapeError>("{}: kv_heads = {} must divide the projection width of 'w_v', shape {}", op, s.hkv, shape_str(p.w_v.shape()));
 }
 
-// The query, the context (its width, batch and dtype), the parameters, the heads and the bias,
-// for keys 0 .. context_length - 1. The masking is checked by masking_rows.
+// The query, the context (its width, batch and dtype; run() checked its rank), the parameters,
+// the heads and the bias, for keys 0 .. context_length - 1. The masking is checked by masking_rows.
 MhaShapes check_mha(const char* op, const MhaActivations& a, const Tensor& context, const MhaParameters& p, const MhaOptions& o,
                     std::int64_t context_length, const char* heads_name) {
   check_floating(op, "query", a.query);
   const DType dtype = a.query.dtype();
   if (a.query.dim() != 3) fail<ShapeError>("{}: argument 'query' must be [B, Q, Cq], got shape {}", op, shape_str(a.query.shape()));
-  check_floating(op, "context", context);
-  if (context.dim() != 3) fail<ShapeError>("{}: argument 'context' must be [B, K, Cctx], got shape {}", op, shape_str(context.shape()));
   if (o.heads < 1) fail<ValueError>("{}: argument '{}heads' must be >= 1, got {}", op, heads_name, o.heads);
   check_kv_heads(op, heads_name, o.heads, o.kv_heads);
   const std::int64_t heads = o.heads;
-  MhaShapes s{op, a.query.size(0), a.query.size(1), context_length, heads, 0, 0, 0, o.kv_heads == 0 ? heads : o.kv_heads};
+  MhaShapes s{a.query.size(0), a.query.size(1), context_length, heads, 0, 0, 0, o.kv_heads == 0 ? heads : o.kv_heads};
   check_matrix(op, "w_q", p.w_q, a.query.size(2), dtype, fmt::format("Cq, the last dim of 'query' {}", shape_str(a.query.shape())));
   check_matrix(op, "w_k", p.w_k, -1, dtype);
   check_matrix(op, "w_v", p.w_v, p.w_k.size(0), dtype, fmt::format("Cctx, as 'w_k' {} has", shape_str(p.w_k.shape())));
@@ -130,13 +125,7 @@ MhaShapes check_mha(const char* op, const MhaActivations& a, const Tensor& conte
                      shape_str(a.query.shape()), s.k);
   const Shape scores{s.b, heads, s.q, s.k};
   check_countable(op, fmt::format("heads = {} gives the attention [B, heads, Q, K] =", heads).c_str(), scores);
-  if (a.bias.defined()) {
-    check_floating(op, "bias", a.bias);
-    if (a.bias.dtype() != dtype)
-      fail<DTypeError>("{}: argument 'bias' is {} but 'query' is {}; convert it with to()", op, a.bias.dtype(), dtype);
-    if (broadcast_args(op, "attention shape", scores, "bias", a.bias.shape()) != scores)
-      fail<ShapeError>("{}: argument 'bias' must broadcast to {}, got shape {}", op, shape_str(scores), shape_str(a.bias.shape()));
-  }
+  check_bias(op, a.bias, scores, dtype);
   return s;
 }
 
@@ -162,32 +151,6 @@ Tensor positions_from(std::int64_t first, std::int64_t n) {
 // [B, H, L, W] heads, a view of a [B, L, H W] tensor, back to that tensor's layout [B, L, H W].
 Tensor merged(const Tensor& heads) {
   return reshape(permute(heads, {0, 2, 1, 3}), {heads.size(0), heads.size(2), heads.size(1) * heads.size(3)});
-}
-
-// Steps 3-7 from projected heads q [B, H, Q, D], k [B, Hkv, K, D], v [B, Hkv, K, Dv]: the
-// attention core (one tape node) with the bias and the rows, grouped heads as views
-// (ops/grouped_heads.hpp): q [B, Hkv, G, Q, D] against k, v [B, Hkv, 1, K, D], the bias split
-// likewise, so that each still holds one entry per query head, and the rows numbered alike.
-AttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const MhaParameters& p, const RowMasks& rows,
-                       const Tensor& active, const MhaShapes& s, bool need_weights) {
-  AttentionArgs args{s.op, q, k, v, bias, need_weights};
-  const bool grouped = s.hkv != s.h;
-  if (grouped) {
-    args.q = group_queries(q, s.hkv);
-    args.k = group_keys(k);
-    args.v = group_keys(v);
-    args.bias = group_pairs(bias, s.hkv);
-  }
-  auto [heads_out, attention] = attention_core(args, check_attention(args), rows);
-  if (grouped) {
-    heads_out = merge_groups(heads_out);  // [B, H, Q, Dv]
-    attention = merge_groups(attention);  // [B, H, Q, K]
-  }
-  // Step 6: concatenate heads in head order, then the output projection (one node).
-  const Tensor output = merge_heads_project(s.op, heads_out, p.w_o, p.b_o);
-  // Step 7: a query with no allowed key in any head is exactly zero, b_o included (selected, so
-  // its gradient there is exactly zero too).
-  return {rows_where(active, output), attention};
 }
 
 // Both forms. Without a cache: keys from `a.context`. With one: query's n new positions are
@@ -223,7 +186,7 @@ AttentionResult run(const char* op, const MhaActivations& a, const MhaParameters
     const Tensor& held = KVCacheAccess::buffer(*cache);
     if (held.defined()) {
       const bool fits = held.size(0) == all.b && held.size(2) == p.w_k.size(1) &&
-                        KVCacheAccess::value_buffer(*cache).size(2) == p.w_v.size(1) && held.dtype() == a.query.dtype();
+                        cache->value_width() == p.w_v.size(1) && held.dtype() == a.query.dtype();
       if (!fits && cache->held() > 0)
         fail<ShapeError>("{}: argument 'cache' holds {} {} keys [B, L, width] = [{}, {}, {}] from another batch or layer; 'query' is {} {} "
                          "(B = {}) and these keys are {} wide (clear() the cache to start over)",
@@ -241,19 +204,17 @@ AttentionResult run(const char* op, const MhaActivations& a, const MhaParameters
   MhaShapes s = all;
   s.k = all.k - start;
   const auto [active, used] = rows.taking(s.h, masking.mask.defined());
-  // Step 1, on zero rows for the queries that attend to nothing and the keys that no query
-  // attends to, when one of those rows holds a NaN or inf. Their values reach no output, but a
-  // non-finite one would reach the weight gradients: dw_q = query^T dq multiplies a query's row
-  // by its zero row of dq, and 0 * NaN is NaN. Selecting (not multiplying) drops the value and
-  // gives those rows exactly zero gradients. Finite rows times their zero rows of dq, dk, dv add
-  // nothing, so they are left as they are (no copy of the input: padding would cost one).
-  // Decoding keeps the rows: the new keys may serve later queries, and nothing has a gradient.
+  // Step 1, on zero rows for the queries that attend to nothing and the keys no query attends to,
+  // when one of those rows holds a NaN or inf: unused, it would still reach dw_q = query^T dq
+  // through its zero row of dq (0 * NaN is NaN). Selecting drops it and gives those rows exactly
+  // zero gradients; finite rows are left as they are (no copy of the input). Decoding keeps the
+  // rows: the new keys may serve later queries, and nothing has a gradient.
   const Tensor query = decoding ? a.query : zero_left_out_rows(active, a.query);
-  const Tensor keys_from = decoding ? context : zero_left_out_rows(used, context);
+  const Tensor keyed = decoding ? context : zero_left_out_rows(used, context);
   // Steps 1-2: each projection and its head split is one node.
   Tensor q = project_heads(op, query, p.w_q, p.b_q, s.h);
-  Tensor k = project_heads(op, keys_from, p.w_k, p.b_k, s.hkv);
-  Tensor v = project_heads(op, keys_from, p.w_v, p.b_v, s.hkv);
+  Tensor k = project_heads(op, keyed, p.w_k, p.b_k, s.hkv);
+  Tensor v = project_heads(op, keyed, p.w_v, p.b_v, s.hkv);
   if (o.rotary) {
     // Query i at causal_offset + i, key j at its absolute position. A rotation keeps a zero row
     // zero and a finite row finite, so the rows selected above stay as they were.
@@ -265,10 +226,15 @@ AttentionResult run(const char* op, const MhaActivations& a, const MhaParameters
     k = permute(reshape(KVCacheAccess::keys(*cache), {s.b, s.k, s.hkv, s.d}), {0, 2, 1, 3});
     v = permute(reshape(KVCacheAccess::values(*cache), {s.b, s.k, s.hkv, s.dv}), {0, 2, 1, 3});
   }
-  const Tensor bias = !a.bias.defined() || start == 0 || a.bias.dim() == 0 || a.bias.size(-1) == 1
-                          ? a.bias
-                          : slice(a.bias, -1, start, a.bias.size(-1));
-  return attend(q, k, v, bias, p, rows, active, s, o.need_weights);
+  // Steps 3-5: the attention core (one tape node) with the bias and the rows, grouped heads as
+  // views (ops/grouped_heads.hpp).
+  const auto [heads_out, attention] = grouped_attention({op, q, k, v, keys_from(a.bias, start), o.need_weights}, s.hkv,
+                                                        [&](const Shape&) -> const RowMasks& { return rows; });
+  // Step 6: concatenate heads in head order, then the output projection (one node).
+  const Tensor output = merge_heads_project(op, heads_out, p.w_o, p.b_o);
+  // Step 7: a query with no allowed key in any head is exactly zero, b_o included (selected, so
+  // its gradient there is exactly zero too).
+  return {rows_where(active, output), attention};
 }
 
 }  // namespace

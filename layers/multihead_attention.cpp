@@ -101,16 +101,13 @@ std::string caller_message(const char* layer, std::string message) {
 template <class F> AttentionResult as_caller(const char* layer, F&& f) {
   try {
     return f();
-  } catch (const ShapeError& e) {
-    throw ShapeError(caller_message(layer, e.what()));
-  } catch (const DTypeError& e) {
-    throw DTypeError(caller_message(layer, e.what()));
-  } catch (const ValueError& e) {
-    throw ValueError(caller_message(layer, e.what()));
-  } catch (const GraphError& e) {
-    throw GraphError(caller_message(layer, e.what()));
   } catch (const Error& e) {
-    throw Error(caller_message(layer, e.what()));
+    const std::string message = caller_message(layer, e.what());
+    if (dynamic_cast<const ShapeError*>(&e) != nullptr) throw ShapeError(message);
+    if (dynamic_cast<const DTypeError*>(&e) != nullptr) throw DTypeError(message);
+    if (dynamic_cast<const ValueError*>(&e) != nullptr) throw ValueError(message);
+    if (dynamic_cast<const GraphError*>(&e) != nullptr) throw GraphError(message);
+    throw Error(message);
   }
 }
 
@@ -149,27 +146,19 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config) :
   params_.w_k = xavier(c.context_dim, kvd, gen, c.dtype);
   params_.w_v = xavier(c.context_dim, kvdv, gen, c.dtype);
   params_.w_o = xavier(hdv, c.out_dim, gen, c.dtype);
-  if (c.bias) {
-    params_.b_q = zeros({hd}, c.dtype).set_requires_grad();
-    params_.b_k = zeros({kvd}, c.dtype).set_requires_grad();
-    params_.b_v = zeros({kvdv}, c.dtype).set_requires_grad();
-    params_.b_o = zeros({c.out_dim}, c.dtype).set_requires_grad();
-  }
+  if (c.bias)
+    for (auto [b, n] : {std::pair{&params_.b_q, hd}, {&params_.b_k, kvd}, {&params_.b_v, kvdv}, {&params_.b_o, c.out_dim}})
+      *b = zeros({n}, c.dtype).set_requires_grad();
   if (c.alibi != Alibi::none) alibi_ = tapegrad::alibi_slopes(c.heads, c.dtype);
   if (c.alibi == Alibi::learnable) alibi_.set_requires_grad();
 }
 
 void MultiHeadAttention::visit(ModuleVisitor& v) {
-  v.parameter("w_q", params_.w_q);
-  v.parameter("w_k", params_.w_k);
-  v.parameter("w_v", params_.w_v);
-  v.parameter("w_o", params_.w_o);
-  if (config_.bias) {
-    v.parameter("b_q", params_.b_q);
-    v.parameter("b_k", params_.b_k);
-    v.parameter("b_v", params_.b_v);
-    v.parameter("b_o", params_.b_o);
-  }
+  for (auto [name, t] : {std::pair{"w_q", &params_.w_q}, {"w_k", &params_.w_k}, {"w_v", &params_.w_v}, {"w_o", &params_.w_o}})
+    v.parameter(name, *t);
+  if (config_.bias)
+    for (auto [name, t] : {std::pair{"b_q", &params_.b_q}, {"b_k", &params_.b_k}, {"b_v", &params_.b_v}, {"b_o", &params_.b_o}})
+      v.parameter(name, *t);
   if (config_.alibi == Alibi::learnable) v.parameter("alibi_slopes", alibi_);
 }
 

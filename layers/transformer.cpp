@@ -13,14 +13,19 @@
 namespace tapegrad {
 namespace {
 
+// The fields a block's config and a Decoder's share, in `layer`'s name.
+template <class Config> void check_block_fields(const char* layer, const Config& c) {
+  detail::check_field(layer, "dim", c.dim);
+  detail::check_field(layer, "heads", c.heads);
+  detail::check_heads_divide(layer, c.heads, "dim", c.dim);
+  detail::check_activation(layer, c.activation);
+  detail::check_norm_kind(layer, "config.norm", c.norm);
+  check_kv_heads(layer, "config.", c.heads, c.kv_heads);
+  check_window(layer, "config.window", c.window);
+}
+
 const TransformerBlockConfig& checked(const TransformerBlockConfig& c) {
-  detail::check_field("TransformerBlock", "dim", c.dim);
-  detail::check_field("TransformerBlock", "heads", c.heads);
-  detail::check_heads_divide("TransformerBlock", c.heads, "dim", c.dim);
-  detail::check_activation("TransformerBlock", c.activation);
-  detail::check_norm_kind("TransformerBlock", "config.norm", c.norm);
-  check_kv_heads("TransformerBlock", "config.", c.heads, c.kv_heads);
-  check_window("TransformerBlock", "config.window", c.window);
+  check_block_fields("TransformerBlock", c);
   return c;
 }
 
@@ -31,20 +36,14 @@ const DecoderConfig& checked(const DecoderConfig& c) {
   detail::check_field(layer, "vocab", c.vocab);
   detail::check_enum(layer, "config.positions", c.positions, PositionKind::alibi,
                      "PositionKind::learned, PositionKind::sinusoidal, PositionKind::rotary or PositionKind::alibi");
-  detail::check_activation(layer, c.activation);
-  detail::check_norm_kind(layer, "config.norm", c.norm);
+  check_block_fields(layer, c);
   if (c.positions == PositionKind::learned || c.positions == PositionKind::sinusoidal)
     detail::check_field(layer, "max_len", c.max_len, 1, " with learned or sinusoidal positions (the table's rows)");
   else
     detail::check_field(layer, "max_len", c.max_len, 0, " (0: no limit, with rotary or alibi positions)");
-  detail::check_field(layer, "dim", c.dim);
-  detail::check_field(layer, "heads", c.heads);
   detail::check_field(layer, "layers", c.layers);
   detail::check_field(layer, "hidden", c.hidden, 0);
   detail::check_float_dtype(layer, c.dtype);
-  detail::check_heads_divide(layer, c.heads, "dim", c.dim);
-  check_kv_heads(layer, "config.", c.heads, c.kv_heads);
-  check_window(layer, "config.window", c.window);
   if (c.positions == PositionKind::rotary) check_rotary_options(c.rotary, c.dim / c.heads, layer, "config.rotary", "dim / heads");
   if (!(c.dropout >= 0 && c.dropout < 1)) detail::fail<ValueError>("Decoder: config.dropout must be in [0, 1), got {}", c.dropout);
   detail::checked_product(layer, "vocab", c.vocab, "dim", c.dim);
@@ -52,8 +51,8 @@ const DecoderConfig& checked(const DecoderConfig& c) {
   return c;
 }
 
-// ids must be int64 [B, T] with every id in [0, vocab) (T checked by the caller).
-void check_ids(const char* op, const char* name, const Tensor& ids, std::int64_t vocab) {
+// ids must be int64 [B, T] with every id in [0, vocab) and, when max_len > 0, T <= max_len.
+void check_ids(const char* op, const char* name, const Tensor& ids, std::int64_t vocab, std::int64_t max_len = 0) {
   detail::check_dtype(op, name, ids, DType::int64);
   if (ids.dim() != 2) detail::fail<ShapeError>("{}: argument '{}' must be [B, T], got shape {}", op, name, detail::shape_str(ids.shape()));
   const auto values = ids.to_vector<std::int64_t>();
@@ -61,6 +60,9 @@ void check_ids(const char* op, const char* name, const Tensor& ids, std::int64_t
     if (values[i] < 0 || values[i] >= vocab)
       detail::fail<ValueError>("{}: argument '{}' holds id {} at flat position {}; ids must be in [0, {}) (config.vocab)", op, name,
                                values[i], i, vocab);
+  if (max_len > 0 && ids.size(1) > max_len)
+    detail::fail<ShapeError>("{}: argument '{}' has {} positions (shape {}), more than config.max_len = {}", op, name, ids.size(1),
+                             detail::shape_str(ids.shape()), max_len);
 }
 
 std::variant<LearnedPositions, SinusoidalPositions, std::monostate> make_positions(const DecoderConfig& c) {
@@ -159,10 +161,7 @@ Tensor Decoder::embed(const Tensor& ids, std::int64_t offset) const {
 }
 
 Tensor Decoder::forward(const Tensor& ids) const {
-  check_ids("Decoder::forward", "ids", ids, config_.vocab);
-  if (config_.max_len > 0 && ids.size(1) > config_.max_len)
-    detail::fail<ShapeError>("Decoder::forward: argument 'ids' has {} positions (shape {}), more than config.max_len = {}", ids.size(1),
-                             detail::shape_str(ids.shape()), config_.max_len);
+  check_ids("Decoder::forward", "ids", ids, config_.vocab, config_.max_len);
   Tensor x = embed(ids, 0);
   for (const auto& b : blocks) x = b.forward(x);
   return logits(x);
@@ -196,10 +195,7 @@ Tensor Decoder::decode_step(const Tensor& ids, Cache& cache) const {
 
 std::vector<Tensor> Decoder::attention_weights(const Tensor& ids) const {
   NoGradGuard no_grad;
-  check_ids("Decoder::attention_weights", "ids", ids, config_.vocab);
-  if (config_.max_len > 0 && ids.size(1) > config_.max_len)
-    detail::fail<ShapeError>("Decoder::attention_weights: argument 'ids' has {} positions, more than config.max_len = {}", ids.size(1),
-                             config_.max_len);
+  check_ids("Decoder::attention_weights", "ids", ids, config_.vocab, config_.max_len);
   std::vector<Tensor> out(blocks.size());
   Tensor x = embed(ids, 0);
   for (std::size_t i = 0; i < blocks.size(); ++i) x = blocks[i].forward(x, Tensor(), &out[i]);

@@ -28,14 +28,14 @@ Tensor xavier(std::int64_t fan_in, std::int64_t fan_out, Generator& gen, DType d
 // config that cannot give a layer is a ValueError (DTypeError for the dtype) naming its fields:
 // nothing overflows further on, and no weight gets a shape that wraps around.
 MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
-  if (c.query_dim < 1) fail<ValueError>("{}: config.query_dim must be >= 1, got {}", kLayer, c.query_dim);
-  if (c.heads < 1) fail<ValueError>("{}: config.heads must be >= 1, got {}", kLayer, c.heads);
+  detail::check_field(kLayer, "query_dim", c.query_dim);
+  detail::check_field(kLayer, "heads", c.heads);
   check_kv_heads(kLayer, "config.", c.heads, c.kv_heads);
   check_window(kLayer, "config.window", c.window);
   for (auto [field, value] : {std::pair{"context_dim", c.context_dim}, {"head_dim", c.head_dim}, {"value_head_dim", c.value_head_dim},
                               {"out_dim", c.out_dim}})
     if (value < 0) fail<ValueError>("{}: config.{} must be >= 1, or 0 for its default, got {}", kLayer, field, value);
-  if (!is_floating(c.dtype)) fail<DTypeError>("{}: config.dtype must be float32 or float64, got {}", kLayer, c.dtype);
+  detail::check_float_dtype(kLayer, c.dtype);
 
   std::string defaults;  // named in the messages below, which may concern a filled-in field
   auto fill = [&](std::int64_t& field, std::int64_t value, const char* rule) {
@@ -52,36 +52,26 @@ MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
   if (!defaults.empty()) defaults += ")";
   if (c.rotary) check_rotary_options(*c.rotary, c.head_dim, kLayer, "config.rotary", "config.head_dim", defaults);
 
-  // kv_heads divides heads, so its products are no larger than these.
-  std::int64_t hd = 0, hdv = 0;
-  if (__builtin_mul_overflow(c.heads, c.head_dim, &hd))
-    fail<ValueError>("{}: config.heads * config.head_dim = {} * {} overflows int64{}", kLayer, c.heads, c.head_dim, defaults);
-  if (__builtin_mul_overflow(c.heads, c.value_head_dim, &hdv))
-    fail<ValueError>("{}: config.heads * config.value_head_dim = {} * {} overflows int64{}", kLayer, c.heads, c.value_head_dim,
-                     defaults);
-  const std::int64_t kvd = c.kv_heads * c.head_dim, kvdv = c.kv_heads * c.value_head_dim;
-  // Each weight must be a tensor tapegrad can allocate (its element and byte counts fit); that
-  // also bounds fan_in + fan_out.
-  struct Weight {
-    const char *name, *rows_fields, *cols_fields;
-    std::int64_t rows, cols;
-  };
   const char* hd_fields = "config.heads * config.head_dim";
   const char* hdv_fields = "config.heads * config.value_head_dim";
+  // kv_heads divides heads, so its products are no larger than these.
+  std::int64_t hd = 0, hdv = 0;
+  for (auto [product, width, fields] : {std::tuple{&hd, c.head_dim, hd_fields}, {&hdv, c.value_head_dim, hdv_fields}})
+    if (__builtin_mul_overflow(c.heads, width, product))
+      fail<ValueError>("{}: {} = {} * {} overflows int64{}", kLayer, fields, c.heads, width, defaults);
+  const std::int64_t kvd = c.kv_heads * c.head_dim, kvdv = c.kv_heads * c.value_head_dim;
   const bool grouped = c.kv_heads != c.heads;
   const char* kvd_fields = grouped ? "config.kv_heads * config.head_dim" : hd_fields;
   const char* kvdv_fields = grouped ? "config.kv_heads * config.value_head_dim" : hdv_fields;
-  for (const Weight& w : {Weight{"w_q", "config.query_dim", hd_fields, c.query_dim, hd},
-                          Weight{"w_k", "config.context_dim", kvd_fields, c.context_dim, kvd},
-                          Weight{"w_v", "config.context_dim", kvdv_fields, c.context_dim, kvdv},
-                          Weight{"w_o", hdv_fields, "config.out_dim", hdv, c.out_dim}}) {
-    try {
-      detail::check_shape(kLayer, w.name, {w.rows, w.cols}, c.dtype);
-    } catch (const Error&) {
-      fail<ValueError>("{}: weight '{}' would have shape [{}, {}] = [{}, {}] of {}, more than can be allocated{}", kLayer, w.name,
-                       w.rows_fields, w.cols_fields, w.rows, w.cols, c.dtype, defaults);
-    }
-  }
+  // Each weight must be a tensor tapegrad can allocate (its element and byte counts fit); that
+  // also bounds fan_in + fan_out.
+  for (const auto& [name, rows_fields, cols_fields, rows, cols] :
+       {std::tuple{"w_q", "config.query_dim", hd_fields, c.query_dim, hd},
+        {"w_k", "config.context_dim", kvd_fields, c.context_dim, kvd},
+        {"w_v", "config.context_dim", kvdv_fields, c.context_dim, kvdv},
+        {"w_o", hdv_fields, "config.out_dim", hdv, c.out_dim}})
+    detail::check_config_shape(kLayer, fmt::format("weight '{}' [{}, {}]{}", name, rows_fields, cols_fields, defaults).c_str(),
+                               {rows, cols}, c.dtype);
   return c;
 }
 

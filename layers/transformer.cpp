@@ -1,8 +1,6 @@
 // TransformerBlock and Decoder: compositions of layers whose backward passes are their ops'.
 #include "tapegrad/layers/transformer.hpp"
 
-#include <type_traits>
-
 #include "layers/layer_support.hpp"
 #include "tapegrad/autodiff/tape.hpp"
 #include "tapegrad/ops/elementwise.hpp"
@@ -150,14 +148,9 @@ Decoder::Decoder(const DecoderConfig& config)
 
 Tensor Decoder::embed(const Tensor& ids, std::int64_t offset) const {
   const Tensor x = tok.forward(ids);
-  return std::visit(
-      [&]<class P>(const P& p) {
-        if constexpr (std::is_same_v<P, std::monostate>)
-          return x;  // rotary, alibi: the blocks' attention reads positions instead
-        else
-          return p.forward(x, offset);
-      },
-      pos);
+  if (const auto* learned = std::get_if<LearnedPositions>(&pos)) return learned->forward(x, offset);
+  if (const auto* sinusoidal = std::get_if<SinusoidalPositions>(&pos)) return sinusoidal->forward(x, offset);
+  return x;  // rotary, alibi: the blocks' attention reads positions instead
 }
 
 Tensor Decoder::forward(const Tensor& ids) const {
@@ -204,11 +197,8 @@ std::vector<Tensor> Decoder::attention_weights(const Tensor& ids) const {
 
 void Decoder::visit(ModuleVisitor& v) {
   v.module("tok", tok);
-  std::visit(
-      [&]<class P>(P& p) {
-        if constexpr (!std::is_same_v<P, std::monostate>) v.module("pos", p);
-      },
-      pos);
+  if (auto* learned = std::get_if<LearnedPositions>(&pos)) v.module("pos", *learned);
+  if (auto* sinusoidal = std::get_if<SinusoidalPositions>(&pos)) v.module("pos", *sinusoidal);
   v.modules("blocks", blocks);
   v.module("ln_f", ln_f);
   if (head) v.module("head", *head);

@@ -10,37 +10,8 @@
 
 #include "autodiff/check.hpp"
 #include "ops/grouped_heads.hpp"
-#include "tapegrad/ops/view.hpp"
 
 namespace tapegrad {
-namespace detail {
-
-Tensor group_queries(const Tensor& q, std::int64_t kv_heads) {
-  Shape s = q.shape();
-  const std::int64_t heads = s[s.size() - 3];
-  s[s.size() - 3] = heads / kv_heads;
-  s.insert(s.end() - 3, kv_heads);
-  return reshape(q, s);
-}
-
-Tensor group_keys(const Tensor& k) { return unsqueeze(k, -3); }
-
-Tensor group_pairs(const Tensor& t, std::int64_t kv_heads) {
-  if (!t.defined() || t.dim() < 3) return t;  // broadcasts over every head as it is
-  return t.size(-3) == 1 ? unsqueeze(t, -3) : group_queries(t, kv_heads);
-}
-
-Shape ungrouped(const Shape& scores) {
-  Shape s = scores;
-  s[s.size() - 4] *= s[s.size() - 3];
-  s.erase(s.end() - 3);
-  return s;
-}
-
-Tensor merge_groups(const Tensor& x) { return x.defined() ? reshape(x, ungrouped(x.shape())) : x; }
-
-}  // namespace detail
-
 namespace {
 
 using detail::fail;

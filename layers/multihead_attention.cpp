@@ -70,7 +70,8 @@ MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
         {"w_k", "config.context_dim", kvd_fields, c.context_dim, kvd},
         {"w_v", "config.context_dim", kvdv_fields, c.context_dim, kvdv},
         {"w_o", hdv_fields, "config.out_dim", hdv, c.out_dim}})
-    detail::check_config_shape(kLayer, fmt::format("weight '{}' [{}, {}]{}", name, rows_fields, cols_fields, defaults).c_str(),
+    detail::check_config_shape(kLayer,
+                               fmt::format("weight '{}' [{}, {}]{}", name, rows_fields, cols_fields, defaults).c_str(),
                                {rows, cols}, c.dtype);
   return c;
 }
@@ -101,28 +102,22 @@ template <class F> AttentionResult as_caller(const char* layer, F&& f) {
   }
 }
 
-// An input as the caller passed it: its argument name, and how it is used when that is not
-// obvious from the name.
-struct Input {
-  const char *name, *role;
-  const Tensor& tensor;
-};
-
 // The layer's inputs are checked against its config before anything else, so that a mismatch
 // is reported as what the caller passed (its rank, width or dtype) rather than as a weight the
 // caller never handed over (multihead_attention would blame w_q for a query of the wrong width).
-void check_input(const char* op, const Input& in, const char* width_field, std::int64_t width, DType dtype) {
-  const Tensor& x = in.tensor;
-  detail::check_floating(op, in.name, x);
+// `role` says how the input is used when its name does not.
+void check_input(const char* op, const char* name, const Tensor& x, const char* width_field, std::int64_t width,
+                 DType dtype, const char* role = "") {
+  detail::check_floating(op, name, x);
   if (x.dim() != 3 || x.size(0) < 1 || x.size(1) < 1)
-    fail<ShapeError>("{}: argument '{}'{} must be [B, L, config.{} = {}] with B, L >= 1, got shape {}", op, in.name, in.role,
+    fail<ShapeError>("{}: argument '{}'{} must be [B, L, config.{} = {}] with B, L >= 1, got shape {}", op, name, role,
                      width_field, width, detail::shape_str(x.shape()));
   if (x.size(2) != width)
-    fail<ShapeError>("{}: argument '{}'{} has width {} (shape {}) but the layer's config.{} is {}", op, in.name, in.role, x.size(2),
-                     detail::shape_str(x.shape()), width_field, width);
+    fail<ShapeError>("{}: argument '{}'{} has width {} (shape {}) but the layer's config.{} is {}", op, name, role,
+                     x.size(2), detail::shape_str(x.shape()), width_field, width);
   if (x.dtype() != dtype)
-    fail<DTypeError>("{}: argument '{}'{} is {} but the layer's config.dtype is {}; convert it with to()", op, in.name, in.role,
-                     x.dtype(), dtype);
+    fail<DTypeError>("{}: argument '{}'{} is {} but the layer's config.dtype is {}; convert it with to()", op, name,
+                     role, x.dtype(), dtype);
 }
 
 }  // namespace
@@ -137,17 +132,20 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config) :
   params_.w_v = xavier(c.context_dim, kvdv, gen, c.dtype);
   params_.w_o = xavier(hdv, c.out_dim, gen, c.dtype);
   if (c.bias)
-    for (auto [b, n] : {std::pair{&params_.b_q, hd}, {&params_.b_k, kvd}, {&params_.b_v, kvdv}, {&params_.b_o, c.out_dim}})
+    for (auto [b, n] :
+         {std::pair{&params_.b_q, hd}, {&params_.b_k, kvd}, {&params_.b_v, kvdv}, {&params_.b_o, c.out_dim}})
       *b = zeros({n}, c.dtype).set_requires_grad();
   if (c.alibi != Alibi::none) alibi_ = tapegrad::alibi_slopes(c.heads, c.dtype);
   if (c.alibi == Alibi::learnable) alibi_.set_requires_grad();
 }
 
 void MultiHeadAttention::visit(ModuleVisitor& v) {
-  for (auto [name, t] : {std::pair{"w_q", &params_.w_q}, {"w_k", &params_.w_k}, {"w_v", &params_.w_v}, {"w_o", &params_.w_o}})
+  for (auto [name, t] :
+       {std::pair{"w_q", &params_.w_q}, {"w_k", &params_.w_k}, {"w_v", &params_.w_v}, {"w_o", &params_.w_o}})
     v.parameter(name, *t);
   if (config_.bias)
-    for (auto [name, t] : {std::pair{"b_q", &params_.b_q}, {"b_k", &params_.b_k}, {"b_v", &params_.b_v}, {"b_o", &params_.b_o}})
+    for (auto [name, t] :
+         {std::pair{"b_q", &params_.b_q}, {"b_k", &params_.b_k}, {"b_v", &params_.b_v}, {"b_o", &params_.b_o}})
       v.parameter(name, *t);
   if (config_.alibi == Alibi::learnable) v.parameter("alibi_slopes", alibi_);
 }
@@ -172,14 +170,15 @@ MhaOptions MultiHeadAttention::options(const Call& call, const char* op) const {
 }
 
 AttentionResult MultiHeadAttention::forward(const Tensor& query, const Tensor& context, const Call& call) const {
-  check_input(kForward, {"query", "", query}, "query_dim", config_.query_dim, config_.dtype);
-  check_input(kForward, {"context", "", context}, "context_dim", config_.context_dim, config_.dtype);
+  check_input(kForward, "query", query, "query_dim", config_.query_dim, config_.dtype);
+  check_input(kForward, "context", context, "context_dim", config_.context_dim, config_.dtype);
   return as_caller(kForward, [&] { return multihead_attention({query, context, call.bias}, params_, options(call, kForward)); });
 }
 
 AttentionResult MultiHeadAttention::forward(const Tensor& x, const Call& call) const {
-  check_input(kForward, {"x", "", x}, "query_dim", config_.query_dim, config_.dtype);
-  check_input(kForward, {"x", " (the context too: forward(x) is self-attention)", x}, "context_dim", config_.context_dim, config_.dtype);
+  check_input(kForward, "x", x, "query_dim", config_.query_dim, config_.dtype);
+  check_input(kForward, "x", x, "context_dim", config_.context_dim, config_.dtype,
+              " (the context too: forward(x) is self-attention)");
   return as_caller(kForward, [&] { return multihead_attention({x, x, call.bias}, params_, options(call, kForward)); });
 }
 
@@ -188,7 +187,7 @@ AttentionResult MultiHeadAttention::decode(const Tensor& query, KVCache& cache, 
     fail<ValueError>("{}: incremental decoding is self-attention; this layer's config.context_dim {} differs from its "
                      "config.query_dim {}",
                      kDecode, config_.context_dim, config_.query_dim);
-  check_input(kDecode, {"query", "", query}, "query_dim", config_.query_dim, config_.dtype);
+  check_input(kDecode, "query", query, "query_dim", config_.query_dim, config_.dtype);
   Call causal = call;
   causal.masking.causal = true;  // decoding is causal: the config's window applies
   return as_caller(kDecode, [&] { return multihead_attention({.query = query, .bias = call.bias}, params_, options(causal, kDecode), cache); });

@@ -59,8 +59,8 @@ void check_ids(const char* op, const char* name, const Tensor& ids, std::int64_t
       detail::fail<ValueError>("{}: argument '{}' holds id {} at flat position {}; ids must be in [0, {}) (config.vocab)", op, name,
                                values[i], i, vocab);
   if (max_len > 0 && ids.size(1) > max_len)
-    detail::fail<ShapeError>("{}: argument '{}' has {} positions (shape {}), more than config.max_len = {}", op, name, ids.size(1),
-                             detail::shape_str(ids.shape()), max_len);
+    detail::fail<ShapeError>("{}: argument '{}' has {} positions (shape {}), more than config.max_len = {}", op, name,
+                             ids.size(1), detail::shape_str(ids.shape()), max_len);
 }
 
 std::variant<LearnedPositions, SinusoidalPositions, std::monostate> make_positions(const DecoderConfig& c) {

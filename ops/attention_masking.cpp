@@ -25,8 +25,8 @@ namespace detail {
 
 void check_on_scores(const char* op, const std::string& name, const Tensor& t, const Shape& scores) {
   if (broadcast_args(op, "scores", scores, name.c_str(), t.shape()) != scores)
-    fail<ShapeError>("{}: argument '{}' with shape {} must broadcast to the scores' shape {}", op, name, shape_str(t.shape()),
-                     shape_str(scores));
+    fail<ShapeError>("{}: argument '{}' with shape {} must broadcast to the scores' shape {}", op, name,
+                     shape_str(t.shape()), shape_str(scores));
 }
 
 Tensor keys_from(const Tensor& t, std::int64_t key_start) {

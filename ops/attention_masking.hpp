@@ -19,18 +19,18 @@ struct MaskNames {
   std::string of(std::string_view field) const { return std::string(prefix) + std::string(field); }
 };
 
-// Validates `m` for scores of `scores_shape` ([..., H, Q, K], B = dim 0) and activations of
-// `dtype`, one wording per rule, and returns its rows. Errors name `op` and the fields as `names`
-// says: ValueError for the window and the slopes' values and offset, DTypeError for a mask that
-// is not bool or slopes of another dtype, ShapeError for shapes. With key_start > 0 (a KV cache
-// that dropped its oldest keys) the rows cover keys key_start .. K - 1 only, numbered from 0, at
-// the same positions: what the masks say of the keys before key_start is never read.
 // t (a mask or a bias) broadcasts to the scores' shape, else a ShapeError naming `name`.
 void check_on_scores(const char* op, const std::string& name, const Tensor& t, const Shape& scores);
 // t's part on the keys from key_start on (dim -1); undefined, a scalar or a size-1 key dim (which
 // broadcasts) stays as it is.
 Tensor keys_from(const Tensor& t, std::int64_t key_start);
 
+// Validates `m` for scores of `scores_shape` ([..., H, Q, K], B = dim 0) and activations of
+// `dtype`, one wording per rule, and returns its rows. Errors name `op` and the fields as `names`
+// says: ValueError for the window and the slopes' values and offset, DTypeError for a mask that
+// is not bool or slopes of another dtype, ShapeError for shapes. With key_start > 0 (a KV cache
+// that dropped its oldest keys) the rows cover keys key_start .. K - 1 only, numbered from 0, at
+// the same positions: what the masks say of the keys before key_start is never read.
 RowMasks masking_rows(const char* op, const AttentionMasking& m, const Shape& scores_shape, DType dtype, const MaskNames& names = {},
                       std::int64_t key_start = 0);
 

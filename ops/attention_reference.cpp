@@ -118,7 +118,7 @@ AttentionResult reference_attention(const char* op, const Tensor& q, const Tenso
 
 // The node's gradients of q, k, v, bias and slopes where `needs`, from the upstream gradients of
 // the output and (if any) of the weights. `weights`: the forward's A, or undefined on a path that
-// kept none.
+// kept none (they are made again).
 std::vector<Tensor> reference_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const RowMasks& masks,
                                        const Shape& shape, double scale, const Tensor& weights, std::span<const Tensor> g,
                                        const std::vector<bool>& needs) {

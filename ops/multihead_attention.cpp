@@ -1,11 +1,12 @@
 // multihead_attention: projections, head split, the attention core, head merge, output
 // projection, and the suppression of queries that may attend to nothing; and its decoding form,
-// the same steps over the keys and values a KVCache holds.
+// the same steps over the keys and values a KVCache (defined first) holds and appends to.
 #include "tapegrad/ops/multihead_attention.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "kernels/weighted_matmul.hpp"
@@ -16,10 +17,88 @@
 #include "tapegrad/autodiff/tape.hpp"
 #include "tapegrad/ops/compare.hpp"
 #include "tapegrad/ops/elementwise.hpp"
+#include "tapegrad/ops/inplace.hpp"
 #include "tapegrad/ops/view.hpp"
 #include "tapegrad/ops/where.hpp"
 
 namespace tapegrad {
+namespace {
+
+// A fresh [B, capacity, width] buffer holding positions [from, from + length) of `buffer` at its
+// front (the positions past them are not read: they were never written).
+Tensor reallocated(const Tensor& buffer, std::int64_t from, std::int64_t length, std::int64_t capacity) {
+  const NoGradGuard no_grad;
+  Tensor out = empty({buffer.size(0), capacity, buffer.size(2)}, buffer.dtype());
+  if (length > 0) copy_(slice(out, 1, 0, length), slice(buffer, 1, from, from + length));
+  return out;
+}
+
+}  // namespace
+
+KVCache::KVCache(const KVCache& other)
+    : k_(other.k_.defined() ? reallocated(other.k_, 0, other.held_, other.capacity()) : Tensor()),
+      v_(other.v_.defined() ? reallocated(other.v_, 0, other.held_, other.capacity()) : Tensor()),
+      start_(other.start_),
+      held_(other.held_) {}
+
+KVCache& KVCache::operator=(const KVCache& other) {
+  if (this != &other) *this = KVCache(other);
+  return *this;
+}
+
+KVCache::KVCache(KVCache&& other) noexcept
+    : k_(std::move(other.k_)), v_(std::move(other.v_)), start_(std::exchange(other.start_, 0)),
+      held_(std::exchange(other.held_, 0)) {}
+
+KVCache& KVCache::operator=(KVCache&& other) noexcept {
+  if (this == &other) return *this;
+  k_ = std::move(other.k_);  // a moved-from Tensor is undefined
+  v_ = std::move(other.v_);
+  start_ = std::exchange(other.start_, 0);
+  held_ = std::exchange(other.held_, 0);
+  return *this;
+}
+
+std::int64_t KVCache::start_after(std::int64_t n, std::int64_t keep_from) const noexcept {
+  return held_ + n > capacity() ? start_ + std::clamp<std::int64_t>(keep_from - start_, 0, held_) : start_;
+}
+
+void KVCache::append(const Tensor& k, const Tensor& v, std::int64_t keep_from) {
+  const std::int64_t n = k.size(1);
+  const NoGradGuard no_grad;
+  if (held_ + n > capacity()) {
+    // Full. Positions before keep_from are dropped rather than kept: the kept ones move to the
+    // front, in place when at most half the buffer is then in use (they cannot overlap their
+    // destination: more than kept + n rows are dropped), else into a buffer twice that size, so
+    // each move of `kept` rows is paid for by at least as many appends.
+    const std::int64_t drop = start_after(n, keep_from) - start_, kept = held_ - drop;
+    if (drop > 0 && 2 * (kept + n) <= capacity()) {
+      copy_(slice(k_, 1, 0, kept), slice(k_, 1, drop, held_));
+      copy_(slice(v_, 1, 0, kept), slice(v_, 1, drop, held_));
+    } else {
+      // Grow by doubling: each position is copied O(1) times on average. Not past what can be
+      // allocated, while what is needed still can be.
+      std::int64_t grown = drop > 0 ? std::max<std::int64_t>(2 * (kept + n), 16)
+                                    : std::max<std::int64_t>({2 * capacity(), kept + n, 16});
+      try {
+        detail::check_shape("KVCache", "buffer", {k.size(0), grown, std::max(k.size(2), v.size(2))}, k.dtype());
+      } catch (const ShapeError&) {
+        grown = kept + n;
+      }
+      k_ = reallocated(k_.defined() ? k_ : k, drop, kept, grown);
+      v_ = reallocated(v_.defined() ? v_ : v, drop, kept, grown);
+    }
+    start_ += drop;
+    held_ = kept;
+  }
+  copy_(slice(k_, 1, held_, held_ + n), k);
+  copy_(slice(v_, 1, held_, held_ + n), v);
+  held_ += n;
+}
+
+Tensor KVCache::keys() const { return slice(k_, 1, 0, held_); }
+Tensor KVCache::values() const { return slice(v_, 1, 0, held_); }
+
 namespace detail {
 
 // The cache's private parts, for the decoding form only.
@@ -65,19 +144,16 @@ void check_vector(const char* op, const char* name, const Tensor& b, std::int64_
 // The key/value projections' widths: Hkv*D for w_k, a multiple of Hkv for w_v. With Hkv = H the
 // messages are the plain multi-head ones.
 void check_kv_widths(const char* op, const MhaParameters& p, const MhaShapes& s) {
-  if (s.hkv == s.h) {
-    if (p.w_k.size(1) != p.w_q.size(1))
-      fail<ShapeError>("{}: arguments 'w_q' {} and 'w_k' {} must project to the same width H*D", op, shape_str(p.w_q.shape()),
-                       shape_str(p.w_k.shape()));
-    if (p.w_v.size(1) % s.h != 0)
-      fail<ShapeError>("{}: heads = {} must divide the projection width of 'w_v', shape {}", op, s.h, shape_str(p.w_v.shape()));
-    return;
-  }
+  const bool plain = s.hkv == s.h;
+  if (plain && p.w_k.size(1) != p.w_q.size(1))
+    fail<ShapeError>("{}: arguments 'w_q' {} and 'w_k' {} must project to the same width H*D", op,
+                     shape_str(p.w_q.shape()), shape_str(p.w_k.shape()));
   if (p.w_k.size(1) != s.hkv * s.d)
     fail<ShapeError>("{}: argument 'w_k' {} must project to kv_heads * D = {} * {} = {} ('w_q' {} gives D = {} with heads = {})", op,
                      shape_str(p.w_k.shape()), s.hkv, s.d, s.hkv * s.d, shape_str(p.w_q.shape()), s.d, s.h);
   if (p.w_v.size(1) % s.hkv != 0)
-    fail<ShapeError>("{}: kv_heads = {} must divide the projection width of 'w_v', shape {}", op, s.hkv, shape_str(p.w_v.shape()));
+    fail<ShapeError>("{}: {} = {} must divide the projection width of 'w_v', shape {}", op,
+                     plain ? "heads" : "kv_heads", s.hkv, shape_str(p.w_v.shape()));
 }
 
 // The query, the context (its width, batch and dtype; run() checked its rank), the parameters,

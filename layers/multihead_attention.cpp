@@ -2,14 +2,12 @@
 // decoding form keeps the KV cache.
 #include "tapegrad/layers/multihead_attention.hpp"
 
-#include <algorithm>
 #include <cmath>
 #include <string>
 #include <string_view>
 #include <utility>
 
 #include "layers/layer_support.hpp"
-#include "tapegrad/autodiff/tape.hpp"
 
 namespace tapegrad {
 namespace {

@@ -103,8 +103,7 @@ Tensor TransformerBlock::forward(const Tensor& x, const Tensor& key_mask, Tensor
 
 Tensor TransformerBlock::decode(const Tensor& x, KVCache& cache) const {
   NoGradGuard no_grad;
-  const Tensor a = attn.decode(ln1.forward(x), cache).output;
-  const Tensor h = x + drop.forward(a);
+  const Tensor h = x + drop.forward(attn.decode(ln1.forward(x), cache).output);
   return h + ff.forward(ln2.forward(h));
 }
 

@@ -42,9 +42,7 @@ Shape check_attention(const AttentionArgs& a) {
                      shape_str(a.k.shape()), shape_str(a.v.shape()));
   Shape batch = broadcast_args(a.op, "q (leading dims)", leading(a.q), "k (leading dims)", leading(a.k));
   batch = broadcast_args(a.op, "q and k (leading dims)", batch, "v (leading dims)", leading(a.v));
-  Shape scores = batch;
-  scores.push_back(a.q.size(-2));
-  scores.push_back(a.k.size(-2));
+  const Shape scores = with_matrix(batch, a.q.size(-2), a.k.size(-2));
   check_bias(a.op, a.bias, scores, dtype);
   check_countable(a.op, fmt::format("q {}, k {} and v {} give the scores", shape_str(a.q.shape()), shape_str(a.k.shape()),
                                     shape_str(a.v.shape())).c_str(), scores);

@@ -4,7 +4,6 @@
 
 #include <optional>
 #include <span>
-#include <utility>
 #include <vector>
 
 #include "kernels/attention_paths.hpp"

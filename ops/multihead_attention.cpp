@@ -4,7 +4,6 @@
 #include "tapegrad/ops/multihead_attention.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -15,8 +14,6 @@
 #include "ops/multihead_projections.hpp"
 #include "ops/op.hpp"
 #include "tapegrad/autodiff/tape.hpp"
-#include "tapegrad/ops/compare.hpp"
-#include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/inplace.hpp"
 #include "tapegrad/ops/view.hpp"
 #include "tapegrad/ops/where.hpp"

@@ -19,9 +19,11 @@ using detail::shape_str;
 
 constexpr const char* kOp = "scaled_dot_product_attention";
 
-// With enable_gqa: q, k, v of rank >= 3, Hkv = k.size(-3) = v.size(-3) dividing H = q.size(-3);
-// returns Hkv.
+// With enable_gqa: q, k, v of one floating dtype and rank >= 3, Hkv = k.size(-3) = v.size(-3)
+// dividing H = q.size(-3); returns Hkv. (Without, check_attention checks the dtypes.)
 std::int64_t check_groups(const Tensor& q, const Tensor& k, const Tensor& v) {
+  detail::check_same_float(kOp, "q", q, "k", k);
+  detail::check_same_float(kOp, "q", q, "v", v);
   for (auto [name, t] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}})
     if (t->dim() < 3)
       fail<ShapeError>("{}: with options.enable_gqa, argument '{}' must have rank >= 3 ([..., heads, length, width]), got shape {}", kOp,
@@ -47,8 +49,6 @@ std::vector<double> geometric_slopes(std::int64_t n) {
 }  // namespace
 
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) {
-  detail::check_same_float(kOp, "q", q, "k", k);
-  detail::check_same_float(kOp, "q", q, "v", v);
   const std::int64_t kv_heads = o.enable_gqa ? check_groups(q, k, v) : 0;
   return detail::grouped_attention({kOp, q, k, v, Tensor(), o.need_weights}, kv_heads, [&](const Shape& scores) {
     return detail::masking_rows(kOp, o.masking, scores, q.dtype(), {.prefix = "options.masking."});

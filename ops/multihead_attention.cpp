@@ -111,7 +111,7 @@ struct KVCacheAccess {
 namespace {
 
 struct MhaShapes {
-  std::int64_t b, q, k, h, d, dv, cout;
+  std::int64_t b, q, k, h, d, dv;
   std::int64_t hkv = 0;  // key/value heads, dividing h
 };
 
@@ -163,7 +163,7 @@ MhaShapes check_mha(const char* op, const MhaActivations& a, const Tensor& conte
   if (o.heads < 1) fail<ValueError>("{}: argument '{}heads' must be >= 1, got {}", op, heads_name, o.heads);
   check_kv_heads(op, heads_name, o.heads, o.kv_heads);
   const std::int64_t heads = o.heads;
-  MhaShapes s{a.query.size(0), a.query.size(1), context_length, heads, 0, 0, 0, o.kv_heads == 0 ? heads : o.kv_heads};
+  MhaShapes s{a.query.size(0), a.query.size(1), context_length, heads, 0, 0, o.kv_heads == 0 ? heads : o.kv_heads};
   check_matrix(op, "w_q", p.w_q, a.query.size(2), dtype, fmt::format("Cq, the last dim of 'query' {}", shape_str(a.query.shape())));
   check_matrix(op, "w_k", p.w_k, -1, dtype);
   check_matrix(op, "w_v", p.w_v, p.w_k.size(0), dtype, fmt::format("Cctx, as 'w_k' {} has", shape_str(p.w_k.shape())));
@@ -180,11 +180,10 @@ MhaShapes check_mha(const char* op, const MhaActivations& a, const Tensor& conte
   if (__builtin_mul_overflow(heads, s.dv, &merged))
     fail<ShapeError>("{}: heads * Dv = {} * {} overflows int64 ('w_v' {}, kv_heads = {})", op, heads, s.dv, shape_str(p.w_v.shape()), s.hkv);
   check_matrix(op, "w_o", p.w_o, merged, dtype, fmt::format("heads * Dv = {} * {}", heads, s.dv));
-  s.cout = p.w_o.size(1);
   check_vector(op, "b_q", p.b_q, heads * s.d, dtype);
   check_vector(op, "b_k", p.b_k, s.hkv * s.d, dtype);
   check_vector(op, "b_v", p.b_v, s.hkv * s.dv, dtype);
-  check_vector(op, "b_o", p.b_o, s.cout, dtype);
+  check_vector(op, "b_o", p.b_o, p.w_o.size(1), dtype);
   if (context.size(0) != s.b)
     fail<ShapeError>("{}: arguments 'query' {} and 'context' {} must have the same batch size B", op, shape_str(a.query.shape()),
                      shape_str(context.shape()));

@@ -83,7 +83,7 @@ AttentionResult record_fast(const AttentionArgs& a, const Shape& scores_shape, c
                             AttentionPath path) {
   const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias, masks.slopes()};
   if (!should_record(inputs)) return {run.output, run.weights};
-  std::array<Tensor, 2> outs{run.output, run.weights};  // the weights an output only when there are any
+  std::array<Tensor, 2> outs{run.output, run.weights};  // the weights are an output when there are any
   record_op(a.op, inputs, std::span<Tensor>(outs.data(), outs[1].defined() ? 2 : 1),
             [backward = run.backward, a, scores_shape, masks, scale, weights = run.weights.defined() ? run.weights.detach() : Tensor(), path,
              reads = SecondOrderReads(a, masks)](std::span<const Tensor> g, const std::vector<bool>& needs) {
@@ -104,9 +104,10 @@ AttentionResult record_fast(const AttentionArgs& a, const Shape& scores_shape, c
   return {outs[0], outs[1]};
 }
 
-// No scores (a zero-size batch, Q or K): the output and every gradient are zeros. Nothing of
-// [..., Q, K] is formed unless asked for (check_attention found it addressable then): counted
-// with 0 as 1, its shape may be one no tensor can have (K = 2^46 with an empty batch).
+// No scores (a zero-size batch, Q or K): the output is zeros (a query without keys gets 0), and
+// so is every gradient. Nothing of [..., Q, K] is formed unless asked for (check_attention found
+// it addressable then): counted with 0 as 1, its shape may be one no tensor can have (K = 2^46
+// with an empty batch).
 AttentionResult no_scores(const AttentionArgs& a, const Shape& scores_shape, const Tensor& slopes) {
   const Shape batch(scores_shape.begin(), scores_shape.end() - 2);
   const DType dtype = a.q.dtype();

@@ -11,8 +11,8 @@
 namespace tapegrad {
 namespace {
 
-// The fields a block's config and a Decoder's share, in `layer`'s name.
-template <class Config> void check_block_fields(const char* layer, const Config& c) {
+// The fields a block's config and a Decoder's share, in `layer`'s name; returns c.
+template <class Config> const Config& check_block_fields(const char* layer, const Config& c) {
   detail::check_field(layer, "dim", c.dim);
   detail::check_field(layer, "heads", c.heads);
   detail::check_heads_divide(layer, c.heads, "dim", c.dim);
@@ -20,10 +20,6 @@ template <class Config> void check_block_fields(const char* layer, const Config&
   detail::check_norm_kind(layer, "config.norm", c.norm);
   check_kv_heads(layer, "config.", c.heads, c.kv_heads);
   check_window(layer, "config.window", c.window);
-}
-
-const TransformerBlockConfig& checked(const TransformerBlockConfig& c) {
-  check_block_fields("TransformerBlock", c);
   return c;
 }
 
@@ -73,7 +69,7 @@ std::variant<LearnedPositions, SinusoidalPositions, std::monostate> make_positio
 }  // namespace
 
 TransformerBlock::TransformerBlock(const TransformerBlockConfig& config)
-    : ln1(checked(config).norm, config.dim, config.dtype),
+    : ln1(check_block_fields("TransformerBlock", config).norm, config.dim, config.dtype),
       attn({.query_dim = config.dim,
             .heads = config.heads,
             .kv_heads = config.kv_heads,

@@ -2,14 +2,12 @@
 // decoding form keeps the KV cache.
 #include "tapegrad/layers/multihead_attention.hpp"
 
-#include <algorithm>
 #include <cmath>
 #include <string>
 #include <string_view>
 #include <utility>
 
 #include "layers/layer_support.hpp"
-#include "tapegrad/autodiff/tape.hpp"
 
 namespace tapegrad {
 namespace {
@@ -28,14 +26,14 @@ Tensor xavier(std::int64_t fan_in, std::int64_t fan_out, Generator& gen, DType d
 // config that cannot give a layer is a ValueError (DTypeError for the dtype) naming its fields:
 // nothing overflows further on, and no weight gets a shape that wraps around.
 MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
-  if (c.query_dim < 1) fail<ValueError>("{}: config.query_dim must be >= 1, got {}", kLayer, c.query_dim);
-  if (c.heads < 1) fail<ValueError>("{}: config.heads must be >= 1, got {}", kLayer, c.heads);
+  detail::check_field(kLayer, "query_dim", c.query_dim);
+  detail::check_field(kLayer, "heads", c.heads);
   check_kv_heads(kLayer, "config.", c.heads, c.kv_heads);
   check_window(kLayer, "config.window", c.window);
   for (auto [field, value] : {std::pair{"context_dim", c.context_dim}, {"head_dim", c.head_dim}, {"value_head_dim", c.value_head_dim},
                               {"out_dim", c.out_dim}})
     if (value < 0) fail<ValueError>("{}: config.{} must be >= 1, or 0 for its default, got {}", kLayer, field, value);
-  if (!is_floating(c.dtype)) fail<DTypeError>("{}: config.dtype must be float32 or float64, got {}", kLayer, c.dtype);
+  detail::check_float_dtype(kLayer, c.dtype);
 
   std::string defaults;  // named in the messages below, which may concern a filled-in field
   auto fill = [&](std::int64_t& field, std::int64_t value, const char* rule) {
@@ -52,36 +50,27 @@ MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
   if (!defaults.empty()) defaults += ")";
   if (c.rotary) check_rotary_options(*c.rotary, c.head_dim, kLayer, "config.rotary", "config.head_dim", defaults);
 
-  // kv_heads divides heads, so its products are no larger than these.
-  std::int64_t hd = 0, hdv = 0;
-  if (__builtin_mul_overflow(c.heads, c.head_dim, &hd))
-    fail<ValueError>("{}: config.heads * config.head_dim = {} * {} overflows int64{}", kLayer, c.heads, c.head_dim, defaults);
-  if (__builtin_mul_overflow(c.heads, c.value_head_dim, &hdv))
-    fail<ValueError>("{}: config.heads * config.value_head_dim = {} * {} overflows int64{}", kLayer, c.heads, c.value_head_dim,
-                     defaults);
-  const std::int64_t kvd = c.kv_heads * c.head_dim, kvdv = c.kv_heads * c.value_head_dim;
-  // Each weight must be a tensor tapegrad can allocate (its element and byte counts fit); that
-  // also bounds fan_in + fan_out.
-  struct Weight {
-    const char *name, *rows_fields, *cols_fields;
-    std::int64_t rows, cols;
-  };
   const char* hd_fields = "config.heads * config.head_dim";
   const char* hdv_fields = "config.heads * config.value_head_dim";
+  // kv_heads divides heads, so its products are no larger than these.
+  std::int64_t hd = 0, hdv = 0;
+  for (auto [product, width, fields] : {std::tuple{&hd, c.head_dim, hd_fields}, {&hdv, c.value_head_dim, hdv_fields}})
+    if (__builtin_mul_overflow(c.heads, width, product))
+      fail<ValueError>("{}: {} = {} * {} overflows int64{}", kLayer, fields, c.heads, width, defaults);
+  const std::int64_t kvd = c.kv_heads * c.head_dim, kvdv = c.kv_heads * c.value_head_dim;
   const bool grouped = c.kv_heads != c.heads;
   const char* kvd_fields = grouped ? "config.kv_heads * config.head_dim" : hd_fields;
   const char* kvdv_fields = grouped ? "config.kv_heads * config.value_head_dim" : hdv_fields;
-  for (const Weight& w : {Weight{"w_q", "config.query_dim", hd_fields, c.query_dim, hd},
-                          Weight{"w_k", "config.context_dim", kvd_fields, c.context_dim, kvd},
-                          Weight{"w_v", "config.context_dim", kvdv_fields, c.context_dim, kvdv},
-                          Weight{"w_o", hdv_fields, "config.out_dim", hdv, c.out_dim}}) {
-    try {
-      detail::check_shape(kLayer, w.name, {w.rows, w.cols}, c.dtype);
-    } catch (const Error&) {
-      fail<ValueError>("{}: weight '{}' would have shape [{}, {}] = [{}, {}] of {}, more than can be allocated{}", kLayer, w.name,
-                       w.rows_fields, w.cols_fields, w.rows, w.cols, c.dtype, defaults);
-    }
-  }
+  // Each weight must be a tensor tapegrad can allocate (its element and byte counts fit); that
+  // also bounds fan_in + fan_out.
+  for (const auto& [name, rows_fields, cols_fields, rows, cols] :
+       {std::tuple{"w_q", "config.query_dim", hd_fields, c.query_dim, hd},
+        {"w_k", "config.context_dim", kvd_fields, c.context_dim, kvd},
+        {"w_v", "config.context_dim", kvdv_fields, c.context_dim, kvdv},
+        {"w_o", hdv_fields, "config.out_dim", hdv, c.out_dim}})
+    detail::check_config_shape(kLayer,
+                               fmt::format("weight '{}' [{}, {}]{}", name, rows_fields, cols_fields, defaults).c_str(),
+                               {rows, cols}, c.dtype);
   return c;
 }
 
@@ -101,41 +90,32 @@ std::string caller_message(const char* layer, std::string message) {
 template <class F> AttentionResult as_caller(const char* layer, F&& f) {
   try {
     return f();
-  } catch (const ShapeError& e) {
-    throw ShapeError(caller_message(layer, e.what()));
-  } catch (const DTypeError& e) {
-    throw DTypeError(caller_message(layer, e.what()));
-  } catch (const ValueError& e) {
-    throw ValueError(caller_message(layer, e.what()));
-  } catch (const GraphError& e) {
-    throw GraphError(caller_message(layer, e.what()));
   } catch (const Error& e) {
-    throw Error(caller_message(layer, e.what()));
+    const std::string message = caller_message(layer, e.what());
+    if (dynamic_cast<const ShapeError*>(&e) != nullptr) throw ShapeError(message);
+    if (dynamic_cast<const DTypeError*>(&e) != nullptr) throw DTypeError(message);
+    if (dynamic_cast<const ValueError*>(&e) != nullptr) throw ValueError(message);
+    if (dynamic_cast<const GraphError*>(&e) != nullptr) throw GraphError(message);
+    throw Error(message);
   }
 }
-
-// An input as the caller passed it: its argument name, and how it is used when that is not
-// obvious from the name.
-struct Input {
-  const char *name, *role;
-  const Tensor& tensor;
-};
 
 // The layer's inputs are checked against its config before anything else, so that a mismatch
 // is reported as what the caller passed (its rank, width or dtype) rather than as a weight the
 // caller never handed over (multihead_attention would blame w_q for a query of the wrong width).
-void check_input(const char* op, const Input& in, const char* width_field, std::int64_t width, DType dtype) {
-  const Tensor& x = in.tensor;
-  detail::check_floating(op, in.name, x);
+// `role` says how the input is used when its name does not.
+void check_input(const char* op, const char* name, const Tensor& x, const char* width_field, std::int64_t width,
+                 DType dtype, const char* role = "") {
+  detail::check_floating(op, name, x);
   if (x.dim() != 3 || x.size(0) < 1 || x.size(1) < 1)
-    fail<ShapeError>("{}: argument '{}'{} must be [B, L, config.{} = {}] with B, L >= 1, got shape {}", op, in.name, in.role,
+    fail<ShapeError>("{}: argument '{}'{} must be [B, L, config.{} = {}] with B, L >= 1, got shape {}", op, name, role,
                      width_field, width, detail::shape_str(x.shape()));
   if (x.size(2) != width)
-    fail<ShapeError>("{}: argument '{}'{} has width {} (shape {}) but the layer's config.{} is {}", op, in.name, in.role, x.size(2),
-                     detail::shape_str(x.shape()), width_field, width);
+    fail<ShapeError>("{}: argument '{}'{} has width {} (shape {}) but the layer's config.{} is {}", op, name, role,
+                     x.size(2), detail::shape_str(x.shape()), width_field, width);
   if (x.dtype() != dtype)
-    fail<DTypeError>("{}: argument '{}'{} is {} but the layer's config.dtype is {}; convert it with to()", op, in.name, in.role,
-                     x.dtype(), dtype);
+    fail<DTypeError>("{}: argument '{}'{} is {} but the layer's config.dtype is {}; convert it with to()", op, name,
+                     role, x.dtype(), dtype);
 }
 
 }  // namespace
@@ -149,27 +129,22 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config) :
   params_.w_k = xavier(c.context_dim, kvd, gen, c.dtype);
   params_.w_v = xavier(c.context_dim, kvdv, gen, c.dtype);
   params_.w_o = xavier(hdv, c.out_dim, gen, c.dtype);
-  if (c.bias) {
-    params_.b_q = zeros({hd}, c.dtype).set_requires_grad();
-    params_.b_k = zeros({kvd}, c.dtype).set_requires_grad();
-    params_.b_v = zeros({kvdv}, c.dtype).set_requires_grad();
-    params_.b_o = zeros({c.out_dim}, c.dtype).set_requires_grad();
-  }
+  if (c.bias)
+    for (auto [b, n] :
+         {std::pair{&params_.b_q, hd}, {&params_.b_k, kvd}, {&params_.b_v, kvdv}, {&params_.b_o, c.out_dim}})
+      *b = zeros({n}, c.dtype).set_requires_grad();
   if (c.alibi != Alibi::none) alibi_ = tapegrad::alibi_slopes(c.heads, c.dtype);
   if (c.alibi == Alibi::learnable) alibi_.set_requires_grad();
 }
 
 void MultiHeadAttention::visit(ModuleVisitor& v) {
-  v.parameter("w_q", params_.w_q);
-  v.parameter("w_k", params_.w_k);
-  v.parameter("w_v", params_.w_v);
-  v.parameter("w_o", params_.w_o);
-  if (config_.bias) {
-    v.parameter("b_q", params_.b_q);
-    v.parameter("b_k", params_.b_k);
-    v.parameter("b_v", params_.b_v);
-    v.parameter("b_o", params_.b_o);
-  }
+  for (auto [name, t] :
+       {std::pair{"w_q", &params_.w_q}, {"w_k", &params_.w_k}, {"w_v", &params_.w_v}, {"w_o", &params_.w_o}})
+    v.parameter(name, *t);
+  if (config_.bias)
+    for (auto [name, t] :
+         {std::pair{"b_q", &params_.b_q}, {"b_k", &params_.b_k}, {"b_v", &params_.b_v}, {"b_o", &params_.b_o}})
+      v.parameter(name, *t);
   if (config_.alibi == Alibi::learnable) v.parameter("alibi_slopes", alibi_);
 }
 
@@ -193,14 +168,15 @@ MhaOptions MultiHeadAttention::options(const Call& call, const char* op) const {
 }
 
 AttentionResult MultiHeadAttention::forward(const Tensor& query, const Tensor& context, const Call& call) const {
-  check_input(kForward, {"query", "", query}, "query_dim", config_.query_dim, config_.dtype);
-  check_input(kForward, {"context", "", context}, "context_dim", config_.context_dim, config_.dtype);
+  check_input(kForward, "query", query, "query_dim", config_.query_dim, config_.dtype);
+  check_input(kForward, "context", context, "context_dim", config_.context_dim, config_.dtype);
   return as_caller(kForward, [&] { return multihead_attention({query, context, call.bias}, params_, options(call, kForward)); });
 }
 
 AttentionResult MultiHeadAttention::forward(const Tensor& x, const Call& call) const {
-  check_input(kForward, {"x", "", x}, "query_dim", config_.query_dim, config_.dtype);
-  check_input(kForward, {"x", " (the context too: forward(x) is self-attention)", x}, "context_dim", config_.context_dim, config_.dtype);
+  check_input(kForward, "x", x, "query_dim", config_.query_dim, config_.dtype);
+  check_input(kForward, "x", x, "context_dim", config_.context_dim, config_.dtype,
+              " (the context too: forward(x) is self-attention)");
   return as_caller(kForward, [&] { return multihead_attention({x, x, call.bias}, params_, options(call, kForward)); });
 }
 
@@ -209,7 +185,7 @@ AttentionResult MultiHeadAttention::decode(const Tensor& query, KVCache& cache, 
     fail<ValueError>("{}: incremental decoding is self-attention; this layer's config.context_dim {} differs from its "
                      "config.query_dim {}",
                      kDecode, config_.context_dim, config_.query_dim);
-  check_input(kDecode, {"query", "", query}, "query_dim", config_.query_dim, config_.dtype);
+  check_input(kDecode, "query", query, "query_dim", config_.query_dim, config_.dtype);
   Call causal = call;
   causal.masking.causal = true;  // decoding is causal: the config's window applies
   return as_caller(kDecode, [&] { return multihead_attention({.query = query, .bias = call.bias}, params_, options(causal, kDecode), cache); });

@@ -1,8 +1,6 @@
 // TransformerBlock and Decoder: compositions of layers whose backward passes are their ops'.
 #include "tapegrad/layers/transformer.hpp"
 
-#include <type_traits>
-
 #include "layers/layer_support.hpp"
 #include "tapegrad/autodiff/tape.hpp"
 #include "tapegrad/ops/elementwise.hpp"
@@ -13,14 +11,15 @@
 namespace tapegrad {
 namespace {
 
-const TransformerBlockConfig& checked(const TransformerBlockConfig& c) {
-  detail::check_field("TransformerBlock", "dim", c.dim);
-  detail::check_field("TransformerBlock", "heads", c.heads);
-  detail::check_heads_divide("TransformerBlock", c.heads, "dim", c.dim);
-  detail::check_activation("TransformerBlock", c.activation);
-  detail::check_norm_kind("TransformerBlock", "config.norm", c.norm);
-  check_kv_heads("TransformerBlock", "config.", c.heads, c.kv_heads);
-  check_window("TransformerBlock", "config.window", c.window);
+// The fields a block's config and a Decoder's share, in `layer`'s name; returns c.
+template <class Config> const Config& check_block_fields(const char* layer, const Config& c) {
+  detail::check_field(layer, "dim", c.dim);
+  detail::check_field(layer, "heads", c.heads);
+  detail::check_heads_divide(layer, c.heads, "dim", c.dim);
+  detail::check_activation(layer, c.activation);
+  detail::check_norm_kind(layer, "config.norm", c.norm);
+  check_kv_heads(layer, "config.", c.heads, c.kv_heads);
+  check_window(layer, "config.window", c.window);
   return c;
 }
 
@@ -31,20 +30,14 @@ const DecoderConfig& checked(const DecoderConfig& c) {
   detail::check_field(layer, "vocab", c.vocab);
   detail::check_enum(layer, "config.positions", c.positions, PositionKind::alibi,
                      "PositionKind::learned, PositionKind::sinusoidal, PositionKind::rotary or PositionKind::alibi");
-  detail::check_activation(layer, c.activation);
-  detail::check_norm_kind(layer, "config.norm", c.norm);
+  check_block_fields(layer, c);
   if (c.positions == PositionKind::learned || c.positions == PositionKind::sinusoidal)
     detail::check_field(layer, "max_len", c.max_len, 1, " with learned or sinusoidal positions (the table's rows)");
   else
     detail::check_field(layer, "max_len", c.max_len, 0, " (0: no limit, with rotary or alibi positions)");
-  detail::check_field(layer, "dim", c.dim);
-  detail::check_field(layer, "heads", c.heads);
   detail::check_field(layer, "layers", c.layers);
   detail::check_field(layer, "hidden", c.hidden, 0);
   detail::check_float_dtype(layer, c.dtype);
-  detail::check_heads_divide(layer, c.heads, "dim", c.dim);
-  check_kv_heads(layer, "config.", c.heads, c.kv_heads);
-  check_window(layer, "config.window", c.window);
   if (c.positions == PositionKind::rotary) check_rotary_options(c.rotary, c.dim / c.heads, layer, "config.rotary", "dim / heads");
   if (!(c.dropout >= 0 && c.dropout < 1)) detail::fail<ValueError>("Decoder: config.dropout must be in [0, 1), got {}", c.dropout);
   detail::checked_product(layer, "vocab", c.vocab, "dim", c.dim);
@@ -52,8 +45,8 @@ const DecoderConfig& checked(const DecoderConfig& c) {
   return c;
 }
 
-// ids must be int64 [B, T] with every id in [0, vocab) (T checked by the caller).
-void check_ids(const char* op, const char* name, const Tensor& ids, std::int64_t vocab) {
+// ids must be int64 [B, T] with every id in [0, vocab) and, when max_len > 0, T <= max_len.
+void check_ids(const char* op, const char* name, const Tensor& ids, std::int64_t vocab, std::int64_t max_len = 0) {
   detail::check_dtype(op, name, ids, DType::int64);
   if (ids.dim() != 2) detail::fail<ShapeError>("{}: argument '{}' must be [B, T], got shape {}", op, name, detail::shape_str(ids.shape()));
   const auto values = ids.to_vector<std::int64_t>();
@@ -61,6 +54,9 @@ void check_ids(const char* op, const char* name, const Tensor& ids, std::int64_t
     if (values[i] < 0 || values[i] >= vocab)
       detail::fail<ValueError>("{}: argument '{}' holds id {} at flat position {}; ids must be in [0, {}) (config.vocab)", op, name,
                                values[i], i, vocab);
+  if (max_len > 0 && ids.size(1) > max_len)
+    detail::fail<ShapeError>("{}: argument '{}' has {} positions (shape {}), more than config.max_len = {}", op, name,
+                             ids.size(1), detail::shape_str(ids.shape()), max_len);
 }
 
 std::variant<LearnedPositions, SinusoidalPositions, std::monostate> make_positions(const DecoderConfig& c) {
@@ -73,7 +69,7 @@ std::variant<LearnedPositions, SinusoidalPositions, std::monostate> make_positio
 }  // namespace
 
 TransformerBlock::TransformerBlock(const TransformerBlockConfig& config)
-    : ln1(checked(config).norm, config.dim, config.dtype),
+    : ln1(check_block_fields("TransformerBlock", config).norm, config.dim, config.dtype),
       attn({.query_dim = config.dim,
             .heads = config.heads,
             .kv_heads = config.kv_heads,
@@ -103,8 +99,7 @@ Tensor TransformerBlock::forward(const Tensor& x, const Tensor& key_mask, Tensor
 
 Tensor TransformerBlock::decode(const Tensor& x, KVCache& cache) const {
   NoGradGuard no_grad;
-  const Tensor a = attn.decode(ln1.forward(x), cache).output;
-  const Tensor h = x + drop.forward(a);
+  const Tensor h = x + drop.forward(attn.decode(ln1.forward(x), cache).output);
   return h + ff.forward(ln2.forward(h));
 }
 
@@ -148,21 +143,13 @@ Decoder::Decoder(const DecoderConfig& config)
 
 Tensor Decoder::embed(const Tensor& ids, std::int64_t offset) const {
   const Tensor x = tok.forward(ids);
-  return std::visit(
-      [&]<class P>(const P& p) {
-        if constexpr (std::is_same_v<P, std::monostate>)
-          return x;  // rotary, alibi: the blocks' attention reads positions instead
-        else
-          return p.forward(x, offset);
-      },
-      pos);
+  if (const auto* learned = std::get_if<LearnedPositions>(&pos)) return learned->forward(x, offset);
+  if (const auto* sinusoidal = std::get_if<SinusoidalPositions>(&pos)) return sinusoidal->forward(x, offset);
+  return x;  // rotary, alibi: the blocks' attention reads positions instead
 }
 
 Tensor Decoder::forward(const Tensor& ids) const {
-  check_ids("Decoder::forward", "ids", ids, config_.vocab);
-  if (config_.max_len > 0 && ids.size(1) > config_.max_len)
-    detail::fail<ShapeError>("Decoder::forward: argument 'ids' has {} positions (shape {}), more than config.max_len = {}", ids.size(1),
-                             detail::shape_str(ids.shape()), config_.max_len);
+  check_ids("Decoder::forward", "ids", ids, config_.vocab, config_.max_len);
   Tensor x = embed(ids, 0);
   for (const auto& b : blocks) x = b.forward(x);
   return logits(x);
@@ -196,10 +183,7 @@ Tensor Decoder::decode_step(const Tensor& ids, Cache& cache) const {
 
 std::vector<Tensor> Decoder::attention_weights(const Tensor& ids) const {
   NoGradGuard no_grad;
-  check_ids("Decoder::attention_weights", "ids", ids, config_.vocab);
-  if (config_.max_len > 0 && ids.size(1) > config_.max_len)
-    detail::fail<ShapeError>("Decoder::attention_weights: argument 'ids' has {} positions, more than config.max_len = {}", ids.size(1),
-                             config_.max_len);
+  check_ids("Decoder::attention_weights", "ids", ids, config_.vocab, config_.max_len);
   std::vector<Tensor> out(blocks.size());
   Tensor x = embed(ids, 0);
   for (std::size_t i = 0; i < blocks.size(); ++i) x = blocks[i].forward(x, Tensor(), &out[i]);
@@ -208,11 +192,8 @@ std::vector<Tensor> Decoder::attention_weights(const Tensor& ids) const {
 
 void Decoder::visit(ModuleVisitor& v) {
   v.module("tok", tok);
-  std::visit(
-      [&]<class P>(P& p) {
-        if constexpr (!std::is_same_v<P, std::monostate>) v.module("pos", p);
-      },
-      pos);
+  if (auto* learned = std::get_if<LearnedPositions>(&pos)) v.module("pos", *learned);
+  if (auto* sinusoidal = std::get_if<SinusoidalPositions>(&pos)) v.module("pos", *sinusoidal);
   v.modules("blocks", blocks);
   v.module("ln_f", ln_f);
   if (head) v.module("head", *head);

@@ -1,8 +1,7 @@
-// scaled_dot_product_attention, attention and causal_mask: validation, the choice of path (one
-// function, attention_path, says which pays when) and the tape node of each call. The reference,
-// the computation as it is written down with its backward beside it, is attention_reference.cpp;
-// the fast paths are kernels/attention_*.cpp, each tested against it. Whatever the path, the
-// node's backward in a create_graph pass is the reference's, whose lines record.
+// scaled_dot_product_attention, attention and causal_mask: validation, the path (attention_path
+// says which pays when) and each call's tape node. The reference, the computation as written with
+// its backward beside it, is attention_reference.cpp; the fast paths (kernels/attention_*.cpp) are
+// tested against it, and every node's backward in a create_graph pass is the reference's.
 #include <array>
 #include <cmath>
 
@@ -14,11 +13,18 @@
 
 namespace tapegrad {
 namespace detail {
-namespace {
-Shape leading(const Tensor& t) { return Shape(t.shape().begin(), t.shape().end() - 2); }
-}  // namespace
+
+void check_bias(const char* op, const Tensor& bias, const Shape& scores, DType dtype) {
+  if (!bias.defined()) return;
+  check_floating(op, "bias", bias);
+  if (bias.dtype() != dtype)
+    fail<DTypeError>("{}: argument 'bias' is {} but the activations are {}; convert it with to()", op, bias.dtype(),
+                     dtype);
+  check_on_scores(op, "bias", bias, scores);
+}
 
 Shape check_attention(const AttentionArgs& a) {
+  auto leading = [](const Tensor& t) { return Shape(t.shape().begin(), t.shape().end() - 2); };
   const DType dtype = check_same_float(a.op, "q", a.q, "k", a.k);
   check_same_float(a.op, "q", a.q, "v", a.v);
   for (auto [name, t] : {std::pair{"q", &a.q}, {"k", &a.k}, {"v", &a.v}})
@@ -36,18 +42,8 @@ Shape check_attention(const AttentionArgs& a) {
                      shape_str(a.k.shape()), shape_str(a.v.shape()));
   Shape batch = broadcast_args(a.op, "q (leading dims)", leading(a.q), "k (leading dims)", leading(a.k));
   batch = broadcast_args(a.op, "q and k (leading dims)", batch, "v (leading dims)", leading(a.v));
-  Shape scores = batch;
-  scores.push_back(a.q.size(-2));
-  scores.push_back(a.k.size(-2));
-  if (a.bias.defined()) {
-    check_floating(a.op, "bias", a.bias);
-    if (a.bias.dtype() != dtype)
-      fail<DTypeError>("{}: argument 'bias' is {} but the activations are {}; convert it with to()", a.op,
-                       a.bias.dtype(), dtype);
-    if (broadcast_args(a.op, "scores", scores, "bias", a.bias.shape()) != scores)
-      fail<ShapeError>("{}: argument 'bias' with shape {} must broadcast to the scores' shape {}", a.op,
-                       shape_str(a.bias.shape()), shape_str(scores));
-  }
+  const Shape scores = with_matrix(batch, a.q.size(-2), a.k.size(-2));
+  check_bias(a.op, a.bias, scores, dtype);
   check_countable(a.op, fmt::format("q {}, k {} and v {} give the scores", shape_str(a.q.shape()), shape_str(a.k.shape()),
                                     shape_str(a.v.shape())).c_str(), scores);
   // What will be allocated is checked before anything is computed.
@@ -58,10 +54,9 @@ Shape check_attention(const AttentionArgs& a) {
 
 namespace {
 
-// What the reference backward reads beyond the node's saved tensors when it makes the weights
-// again (the bias, ALiBi's slopes and the masks whole, which first-order backwards do not read),
-// with their storage versions when recorded: an in-place write since is refused, as the tape
-// refuses one to a saved tensor.
+// What the reference backward reads beyond the saved tensors when it makes the weights again (the
+// bias, the slopes and the masks whole, which first-order backwards do not read), with their
+// versions: an in-place write since is refused, as the tape refuses one to a saved tensor.
 class SecondOrderReads {
  public:
   SecondOrderReads(const AttentionArgs& a, const RowMasks& masks) {
@@ -88,9 +83,8 @@ AttentionResult record_fast(const AttentionArgs& a, const Shape& scores_shape, c
                             AttentionPath path) {
   const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias, masks.slopes()};
   if (!should_record(inputs)) return {run.output, run.weights};
-  std::vector<Tensor> outputs{run.output};
-  if (run.weights.defined()) outputs.push_back(run.weights);
-  record_op(a.op, inputs, outputs,
+  std::array<Tensor, 2> outs{run.output, run.weights};  // the weights are an output when there are any
+  record_op(a.op, inputs, std::span<Tensor>(outs.data(), outs[1].defined() ? 2 : 1),
             [backward = run.backward, a, scores_shape, masks, scale, weights = run.weights.defined() ? run.weights.detach() : Tensor(), path,
              reads = SecondOrderReads(a, masks)](std::span<const Tensor> g, const std::vector<bool>& needs) {
               if (attention_backward_path(path) == AttentionPath::reference) {
@@ -107,34 +101,30 @@ AttentionResult record_fast(const AttentionArgs& a, const Shape& scores_shape, c
                                          finish(r.dbias, 3, false), needs[4] ? r.dslopes : Tensor()};
             },
             std::move(run.saved));
-  return {outputs[0], run.weights.defined() ? outputs[1] : Tensor()};
+  return {outs[0], outs[1]};
 }
 
-// No scores (a zero-size batch, Q or K): the output is zeros (a query without keys gets 0) and
-// so is every gradient. Nothing of [..., Q, K] is formed: counted with 0 as 1, its shape may be
-// one that no tensor can have (K = 2^46 with an empty batch), and the weights exist only when
-// asked for, when check_attention has found them addressable.
+// No scores (a zero-size batch, Q or K): the output is zeros (a query without keys gets 0), and
+// so is every gradient. Nothing of [..., Q, K] is formed unless asked for (check_attention found
+// it addressable then): counted with 0 as 1, its shape may be one no tensor can have (K = 2^46
+// with an empty batch).
 AttentionResult no_scores(const AttentionArgs& a, const Shape& scores_shape, const Tensor& slopes) {
   const Shape batch(scores_shape.begin(), scores_shape.end() - 2);
   const DType dtype = a.q.dtype();
-  Tensor output = zeros(with_matrix(batch, a.q.size(-2), a.v.size(-1)), dtype);
-  Tensor weights = a.need_weights ? zeros(scores_shape, dtype) : Tensor();
-  const std::vector<Tensor> inputs{a.q, a.k, a.v, a.bias, slopes};
-  if (!should_record(inputs)) return {output, weights};
-  std::vector<Tensor> outputs{output};
-  if (weights.defined()) outputs.push_back(weights);
+  std::array<Tensor, 2> outs{zeros(with_matrix(batch, a.q.size(-2), a.v.size(-1)), dtype),
+                             a.need_weights ? zeros(scores_shape, dtype) : Tensor()};
   // dq = dk = dv = dbias = dslopes = 0
-  record_op(a.op, inputs, outputs,
-            [shapes = std::array<Shape, 5>{a.q.shape(), a.k.shape(), a.v.shape(), a.bias.defined() ? a.bias.shape() : Shape{},
-                                           slopes.defined() ? slopes.shape() : Shape{}},
-             dtype](std::span<const Tensor>, const std::vector<bool>& needs) {
-              std::vector<Tensor> grads(5);
-              for (std::size_t i = 0; i < 5; ++i)
-                if (needs[i]) grads[i] = zeros(shapes[i], dtype);
-              return grads;
-            },
-            std::span<const Tensor>());
-  return {outputs[0], weights.defined() ? outputs[1] : Tensor()};
+  record(a.op, {a.q, a.k, a.v, a.bias, slopes}, std::span<Tensor>(outs.data(), outs[1].defined() ? 2 : 1), {},
+         [shapes = std::array<Shape, 5>{a.q.shape(), a.k.shape(), a.v.shape(),
+                                        a.bias.defined() ? a.bias.shape() : Shape{},
+                                        slopes.defined() ? slopes.shape() : Shape{}},
+          dtype](std::span<const Tensor>, const std::vector<bool>& needs) {
+           std::vector<Tensor> grads(5);
+           for (std::size_t i = 0; i < 5; ++i)
+             if (needs[i]) grads[i] = zeros(shapes[i], dtype);
+           return grads;
+         });
+  return {outs[0], outs[1]};
 }
 
 }  // namespace

@@ -4,7 +4,6 @@
 
 #include <optional>
 #include <span>
-#include <utility>
 #include <vector>
 
 #include "kernels/attention_paths.hpp"
@@ -13,20 +12,18 @@
 
 namespace tapegrad::detail {
 
-// The reference (attention_reference.cpp): the computation as written down, one node, for
-// q, k, v, the bias, the call's rows, the scores' shape [..., Q, K] and s = 1/sqrt(D).
+// The reference, one node, and its backward, every line an op, which every path's node runs in a
+// create_graph pass (attention_reference.cpp says what each takes).
 AttentionResult reference_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
                                     const RowMasks& masks, const Shape& scores_shape, double scale);
-// Its backward, every line an op: the gradients of q, k, v, bias and slopes where `needs`, from
-// the upstream gradients of the output and (if any) of the weights; `weights` the forward's A,
-// or undefined on a path that kept none (it is made again). Every path's node runs it in a
-// create_graph pass, where it differentiates again.
 std::vector<Tensor> reference_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const RowMasks& masks,
                                        const Shape& scores_shape, double scale, const Tensor& weights, std::span<const Tensor> g,
                                        const std::vector<bool>& needs);
 
 // Validates q, k, v and the bias; returns the scores' shape [..., Q, K].
 Shape check_attention(const AttentionArgs& a);
+// An optional floating bias of the activations' dtype that broadcasts to the scores [..., Q, K].
+void check_bias(const char* op, const Tensor& bias, const Shape& scores, DType dtype);
 
 // The single entry, for validated arguments: check_attention's scores shape and the call's
 // masks (built once by masking_rows, for these scores or for their ungrouped view: rows are

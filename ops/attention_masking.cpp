@@ -22,6 +22,17 @@ void check_kv_heads(std::string_view who, std::string_view prefix, std::int64_t 
 }
 
 namespace detail {
+
+void check_on_scores(const char* op, const std::string& name, const Tensor& t, const Shape& scores) {
+  if (broadcast_args(op, "scores", scores, name.c_str(), t.shape()) != scores)
+    fail<ShapeError>("{}: argument '{}' with shape {} must broadcast to the scores' shape {}", op, name,
+                     shape_str(t.shape()), shape_str(scores));
+}
+
+Tensor keys_from(const Tensor& t, std::int64_t key_start) {
+  return !t.defined() || key_start == 0 || t.dim() == 0 || t.size(-1) == 1 ? t : slice(t, -1, key_start, t.size(-1));
+}
+
 namespace {
 
 // key_mask [B, K] or query_mask [B, Q]: bool, one row per batch entry (dim 0 of the scores).
@@ -68,24 +79,18 @@ RowMasks masking_rows(const char* op, const AttentionMasking& m, const Shape& sc
   if (m.mask.defined()) {
     const std::string name = names.of(names.mask);
     check_dtype(op, name.c_str(), m.mask, DType::bool_);
-    if (broadcast_args(op, "scores", scores_shape, name.c_str(), m.mask.shape()) != scores_shape)
-      fail<ShapeError>("{}: argument '{}' with shape {} must broadcast to the scores' shape {}", op, name, shape_str(m.mask.shape()),
-                       shape_str(scores_shape));
+    check_on_scores(op, name, m.mask, scores_shape);
   }
   if (m.alibi_slopes.defined()) check_slopes(op, names.of("alibi_slopes"), m, scores_shape, dtype);
-  if (key_start == 0)
-    return RowMasks({.allowed = m.mask, .key_mask = m.key_mask, .query_mask = m.query_mask, .causal = m.causal,
-                     .causal_offset = m.causal_offset, .window = m.window, .slopes = m.alibi_slopes},
-                    scores_shape);
-  // Keys from key_start on: the masks cut along the key dim (a size-1 one broadcasts and stays),
-  // the positions moved with them. An offset past INT64_MIN allows no key either way.
-  auto held = [&](const Tensor& t) { return !t.defined() || t.dim() == 0 || t.size(-1) == 1 ? t : slice(t, -1, key_start, t.size(-1)); };
+  // Keys from key_start on (every key when 0): the masks cut along the key dim, the positions
+  // moved with them. An offset past INT64_MIN allows no key either way.
   std::int64_t offset = 0;
   if (__builtin_sub_overflow(m.causal_offset, key_start, &offset)) offset = std::numeric_limits<std::int64_t>::min();
   Shape shape = scores_shape;
   shape.back() -= key_start;
-  return RowMasks({.allowed = held(m.mask), .key_mask = held(m.key_mask), .query_mask = m.query_mask, .causal = m.causal,
-                   .causal_offset = offset, .window = m.window, .slopes = m.alibi_slopes},
+  return RowMasks({.allowed = keys_from(m.mask, key_start), .key_mask = keys_from(m.key_mask, key_start),
+                   .query_mask = m.query_mask, .causal = m.causal, .causal_offset = offset, .window = m.window,
+                   .slopes = m.alibi_slopes},
                   shape);
 }
 

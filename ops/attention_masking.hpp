@@ -19,6 +19,12 @@ struct MaskNames {
   std::string of(std::string_view field) const { return std::string(prefix) + std::string(field); }
 };
 
+// t (a mask or a bias) broadcasts to the scores' shape, else a ShapeError naming `name`.
+void check_on_scores(const char* op, const std::string& name, const Tensor& t, const Shape& scores);
+// t's part on the keys from key_start on (dim -1); undefined, a scalar or a size-1 key dim (which
+// broadcasts) stays as it is.
+Tensor keys_from(const Tensor& t, std::int64_t key_start);
+
 // Validates `m` for scores of `scores_shape` ([..., H, Q, K], B = dim 0) and activations of
 // `dtype`, one wording per rule, and returns its rows. Errors name `op` and the fields as `names`
 // says: ValueError for the window and the slopes' values and offset, DTypeError for a mask that

@@ -9,46 +9,9 @@
 #include <vector>
 
 #include "autodiff/check.hpp"
-#include "ops/attention_core.hpp"
-#include "ops/attention_masking.hpp"
 #include "ops/grouped_heads.hpp"
-#include "tapegrad/ops/view.hpp"
 
 namespace tapegrad {
-namespace detail {
-
-Tensor group_queries(const Tensor& q, std::int64_t kv_heads) {
-  Shape s = q.shape();
-  const std::int64_t heads = s[s.size() - 3];
-  s[s.size() - 3] = heads / kv_heads;
-  s.insert(s.end() - 3, kv_heads);
-  return reshape(q, s);
-}
-
-Tensor group_keys(const Tensor& k) { return unsqueeze(k, -3); }
-
-Tensor group_pairs(const Tensor& t, std::int64_t kv_heads) {
-  if (!t.defined() || t.dim() < 3) return t;  // broadcasts over every head as it is
-  return t.size(-3) == 1 ? unsqueeze(t, -3) : group_queries(t, kv_heads);
-}
-
-Shape ungrouped(const Shape& scores) {
-  Shape s = scores;
-  s[s.size() - 4] *= s[s.size() - 3];
-  s.erase(s.end() - 3);
-  return s;
-}
-
-Tensor merge_groups(const Tensor& x) {
-  if (!x.defined()) return x;
-  Shape s = x.shape();
-  s[s.size() - 4] *= s[s.size() - 3];
-  s.erase(s.end() - 3);
-  return reshape(x, s);
-}
-
-}  // namespace detail
-
 namespace {
 
 using detail::fail;
@@ -56,25 +19,24 @@ using detail::shape_str;
 
 constexpr const char* kOp = "scaled_dot_product_attention";
 
-struct Heads {
-  std::int64_t h = 0, kv = 0;  // kv 0: no grouping
-};
-
-// With enable_gqa: q, k, v of rank >= 3, Hkv = k.size(-3) = v.size(-3) dividing H = q.size(-3).
-Heads check_groups(const Tensor& q, const Tensor& k, const Tensor& v) {
+// With enable_gqa: q, k, v of one floating dtype and rank >= 3, Hkv = k.size(-3) = v.size(-3)
+// dividing H = q.size(-3); returns Hkv. (Without, check_attention checks the dtypes.)
+std::int64_t check_groups(const Tensor& q, const Tensor& k, const Tensor& v) {
+  detail::check_same_float(kOp, "q", q, "k", k);
+  detail::check_same_float(kOp, "q", q, "v", v);
   for (auto [name, t] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}})
     if (t->dim() < 3)
       fail<ShapeError>("{}: with options.enable_gqa, argument '{}' must have rank >= 3 ([..., heads, length, width]), got shape {}", kOp,
                        name, shape_str(t->shape()));
-  const Heads heads{q.size(-3), k.size(-3)};
-  if (v.size(-3) != heads.kv)
+  const std::int64_t heads = q.size(-3), kv_heads = k.size(-3);
+  if (v.size(-3) != kv_heads)
     fail<ShapeError>("{}: with options.enable_gqa, arguments 'k' {} and 'v' {} must have the same number of key/value heads (dim -3)",
                      kOp, shape_str(k.shape()), shape_str(v.shape()));
-  if (heads.kv < 1 || heads.h % heads.kv != 0)
+  if (kv_heads < 1 || heads % kv_heads != 0)
     fail<ShapeError>("{}: with options.enable_gqa, the key/value heads Hkv = {} (dim -3 of 'k' {}) must be >= 1 and divide the query "
                      "heads H = {} (dim -3 of 'q' {})",
-                     kOp, heads.kv, shape_str(k.shape()), heads.h, shape_str(q.shape()));
-  return heads;
+                     kOp, kv_heads, shape_str(k.shape()), heads, shape_str(q.shape()));
+  return kv_heads;
 }
 
 // ALiBi's slopes for a power of two n: 2^(-8 (h + 1) / n), h = 0 .. n - 1.
@@ -87,25 +49,10 @@ std::vector<double> geometric_slopes(std::int64_t n) {
 }  // namespace
 
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) {
-  detail::check_same_float(kOp, "q", q, "k", k);
-  detail::check_same_float(kOp, "q", q, "v", v);
-  const Heads groups = o.enable_gqa ? check_groups(q, k, v) : Heads{};
-  // One group per head is plain attention: no views.
-  const bool grouped = groups.kv != 0 && groups.kv != groups.h;
-  detail::AttentionArgs a{kOp, q, k, v, Tensor(), o.need_weights};
-  if (grouped) {
-    a.q = detail::group_queries(q, groups.kv);
-    a.k = detail::group_keys(k);
-    a.v = detail::group_keys(v);
-  }
-  // The masking is checked against the scores [..., H, Q, K]; the grouped view numbers its rows
-  // alike, so the same rows serve it.
-  const Shape scores = detail::check_attention(a);
-  const detail::RowMasks masks =
-      detail::masking_rows(kOp, o.masking, grouped ? detail::ungrouped(scores) : scores, q.dtype(), {.prefix = "options.masking."});
-  AttentionResult r = detail::attention_core(a, scores, masks);
-  if (grouped) r = {detail::merge_groups(r.output), detail::merge_groups(r.weights)};
-  return r;
+  const std::int64_t kv_heads = o.enable_gqa ? check_groups(q, k, v) : 0;
+  return detail::grouped_attention({kOp, q, k, v, Tensor(), o.need_weights}, kv_heads, [&](const Shape& scores) {
+    return detail::masking_rows(kOp, o.masking, scores, q.dtype(), {.prefix = "options.masking."});
+  });
 }
 
 Tensor alibi_slopes(std::int64_t heads, DType dtype) {

@@ -18,11 +18,10 @@
 #include <span>
 #include <vector>
 
-#include "kernels/attention_mask.hpp"
 #include "kernels/weighted_matmul.hpp"
+#include "ops/attention_core.hpp"
 #include "ops/op.hpp"
 #include "ops/softmax.hpp"
-#include "tapegrad/ops/attention.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/softmax.hpp"
 #include "tapegrad/ops/view.hpp"
@@ -36,11 +35,7 @@ Tensor weighted(const Tensor& w, const Tensor& x);
 // gradient dC is 0 wherever the scores were masked, so its backward's products skip it.
 //   dx = dC y,  dy = dCᵀ x
 Tensor scores(const Tensor& x, const Tensor& y) {
-  Tensor out;
-  {
-    NoGradGuard off;
-    out = weighted_matmul(x, transpose(y, -1, -2));
-  }
+  Tensor out = weighted_matmul(x, transpose(y.detach(), -1, -2));  // detached: the view is not recorded either
   record("attention_scores", {x, y}, out, {x, y}, [x, y](std::span<const Tensor> g, const std::vector<bool>& needs) {
     std::vector<Tensor> grads(2);
     if (needs[0]) grads[0] = sum_to(weighted(g[0], y), x.shape());
@@ -53,11 +48,7 @@ Tensor scores(const Tensor& x, const Tensor& y) {
 // w x (batch dims broadcast), a zero weight contributing nothing (kernels/weighted_matmul.hpp).
 //   dw = dC xᵀ (read only where w != 0),  dx = wᵀ dC
 Tensor weighted(const Tensor& w, const Tensor& x) {
-  Tensor out;
-  {
-    NoGradGuard off;
-    out = weighted_matmul(w, x);
-  }
+  Tensor out = weighted_matmul(w, x);
   record("attention_weighted", {w, x}, out, {w, x}, [w, x](std::span<const Tensor> g, const std::vector<bool>& needs) {
     std::vector<Tensor> grads(2);
     if (needs[0]) grads[0] = sum_to(scores(g[0], x), w.shape());
@@ -103,10 +94,6 @@ Tensor weights_of(const Tensor& q, const Tensor& k, const Tensor& bias, const Ro
 
 }  // namespace
 
-std::vector<Tensor> reference_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const RowMasks& masks,
-                                       const Shape& shape, double scale, const Tensor& weights, std::span<const Tensor> g,
-                                       const std::vector<bool>& needs);
-
 // q [..., Q, D], k [..., K, D], v [..., K, Dv], bias (optional) broadcasting to the scores
 // [..., Q, K] = `shape`, the call's rows (masks and ALiBi's slopes), s = 1/sqrt(D).
 AttentionResult reference_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
@@ -131,7 +118,7 @@ AttentionResult reference_attention(const char* op, const Tensor& q, const Tenso
 
 // The node's gradients of q, k, v, bias and slopes where `needs`, from the upstream gradients of
 // the output and (if any) of the weights. `weights`: the forward's A, or undefined on a path that
-// kept none.
+// kept none (they are made again).
 std::vector<Tensor> reference_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const RowMasks& masks,
                                        const Shape& shape, double scale, const Tensor& weights, std::span<const Tensor> g,
                                        const std::vector<bool>& needs) {

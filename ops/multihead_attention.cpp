@@ -1,26 +1,101 @@
 // multihead_attention: projections, head split, the attention core, head merge, output
 // projection, and the suppression of queries that may attend to nothing; and its decoding form,
-// the same steps over the keys and values a KVCache holds.
+// the same steps over the keys and values a KVCache (defined first) holds and appends to.
 #include "tapegrad/ops/multihead_attention.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "kernels/weighted_matmul.hpp"
-#include "ops/attention_core.hpp"
 #include "ops/attention_masking.hpp"
 #include "ops/grouped_heads.hpp"
 #include "ops/multihead_projections.hpp"
 #include "ops/op.hpp"
 #include "tapegrad/autodiff/tape.hpp"
-#include "tapegrad/ops/compare.hpp"
-#include "tapegrad/ops/elementwise.hpp"
+#include "tapegrad/ops/inplace.hpp"
 #include "tapegrad/ops/view.hpp"
 #include "tapegrad/ops/where.hpp"
 
 namespace tapegrad {
+namespace {
+
+// A fresh [B, capacity, width] buffer holding positions [from, from + length) of `buffer` at its
+// front (the positions past them are not read: they were never written).
+Tensor reallocated(const Tensor& buffer, std::int64_t from, std::int64_t length, std::int64_t capacity) {
+  const NoGradGuard no_grad;
+  Tensor out = empty({buffer.size(0), capacity, buffer.size(2)}, buffer.dtype());
+  if (length > 0) copy_(slice(out, 1, 0, length), slice(buffer, 1, from, from + length));
+  return out;
+}
+
+}  // namespace
+
+KVCache::KVCache(const KVCache& other)
+    : k_(other.k_.defined() ? reallocated(other.k_, 0, other.held_, other.capacity()) : Tensor()),
+      v_(other.v_.defined() ? reallocated(other.v_, 0, other.held_, other.capacity()) : Tensor()),
+      start_(other.start_),
+      held_(other.held_) {}
+
+KVCache& KVCache::operator=(const KVCache& other) {
+  if (this != &other) *this = KVCache(other);
+  return *this;
+}
+
+KVCache::KVCache(KVCache&& other) noexcept
+    : k_(std::move(other.k_)), v_(std::move(other.v_)), start_(std::exchange(other.start_, 0)),
+      held_(std::exchange(other.held_, 0)) {}
+
+KVCache& KVCache::operator=(KVCache&& other) noexcept {
+  if (this == &other) return *this;
+  k_ = std::move(other.k_);  // a moved-from Tensor is undefined
+  v_ = std::move(other.v_);
+  start_ = std::exchange(other.start_, 0);
+  held_ = std::exchange(other.held_, 0);
+  return *this;
+}
+
+std::int64_t KVCache::start_after(std::int64_t n, std::int64_t keep_from) const noexcept {
+  return held_ + n > capacity() ? start_ + std::clamp<std::int64_t>(keep_from - start_, 0, held_) : start_;
+}
+
+void KVCache::append(const Tensor& k, const Tensor& v, std::int64_t keep_from) {
+  const std::int64_t n = k.size(1);
+  const NoGradGuard no_grad;
+  if (held_ + n > capacity()) {
+    // Full. Positions before keep_from are dropped rather than kept: the kept ones move to the
+    // front, in place when at most half the buffer is then in use (they cannot overlap their
+    // destination: more than kept + n rows are dropped), else into a buffer twice that size, so
+    // each move of `kept` rows is paid for by at least as many appends.
+    const std::int64_t drop = start_after(n, keep_from) - start_, kept = held_ - drop;
+    if (drop > 0 && 2 * (kept + n) <= capacity()) {
+      copy_(slice(k_, 1, 0, kept), slice(k_, 1, drop, held_));
+      copy_(slice(v_, 1, 0, kept), slice(v_, 1, drop, held_));
+    } else {
+      // Grow by doubling: each position is copied O(1) times on average. Not past what can be
+      // allocated, while what is needed still can be.
+      std::int64_t grown = drop > 0 ? std::max<std::int64_t>(2 * (kept + n), 16)
+                                    : std::max<std::int64_t>({2 * capacity(), kept + n, 16});
+      try {
+        detail::check_shape("KVCache", "buffer", {k.size(0), grown, std::max(k.size(2), v.size(2))}, k.dtype());
+      } catch (const ShapeError&) {
+        grown = kept + n;
+      }
+      k_ = reallocated(k_.defined() ? k_ : k, drop, kept, grown);
+      v_ = reallocated(v_.defined() ? v_ : v, drop, kept, grown);
+    }
+    start_ += drop;
+    held_ = kept;
+  }
+  copy_(slice(k_, 1, held_, held_ + n), k);
+  copy_(slice(v_, 1, held_, held_ + n), v);
+  held_ += n;
+}
+
+Tensor KVCache::keys() const { return slice(k_, 1, 0, held_); }
+Tensor KVCache::values() const { return slice(v_, 1, 0, held_); }
+
 namespace detail {
 
 // The cache's private parts, for the decoding form only.
@@ -30,15 +105,13 @@ struct KVCacheAccess {
   static Tensor keys(const KVCache& c) { return c.keys(); }
   static Tensor values(const KVCache& c) { return c.values(); }
   static const Tensor& buffer(const KVCache& c) { return c.k_; }
-  static const Tensor& value_buffer(const KVCache& c) { return c.v_; }
   static void reset(KVCache& c) { c.k_ = c.v_ = Tensor(); }
 };
 
 namespace {
 
 struct MhaShapes {
-  const char* op;  // the public function being run, for error messages and the tape node's name
-  std::int64_t b, q, k, h, d, dv, cout;
+  std::int64_t b, q, k, h, d, dv;
   std::int64_t hkv = 0;  // key/value heads, dividing h
 };
 
@@ -68,34 +141,29 @@ void check_vector(const char* op, const char* name, const Tensor& b, std::int64_
 // The key/value projections' widths: Hkv*D for w_k, a multiple of Hkv for w_v. With Hkv = H the
 // messages are the plain multi-head ones.
 void check_kv_widths(const char* op, const MhaParameters& p, const MhaShapes& s) {
-  if (s.hkv == s.h) {
-    if (p.w_k.size(1) != p.w_q.size(1))
-      fail<ShapeError>("{}: arguments 'w_q' {} and 'w_k' {} must project to the same width H*D", op, shape_str(p.w_q.shape()),
-                       shape_str(p.w_k.shape()));
-    if (p.w_v.size(1) % s.h != 0)
-      fail<ShapeError>("{}: heads = {} must divide the projection width of 'w_v', shape {}", op, s.h, shape_str(p.w_v.shape()));
-    return;
-  }
+  const bool plain = s.hkv == s.h;
+  if (plain && p.w_k.size(1) != p.w_q.size(1))
+    fail<ShapeError>("{}: arguments 'w_q' {} and 'w_k' {} must project to the same width H*D", op,
+                     shape_str(p.w_q.shape()), shape_str(p.w_k.shape()));
   if (p.w_k.size(1) != s.hkv * s.d)
     fail<ShapeError>("{}: argument 'w_k' {} must project to kv_heads * D = {} * {} = {} ('w_q' {} gives D = {} with heads = {})", op,
                      shape_str(p.w_k.shape()), s.hkv, s.d, s.hkv * s.d, shape_str(p.w_q.shape()), s.d, s.h);
   if (p.w_v.size(1) % s.hkv != 0)
-    fail<ShapeError>("{}: kv_heads = {} must divide the projection width of 'w_v', shape {}", op, s.hkv, shape_str(p.w_v.shape()));
+    fail<ShapeError>("{}: {} = {} must divide the projection width of 'w_v', shape {}", op,
+                     plain ? "heads" : "kv_heads", s.hkv, shape_str(p.w_v.shape()));
 }
 
-// The query, the context (its width, batch and dtype), the parameters, the heads and the bias,
-// for keys 0 .. context_length - 1. The masking is checked by masking_rows.
+// The query, the context (its width, batch and dtype; run() checked its rank), the parameters,
+// the heads and the bias, for keys 0 .. context_length - 1. The masking is checked by masking_rows.
 MhaShapes check_mha(const char* op, const MhaActivations& a, const Tensor& context, const MhaParameters& p, const MhaOptions& o,
                     std::int64_t context_length, const char* heads_name) {
   check_floating(op, "query", a.query);
   const DType dtype = a.query.dtype();
   if (a.query.dim() != 3) fail<ShapeError>("{}: argument 'query' must be [B, Q, Cq], got shape {}", op, shape_str(a.query.shape()));
-  check_floating(op, "context", context);
-  if (context.dim() != 3) fail<ShapeError>("{}: argument 'context' must be [B, K, Cctx], got shape {}", op, shape_str(context.shape()));
   if (o.heads < 1) fail<ValueError>("{}: argument '{}heads' must be >= 1, got {}", op, heads_name, o.heads);
   check_kv_heads(op, heads_name, o.heads, o.kv_heads);
   const std::int64_t heads = o.heads;
-  MhaShapes s{op, a.query.size(0), a.query.size(1), context_length, heads, 0, 0, 0, o.kv_heads == 0 ? heads : o.kv_heads};
+  MhaShapes s{a.query.size(0), a.query.size(1), context_length, heads, 0, 0, o.kv_heads == 0 ? heads : o.kv_heads};
   check_matrix(op, "w_q", p.w_q, a.query.size(2), dtype, fmt::format("Cq, the last dim of 'query' {}", shape_str(a.query.shape())));
   check_matrix(op, "w_k", p.w_k, -1, dtype);
   check_matrix(op, "w_v", p.w_v, p.w_k.size(0), dtype, fmt::format("Cctx, as 'w_k' {} has", shape_str(p.w_k.shape())));
@@ -112,11 +180,10 @@ MhaShapes check_mha(const char* op, const MhaActivations& a, const Tensor& conte
   if (__builtin_mul_overflow(heads, s.dv, &merged))
     fail<ShapeError>("{}: heads * Dv = {} * {} overflows int64 ('w_v' {}, kv_heads = {})", op, heads, s.dv, shape_str(p.w_v.shape()), s.hkv);
   check_matrix(op, "w_o", p.w_o, merged, dtype, fmt::format("heads * Dv = {} * {}", heads, s.dv));
-  s.cout = p.w_o.size(1);
   check_vector(op, "b_q", p.b_q, heads * s.d, dtype);
   check_vector(op, "b_k", p.b_k, s.hkv * s.d, dtype);
   check_vector(op, "b_v", p.b_v, s.hkv * s.dv, dtype);
-  check_vector(op, "b_o", p.b_o, s.cout, dtype);
+  check_vector(op, "b_o", p.b_o, p.w_o.size(1), dtype);
   if (context.size(0) != s.b)
     fail<ShapeError>("{}: arguments 'query' {} and 'context' {} must have the same batch size B", op, shape_str(a.query.shape()),
                      shape_str(context.shape()));
@@ -130,13 +197,7 @@ MhaShapes check_mha(const char* op, const MhaActivations& a, const Tensor& conte
                      shape_str(a.query.shape()), s.k);
   const Shape scores{s.b, heads, s.q, s.k};
   check_countable(op, fmt::format("heads = {} gives the attention [B, heads, Q, K] =", heads).c_str(), scores);
-  if (a.bias.defined()) {
-    check_floating(op, "bias", a.bias);
-    if (a.bias.dtype() != dtype)
-      fail<DTypeError>("{}: argument 'bias' is {} but 'query' is {}; convert it with to()", op, a.bias.dtype(), dtype);
-    if (broadcast_args(op, "attention shape", scores, "bias", a.bias.shape()) != scores)
-      fail<ShapeError>("{}: argument 'bias' must broadcast to {}, got shape {}", op, shape_str(scores), shape_str(a.bias.shape()));
-  }
+  check_bias(op, a.bias, scores, dtype);
   return s;
 }
 
@@ -162,32 +223,6 @@ Tensor positions_from(std::int64_t first, std::int64_t n) {
 // [B, H, L, W] heads, a view of a [B, L, H W] tensor, back to that tensor's layout [B, L, H W].
 Tensor merged(const Tensor& heads) {
   return reshape(permute(heads, {0, 2, 1, 3}), {heads.size(0), heads.size(2), heads.size(1) * heads.size(3)});
-}
-
-// Steps 3-7 from projected heads q [B, H, Q, D], k [B, Hkv, K, D], v [B, Hkv, K, Dv]: the
-// attention core (one tape node) with the bias and the rows, grouped heads as views
-// (ops/grouped_heads.hpp): q [B, Hkv, G, Q, D] against k, v [B, Hkv, 1, K, D], the bias split
-// likewise, so that each still holds one entry per query head, and the rows numbered alike.
-AttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const MhaParameters& p, const RowMasks& rows,
-                       const Tensor& active, const MhaShapes& s, bool need_weights) {
-  AttentionArgs args{s.op, q, k, v, bias, need_weights};
-  const bool grouped = s.hkv != s.h;
-  if (grouped) {
-    args.q = group_queries(q, s.hkv);
-    args.k = group_keys(k);
-    args.v = group_keys(v);
-    args.bias = group_pairs(bias, s.hkv);
-  }
-  auto [heads_out, attention] = attention_core(args, check_attention(args), rows);
-  if (grouped) {
-    heads_out = merge_groups(heads_out);  // [B, H, Q, Dv]
-    attention = merge_groups(attention);  // [B, H, Q, K]
-  }
-  // Step 6: concatenate heads in head order, then the output projection (one node).
-  const Tensor output = merge_heads_project(s.op, heads_out, p.w_o, p.b_o);
-  // Step 7: a query with no allowed key in any head is exactly zero, b_o included (selected, so
-  // its gradient there is exactly zero too).
-  return {rows_where(active, output), attention};
 }
 
 // Both forms. Without a cache: keys from `a.context`. With one: query's n new positions are
@@ -223,7 +258,7 @@ AttentionResult run(const char* op, const MhaActivations& a, const MhaParameters
     const Tensor& held = KVCacheAccess::buffer(*cache);
     if (held.defined()) {
       const bool fits = held.size(0) == all.b && held.size(2) == p.w_k.size(1) &&
-                        KVCacheAccess::value_buffer(*cache).size(2) == p.w_v.size(1) && held.dtype() == a.query.dtype();
+                        cache->value_width() == p.w_v.size(1) && held.dtype() == a.query.dtype();
       if (!fits && cache->held() > 0)
         fail<ShapeError>("{}: argument 'cache' holds {} {} keys [B, L, width] = [{}, {}, {}] from another batch or layer; 'query' is {} {} "
                          "(B = {}) and these keys are {} wide (clear() the cache to start over)",
@@ -241,19 +276,17 @@ AttentionResult run(const char* op, const MhaActivations& a, const MhaParameters
   MhaShapes s = all;
   s.k = all.k - start;
   const auto [active, used] = rows.taking(s.h, masking.mask.defined());
-  // Step 1, on zero rows for the queries that attend to nothing and the keys that no query
-  // attends to, when one of those rows holds a NaN or inf. Their values reach no output, but a
-  // non-finite one would reach the weight gradients: dw_q = query^T dq multiplies a query's row
-  // by its zero row of dq, and 0 * NaN is NaN. Selecting (not multiplying) drops the value and
-  // gives those rows exactly zero gradients. Finite rows times their zero rows of dq, dk, dv add
-  // nothing, so they are left as they are (no copy of the input: padding would cost one).
-  // Decoding keeps the rows: the new keys may serve later queries, and nothing has a gradient.
+  // Step 1, on zero rows for the queries that attend to nothing and the keys no query attends to,
+  // when one of those rows holds a NaN or inf: unused, it would still reach dw_q = query^T dq
+  // through its zero row of dq (0 * NaN is NaN). Selecting drops it and gives those rows exactly
+  // zero gradients; finite rows are left as they are (no copy of the input). Decoding keeps the
+  // rows: the new keys may serve later queries, and nothing has a gradient.
   const Tensor query = decoding ? a.query : zero_left_out_rows(active, a.query);
-  const Tensor keys_from = decoding ? context : zero_left_out_rows(used, context);
+  const Tensor keyed = decoding ? context : zero_left_out_rows(used, context);
   // Steps 1-2: each projection and its head split is one node.
   Tensor q = project_heads(op, query, p.w_q, p.b_q, s.h);
-  Tensor k = project_heads(op, keys_from, p.w_k, p.b_k, s.hkv);
-  Tensor v = project_heads(op, keys_from, p.w_v, p.b_v, s.hkv);
+  Tensor k = project_heads(op, keyed, p.w_k, p.b_k, s.hkv);
+  Tensor v = project_heads(op, keyed, p.w_v, p.b_v, s.hkv);
   if (o.rotary) {
     // Query i at causal_offset + i, key j at its absolute position. A rotation keeps a zero row
     // zero and a finite row finite, so the rows selected above stay as they were.
@@ -265,10 +298,15 @@ AttentionResult run(const char* op, const MhaActivations& a, const MhaParameters
     k = permute(reshape(KVCacheAccess::keys(*cache), {s.b, s.k, s.hkv, s.d}), {0, 2, 1, 3});
     v = permute(reshape(KVCacheAccess::values(*cache), {s.b, s.k, s.hkv, s.dv}), {0, 2, 1, 3});
   }
-  const Tensor bias = !a.bias.defined() || start == 0 || a.bias.dim() == 0 || a.bias.size(-1) == 1
-                          ? a.bias
-                          : slice(a.bias, -1, start, a.bias.size(-1));
-  return attend(q, k, v, bias, p, rows, active, s, o.need_weights);
+  // Steps 3-5: the attention core (one tape node) with the bias and the rows, grouped heads as
+  // views (ops/grouped_heads.hpp).
+  const auto [heads_out, attention] = grouped_attention({op, q, k, v, keys_from(a.bias, start), o.need_weights}, s.hkv,
+                                                        [&](const Shape&) -> const RowMasks& { return rows; });
+  // Step 6: concatenate heads in head order, then the output projection (one node).
+  const Tensor output = merge_heads_project(op, heads_out, p.w_o, p.b_o);
+  // Step 7: a query with no allowed key in any head is exactly zero, b_o included (selected, so
+  // its gradient there is exactly zero too).
+  return {rows_where(active, output), attention};
 }
 
 }  // namespace

@@ -12,7 +12,7 @@
 //   out-projection, o [B, H, Q, Dv] -> out [B, Q, Cout]
 //     M = o permuted to [B Q, H Dv]            do = (dout w_o^T) viewed [B, H, Q, Dv]
 //     out = M w_o (+ b_o)                      dw_o = M^T dout,  db_o = colsum(dout)
-#include "runtime/parallel.hpp"
+#include "kernels/bias_rows.hpp"
 #include "ops/multihead_projections.hpp"
 #include "ops/op.hpp"
 #include "tapegrad/ops/matmul.hpp"
@@ -20,22 +20,6 @@
 
 namespace tapegrad::detail {
 namespace {
-
-// y [rows, n] (fresh, contiguous) += b [n] on every row, split over the threads when large.
-void add_rows(const Tensor& y, const Tensor& b_in) {
-  const Tensor b = b_in.is_contiguous() ? b_in : copy_of(b_in);
-  const std::int64_t n = y.size(1);
-  visit_float(y.dtype(), "multihead_attention", [&]<class T>(Tag<T>) {
-    T* p = static_cast<T*>(mutable_data(y));
-    const T* pb = static_cast<const T*>(b.raw_data());
-    parallel_for(y.size(0), n, [&](std::int64_t begin, std::int64_t end) {
-      for (std::int64_t r = begin; r < end; ++r) {
-        T* __restrict row = p + r * n;
-        for (std::int64_t j = 0; j < n; ++j) row[j] += pb[j];
-      }
-    });
-  });
-}
 
 // The thread's matmul precision as it applies to these operands (float64 is always exact).
 MatmulPrecision precision_for(const Tensor& x) {
@@ -49,7 +33,7 @@ Tensor as_rows(const Tensor& x, std::int64_t rows) { return reshape(x, {rows, x.
 // Y = X w (+ b) on [rows, C] and [C, N]: a fresh contiguous [rows, N].
 Tensor affine(const Tensor& x2, const Tensor& w, const Tensor& b, MatmulPrecision precision) {
   Tensor y = matmul(x2, w, precision);
-  if (b.defined()) add_rows(y, b);
+  if (b.defined()) add_bias_rows(y, b);
   return y;
 }
 

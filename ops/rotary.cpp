@@ -31,7 +31,6 @@ struct Angles {
 
 std::shared_ptr<const Angles> angles(const Tensor& x, const Tensor& positions, const RotaryOptions& o) {
   check_floating(kOp, "x", x);
-  check_defined(kOp, "positions", positions);
   if (x.dim() < 2)
     fail<ShapeError>("{}: argument 'x' must be [..., L, D] with rank >= 2, got shape {}", kOp, shape_str(x.shape()));
   check_dtype(kOp, "positions", positions, DType::int64);
@@ -45,12 +44,9 @@ std::shared_ptr<const Angles> angles(const Tensor& x, const Tensor& positions, c
   for (std::size_t l = 0; l < pos.size(); ++l)
     if (pos[l] < -kMaxPosition || pos[l] > kMaxPosition)
       fail<ValueError>("{}: argument 'positions' holds {} at position [{}]; positions must lie in [-2^53, 2^53]", kOp, pos[l], l);
-  auto a = std::make_shared<Angles>();
-  a->length = x.size(-2);
-  a->pairs = r / 2;
-  a->layout = o.layout;
-  a->cos.resize(static_cast<std::size_t>(a->length * a->pairs));
-  a->sin.resize(a->cos.size());
+  const std::int64_t length = x.size(-2), pairs = r / 2;
+  const auto n = static_cast<std::size_t>(length * pairs);
+  auto a = std::make_shared<Angles>(Angles{std::vector<double>(n), std::vector<double>(n), length, pairs, o.layout});
   const bool f32 = x.dtype() == DType::float32;
   auto round = [f32](double v) { return f32 ? static_cast<double>(static_cast<float>(v)) : v; };
   for (std::int64_t i = 0; i < a->pairs; ++i) {

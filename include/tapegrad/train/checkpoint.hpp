@@ -23,8 +23,9 @@
 // `path` then still holds whatever it held before (or nothing). Only a failure of the last step,
 // the directory's sync, comes after the rename: its IOError says that `path` holds the new file,
 // which may not survive a power loss. Like every save-by-rename, a
-// symbolic link at `path` is replaced by the new file rather than written through, and the new
-// file gets the default permissions (0666 less the umask), not those of the file it replaces.
+// symbolic link at `path` is replaced by the new file rather than written through. A regular
+// file saved over keeps its permissions (a private 0600 checkpoint stays private); a new file
+// gets 0666 less the umask.
 //
 // Loading is safe on any input: the whole header is validated (sizes, JSON, types, dtypes,
 // shapes with overflow-checked products, byte ranges inside the file and covering its data

@@ -21,6 +21,7 @@
 
 namespace tapegrad {
 namespace detail {
+namespace {
 
 void check_norm_args(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   check_floating(op, "x", x);
@@ -43,8 +44,6 @@ void check_norm_args(const char* op, const Tensor& x, const Tensor& weight, cons
 //   dg  = Z + V xhat + w J U
 //   dw  = sum over the rows of g J U
 //   dx' = J (V g) - r (mean(U dx) xhat + mean(h xhat) J U + mean(U xhat) dx)
-namespace {
-
 std::vector<Tensor> normalised_backward_grads(const Tensor& x, const Tensor& weight, const Tensor& g, double eps, bool centred,
                                               std::span<const Tensor> u, const std::vector<bool>& needs) {
   auto row_mean = [](const Tensor& t) { return mean(t, {-1}, /*keepdim=*/true); };
@@ -76,44 +75,48 @@ std::vector<Tensor> normalised_backward_grads(const Tensor& x, const Tensor& wei
   return grads;
 }
 
-}  // namespace
-
 // The backward as an op of x, the weight and g, with three outputs: dx, dweight and dbias (the
 // row kernel, from the forward's stats); its own gradients are normalised_backward_grads'.
 // `wanted` says which of dweight and dbias (entries 1 and 2) a first-order pass makes.
-std::vector<Tensor> normalised_backward(const char* name, bool centred, const Tensor& x, const Tensor& weight, const Tensor& g,
-                                        const Tensor& stats, double eps, const std::vector<bool>& wanted) {
+std::vector<Tensor> normalised_backward(bool centred, const Tensor& x, const Tensor& weight, const Tensor& g, const Tensor& stats,
+                                        double eps, const std::vector<bool>& wanted) {
   const LayerNormGrads d = layer_norm_rows_backward(x, weight, stats, g, centred);
   const Shape columns{x.shape().back()};
   auto column = [&](const std::vector<double>& v) { return from_vector(std::span<const double>(v), columns).to(x.dtype()); };
   // A first-order pass makes only the outputs it wants, and record() would return at once; a
   // recorded op has all three.
   const bool all = is_grad_enabled();
-  std::vector<Tensor> out{d.dx, all || wanted[1] ? column(d.dweight) : Tensor(), all || (wanted.size() > 2 && wanted[2]) ? column(d.dbias) : Tensor()};
+  std::vector<Tensor> out{d.dx, all || wanted[1] ? column(d.dweight) : Tensor(), all || wanted[2] ? column(d.dbias) : Tensor()};
   if (!all) return out;
-  record(name, {x, weight, g}, out, {x, weight, g}, [x, weight, g, eps, centred](std::span<const Tensor> u, const std::vector<bool>& needs) {
-    return normalised_backward_grads(x, weight, g, eps, centred, u, needs);
-  });
+  record(centred ? "layer_norm_backward" : "rms_norm_backward", {x, weight, g}, out, {x, weight, g},
+         [x, weight, g, eps, centred](std::span<const Tensor> u, const std::vector<bool>& needs) {
+           return normalised_backward_grads(x, weight, g, eps, centred, u, needs);
+         });
   return out;
 }
 
-}  // namespace detail
+}  // namespace
 
-using namespace detail;
-
-Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
-  check_norm_args("layer_norm", x, weight, bias, eps);
-  Normalised n = layer_norm_rows_forward(x, weight, bias, eps, /*centred=*/true);
-  // dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dweight = sum_rows g xhat, dbias =
-  // sum_rows g: the op layer_norm_backward, one formula to every order
-  record("layer_norm", {x, weight, bias}, n.y, {x, weight, n.stats},
-         [x, weight, stats = n.stats, eps](std::span<const Tensor> g, const std::vector<bool>& needs) {
-           std::vector<Tensor> d = normalised_backward("layer_norm_backward", /*centred=*/true, x, weight, g[0], stats, eps, needs);
+Tensor normalise(bool centred, const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  const char* op = centred ? "layer_norm" : "rms_norm";
+  check_norm_args(op, x, weight, bias, eps);
+  Normalised n = layer_norm_rows_forward(x, weight, bias, eps, centred);
+  // dx = rstd (dxhat - [mean(dxhat)] - xhat mean(dxhat xhat)), dweight = sum_rows g xhat, dbias =
+  // sum_rows g: the op layer_norm_backward or rms_norm_backward, one formula to every order
+  record(op, {x, weight, bias}, n.y, {x, weight, n.stats},
+         [x, weight, stats = n.stats, eps, centred](std::span<const Tensor> g, const std::vector<bool>& needs) {
+           std::vector<Tensor> d = normalised_backward(centred, x, weight, g[0], stats, eps, needs);
            for (std::size_t k = 0; k < d.size(); ++k)
              if (!needs[k]) d[k] = Tensor();
            return d;
          });
   return n.y;
+}
+
+}  // namespace detail
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  return detail::normalise(/*centred=*/true, x, weight, bias, eps);
 }
 
 }  // namespace tapegrad

@@ -15,7 +15,6 @@ namespace tapegrad::detail {
 // (the backward of every broadcasting op).
 Tensor sum_to(const Tensor& g, const Shape& shape);
 
-
 // Records an op, of one output or several (see record_op); the backward is only wrapped in a
 // std::function when the op is actually recorded. `saved` lists exactly the tensors the backward
 // captures (and so reads): the op table's in-place test fails for an op that leaves one out.
@@ -30,6 +29,15 @@ template <class Backward>
 void record(const char* name, std::initializer_list<Tensor> inputs, Tensor& out, std::initializer_list<Tensor> saved,
             Backward&& backward) {
   record(name, inputs, std::span<Tensor>(&out, 1), saved, std::forward<Backward>(backward));
+}
+
+// a and b defined and of one dtype, any (compare's and where's operands); errors name `op`.
+inline void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
+  check_defined(op, "a", a);
+  check_defined(op, "b", b);
+  if (a.dtype() != b.dtype())
+    fail<DTypeError>("{}: arguments 'a' ({} {}) and 'b' ({} {}) must have the same dtype", op, a.dtype(),
+                     shape_str(a.shape()), b.dtype(), shape_str(b.shape()));
 }
 
 // The multi-index of row-major position `flat` in `shape` (error messages name positions so).

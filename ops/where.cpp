@@ -8,11 +8,7 @@ using namespace detail;
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   check_dtype("where", "cond", cond, DType::bool_);
-  check_defined("where", "a", a);
-  check_defined("where", "b", b);
-  if (a.dtype() != b.dtype())
-    fail<DTypeError>("where: arguments 'a' ({} {}) and 'b' ({} {}) must have the same dtype",
-                     a.dtype(), shape_str(a.shape()), b.dtype(), shape_str(b.shape()));
+  check_same_dtype("where", a, b);
   const Shape ab = broadcast_args("where", "a", a.shape(), "b", b.shape());
   const Shape shape = broadcast_args("where", "a and b (broadcast)", ab, "cond", cond.shape());
   Tensor out = new_tensor(shape, a.dtype(), "where");

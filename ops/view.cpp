@@ -13,10 +13,6 @@ using namespace detail;
 
 using Backward = std::vector<Tensor>;
 
-Tensor view_of(const char* op, const Tensor& x, Shape shape, Shape strides, std::int64_t offset) {
-  return make_view(x, std::move(shape), std::move(strides), offset, op);
-}
-
 // x's offset moved `index` (0 <= index <= size) steps along dim d. Within one tensor this fits
 // (tensor_impl.hpp); it is checked anyway, as the one offset computed from a caller's integer.
 std::int64_t offset_at(const char* op, const Tensor& x, std::size_t d, std::int64_t index) {
@@ -95,8 +91,8 @@ Tensor reshape_as(const char* op, const Tensor& x, Shape shape) {
   shape = infer_shape(op, x, std::move(shape));
   if (shape == x.shape()) return x;
   auto strides = reshape_strides(x.shape(), x.strides(), shape);
-  Tensor out = strides ? view_of(op, x, std::move(shape), std::move(*strides), x.offset())
-                       : view_of(op, copy_of(x), shape, contiguous_strides(shape), 0);
+  Tensor out = strides ? make_view(x, std::move(shape), std::move(*strides), x.offset(), op)
+                       : make_view(copy_of(x), shape, contiguous_strides(shape), 0, op);
   // dx = g reshaped back
   record(op, {x}, out, {}, [xs = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {
     return Backward{reshape(g[0], xs)};
@@ -120,7 +116,7 @@ Tensor expand_as(const char* op, const Tensor& x, const Shape& shape) {
     if (i >= lead && have == want) strides[i] = x.strides()[i - lead];
   }
   if (out_shape == x.shape()) return x;
-  Tensor out = view_of(op, x, std::move(out_shape), std::move(strides), x.offset());
+  Tensor out = make_view(x, std::move(out_shape), std::move(strides), x.offset(), op);
   // dx = g summed over the expanded dims
   record(op, {x}, out, {}, [xs = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {
     return Backward{sum_to(g[0], xs)};
@@ -150,7 +146,7 @@ Tensor permute(const Tensor& x, std::vector<std::int64_t> dims) {
     strides[i] = x.strides()[d];
     inverse[d] = static_cast<std::int64_t>(i);
   }
-  Tensor out = view_of("permute", x, std::move(shape), std::move(strides), x.offset());
+  Tensor out = make_view(x, std::move(shape), std::move(strides), x.offset(), "permute");
   // dx = g permuted by the inverse permutation
   record("permute", {x}, out, {}, [inverse](std::span<const Tensor> g, const std::vector<bool>&) {
     return Backward{permute(g[0], std::vector<std::int64_t>(inverse.begin(), inverse.end()))};
@@ -179,7 +175,7 @@ Tensor slice(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_t
   shape[d] = end == start ? 0 : 1 + (end - start - 1) / step;  // no overflow for any step
   if (shape[d] > 1 && __builtin_mul_overflow(strides[d], step, &strides[d]))
     fail<ValueError>("slice: argument 'step' = {} is too large (input shape {})", step, shape_str(x.shape()));
-  Tensor out = view_of("slice", x, std::move(shape), std::move(strides), offset_at("slice", x, d, start));
+  Tensor out = make_view(x, std::move(shape), std::move(strides), offset_at("slice", x, d, start), "slice");
   // dx = zeros with g written into the sliced region
   record("slice", {x}, out, {}, [xs = x.shape(), dim, start, end, step](std::span<const Tensor> g, const std::vector<bool>&) {
     return Backward{scatter_into_zeros("slice_backward", xs, g[0], [=](const Tensor& z) { return slice(z, dim, start, end, step); })};
@@ -207,7 +203,7 @@ Tensor select(const Tensor& x, std::int64_t dim, std::int64_t index) {
   Shape shape = x.shape(), strides = x.strides();
   shape.erase(shape.begin() + static_cast<std::ptrdiff_t>(d));
   strides.erase(strides.begin() + static_cast<std::ptrdiff_t>(d));
-  Tensor out = view_of("select", x, std::move(shape), std::move(strides), offset_at("select", x, d, index));
+  Tensor out = make_view(x, std::move(shape), std::move(strides), offset_at("select", x, d, index), "select");
   // dx = zeros with g written into row `index`
   record("select", {x}, out, {}, [xs = x.shape(), dim, index](std::span<const Tensor> g, const std::vector<bool>&) {
     return Backward{scatter_into_zeros("select_backward", xs, g[0], [=](const Tensor& z) { return select(z, dim, index); })};

@@ -4,7 +4,6 @@
 #include <functional>
 #include <set>
 
-
 #include "autodiff/check.hpp"
 
 namespace tapegrad {

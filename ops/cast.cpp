@@ -16,9 +16,7 @@ Tensor to(const Tensor& x, DType dtype) {
   });
   if (is_floating(dtype) && is_floating(x.dtype())) {
     // dx = g converted to x's dtype
-    record("to", {x}, out, {}, [from = x.dtype()](std::span<const Tensor> g, const std::vector<bool>&) {
-      return std::vector<Tensor>{to(g[0], from)};
-    });
+    record_one("to", x, out, {}, [from = x.dtype()](const Tensor& g) { return to(g, from); });
   }
   return out;
 }

@@ -171,10 +171,10 @@ template <class Op> Tensor unary(const Tensor& x, Op op = {}) {
   });
   // dx = g * df(x, y), one formula to every order (y joined to this node in a create_graph pass)
   const Tensor xs = reads_x(op) ? x : Tensor();
-  record(Op::name, {x}, y, {xs, Op::uses_y ? y : Tensor()},
-         [op, xs, ys = Op::uses_y ? y.detach() : Tensor()](std::span<const Tensor> g, const std::vector<bool>&) {
-           return std::vector<Tensor>{unary_backward(op, g[0], xs, output_with_history(ys, 0))};
-         });
+  record_one(Op::name, x, y, {xs, Op::uses_y ? y : Tensor()},
+             [op, xs, ys = Op::uses_y ? y.detach() : Tensor()](const Tensor& g) {
+               return unary_backward(op, g, xs, output_with_history(ys, 0));
+             });
   return y;
 }
 
@@ -253,7 +253,7 @@ Tensor gelu(const Tensor& x) {
         for (std::int64_t i = b; i < e; ++i) py[i] = px[i] * normal_cdf(px[i]);
     });
   });
-  record("gelu", {x}, y, {x}, [x](std::span<const Tensor> g, const std::vector<bool>&) { return std::vector<Tensor>{gelu_backward(g[0], x)}; });
+  record_one("gelu", x, y, {x}, [x](const Tensor& g) { return gelu_backward(g, x); });
   return y;
 }
 

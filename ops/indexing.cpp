@@ -102,8 +102,8 @@ Tensor put(const Take& t, const Shape& x_shape, const Tensor& index, const Tenso
 Tensor take(const Take& t, const Tensor& x, const Tensor& index) {
   Tensor out = take_forward(t, x, index);
   // dx = scatter-add of g into zeros of x's shape at the positions the forward read
-  record(t.op, {x}, out, {index}, [t, index, x_shape = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {
-    return std::vector<Tensor>{put(t, x_shape, index, g[0])};
+  record_one(t.op, x, out, {index}, [t, index, x_shape = x.shape()](const Tensor& g) {
+    return put(t, x_shape, index, g);
   });
   return out;
 }
@@ -113,9 +113,7 @@ Tensor take(const Take& t, const Tensor& x, const Tensor& index) {
 // its upstream gradient (recorded in turn, so every order follows). dg = take(g')
 Tensor put(const Take& t, const Shape& x_shape, const Tensor& index, const Tensor& g) {
   Tensor dx = take_backward(t, x_shape, index, g);
-  record(t.backward_op, {g}, dx, {index}, [t, index](std::span<const Tensor> gg, const std::vector<bool>&) {
-    return std::vector<Tensor>{take(t, gg[0], index)};
-  });
+  record_one(t.backward_op, g, dx, {index}, [t, index](const Tensor& gg) { return take(t, gg, index); });
   return dx;
 }
 

@@ -86,9 +86,7 @@ bool side_by_side(const Tensor& rows, const Tensor& w) {
 Tensor rows_of(const Tensor& x, const Tensor& rows) {
   if (!is_grad_enabled()) return rows;  // a first-order pass: record() would return at once
   Tensor out = rows.detach();
-  record("linear_rows", {x}, out, {}, [shape = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {
-    return std::vector<Tensor>{reshape(g[0], shape)};
-  });
+  record_one("linear_rows", x, out, {}, [shape = x.shape()](const Tensor& g) { return reshape(g, shape); });
   return out;
 }
 
@@ -97,8 +95,8 @@ Tensor rows_of(const Tensor& x, const Tensor& rows) {
 Tensor bias_backward(const Tensor& g2, const Shape& shape) {
   Tensor db = bias_gradient(g2, shape);
   if (!is_grad_enabled()) return db;  // a first-order pass: record() would return at once
-  record("linear_bias_backward", {g2}, db, {}, [rows = g2.shape()](std::span<const Tensor> u, const std::vector<bool>&) {
-    return std::vector<Tensor>{expand(reshape(u[0], {1, rows[1]}), rows)};
+  record_one("linear_bias_backward", g2, db, {}, [rows = g2.shape()](const Tensor& u) {
+    return expand(reshape(u, {1, rows[1]}), rows);
   });
   return db;
 }

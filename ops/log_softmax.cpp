@@ -53,8 +53,8 @@ Tensor log_softmax(const Tensor& x, const Tensor& allowed) {
   Tensor y = masked_log_softmax_forward(x, allowed);
   // dx = g - exp(y) * rowsum(g where y is finite); 0 where y = -inf: the op log_softmax_backward,
   // one formula to every order (y joined to this node in a create_graph pass). Keeps only y.
-  record("log_softmax", {x}, y, {y}, [y = y.detach()](std::span<const Tensor> g, const std::vector<bool>&) {
-    return std::vector<Tensor>{log_softmax_backward(output_with_history(y, 0), g[0])};
+  record_one("log_softmax", x, y, {y}, [y = y.detach()](const Tensor& g) {
+    return log_softmax_backward(output_with_history(y, 0), g);
   });
   return y;
 }

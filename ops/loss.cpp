@@ -148,10 +148,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, const CrossEnt
                    : scalar(std::accumulate(loss.begin(), loss.end(), 0.0) * scale, logits.dtype());
   // dlogits = (softmax(logits) - smoothed one-hot) * g * scale per counted row, 0 on ignored rows
   // the op cross_entropy_backward, one formula to every order
-  record("cross_entropy", {logits}, out, {logits, ids},
-         [logits, ids, lse, options, scale](std::span<const Tensor> g, const std::vector<bool>&) {
-           return std::vector<Tensor>{cross_entropy_backward(logits, ids, lse, options, scale, g[0])};
-         });
+  record_one("cross_entropy", logits, out, {logits, ids}, [logits, ids, lse, options, scale](const Tensor& g) {
+    return cross_entropy_backward(logits, ids, lse, options, scale, g);
+  });
   return out;
 }
 

@@ -40,6 +40,14 @@ inline void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
                      shape_str(a.shape()), b.dtype(), shape_str(b.shape()));
 }
 
+// Records an op of one input whose backward is dx = backward(g), g the gradient of its output.
+template <class Backward>
+void record_one(const char* name, const Tensor& x, Tensor& out, std::initializer_list<Tensor> saved, Backward&& backward) {
+  record(name, {x}, out, saved, [backward = std::forward<Backward>(backward)](std::span<const Tensor> g, const std::vector<bool>&) {
+    return std::vector<Tensor>{backward(g[0])};
+  });
+}
+
 // The multi-index of row-major position `flat` in `shape` (error messages name positions so).
 inline Shape unravel_index(std::int64_t flat, const Shape& shape) {
   Shape at(shape.size());

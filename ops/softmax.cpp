@@ -60,8 +60,8 @@ Tensor masked_softmax(const Tensor& scores, const Tensor& allowed) {
   Tensor a = masked_softmax_forward(scores, allowed);
   // dS = A * (dA - rowsum(A * dA)), one formula to every order (A joined to this node in a
   // create_graph pass); keeps only its output A
-  record("masked_softmax", {scores}, a, {a}, [a = a.detach()](std::span<const Tensor> g, const std::vector<bool>&) {
-    return std::vector<Tensor>{softmax_backward(output_with_history(a, 0), g[0])};
+  record_one("masked_softmax", scores, a, {a}, [a = a.detach()](const Tensor& g) {
+    return softmax_backward(output_with_history(a, 0), g);
   });
   return a;
 }

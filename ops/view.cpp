@@ -11,8 +11,6 @@ namespace tapegrad {
 namespace {
 using namespace detail;
 
-using Backward = std::vector<Tensor>;
-
 // x's offset moved `index` (0 <= index <= size) steps along dim d. Within one tensor this fits
 // (tensor_impl.hpp); it is checked anyway, as the one offset computed from a caller's integer.
 std::int64_t offset_at(const char* op, const Tensor& x, std::size_t d, std::int64_t index) {
@@ -82,7 +80,7 @@ Shape infer_shape(const char* op, const Tensor& x, Shape shape) {
 template <class Region> Tensor scatter_into_zeros(const char* name, const Shape& shape, const Tensor& g, Region region) {
   Tensor z = zeros(shape, g.dtype());
   copy_into(region(z), g);
-  record(name, {g}, z, {}, [region](std::span<const Tensor> gg, const std::vector<bool>&) { return Backward{region(gg[0])}; });
+  record_one(name, g, z, {}, [region](const Tensor& gg) { return region(gg); });
   return z;
 }
 
@@ -94,9 +92,7 @@ Tensor reshape_as(const char* op, const Tensor& x, Shape shape) {
   Tensor out = strides ? make_view(x, std::move(shape), std::move(*strides), x.offset(), op)
                        : make_view(copy_of(x), shape, contiguous_strides(shape), 0, op);
   // dx = g reshaped back
-  record(op, {x}, out, {}, [xs = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {
-    return Backward{reshape(g[0], xs)};
-  });
+  record_one(op, x, out, {}, [xs = x.shape()](const Tensor& g) { return reshape(g, xs); });
   return out;
 }
 
@@ -118,9 +114,7 @@ Tensor expand_as(const char* op, const Tensor& x, const Shape& shape) {
   if (out_shape == x.shape()) return x;
   Tensor out = make_view(x, std::move(out_shape), std::move(strides), x.offset(), op);
   // dx = g summed over the expanded dims
-  record(op, {x}, out, {}, [xs = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {
-    return Backward{sum_to(g[0], xs)};
-  });
+  record_one(op, x, out, {}, [xs = x.shape()](const Tensor& g) { return sum_to(g, xs); });
   return out;
 }
 
@@ -148,8 +142,8 @@ Tensor permute(const Tensor& x, std::vector<std::int64_t> dims) {
   }
   Tensor out = make_view(x, std::move(shape), std::move(strides), x.offset(), "permute");
   // dx = g permuted by the inverse permutation
-  record("permute", {x}, out, {}, [inverse](std::span<const Tensor> g, const std::vector<bool>&) {
-    return Backward{permute(g[0], std::vector<std::int64_t>(inverse.begin(), inverse.end()))};
+  record_one("permute", x, out, {}, [inverse](const Tensor& g) {
+    return permute(g, std::vector<std::int64_t>(inverse.begin(), inverse.end()));
   });
   return out;
 }
@@ -177,8 +171,8 @@ Tensor slice(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_t
     fail<ValueError>("slice: argument 'step' = {} is too large (input shape {})", step, shape_str(x.shape()));
   Tensor out = make_view(x, std::move(shape), std::move(strides), offset_at("slice", x, d, start), "slice");
   // dx = zeros with g written into the sliced region
-  record("slice", {x}, out, {}, [xs = x.shape(), dim, start, end, step](std::span<const Tensor> g, const std::vector<bool>&) {
-    return Backward{scatter_into_zeros("slice_backward", xs, g[0], [=](const Tensor& z) { return slice(z, dim, start, end, step); })};
+  record_one("slice", x, out, {}, [xs = x.shape(), dim, start, end, step](const Tensor& g) {
+    return scatter_into_zeros("slice_backward", xs, g, [=](const Tensor& z) { return slice(z, dim, start, end, step); });
   });
   return out;
 }
@@ -205,8 +199,8 @@ Tensor select(const Tensor& x, std::int64_t dim, std::int64_t index) {
   strides.erase(strides.begin() + static_cast<std::ptrdiff_t>(d));
   Tensor out = make_view(x, std::move(shape), std::move(strides), offset_at("select", x, d, index), "select");
   // dx = zeros with g written into row `index`
-  record("select", {x}, out, {}, [xs = x.shape(), dim, index](std::span<const Tensor> g, const std::vector<bool>&) {
-    return Backward{scatter_into_zeros("select_backward", xs, g[0], [=](const Tensor& z) { return select(z, dim, index); })};
+  record_one("select", x, out, {}, [xs = x.shape(), dim, index](const Tensor& g) {
+    return scatter_into_zeros("select_backward", xs, g, [=](const Tensor& z) { return select(z, dim, index); });
   });
   return out;
 }
@@ -237,7 +231,7 @@ Tensor contiguous(const Tensor& x) {
   if (x.is_contiguous()) return x;
   Tensor out = copy_of(x);
   // dx = g
-  record("contiguous", {x}, out, {}, [](std::span<const Tensor> g, const std::vector<bool>&) { return Backward{g[0]}; });
+  record_one("contiguous", x, out, {}, [](const Tensor& g) { return g; });
   return out;
 }
 

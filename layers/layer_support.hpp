@@ -46,7 +46,8 @@ inline void check_norm_config(const char* layer, std::int64_t dim, double eps, D
 inline void check_layer_input(const char* op, const Tensor& x, const char* field, std::int64_t dim, DType dtype) {
   check_floating(op, "x", x);
   if (x.dim() < 1 || x.size(-1) != dim)
-    fail<ShapeError>("{}: argument 'x' must be [..., {}] (config.{}), got shape {}", op, dim, field, shape_str(x.shape()));
+    fail<ShapeError>("{}: argument 'x' must be [..., {}] (config.{}), got shape {}", op, dim, field,
+                     shape_str(x.shape()));
   if (x.dtype() != dtype)
     fail<DTypeError>("{}: argument 'x' ({}) is {} but the layer is {} (config.dtype)", op, shape_str(x.shape()), x.dtype(), dtype);
 }

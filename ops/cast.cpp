@@ -21,9 +21,6 @@ Tensor to(const Tensor& x, DType dtype) {
   return out;
 }
 
-Tensor Tensor::to(DType d) const {
-  check_self("Tensor::to", *this);
-  return tapegrad::to(*this, d);
-}
+Tensor Tensor::to(DType d) const { return tapegrad::to(checked_self("Tensor::to", *this), d); }
 
 }  // namespace tapegrad

@@ -54,8 +54,9 @@ Tensor div(const Tensor& a, const Tensor& b) {
   record("div", {a, b}, out, {b, b.requires_grad() ? out : Tensor()},
          [sa = a.shape(), b, keep_out](std::span<const Tensor> g, const std::vector<bool>& needs) {
            Tensor g_over_b = div(g[0], b);
+           const Tensor db = needs[1] ? neg(mul(g_over_b, output_with_history(keep_out, 0))) : Tensor();
            return std::vector<Tensor>{needs[0] ? sum_to(g_over_b, sa) : Tensor(),
-                                      needs[1] ? sum_to(neg(mul(g_over_b, output_with_history(keep_out, 0))), b.shape()) : Tensor()};
+                                      needs[1] ? sum_to(db, b.shape()) : Tensor()};
          });
   return out;
 }

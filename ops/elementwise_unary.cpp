@@ -150,7 +150,6 @@ template <class Op> Tensor unary_backward(const Op& op, const Tensor& g, const T
     else
       map_into<T, T>(dx, [&](T gv) { return gv * op.template df<T>(T(0), T(0)); }, g);
   });
-  if (!is_grad_enabled()) return dx;  // a first-order pass: record() would return at once
   const Tensor& operand = Op::uses_y ? ys : xs;  // what df reads: undefined when it reads nothing
   const Tensor slope_in = operand.defined() && curved(op) ? operand : Tensor();
   const Tensor keep_g = slope_in.defined() && slope_in.requires_grad() ? g : Tensor();  // read only for the operand's gradient
@@ -225,7 +224,6 @@ Tensor gelu_backward(const Tensor& g, const Tensor& x) {
         for (std::int64_t i = b; i < e; ++i) pd[i] = pg[i] * (normal_cdf(px[i]) + px[i] * normal_pdf(px[i]));
     });
   });
-  if (!is_grad_enabled()) return dx;  // a first-order pass: record() would return at once
   const Tensor keep_g = x.requires_grad() ? g : Tensor();  // read only for x's gradient
   record("gelu_backward", {g, x}, dx, {keep_g, x}, [keep_g, x](std::span<const Tensor> gg, const std::vector<bool>& needs) {
     return std::vector<Tensor>{needs[0] ? gelu_backward(gg[0], x) : Tensor(), needs[1] ? gg[0] * keep_g * gelu_curvature(x) : Tensor()};

@@ -70,7 +70,8 @@ template <class F> void for_each_take(const Take& t, const Tensor& out, const Te
   const std::int64_t step = x.strides()[static_cast<std::size_t>(t.dim)];
   const auto* ids = static_cast<const std::int64_t*>(index.raw_data());
   loop.for_each_run([&](const auto& off, std::int64_t len, const auto& inner) {
-    for (std::int64_t i = 0; i < len; ++i) f(off[0] + i * inner[0], off[1] + i * inner[1] + ids[off[2] + i * inner[2]] * step);
+    for (std::int64_t i = 0; i < len; ++i)
+      f(off[0] + i * inner[0], off[1] + i * inner[1] + ids[off[2] + i * inner[2]] * step);
   });
 }
 

@@ -78,15 +78,16 @@ std::vector<Tensor> normalised_backward_grads(const Tensor& x, const Tensor& wei
 // The backward as an op of x, the weight and g, with three outputs: dx, dweight and dbias (the
 // row kernel, from the forward's stats); its own gradients are normalised_backward_grads'.
 // `wanted` says which of dweight and dbias (entries 1 and 2) a first-order pass makes.
-std::vector<Tensor> normalised_backward(bool centred, const Tensor& x, const Tensor& weight, const Tensor& g, const Tensor& stats,
-                                        double eps, const std::vector<bool>& wanted) {
+std::vector<Tensor> normalised_backward(bool centred, const Tensor& x, const Tensor& weight, const Tensor& g,
+                                        const Tensor& stats, double eps, const std::vector<bool>& wanted) {
   const LayerNormGrads d = layer_norm_rows_backward(x, weight, stats, g, centred);
   const Shape columns{x.shape().back()};
   auto column = [&](const std::vector<double>& v) { return from_vector(std::span<const double>(v), columns).to(x.dtype()); };
   // A first-order pass makes only the outputs it wants, and record() would return at once; a
   // recorded op has all three.
   const bool all = is_grad_enabled();
-  std::vector<Tensor> out{d.dx, all || wanted[1] ? column(d.dweight) : Tensor(), all || wanted[2] ? column(d.dbias) : Tensor()};
+  std::vector<Tensor> out{d.dx, all || wanted[1] ? column(d.dweight) : Tensor(),
+                          all || wanted[2] ? column(d.dbias) : Tensor()};
   if (!all) return out;
   record(centred ? "layer_norm_backward" : "rms_norm_backward", {x, weight, g}, out, {x, weight, g},
          [x, weight, g, eps, centred](std::span<const Tensor> u, const std::vector<bool>& needs) {

@@ -42,10 +42,18 @@ inline void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
 
 // Records an op of one input whose backward is dx = backward(g), g the gradient of its output.
 template <class Backward>
-void record_one(const char* name, const Tensor& x, Tensor& out, std::initializer_list<Tensor> saved, Backward&& backward) {
-  record(name, {x}, out, saved, [backward = std::forward<Backward>(backward)](std::span<const Tensor> g, const std::vector<bool>&) {
-    return std::vector<Tensor>{backward(g[0])};
-  });
+void record_one(const char* name, const Tensor& x, Tensor& out, std::initializer_list<Tensor> saved,
+                Backward&& backward) {
+  record(name, {x}, out, saved,
+         [backward = std::forward<Backward>(backward)](std::span<const Tensor> g, const std::vector<bool>&) {
+           return std::vector<Tensor>{backward(g[0])};
+         });
+}
+
+// t, after check_self: what a Tensor member that calls its op passes it.
+inline const Tensor& checked_self(const char* member, const Tensor& t) {
+  check_self(member, t);
+  return t;
 }
 
 // The multi-index of row-major position `flat` in `shape` (error messages name positions so).

@@ -172,7 +172,8 @@ Tensor slice(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_t
   Tensor out = make_view(x, std::move(shape), std::move(strides), offset_at("slice", x, d, start), "slice");
   // dx = zeros with g written into the sliced region
   record_one("slice", x, out, {}, [xs = x.shape(), dim, start, end, step](const Tensor& g) {
-    return scatter_into_zeros("slice_backward", xs, g, [=](const Tensor& z) { return slice(z, dim, start, end, step); });
+    return scatter_into_zeros("slice_backward", xs, g,
+                              [=](const Tensor& z) { return slice(z, dim, start, end, step); });
   });
   return out;
 }
@@ -235,21 +236,15 @@ Tensor contiguous(const Tensor& x) {
   return out;
 }
 
-Tensor Tensor::contiguous() const {
-  check_self("Tensor::contiguous", *this);
-  return tapegrad::contiguous(*this);
-}
+Tensor Tensor::contiguous() const { return tapegrad::contiguous(checked_self("Tensor::contiguous", *this)); }
 Tensor Tensor::reshape(Shape s) const {
-  check_self("Tensor::reshape", *this);
-  return tapegrad::reshape(*this, std::move(s));
+  return tapegrad::reshape(checked_self("Tensor::reshape", *this), std::move(s));
 }
 Tensor Tensor::permute(std::vector<std::int64_t> d) const {
-  check_self("Tensor::permute", *this);
-  return tapegrad::permute(*this, std::move(d));
+  return tapegrad::permute(checked_self("Tensor::permute", *this), std::move(d));
 }
 Tensor Tensor::transpose(std::int64_t a, std::int64_t b) const {
-  check_self("Tensor::transpose", *this);
-  return tapegrad::transpose(*this, a, b);
+  return tapegrad::transpose(checked_self("Tensor::transpose", *this), a, b);
 }
 
 }  // namespace tapegrad

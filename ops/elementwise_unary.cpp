@@ -28,6 +28,8 @@ enum class Reads { nothing, x, y };
 template <Reads R, std::int64_t Cost> struct Unary {
   static constexpr bool uses_x = R == Reads::x, uses_y = R == Reads::y;
   static constexpr std::int64_t cost = Cost;
+  bool reads_x() const { return uses_x; }  // an op may say so per instance, as pow does
+  bool curved() const { return true; }     // whether df varies with the operand it reads
 };
 // float32 on the vectorisable exp of fast_math.hpp, float64 on std::exp.
 template <class T> T exp_of(T x) {
@@ -124,17 +126,6 @@ struct Abs : PiecewiseLinear {
   // sign(x), 0 at 0 (PyTorch's subgradient); NaN stays NaN.
   template <class T> T df(T x, T) const { return x > T(0) ? T(1) : x < T(0) ? T(-1) : x == T(0) ? T(0) : x; }
 };
-// Whether op's derivative reads x (an op may say so per instance, as pow does).
-template <class Op> bool reads_x(const Op& op) {
-  if constexpr (requires { op.reads_x(); }) return Op::uses_x && op.reads_x();
-  else return Op::uses_x;
-}
-// Whether df varies with the operand it reads (relu's and pow(1)'s slopes do not).
-template <class Op> bool curved(const Op& op) {
-  if constexpr (requires { op.curved(); }) return op.curved();
-  else return true;
-}
-
 // The shared backward as an op: dx = g * df(x, y), x and y what df reads (else undefined), y
 // joined to the unary node in a create_graph pass. Its own gradients, for the upstream U:
 //   dg = U * df(x, y)                       (this op again: dx is linear in g)
@@ -151,7 +142,7 @@ template <class Op> Tensor unary_backward(const Op& op, const Tensor& g, const T
       map_into<T, T>(dx, [&](T gv) { return gv * op.template df<T>(T(0), T(0)); }, g);
   });
   const Tensor& operand = Op::uses_y ? ys : xs;  // what df reads: undefined when it reads nothing
-  const Tensor slope_in = operand.defined() && curved(op) ? operand : Tensor();
+  const Tensor slope_in = operand.defined() && op.curved() ? operand : Tensor();
   const Tensor keep_g = slope_in.defined() && slope_in.requires_grad() ? g : Tensor();  // read only for the operand's gradient
   static const std::string backward_name = std::string(Op::name) + "_backward";  // the node keeps the pointer
   record(backward_name.c_str(), {g, slope_in}, dx, {keep_g, xs, ys},
@@ -169,7 +160,7 @@ template <class Op> Tensor unary(const Tensor& x, Op op = {}) {
     map_into_cost<T, T>(Op::cost, y, [&](T v) { return op.template f<T>(v); }, x);
   });
   // dx = g * df(x, y), one formula to every order (y joined to this node in a create_graph pass)
-  const Tensor xs = reads_x(op) ? x : Tensor();
+  const Tensor xs = op.reads_x() ? x : Tensor();
   record_one(Op::name, x, y, {xs, Op::uses_y ? y : Tensor()},
              [op, xs, ys = Op::uses_y ? y.detach() : Tensor()](const Tensor& g) {
                return unary_backward(op, g, xs, output_with_history(ys, 0));

@@ -89,7 +89,8 @@ std::vector<Tensor> normalised_backward(bool centred, const Tensor& x, const Ten
   std::vector<Tensor> out{d.dx, all || wanted[1] ? column(d.dweight) : Tensor(),
                           all || wanted[2] ? column(d.dbias) : Tensor()};
   if (!all) return out;
-  record(centred ? "layer_norm_backward" : "rms_norm_backward", {x, weight, g}, out, {x, weight, g},
+  const Tensor inputs[] = {x, weight, g};
+  record(centred ? "layer_norm_backward" : "rms_norm_backward", inputs, out, {x, weight, g},
          [x, weight, g, eps, centred](std::span<const Tensor> u, const std::vector<bool>& needs) {
            return normalised_backward_grads(x, weight, g, eps, centred, u, needs);
          });

@@ -49,10 +49,10 @@ DType check_linear_args(const Tensor& x, const Tensor& weight, const Tensor& bia
 // t [..., cols] as a [rows, cols] matrix: a view of t, or of a contiguous copy when t's
 // layout does not flatten.
 Tensor as_matrix(const Tensor& t) {
+  if (t.dim() == 2) return t;
   const std::int64_t cols = t.shape().back();
   std::int64_t rows = 1;
   for (std::size_t d = 0; d + 1 < t.shape().size(); ++d) rows *= t.shape()[d];
-  if (t.dim() == 2) return t;
   const Tensor c = t.is_contiguous() ? t : copy_of(t);
   return make_view(c, {rows, cols}, {cols, 1}, c.offset(), "linear");
 }

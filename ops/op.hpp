@@ -19,16 +19,17 @@ Tensor sum_to(const Tensor& g, const Shape& shape);
 // std::function when the op is actually recorded. `saved` lists exactly the tensors the backward
 // captures (and so reads): the op table's in-place test fails for an op that leaves one out.
 template <class Backward>
-void record(const char* name, std::initializer_list<Tensor> inputs, std::span<Tensor> outs, std::initializer_list<Tensor> saved,
-            Backward&& backward) {
-  const std::span<const Tensor> in(inputs.begin(), inputs.size());
-  if (should_record(in))
-    record_op(name, in, outs, std::forward<Backward>(backward), std::span<const Tensor>(saved.begin(), saved.size()));
+void record(const char* name, std::span<const Tensor> inputs, std::span<Tensor> outs,
+            std::initializer_list<Tensor> saved, Backward&& backward) {
+  if (should_record(inputs))
+    record_op(name, inputs, outs, std::forward<Backward>(backward),
+              std::span<const Tensor>(saved.begin(), saved.size()));
 }
 template <class Backward>
 void record(const char* name, std::initializer_list<Tensor> inputs, Tensor& out, std::initializer_list<Tensor> saved,
             Backward&& backward) {
-  record(name, inputs, std::span<Tensor>(&out, 1), saved, std::forward<Backward>(backward));
+  record(name, std::span<const Tensor>(inputs.begin(), inputs.size()), std::span<Tensor>(&out, 1), saved,
+         std::forward<Backward>(backward));
 }
 
 // a and b defined and of one dtype, any (compare's and where's operands); errors name `op`.

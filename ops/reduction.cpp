@@ -23,12 +23,12 @@ ReductionPlan plan_reduction(const char* op, const Tensor& x, const Dims& dims, 
     p.reduced[k] = true;
   }
   for (std::size_t k = 0; k < p.kept.size(); ++k) {
-    if (!p.reduced[k]) continue;
-    p.count *= p.kept[k];  // a product of x's sizes: fits (tensor_impl.hpp)
-    p.kept[k] = 1;
-  }
-  for (std::size_t k = 0; k < p.kept.size(); ++k)
+    if (p.reduced[k]) {
+      p.count *= p.kept[k];  // a product of x's sizes: fits (tensor_impl.hpp)
+      p.kept[k] = 1;
+    }
     if (keepdim || !p.reduced[k]) p.result.push_back(p.kept[k]);
+  }
   return p;
 }
 

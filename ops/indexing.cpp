@@ -75,33 +75,16 @@ template <class F> void for_each_take(const Take& t, const Tensor& out, const Te
   });
 }
 
-// out[p] = x[x_at(p) + id(p) * x.stride(dim)], ids already checked.
-Tensor take_forward(const Take& t, const Tensor& x, const Tensor& index) {
+Tensor put(const Take& t, const Shape& x_shape, const Tensor& index, const Tensor& g);
+
+// The forward, recorded: out[p] = x[x_at(p) + id(p) * x.stride(dim)], ids already checked.
+Tensor take(const Take& t, const Tensor& x, const Tensor& index) {
   Tensor out = new_tensor(t.out_shape, x.dtype(), t.op);
   visit_any(x.dtype(), [&]<class T>(Tag<T>) {
     const T* px = static_cast<const T*>(x.raw_data());
     T* po = static_cast<T*>(mutable_data(out));
     for_each_take(t, out, x, index, [&](std::int64_t at, std::int64_t from) { po[at] = px[from]; });
   });
-  return out;
-}
-
-// dx = zeros of x's shape; dx[x_at(p) + id(p) * dx.stride(dim)] += g[p]
-Tensor take_backward(const Take& t, const Shape& x_shape, const Tensor& index, const Tensor& g) {
-  Tensor dx = zeros(x_shape, g.dtype());
-  visit_float(g.dtype(), t.op, [&]<class T>(Tag<T>) {
-    const T* pg = static_cast<const T*>(g.raw_data());
-    T* pd = static_cast<T*>(mutable_data(dx));
-    for_each_take(t, g, dx, index, [&](std::int64_t at, std::int64_t to) { pd[to] += pg[at]; });
-  });
-  return dx;
-}
-
-Tensor put(const Take& t, const Shape& x_shape, const Tensor& index, const Tensor& g);
-
-// The forward, recorded; ids already checked.
-Tensor take(const Take& t, const Tensor& x, const Tensor& index) {
-  Tensor out = take_forward(t, x, index);
   // dx = scatter-add of g into zeros of x's shape at the positions the forward read
   record_one(t.op, x, out, {index}, [t, index, x_shape = x.shape()](const Tensor& g) {
     return put(t, x_shape, index, g);
@@ -109,11 +92,17 @@ Tensor take(const Take& t, const Tensor& x, const Tensor& index) {
   return out;
 }
 
-// The backward, recorded as an op of its own so that a create_graph pass differentiates it: the
-// scatter-add is linear in g and is the transpose of the take, so its backward is the take of
-// its upstream gradient (recorded in turn, so every order follows). dg = take(g')
+// The backward, dx = zeros of x's shape with dx[x_at(p) + id(p) * dx.stride(dim)] += g[p],
+// recorded as an op of its own so that a create_graph pass differentiates it: the scatter-add is
+// linear in g and is the transpose of the take, so its backward is the take of its upstream
+// gradient (recorded in turn, so every order follows). dg = take(g')
 Tensor put(const Take& t, const Shape& x_shape, const Tensor& index, const Tensor& g) {
-  Tensor dx = take_backward(t, x_shape, index, g);
+  Tensor dx = zeros(x_shape, g.dtype());
+  visit_float(g.dtype(), t.op, [&]<class T>(Tag<T>) {
+    const T* pg = static_cast<const T*>(g.raw_data());
+    T* pd = static_cast<T*>(mutable_data(dx));
+    for_each_take(t, g, dx, index, [&](std::int64_t at, std::int64_t to) { pd[to] += pg[at]; });
+  });
   record_one(t.backward_op, g, dx, {index}, [t, index](const Tensor& gg) { return take(t, gg, index); });
   return dx;
 }

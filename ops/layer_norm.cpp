@@ -1,4 +1,6 @@
-// layer_norm: forward and its hand-derived backward (see docs/gradients.md for the derivation).
+// layer_norm and rms_norm: forward and their hand-derived backward (see docs/gradients.md for the
+// derivation). rms_norm is layer_norm without the centring and the bias (Zhang & Sennrich 2019,
+// Llama's norm): mu = 0, on the same row kernels and backward op, with centred = false.
 //
 // forward, per row of E elements          backward, per row (reverse order)
 //   mu = mean(x), var = mean((x - mu)^2)    dbias += g,  dweight += g * xhat
@@ -8,20 +10,20 @@
 // The node keeps x, weight and (mu, rstd) per row, and recomputes xhat in the backward (the row
 // loops: kernels/layer_norm.cpp).
 #include "tapegrad/ops/layer_norm.hpp"
+#include "tapegrad/ops/rms_norm.hpp"
 
 #include <cmath>
 #include <vector>
 
 #include "ops/op.hpp"
 #include "kernels/layer_norm.hpp"
-#include "ops/normalization.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/reduction.hpp"
 #include "tapegrad/ops/view.hpp"
 
 namespace tapegrad {
-namespace detail {
 namespace {
+using namespace detail;
 
 void check_norm_args(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   check_floating(op, "x", x);
@@ -97,8 +99,7 @@ std::vector<Tensor> normalised_backward(bool centred, const Tensor& x, const Ten
   return out;
 }
 
-}  // namespace
-
+// layer_norm (centred) or rms_norm (not, and without bias), checked, computed and recorded.
 Tensor normalise(bool centred, const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   const char* op = centred ? "layer_norm" : "rms_norm";
   check_norm_args(op, x, weight, bias, eps);
@@ -115,10 +116,14 @@ Tensor normalise(bool centred, const Tensor& x, const Tensor& weight, const Tens
   return n.y;
 }
 
-}  // namespace detail
+}  // namespace
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
-  return detail::normalise(/*centred=*/true, x, weight, bias, eps);
+  return normalise(/*centred=*/true, x, weight, bias, eps);
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+  return normalise(/*centred=*/false, x, weight, Tensor(), eps);
 }
 
 }  // namespace tapegrad

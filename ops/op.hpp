@@ -51,6 +51,14 @@ void record_one(const char* name, const Tensor& x, Tensor& out, std::initializer
          });
 }
 
+// Argument `name` (of `shape`) broadcasts to argument `to_name`'s shape `to` without enlarging it.
+inline void check_broadcasts_to(const char* op, const char* name, const Shape& shape, const char* to_name,
+                                const Shape& to) {
+  if (broadcast_args(op, to_name, to, name, shape) != to)
+    fail<ShapeError>("{}: argument '{}' with shape {} must broadcast to the shape of '{}', {}", op, name,
+                     shape_str(shape), to_name, shape_str(to));
+}
+
 // t, after check_self: what a Tensor member that calls its op passes it.
 inline const Tensor& checked_self(const char* member, const Tensor& t) {
   check_self(member, t);

@@ -26,9 +26,7 @@ void check_softmax_args(const char* op, const char* scores_name, const Tensor& s
                      scores_name, shape_str(scores.shape()));
   if (!allowed.defined()) return;
   check_dtype(op, allowed_name, allowed, DType::bool_);
-  if (broadcast_args(op, scores_name, scores.shape(), allowed_name, allowed.shape()) != scores.shape())
-    fail<ShapeError>("{}: argument '{}' with shape {} must broadcast to the shape of '{}', {}", op, allowed_name,
-                     shape_str(allowed.shape()), scores_name, shape_str(scores.shape()));
+  check_broadcasts_to(op, allowed_name, allowed.shape(), scores_name, scores.shape());
 }
 
 // Its own gradient, for the upstream gradient G of dS (both halves derived in docs/gradients.md),

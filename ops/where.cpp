@@ -27,10 +27,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   check_defined("masked_fill", "x", x);
   check_dtype("masked_fill", "mask", mask, DType::bool_);
-  if (broadcast_args("masked_fill", "x", x.shape(), "mask", mask.shape()) != x.shape())
-    fail<ShapeError>("masked_fill: argument 'mask' with shape {} must broadcast to the shape of "
-                     "argument 'x', {}",
-                     shape_str(mask.shape()), shape_str(x.shape()));
+  check_broadcasts_to("masked_fill", "mask", mask.shape(), "x", x.shape());
   return where(mask, scalar(value, x.dtype()), x);
 }
 

@@ -1,5 +1,6 @@
-// Internal: what every op source shares on top of the loop engine: recording a one-output op,
-// broadcasting argument shapes, and the reduction that undoes a broadcast.
+// Internal: what every op source shares on top of the loop engine: recording an op (of one input,
+// one output or several), the argument checks several ops make, and the reduction that undoes a
+// broadcast.
 #pragma once
 
 #include <initializer_list>
@@ -32,15 +33,6 @@ void record(const char* name, std::initializer_list<Tensor> inputs, Tensor& out,
          std::forward<Backward>(backward));
 }
 
-// a and b defined and of one dtype, any (compare's and where's operands); errors name `op`.
-inline void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
-  check_defined(op, "a", a);
-  check_defined(op, "b", b);
-  if (a.dtype() != b.dtype())
-    fail<DTypeError>("{}: arguments 'a' ({} {}) and 'b' ({} {}) must have the same dtype", op, a.dtype(),
-                     shape_str(a.shape()), b.dtype(), shape_str(b.shape()));
-}
-
 // Records an op of one input whose backward is dx = backward(g), g the gradient of its output.
 template <class Backward>
 void record_one(const char* name, const Tensor& x, Tensor& out, std::initializer_list<Tensor> saved,
@@ -49,6 +41,15 @@ void record_one(const char* name, const Tensor& x, Tensor& out, std::initializer
          [backward = std::forward<Backward>(backward)](std::span<const Tensor> g, const std::vector<bool>&) {
            return std::vector<Tensor>{backward(g[0])};
          });
+}
+
+// a and b defined and of one dtype, any (compare's and where's operands); errors name `op`.
+inline void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
+  check_defined(op, "a", a);
+  check_defined(op, "b", b);
+  if (a.dtype() != b.dtype())
+    fail<DTypeError>("{}: arguments 'a' ({} {}) and 'b' ({} {}) must have the same dtype", op, a.dtype(),
+                     shape_str(a.shape()), b.dtype(), shape_str(b.shape()));
 }
 
 // Argument `name` (of `shape`) broadcasts to argument `to_name`'s shape `to` without enlarging it.

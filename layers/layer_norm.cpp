@@ -16,7 +16,7 @@ LayerNorm::LayerNorm(const LayerNormConfig& config) : config_(config) {
 }
 
 Tensor LayerNorm::forward(const Tensor& x) const {
-  detail::check_norm_input("LayerNorm::forward", x, config_.dim, config_.dtype);
+  detail::check_layer_input("LayerNorm::forward", x, "dim", config_.dim, config_.dtype);
   return layer_norm(x, weight, bias, config_.eps);
 }
 

@@ -42,11 +42,12 @@ inline void check_norm_config(const char* layer, std::int64_t dim, double eps, D
   check_float_dtype(layer, dtype);
   if (!(eps > 0) || !std::isfinite(eps)) fail<ValueError>("{}: config.eps must be finite and > 0, got {}", layer, eps);
 }
-// A normalisation layer's input: x [..., dim] of the layer's dtype.
-inline void check_norm_input(const char* op, const Tensor& x, std::int64_t dim, DType dtype) {
+// A layer's input: x [..., dim] (dim is config.`field`) of the layer's dtype.
+inline void check_layer_input(const char* op, const Tensor& x, const char* field, std::int64_t dim, DType dtype) {
   check_floating(op, "x", x);
   if (x.dim() < 1 || x.size(-1) != dim)
-    fail<ShapeError>("{}: argument 'x' must be [..., {}] (config.dim), got shape {}", op, dim, shape_str(x.shape()));
+    fail<ShapeError>("{}: argument 'x' must be [..., {}] (config.{}), got shape {}", op, dim, field,
+                     shape_str(x.shape()));
   if (x.dtype() != dtype)
     fail<DTypeError>("{}: argument 'x' ({}) is {} but the layer is {} (config.dtype)", op, shape_str(x.shape()), x.dtype(), dtype);
 }

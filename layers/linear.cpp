@@ -5,7 +5,6 @@
 #include <cmath>
 
 #include "layers/layer_support.hpp"
-#include "tapegrad/autodiff/tape.hpp"
 #include "tapegrad/ops/linear.hpp"
 
 namespace tapegrad {
@@ -29,13 +28,7 @@ Linear::Linear(const LinearConfig& config) : config_(checked(config)) {
 }
 
 Tensor Linear::forward(const Tensor& x) const {
-  detail::check_floating("Linear::forward", "x", x);
-  if (x.dim() < 1 || x.size(-1) != config_.in)
-    detail::fail<ShapeError>("Linear::forward: argument 'x' must be [..., {}] (config.in = {}), got shape {}", config_.in,
-                             config_.in, detail::shape_str(x.shape()));
-  if (x.dtype() != config_.dtype)
-    detail::fail<DTypeError>("Linear::forward: argument 'x' ({}) is {} but the layer is {} (config.dtype)",
-                             detail::shape_str(x.shape()), x.dtype(), config_.dtype);
+  detail::check_layer_input("Linear::forward", x, "in", config_.in, config_.dtype);
   return linear(x, weight, bias);
 }
 

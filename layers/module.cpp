@@ -4,7 +4,6 @@
 #include <functional>
 #include <set>
 
-
 #include "autodiff/check.hpp"
 
 namespace tapegrad {
@@ -18,8 +17,7 @@ void check_name(std::string_view kind, std::string_view name) {
 
 // Walks a module tree, calling `on_parameter(full name, tensor)`, `on_module(module)` and
 // `on_generator(full name, generator)`.
-class Walker final : public ModuleVisitor {
- public:
+struct Walker final : ModuleVisitor {
   Walker(std::function<void(const std::string&, Tensor&)> on_parameter, std::function<void(Module&)> on_module,
          std::function<void(const std::string&, Generator&)> on_generator = nullptr)
       : on_parameter_(std::move(on_parameter)), on_module_(std::move(on_module)), on_generator_(std::move(on_generator)) {}
@@ -44,8 +42,6 @@ class Walker final : public ModuleVisitor {
     check_name("module list", list);
     enter(std::string(list) + "." + std::to_string(index), m);
   }
-
- private:
   void enter(std::string_view name, Module& m) {
     const std::size_t size = prefix_.size();
     prefix_ += std::string(name) + ".";

@@ -12,7 +12,7 @@ RMSNorm::RMSNorm(const RMSNormConfig& config) : config_(config) {
 }
 
 Tensor RMSNorm::forward(const Tensor& x) const {
-  detail::check_norm_input("RMSNorm::forward", x, config_.dim, config_.dtype);
+  detail::check_layer_input("RMSNorm::forward", x, "dim", config_.dim, config_.dtype);
   return rms_norm(x, weight, config_.eps);
 }
 

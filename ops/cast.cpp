@@ -16,16 +16,11 @@ Tensor to(const Tensor& x, DType dtype) {
   });
   if (is_floating(dtype) && is_floating(x.dtype())) {
     // dx = g converted to x's dtype
-    record("to", {x}, out, {}, [from = x.dtype()](std::span<const Tensor> g, const std::vector<bool>&) {
-      return std::vector<Tensor>{to(g[0], from)};
-    });
+    record_one("to", x, out, {}, [from = x.dtype()](const Tensor& g) { return to(g, from); });
   }
   return out;
 }
 
-Tensor Tensor::to(DType d) const {
-  check_self("Tensor::to", *this);
-  return tapegrad::to(*this, d);
-}
+Tensor Tensor::to(DType d) const { return tapegrad::to(checked_self("Tensor::to", *this), d); }
 
 }  // namespace tapegrad

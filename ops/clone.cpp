@@ -9,9 +9,7 @@ Tensor clone(const Tensor& x) {
   detail::check_defined("clone", "x", x);
   Tensor out = detail::copy_of(x);
   // dx = g
-  detail::record("clone", {x}, out, {}, [](std::span<const Tensor> g, const std::vector<bool>&) {
-    return std::vector<Tensor>{g[0]};
-  });
+  detail::record_one("clone", x, out, {}, [](const Tensor& g) { return g; });
   return out;
 }
 

@@ -7,11 +7,7 @@ namespace {
 using namespace detail;
 
 template <class F> Tensor compare(const char* op, const Tensor& a, const Tensor& b, F f) {
-  check_defined(op, "a", a);
-  check_defined(op, "b", b);
-  if (a.dtype() != b.dtype())
-    fail<DTypeError>("{}: arguments 'a' ({} {}) and 'b' ({} {}) must have the same dtype", op,
-                     a.dtype(), shape_str(a.shape()), b.dtype(), shape_str(b.shape()));
+  check_same_dtype(op, a, b);
   Tensor out = new_tensor(broadcast_args(op, "a", a.shape(), "b", b.shape()), DType::bool_, op);
   visit_any(a.dtype(), [&]<class T>(Tag<T>) { map_into<bool, T, T>(out, f, a, b); });
   return out;

@@ -18,8 +18,8 @@ Tensor apply_mask(const char* name, const Tensor& v, const Tensor& keep, double 
     map_into<T, T, bool>(out, [s](T x, bool k) { return k ? x * s : T(0); }, v, keep);
   });
   // dv = keep ? g * scale : 0
-  record(name, {v}, out, {keep}, [keep, scale](std::span<const Tensor> g, const std::vector<bool>&) {
-    return std::vector<Tensor>{apply_mask("dropout_backward", g[0], keep, scale)};
+  record_one(name, v, out, {keep}, [keep, scale](const Tensor& g) {
+    return apply_mask("dropout_backward", g, keep, scale);
   });
   return out;
 }

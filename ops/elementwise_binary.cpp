@@ -14,16 +14,13 @@ template <class F> Tensor binary_forward(const char* op, const Tensor& a, const 
   return out;
 }
 
-Tensor maybe(bool needed, auto&& make) { return needed ? Tensor(make()) : Tensor(); }
-
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) {
   Tensor out = binary_forward("add", a, b, [](auto x, auto y) { return x + y; });
   // da = g, db = g
   record("add", {a, b}, out, {}, [sa = a.shape(), sb = b.shape()](std::span<const Tensor> g, const std::vector<bool>& needs) {
-    return std::vector<Tensor>{maybe(needs[0], [&] { return sum_to(g[0], sa); }),
-                               maybe(needs[1], [&] { return sum_to(g[0], sb); })};
+    return std::vector<Tensor>{needs[0] ? sum_to(g[0], sa) : Tensor(), needs[1] ? sum_to(g[0], sb) : Tensor()};
   });
   return out;
 }
@@ -32,8 +29,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
   Tensor out = binary_forward("sub", a, b, [](auto x, auto y) { return x - y; });
   // da = g, db = -g
   record("sub", {a, b}, out, {}, [sa = a.shape(), sb = b.shape()](std::span<const Tensor> g, const std::vector<bool>& needs) {
-    return std::vector<Tensor>{maybe(needs[0], [&] { return sum_to(g[0], sa); }),
-                               maybe(needs[1], [&] { return sum_to(neg(g[0]), sb); })};
+    return std::vector<Tensor>{needs[0] ? sum_to(g[0], sa) : Tensor(), needs[1] ? sum_to(neg(g[0]), sb) : Tensor()};
   });
   return out;
 }
@@ -44,8 +40,8 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   const Tensor keep_a = b.requires_grad() ? a : Tensor(), keep_b = a.requires_grad() ? b : Tensor();
   record("mul", {a, b}, out, {keep_a, keep_b},
          [keep_a, keep_b, sa = a.shape(), sb = b.shape()](std::span<const Tensor> g, const std::vector<bool>& needs) {
-           return std::vector<Tensor>{maybe(needs[0], [&] { return sum_to(mul(g[0], keep_b), sa); }),
-                                      maybe(needs[1], [&] { return sum_to(mul(g[0], keep_a), sb); })};
+           return std::vector<Tensor>{needs[0] ? sum_to(mul(g[0], keep_b), sa) : Tensor(),
+                                      needs[1] ? sum_to(mul(g[0], keep_a), sb) : Tensor()};
          });
   return out;
 }
@@ -58,8 +54,9 @@ Tensor div(const Tensor& a, const Tensor& b) {
   record("div", {a, b}, out, {b, b.requires_grad() ? out : Tensor()},
          [sa = a.shape(), b, keep_out](std::span<const Tensor> g, const std::vector<bool>& needs) {
            Tensor g_over_b = div(g[0], b);
-           return std::vector<Tensor>{maybe(needs[0], [&] { return sum_to(g_over_b, sa); }),
-                                      maybe(needs[1], [&] { return sum_to(neg(mul(g_over_b, output_with_history(keep_out, 0))), b.shape()); })};
+           const Tensor db = needs[1] ? neg(mul(g_over_b, output_with_history(keep_out, 0))) : Tensor();
+           return std::vector<Tensor>{needs[0] ? sum_to(g_over_b, sa) : Tensor(),
+                                      needs[1] ? sum_to(db, b.shape()) : Tensor()};
          });
   return out;
 }

@@ -1,13 +1,11 @@
 // Unary elementwise ops. Each is a small struct: the forward f(x) and the local derivative
 // df(x, y) = dy/dx, side by side; the shared backward is the op unary_backward, dx = g * df(x, y).
-// `uses_x`/`uses_y` say which of input and output the derivative reads, so only those are kept on
-// the tape (and read by the backward loop). `cost` is the price per element relative to a copy,
-// which decides when a loop is split over threads. `d_slope(gu, x, y)` is gu * d(df)/d(x or y),
-// in recorded ops: unary_backward's own gradient to the operand df reads. float32 exp and tanh use
-// the vectorisable functions of fast_math.hpp; float64 keeps the std:: functions. GELU, whose
-// backward is a fused kernel and an op of its own, is written out at the end.
+// `d_slope(gu, x, y)` is gu * d(df)/d(x or y), in recorded ops: unary_backward's own gradient to
+// the operand df reads. GELU, whose backward is a fused kernel and an op of its own, is written
+// out at the end.
 #include <cmath>
 #include <numbers>
+#include <string>
 #include <type_traits>
 
 #include "kernels/fast_math.hpp"
@@ -23,50 +21,48 @@ namespace tapegrad {
 namespace {
 using namespace detail;
 
-struct Neg {
+// What a derivative reads (only that is kept on the tape and streamed through the backward
+// loop), and the price per element relative to a copy, which decides when a loop is split over
+// threads.
+enum class Reads { nothing, x, y };
+template <Reads R, std::int64_t Cost> struct Unary {
+  static constexpr bool uses_x = R == Reads::x, uses_y = R == Reads::y;
+  static constexpr std::int64_t cost = Cost;
+  bool reads_x() const { return uses_x; }  // an op may say so per instance, as pow does
+  bool curved() const { return true; }     // whether df varies with the operand it reads
+};
+// float32 on the vectorisable exp of fast_math.hpp, float64 on std::exp.
+template <class T> T exp_of(T x) {
+  if constexpr (std::is_same_v<T, float>) return exp_f32(x);
+  else return std::exp(x);
+}
+
+struct Neg : Unary<Reads::nothing, 1> {
   static constexpr const char* name = "neg";
-  static constexpr const char* backward_name = "neg_backward";
-  static constexpr bool uses_x = false, uses_y = false;
-  static constexpr std::int64_t cost = 1;
   template <class T> T f(T x) const { return -x; }
   template <class T> T df(T, T) const { return T(-1); }
   Tensor d_slope(const Tensor&, const Tensor&, const Tensor&) const { return {}; }  // never called: no operand
 };
-struct Exp {
+struct Exp : Unary<Reads::y, 4> {
   static constexpr const char* name = "exp";
-  static constexpr const char* backward_name = "exp_backward";
-  static constexpr bool uses_x = false, uses_y = true;
-  static constexpr std::int64_t cost = 4;
-  template <class T> T f(T x) const {
-    if constexpr (std::is_same_v<T, float>) return exp_f32(x);
-    else return std::exp(x);
-  }
+  template <class T> T f(T x) const { return exp_of(x); }
   template <class T> T df(T, T y) const { return y; }  // (e^x)' = e^x
   Tensor d_slope(const Tensor& gu, const Tensor&, const Tensor&) const { return gu; }  // d(y)/dy = 1
 };
-struct Log {
+struct Log : Unary<Reads::x, 8> {
   static constexpr const char* name = "log";
-  static constexpr const char* backward_name = "log_backward";
-  static constexpr bool uses_x = true, uses_y = false;
-  static constexpr std::int64_t cost = 8;
   template <class T> T f(T x) const { return std::log(x); }
   template <class T> T df(T x, T) const { return T(1) / x; }
   Tensor d_slope(const Tensor& gu, const Tensor& x, const Tensor&) const { return gu * -pow(x, -2.0); }  // (1/x)' = -x^(-2)
 };
-struct Sqrt {
+struct Sqrt : Unary<Reads::y, 2> {
   static constexpr const char* name = "sqrt";
-  static constexpr const char* backward_name = "sqrt_backward";
-  static constexpr bool uses_x = false, uses_y = true;
-  static constexpr std::int64_t cost = 2;
   template <class T> T f(T x) const { return std::sqrt(x); }
   template <class T> T df(T, T y) const { return T(0.5) / y; }  // 1 / (2 sqrt x)
   Tensor d_slope(const Tensor& gu, const Tensor&, const Tensor& y) const { return gu * (pow(y, -2.0) * -0.5); }  // (0.5/y)' = -0.5 y^(-2)
 };
-struct Pow {
+struct Pow : Unary<Reads::x, 16> {
   static constexpr const char* name = "pow";
-  static constexpr const char* backward_name = "pow_backward";
-  static constexpr bool uses_x = true, uses_y = false;
-  static constexpr std::int64_t cost = 16;
   double p;
   template <class T> T f(T x) const { return std::pow(x, convert<T>(p)); }
   // p x^(p-1); exactly 0 for p = 0, where x^(-1) at x = 0 would turn 0 * inf into NaN (so
@@ -80,11 +76,8 @@ struct Pow {
   // (p x^(p-1))' = p (p-1) x^(p-2); pow is recorded, so every order follows.
   Tensor d_slope(const Tensor& gu, const Tensor& x, const Tensor&) const { return gu * (pow(x, p - 2.0) * (p * (p - 1.0))); }
 };
-struct Tanh {
+struct Tanh : Unary<Reads::y, 6> {
   static constexpr const char* name = "tanh";
-  static constexpr const char* backward_name = "tanh_backward";
-  static constexpr bool uses_x = false, uses_y = true;
-  static constexpr std::int64_t cost = 6;
   template <class T> T f(T x) const {
     if constexpr (std::is_same_v<T, float>) return tanh_f32(x);
     else return std::tanh(x);
@@ -94,39 +87,28 @@ struct Tanh {
 };
 // A slope that is piecewise constant (relu's 0/1, abs's -1/1; the kink's value is a convention):
 // no second derivative in x.
-struct PiecewiseLinear {
+struct PiecewiseLinear : Unary<Reads::x, 1> {
   bool curved() const { return false; }
   Tensor d_slope(const Tensor&, const Tensor&, const Tensor&) const { return {}; }  // never called
 };
 struct Relu : PiecewiseLinear {
   static constexpr const char* name = "relu";
-  static constexpr const char* backward_name = "relu_backward";
-  static constexpr bool uses_x = true, uses_y = false;
-  static constexpr std::int64_t cost = 1;
   template <class T> T f(T x) const { return x < T(0) ? T(0) : x; }  // NaN stays NaN, as in PyTorch
   template <class T> T df(T x, T) const { return x > T(0) ? T(1) : T(0); }  // 0 at the kink, as PyTorch
 };
 // sigma(x) = 1 / (1 + e^-|x|) for x >= 0, e^-|x| / (1 + e^-|x|) below: e^-|x| <= 1 never overflows.
 template <class T> T logistic(T x) {
-  T e;
-  if constexpr (std::is_same_v<T, float>) e = exp_f32(-std::abs(x));
-  else e = std::exp(-std::abs(x));
+  const T e = exp_of(-std::abs(x));
   return x >= T(0) ? T(1) / (T(1) + e) : e / (T(1) + e);
 }
-struct Sigmoid {
+struct Sigmoid : Unary<Reads::y, 6> {
   static constexpr const char* name = "sigmoid";
-  static constexpr const char* backward_name = "sigmoid_backward";
-  static constexpr bool uses_x = false, uses_y = true;
-  static constexpr std::int64_t cost = 6;
   template <class T> T f(T x) const { return logistic(x); }
   template <class T> T df(T, T y) const { return y * (T(1) - y); }
   Tensor d_slope(const Tensor& gu, const Tensor&, const Tensor& y) const { return gu * (1.0 - 2.0 * y); }  // (y - y^2)' = 1 - 2y
 };
-struct Silu {
+struct Silu : Unary<Reads::x, 6> {
   static constexpr const char* name = "silu";
-  static constexpr const char* backward_name = "silu_backward";
-  static constexpr bool uses_x = true, uses_y = false;
-  static constexpr std::int64_t cost = 6;
   template <class T> T f(T x) const { return x * logistic(x); }
   template <class T> T df(T x, T) const {
     const T s = logistic(x);
@@ -140,24 +122,10 @@ struct Silu {
 };
 struct Abs : PiecewiseLinear {
   static constexpr const char* name = "abs";
-  static constexpr const char* backward_name = "abs_backward";
-  static constexpr bool uses_x = true, uses_y = false;
-  static constexpr std::int64_t cost = 1;
   template <class T> T f(T x) const { return std::abs(x); }
   // sign(x), 0 at 0 (PyTorch's subgradient); NaN stays NaN.
   template <class T> T df(T x, T) const { return x > T(0) ? T(1) : x < T(0) ? T(-1) : x == T(0) ? T(0) : x; }
 };
-// Whether op's derivative reads x (an op may say so per instance, as pow does).
-template <class Op> bool reads_x(const Op& op) {
-  if constexpr (requires { op.reads_x(); }) return Op::uses_x && op.reads_x();
-  else return Op::uses_x;
-}
-// Whether df varies with the operand it reads (relu's and pow(1)'s slopes do not).
-template <class Op> bool curved(const Op& op) {
-  if constexpr (requires { op.curved(); }) return op.curved();
-  else return true;
-}
-
 // The shared backward as an op: dx = g * df(x, y), x and y what df reads (else undefined), y
 // joined to the unary node in a create_graph pass. Its own gradients, for the upstream U:
 //   dg = U * df(x, y)                       (this op again: dx is linear in g)
@@ -166,21 +134,18 @@ template <class Op> bool curved(const Op& op) {
 template <class Op> Tensor unary_backward(const Op& op, const Tensor& g, const Tensor& xs, const Tensor& ys) {
   Tensor dx = new_tensor(g.shape(), g.dtype(), Op::name);
   visit_float(dx.dtype(), Op::name, [&]<class T>(Tag<T>) {
-    if constexpr (Op::uses_x && Op::uses_y)
-      map_into_cost<T, T, T, T>(Op::cost, dx, [&](T gv, T xv, T yv) { return gv * op.template df<T>(xv, yv); }, g, xs, ys);
-    else if constexpr (Op::uses_x)
-      if (xs.defined()) map_into_cost<T, T, T>(Op::cost, dx, [&](T gv, T xv) { return gv * op.template df<T>(xv, T(0)); }, g, xs);
-      else map_into<T, T>(dx, [&](T gv) { return gv * op.template df<T>(T(0), T(0)); }, g);
-    else if constexpr (Op::uses_y)
+    if constexpr (Op::uses_y)
       map_into_cost<T, T, T>(1, dx, [&](T gv, T yv) { return gv * op.template df<T>(T(0), yv); }, g, ys);
+    else if (xs.defined())
+      map_into_cost<T, T, T>(Op::cost, dx, [&](T gv, T xv) { return gv * op.template df<T>(xv, T(0)); }, g, xs);
     else
       map_into<T, T>(dx, [&](T gv) { return gv * op.template df<T>(T(0), T(0)); }, g);
   });
-  if (!is_grad_enabled()) return dx;  // a first-order pass: record() would return at once
   const Tensor& operand = Op::uses_y ? ys : xs;  // what df reads: undefined when it reads nothing
-  const Tensor slope_in = operand.defined() && curved(op) ? operand : Tensor();
+  const Tensor slope_in = operand.defined() && op.curved() ? operand : Tensor();
   const Tensor keep_g = slope_in.defined() && slope_in.requires_grad() ? g : Tensor();  // read only for the operand's gradient
-  record(Op::backward_name, {g, slope_in}, dx, {keep_g, xs, ys},
+  static const std::string backward_name = std::string(Op::name) + "_backward";  // the node keeps the pointer
+  record(backward_name.c_str(), {g, slope_in}, dx, {keep_g, xs, ys},
          [op, keep_g, xs, ys](std::span<const Tensor> u, const std::vector<bool>& needs) {
            return std::vector<Tensor>{needs[0] ? unary_backward(op, u[0], xs, ys) : Tensor(),
                                       needs[1] ? op.d_slope(u[0] * keep_g, xs, ys) : Tensor()};
@@ -195,11 +160,11 @@ template <class Op> Tensor unary(const Tensor& x, Op op = {}) {
     map_into_cost<T, T>(Op::cost, y, [&](T v) { return op.template f<T>(v); }, x);
   });
   // dx = g * df(x, y), one formula to every order (y joined to this node in a create_graph pass)
-  const Tensor xs = reads_x(op) ? x : Tensor();
-  record(Op::name, {x}, y, {xs, Op::uses_y ? y : Tensor()},
-         [op, xs, ys = Op::uses_y ? y.detach() : Tensor()](std::span<const Tensor> g, const std::vector<bool>&) {
-           return std::vector<Tensor>{unary_backward(op, g[0], xs, output_with_history(ys, 0))};
-         });
+  const Tensor xs = op.reads_x() ? x : Tensor();
+  record_one(Op::name, x, y, {xs, Op::uses_y ? y : Tensor()},
+             [op, xs, ys = Op::uses_y ? y.detach() : Tensor()](const Tensor& g) {
+               return unary_backward(op, g, xs, output_with_history(ys, 0));
+             });
   return y;
 }
 
@@ -212,7 +177,7 @@ Tensor sqrt(const Tensor& x) { return unary<Sqrt>(x); }
 Tensor pow(const Tensor& x, double exponent) {
   if (!std::isfinite(exponent))
     fail<ValueError>("pow: argument 'exponent' must be finite, got {}", exponent);
-  return unary<Pow>(x, Pow{exponent});
+  return unary<Pow>(x, Pow{{}, exponent});
 }
 Tensor tanh(const Tensor& x) { return unary<Tanh>(x); }
 Tensor relu(const Tensor& x) { return unary<Relu>(x); }
@@ -250,7 +215,6 @@ Tensor gelu_backward(const Tensor& g, const Tensor& x) {
         for (std::int64_t i = b; i < e; ++i) pd[i] = pg[i] * (normal_cdf(px[i]) + px[i] * normal_pdf(px[i]));
     });
   });
-  if (!is_grad_enabled()) return dx;  // a first-order pass: record() would return at once
   const Tensor keep_g = x.requires_grad() ? g : Tensor();  // read only for x's gradient
   record("gelu_backward", {g, x}, dx, {keep_g, x}, [keep_g, x](std::span<const Tensor> gg, const std::vector<bool>& needs) {
     return std::vector<Tensor>{needs[0] ? gelu_backward(gg[0], x) : Tensor(), needs[1] ? gg[0] * keep_g * gelu_curvature(x) : Tensor()};
@@ -278,7 +242,7 @@ Tensor gelu(const Tensor& x) {
         for (std::int64_t i = b; i < e; ++i) py[i] = px[i] * normal_cdf(px[i]);
     });
   });
-  record("gelu", {x}, y, {x}, [x](std::span<const Tensor> g, const std::vector<bool>&) { return std::vector<Tensor>{gelu_backward(g[0], x)}; });
+  record_one("gelu", x, y, {x}, [x](const Tensor& g) { return gelu_backward(g, x); });
   return y;
 }
 

@@ -27,6 +27,12 @@ struct Take {
   Shape out_shape;
   std::vector<std::int64_t> x_dim;      // per output dim: the dim of x it walks, or -1
   std::vector<std::int64_t> index_dim;  // per output dim: the dim of index it walks, or -1
+
+  void add_dim(std::int64_t size, std::int64_t in_x, std::int64_t in_index) {
+    out_shape.push_back(size);
+    x_dim.push_back(in_x);
+    index_dim.push_back(in_index);
+  }
 };
 
 // The strides of a tensor seen along the output's dims (0 where the output dim does not walk it).
@@ -56,62 +62,48 @@ void check_ids(const Take& t, const Tensor& x, const Tensor& index) {
   });
 }
 
-// out[p] = x[x_at(p) + id(p) * x.stride(dim)], ids already checked.
-Tensor take_forward(const Take& t, const Tensor& x, const Tensor& index) {
-  Tensor out = new_tensor(t.out_shape, x.dtype(), t.op);
+// Calls f(at, x_at(p) + id(p) * step) for each output position p: `at` p's offset in `out`
+// (the output or its gradient), the second in `x` (x or its gradient), which has x's shape.
+template <class F> void for_each_take(const Take& t, const Tensor& out, const Tensor& x, const Tensor& index, F f) {
   const Dims8 xs = along(x.strides(), t.x_dim), is = along(index.strides(), t.index_dim);
   StridedLoop<3> loop(t.out_shape.data(), t.out_shape.size(), {out.strides().data(), xs.data(), is.data()});
   const std::int64_t step = x.strides()[static_cast<std::size_t>(t.dim)];
   const auto* ids = static_cast<const std::int64_t*>(index.raw_data());
-  visit_any(x.dtype(), [&]<class T>(Tag<T>) {
-    const T* px = static_cast<const T*>(x.raw_data());
-    T* po = static_cast<T*>(mutable_data(out));
-    loop.for_each_run([&](const auto& off, std::int64_t len, const auto& inner) {
-      for (std::int64_t i = 0; i < len; ++i)
-        po[off[0] + i * inner[0]] = px[off[1] + i * inner[1] + ids[off[2] + i * inner[2]] * step];
-    });
+  loop.for_each_run([&](const auto& off, std::int64_t len, const auto& inner) {
+    for (std::int64_t i = 0; i < len; ++i)
+      f(off[0] + i * inner[0], off[1] + i * inner[1] + ids[off[2] + i * inner[2]] * step);
   });
-  return out;
-}
-
-// dx = zeros of x's shape; dx[x_at(p) + id(p) * dx.stride(dim)] += g[p]
-Tensor take_backward(const Take& t, const Shape& x_shape, const Tensor& index, const Tensor& g) {
-  Tensor dx = zeros(x_shape, g.dtype());
-  const Dims8 ds = along(dx.strides(), t.x_dim), is = along(index.strides(), t.index_dim);
-  StridedLoop<3> loop(t.out_shape.data(), t.out_shape.size(), {g.strides().data(), ds.data(), is.data()});
-  const std::int64_t step = dx.strides()[static_cast<std::size_t>(t.dim)];
-  const auto* ids = static_cast<const std::int64_t*>(index.raw_data());
-  visit_float(g.dtype(), t.op, [&]<class T>(Tag<T>) {
-    const T* pg = static_cast<const T*>(g.raw_data());
-    T* pd = static_cast<T*>(mutable_data(dx));
-    loop.for_each_run([&](const auto& off, std::int64_t len, const auto& inner) {
-      for (std::int64_t i = 0; i < len; ++i)
-        pd[off[1] + i * inner[1] + ids[off[2] + i * inner[2]] * step] += pg[off[0] + i * inner[0]];
-    });
-  });
-  return dx;
 }
 
 Tensor put(const Take& t, const Shape& x_shape, const Tensor& index, const Tensor& g);
 
-// The forward, recorded; ids already checked.
+// The forward, recorded: out[p] = x[x_at(p) + id(p) * x.stride(dim)], ids already checked.
 Tensor take(const Take& t, const Tensor& x, const Tensor& index) {
-  Tensor out = take_forward(t, x, index);
+  Tensor out = new_tensor(t.out_shape, x.dtype(), t.op);
+  visit_any(x.dtype(), [&]<class T>(Tag<T>) {
+    const T* px = static_cast<const T*>(x.raw_data());
+    T* po = static_cast<T*>(mutable_data(out));
+    for_each_take(t, out, x, index, [&](std::int64_t at, std::int64_t from) { po[at] = px[from]; });
+  });
   // dx = scatter-add of g into zeros of x's shape at the positions the forward read
-  record(t.op, {x}, out, {index}, [t, index, x_shape = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {
-    return std::vector<Tensor>{put(t, x_shape, index, g[0])};
+  record_one(t.op, x, out, {index}, [t, index, x_shape = x.shape()](const Tensor& g) {
+    return put(t, x_shape, index, g);
   });
   return out;
 }
 
-// The backward, recorded as an op of its own so that a create_graph pass differentiates it: the
-// scatter-add is linear in g and is the transpose of the take, so its backward is the take of
-// its upstream gradient (recorded in turn, so every order follows). dg = take(g')
+// The backward, dx = zeros of x's shape with dx[x_at(p) + id(p) * dx.stride(dim)] += g[p],
+// recorded as an op of its own so that a create_graph pass differentiates it: the scatter-add is
+// linear in g and is the transpose of the take, so its backward is the take of its upstream
+// gradient (recorded in turn, so every order follows). dg = take(g')
 Tensor put(const Take& t, const Shape& x_shape, const Tensor& index, const Tensor& g) {
-  Tensor dx = take_backward(t, x_shape, index, g);
-  record(t.backward_op, {g}, dx, {index}, [t, index](std::span<const Tensor> gg, const std::vector<bool>&) {
-    return std::vector<Tensor>{take(t, gg[0], index)};
+  Tensor dx = zeros(x_shape, g.dtype());
+  visit_float(g.dtype(), t.op, [&]<class T>(Tag<T>) {
+    const T* pg = static_cast<const T*>(g.raw_data());
+    T* pd = static_cast<T*>(mutable_data(dx));
+    for_each_take(t, g, dx, index, [&](std::int64_t at, std::int64_t to) { pd[to] += pg[at]; });
   });
+  record_one(t.backward_op, g, dx, {index}, [t, index](const Tensor& gg) { return take(t, gg, index); });
   return dx;
 }
 
@@ -122,17 +114,8 @@ Tensor select_rows(const char* op, const char* backward_op, const char* x_name, 
   check_dtype(op, index_name, index, DType::int64);
   Take t{op, backward_op, x_name, index_name, wrap_dim(op, "dim", dim, x.dim()), {}, {}, {}};
   for (std::int64_t d = 0; d < x.dim(); ++d) {
-    if (d != t.dim) {
-      t.out_shape.push_back(x.size(d));
-      t.x_dim.push_back(d);
-      t.index_dim.push_back(-1);
-      continue;
-    }
-    for (std::int64_t k = 0; k < index.dim(); ++k) {
-      t.out_shape.push_back(index.size(k));
-      t.x_dim.push_back(-1);
-      t.index_dim.push_back(k);
-    }
+    if (d != t.dim) t.add_dim(x.size(d), d, -1);
+    for (std::int64_t k = 0; d == t.dim && k < index.dim(); ++k) t.add_dim(index.size(k), -1, k);
   }
   check_ids(t, x, index);
   return take(t, x, index);
@@ -155,7 +138,7 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
 Tensor gather(const Tensor& x, std::int64_t dim, const Tensor& index) {
   check_defined("gather", "x", x);
   check_dtype("gather", "index", index, DType::int64);
-  Take t{"gather", "gather_backward", "x", "index", wrap_dim("gather", "dim", dim, x.dim()), index.shape(), {}, {}};
+  Take t{"gather", "gather_backward", "x", "index", wrap_dim("gather", "dim", dim, x.dim()), {}, {}, {}};
   if (index.dim() != x.dim())
     fail<ShapeError>("gather: argument 'index' with shape {} must have the rank of 'x', shape {}",
                      shape_str(index.shape()), shape_str(x.shape()));
@@ -164,8 +147,7 @@ Tensor gather(const Tensor& x, std::int64_t dim, const Tensor& index) {
       fail<ShapeError>("gather: argument 'index' with shape {} is larger than 'x', shape {}, in dim {} ({} > {}); "
                        "only dim {} may be larger",
                        shape_str(index.shape()), shape_str(x.shape()), d, index.size(d), x.size(d), t.dim);
-    t.x_dim.push_back(d == t.dim ? -1 : d);
-    t.index_dim.push_back(d);
+    t.add_dim(index.size(d), d == t.dim ? -1 : d, d);
   }
   check_ids(t, x, index);
   return take(t, x, index);

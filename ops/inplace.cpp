@@ -36,9 +36,7 @@ Tensor source(const char* op, const char* name, const Tensor& dst, const Tensor&
   if (src.dtype() != dst.dtype())
     fail<DTypeError>("{}: argument '{}' ({} {}) must have the dtype of 'dst' ({} {}); convert it with to()", op, name,
                      src.dtype(), shape_str(src.shape()), dst.dtype(), shape_str(dst.shape()));
-  if (broadcast_args(op, "dst", dst.shape(), name, src.shape()) != dst.shape())
-    fail<ShapeError>("{}: argument '{}' with shape {} must broadcast to the shape of 'dst', {}", op, name,
-                     shape_str(src.shape()), shape_str(dst.shape()));
+  check_broadcasts_to(op, name, src.shape(), "dst", dst.shape());
   const bool same_layout = src.offset() == dst.offset() && src.shape() == dst.shape() && src.strides() == dst.strides();
   return src.shares_storage_with(dst) && !same_layout ? copy_of(src) : src;
 }

@@ -41,19 +41,16 @@ Tensor join(const char* op, const std::vector<Tensor>& tensors, std::size_t d) {
     copy_into(slice(out, static_cast<std::int64_t>(d), at, at + t.shape()[d]), t);
     at += t.shape()[d];
   }
-  if (should_record(tensors)) {
-    // d tensors[i] = g[..., starts[i] : starts[i] + size_i, ...] along dim
-    std::vector<Tensor> outs{out};
-    record_op(op, tensors, outs, [d, starts, shape](std::span<const Tensor> g, const std::vector<bool>& needs) {
-      std::vector<Tensor> grads(starts.size());
-      for (std::size_t i = 0; i < starts.size(); ++i) {
-        const std::int64_t end = i + 1 < starts.size() ? starts[i + 1] : shape[d];
-        if (needs[i]) grads[i] = slice(g[0], static_cast<std::int64_t>(d), starts[i], end);
-      }
-      return grads;
-    }, /*saved=*/{});
-    out = outs[0];
-  }
+  // d tensors[i] = g[..., starts[i] : starts[i] + size_i, ...] along dim
+  record(op, tensors, std::span<Tensor>(&out, 1), {},
+         [d, starts = std::move(starts), total = shape[d]](std::span<const Tensor> g, const std::vector<bool>& needs) {
+           std::vector<Tensor> grads(starts.size());
+           for (std::size_t i = 0; i < starts.size(); ++i) {
+             const std::int64_t end = i + 1 < starts.size() ? starts[i + 1] : total;
+             if (needs[i]) grads[i] = slice(g[0], static_cast<std::int64_t>(d), starts[i], end);
+           }
+           return grads;
+         });
   return out;
 }
 

@@ -1,4 +1,6 @@
-// layer_norm: forward and its hand-derived backward (see docs/gradients.md for the derivation).
+// layer_norm and rms_norm: forward and their hand-derived backward (see docs/gradients.md for the
+// derivation). rms_norm is layer_norm without the centring and the bias (Zhang & Sennrich 2019,
+// Llama's norm): mu = 0, on the same row kernels and backward op, with centred = false.
 //
 // forward, per row of E elements          backward, per row (reverse order)
 //   mu = mean(x), var = mean((x - mu)^2)    dbias += g,  dweight += g * xhat
@@ -8,19 +10,20 @@
 // The node keeps x, weight and (mu, rstd) per row, and recomputes xhat in the backward (the row
 // loops: kernels/layer_norm.cpp).
 #include "tapegrad/ops/layer_norm.hpp"
+#include "tapegrad/ops/rms_norm.hpp"
 
 #include <cmath>
 #include <vector>
 
 #include "ops/op.hpp"
 #include "kernels/layer_norm.hpp"
-#include "ops/normalization.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/reduction.hpp"
 #include "tapegrad/ops/view.hpp"
 
 namespace tapegrad {
-namespace detail {
+namespace {
+using namespace detail;
 
 void check_norm_args(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   check_floating(op, "x", x);
@@ -43,8 +46,6 @@ void check_norm_args(const char* op, const Tensor& x, const Tensor& weight, cons
 //   dg  = Z + V xhat + w J U
 //   dw  = sum over the rows of g J U
 //   dx' = J (V g) - r (mean(U dx) xhat + mean(h xhat) J U + mean(U xhat) dx)
-namespace {
-
 std::vector<Tensor> normalised_backward_grads(const Tensor& x, const Tensor& weight, const Tensor& g, double eps, bool centred,
                                               std::span<const Tensor> u, const std::vector<bool>& needs) {
   auto row_mean = [](const Tensor& t) { return mean(t, {-1}, /*keepdim=*/true); };
@@ -76,12 +77,10 @@ std::vector<Tensor> normalised_backward_grads(const Tensor& x, const Tensor& wei
   return grads;
 }
 
-}  // namespace
-
 // The backward as an op of x, the weight and g, with three outputs: dx, dweight and dbias (the
 // row kernel, from the forward's stats); its own gradients are normalised_backward_grads'.
 // `wanted` says which of dweight and dbias (entries 1 and 2) a first-order pass makes.
-std::vector<Tensor> normalised_backward(const char* name, bool centred, const Tensor& x, const Tensor& weight, const Tensor& g,
+std::vector<Tensor> normalised_backward(bool centred, const Tensor& x, const Tensor& weight, const Tensor& g,
                                         const Tensor& stats, double eps, const std::vector<bool>& wanted) {
   const LayerNormGrads d = layer_norm_rows_backward(x, weight, stats, g, centred);
   const Shape columns{x.shape().back()};
@@ -89,31 +88,42 @@ std::vector<Tensor> normalised_backward(const char* name, bool centred, const Te
   // A first-order pass makes only the outputs it wants, and record() would return at once; a
   // recorded op has all three.
   const bool all = is_grad_enabled();
-  std::vector<Tensor> out{d.dx, all || wanted[1] ? column(d.dweight) : Tensor(), all || (wanted.size() > 2 && wanted[2]) ? column(d.dbias) : Tensor()};
+  std::vector<Tensor> out{d.dx, all || wanted[1] ? column(d.dweight) : Tensor(),
+                          all || wanted[2] ? column(d.dbias) : Tensor()};
   if (!all) return out;
-  record(name, {x, weight, g}, out, {x, weight, g}, [x, weight, g, eps, centred](std::span<const Tensor> u, const std::vector<bool>& needs) {
-    return normalised_backward_grads(x, weight, g, eps, centred, u, needs);
-  });
+  const Tensor inputs[] = {x, weight, g};
+  record(centred ? "layer_norm_backward" : "rms_norm_backward", inputs, out, {x, weight, g},
+         [x, weight, g, eps, centred](std::span<const Tensor> u, const std::vector<bool>& needs) {
+           return normalised_backward_grads(x, weight, g, eps, centred, u, needs);
+         });
   return out;
 }
 
-}  // namespace detail
-
-using namespace detail;
-
-Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
-  check_norm_args("layer_norm", x, weight, bias, eps);
-  Normalised n = layer_norm_rows_forward(x, weight, bias, eps, /*centred=*/true);
-  // dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dweight = sum_rows g xhat, dbias =
-  // sum_rows g: the op layer_norm_backward, one formula to every order
-  record("layer_norm", {x, weight, bias}, n.y, {x, weight, n.stats},
-         [x, weight, stats = n.stats, eps](std::span<const Tensor> g, const std::vector<bool>& needs) {
-           std::vector<Tensor> d = normalised_backward("layer_norm_backward", /*centred=*/true, x, weight, g[0], stats, eps, needs);
+// layer_norm (centred) or rms_norm (not, and without bias), checked, computed and recorded.
+Tensor normalise(bool centred, const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  const char* op = centred ? "layer_norm" : "rms_norm";
+  check_norm_args(op, x, weight, bias, eps);
+  Normalised n = layer_norm_rows_forward(x, weight, bias, eps, centred);
+  // dx = rstd (dxhat - [mean(dxhat)] - xhat mean(dxhat xhat)), dweight = sum_rows g xhat, dbias =
+  // sum_rows g: the op layer_norm_backward or rms_norm_backward, one formula to every order
+  record(op, {x, weight, bias}, n.y, {x, weight, n.stats},
+         [x, weight, stats = n.stats, eps, centred](std::span<const Tensor> g, const std::vector<bool>& needs) {
+           std::vector<Tensor> d = normalised_backward(centred, x, weight, g[0], stats, eps, needs);
            for (std::size_t k = 0; k < d.size(); ++k)
              if (!needs[k]) d[k] = Tensor();
            return d;
          });
   return n.y;
+}
+
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  return normalise(/*centred=*/true, x, weight, bias, eps);
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+  return normalise(/*centred=*/false, x, weight, Tensor(), eps);
 }
 
 }  // namespace tapegrad

@@ -49,10 +49,10 @@ DType check_linear_args(const Tensor& x, const Tensor& weight, const Tensor& bia
 // t [..., cols] as a [rows, cols] matrix: a view of t, or of a contiguous copy when t's
 // layout does not flatten.
 Tensor as_matrix(const Tensor& t) {
+  if (t.dim() == 2) return t;
   const std::int64_t cols = t.shape().back();
   std::int64_t rows = 1;
   for (std::size_t d = 0; d + 1 < t.shape().size(); ++d) rows *= t.shape()[d];
-  if (t.dim() == 2) return t;
   const Tensor c = t.is_contiguous() ? t : copy_of(t);
   return make_view(c, {rows, cols}, {cols, 1}, c.offset(), "linear");
 }
@@ -86,9 +86,7 @@ bool side_by_side(const Tensor& rows, const Tensor& w) {
 Tensor rows_of(const Tensor& x, const Tensor& rows) {
   if (!is_grad_enabled()) return rows;  // a first-order pass: record() would return at once
   Tensor out = rows.detach();
-  record("linear_rows", {x}, out, {}, [shape = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {
-    return std::vector<Tensor>{reshape(g[0], shape)};
-  });
+  record_one("linear_rows", x, out, {}, [shape = x.shape()](const Tensor& g) { return reshape(g, shape); });
   return out;
 }
 
@@ -96,9 +94,8 @@ Tensor rows_of(const Tensor& x, const Tensor& rows) {
 // its own gradient is U broadcast back over the rows.
 Tensor bias_backward(const Tensor& g2, const Shape& shape) {
   Tensor db = bias_gradient(g2, shape);
-  if (!is_grad_enabled()) return db;  // a first-order pass: record() would return at once
-  record("linear_bias_backward", {g2}, db, {}, [rows = g2.shape()](std::span<const Tensor> u, const std::vector<bool>&) {
-    return std::vector<Tensor>{expand(reshape(u[0], {1, rows[1]}), rows)};
+  record_one("linear_bias_backward", g2, db, {}, [rows = g2.shape()](const Tensor& u) {
+    return expand(reshape(u, {1, rows[1]}), rows);
   });
   return db;
 }

@@ -33,7 +33,6 @@ using namespace detail;
 // Both read g and U only where F: a -inf entry gets exactly 0 of every order.
 Tensor log_softmax_backward(const Tensor& y, const Tensor& g) {
   Tensor dx = masked_log_softmax_backward(y, g);
-  if (!is_grad_enabled()) return dx;  // a first-order pass: record() would return at once
   record("log_softmax_backward", {y, g}, dx, {y, g}, [y, g](std::span<const Tensor> u, const std::vector<bool>& needs) {
     const Tensor zero = scalar(0.0, y.dtype());
     const Tensor finite = ne(y, scalar(-std::numeric_limits<double>::infinity(), y.dtype()));
@@ -53,8 +52,8 @@ Tensor log_softmax(const Tensor& x, const Tensor& allowed) {
   Tensor y = masked_log_softmax_forward(x, allowed);
   // dx = g - exp(y) * rowsum(g where y is finite); 0 where y = -inf: the op log_softmax_backward,
   // one formula to every order (y joined to this node in a create_graph pass). Keeps only y.
-  record("log_softmax", {x}, y, {y}, [y = y.detach()](std::span<const Tensor> g, const std::vector<bool>&) {
-    return std::vector<Tensor>{log_softmax_backward(output_with_history(y, 0), g[0])};
+  record_one("log_softmax", x, y, {y}, [y = y.detach()](const Tensor& g) {
+    return log_softmax_backward(output_with_history(y, 0), g);
   });
   return y;
 }

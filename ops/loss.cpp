@@ -9,9 +9,11 @@
 // row loops: kernels/cross_entropy.cpp).
 #include "tapegrad/ops/loss.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <numeric>
 
 #include "ops/op.hpp"
 #include "ops/softmax.hpp"
@@ -59,21 +61,6 @@ Tensor check_cross_entropy_args(const Tensor& logits, const Tensor& targets, con
 
 TargetRule rule_of(const CrossEntropyOptions& o) { return {o.ignore_index, o.label_smoothing}; }
 
-struct RowLosses {
-  std::vector<double> loss;             // per row, 0 where ignored
-  std::shared_ptr<std::vector<RowLse>> lse;  // per row, for the backward
-  std::int64_t counted = 0;             // rows not ignored
-};
-
-RowLosses row_losses(const Tensor& logits, const Tensor& targets, const CrossEntropyOptions& o) {
-  const std::int64_t rows = targets.numel();
-  RowLosses out{std::vector<double>(static_cast<std::size_t>(rows), 0.0), std::make_shared<std::vector<RowLse>>(static_cast<std::size_t>(rows)), 0};
-  const auto* ids = static_cast<const std::int64_t*>(targets.raw_data());
-  for (std::int64_t r = 0; r < rows; ++r) out.counted += ids[r] != o.ignore_index;
-  cross_entropy_rows(logits, targets, rule_of(o), out.loss.data(), out.lse->data());
-  return out;
-}
-
 // cross_entropy's backward as an op of the logits and g: dlogits = (p - q) w per counted row,
 // w = g scale (g per row for reduction none), p = softmax(s) from the forward's lse, q the
 // smoothed one-hot; exact zeros on ignored rows (the row kernel). Its own gradients, written
@@ -89,7 +76,6 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& ids, const std
   std::vector<double> w = g.to_vector<double>();
   for (double& x : w) x *= scale;
   Tensor dlogits = cross_entropy_rows_backward(logits, ids, rule_of(o), lse->data(), w.data(), per_row);
-  if (!is_grad_enabled()) return dlogits;  // a first-order pass: record() would return at once
   record("cross_entropy_backward", {logits, g}, dlogits, {logits, ids, g},
          [logits, ids, o, scale, g, per_row](std::span<const Tensor> u, const std::vector<bool>& needs) {
            const std::int64_t rows = ids.numel(), classes = logits.shape().back();
@@ -129,7 +115,6 @@ Tensor mse_loss_backward(const Tensor& g, const Tensor& pred, const Tensor& targ
     const T k = convert<T>(c);
     map_into<T, T, T, T>(dpred, [k](T gv, T p, T t) { return k * gv * (p - t); }, g, pred, target);
   });
-  if (!is_grad_enabled()) return dpred;  // a first-order pass: record() would return at once
   record("mse_loss_backward", {g, pred, target}, dpred, {g, pred, target},
          [g, pred, target, c](std::span<const Tensor> u, const std::vector<bool>& needs) {
            std::vector<Tensor> grads(3);
@@ -148,23 +133,23 @@ Tensor mse_loss_backward(const Tensor& g, const Tensor& pred, const Tensor& targ
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, const CrossEntropyOptions& options) {
   const Tensor ids = check_cross_entropy_args(logits, targets, options);
-  RowLosses rows = row_losses(logits, ids, options);
-  double total = 0;
-  for (double l : rows.loss) total += l;
+  const auto rows = static_cast<std::size_t>(ids.numel());
+  std::vector<double> loss(rows, 0.0);                     // per row, 0 where ignored
+  auto lse = std::make_shared<std::vector<RowLse>>(rows);  // per row, for the backward
+  cross_entropy_rows(logits, ids, rule_of(options), loss.data(), lse->data());
+  const auto* t = static_cast<const std::int64_t*>(ids.raw_data());
+  const auto counted = std::count_if(t, t + ids.numel(), [&](std::int64_t id) { return id != options.ignore_index; });
   // mean over the counted rows; 0 (not 0/0) when there are none
-  const double scale = options.reduction != Reduction::mean ? 1.0 : rows.counted > 0 ? 1.0 / static_cast<double>(rows.counted) : 0.0;
-  Tensor out;
-  if (options.reduction == Reduction::none) {
-    out = from_vector(std::span<const double>(rows.loss), ids.shape()).to(logits.dtype());
-  } else {
-    out = scalar(total * scale, logits.dtype());
-  }
+  const double scale =
+      options.reduction != Reduction::mean ? 1.0 : counted > 0 ? 1.0 / static_cast<double>(counted) : 0.0;
+  Tensor out = options.reduction == Reduction::none
+                   ? from_vector(std::span<const double>(loss), ids.shape()).to(logits.dtype())
+                   : scalar(std::accumulate(loss.begin(), loss.end(), 0.0) * scale, logits.dtype());
   // dlogits = (softmax(logits) - smoothed one-hot) * g * scale per counted row, 0 on ignored rows
   // the op cross_entropy_backward, one formula to every order
-  record("cross_entropy", {logits}, out, {logits, ids},
-         [logits, ids, lse = rows.lse, options, scale](std::span<const Tensor> g, const std::vector<bool>&) {
-           return std::vector<Tensor>{cross_entropy_backward(logits, ids, lse, options, scale, g[0])};
-         });
+  record_one("cross_entropy", logits, out, {logits, ids}, [logits, ids, lse, options, scale](const Tensor& g) {
+    return cross_entropy_backward(logits, ids, lse, options, scale, g);
+  });
   return out;
 }
 
@@ -183,8 +168,7 @@ Tensor mse_loss(const Tensor& pred, const Tensor& target, Reduction reduction) {
   Tensor out = squares;
   if (reduction != Reduction::none) {
     const std::vector<double> v = squares.to_vector<double>();
-    double total = 0;
-    for (double x : v) total += x;
+    double total = std::accumulate(v.begin(), v.end(), 0.0);
     if (reduction == Reduction::mean) total = n > 0 ? total / static_cast<double>(n) : std::numeric_limits<double>::quiet_NaN();
     out = scalar(total, dtype);
   }

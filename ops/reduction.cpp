@@ -23,12 +23,12 @@ ReductionPlan plan_reduction(const char* op, const Tensor& x, const Dims& dims, 
     p.reduced[k] = true;
   }
   for (std::size_t k = 0; k < p.kept.size(); ++k) {
-    if (!p.reduced[k]) continue;
-    p.count *= p.kept[k];  // a product of x's sizes: fits (tensor_impl.hpp)
-    p.kept[k] = 1;
-  }
-  for (std::size_t k = 0; k < p.kept.size(); ++k)
+    if (p.reduced[k]) {
+      p.count *= p.kept[k];  // a product of x's sizes: fits (tensor_impl.hpp)
+      p.kept[k] = 1;
+    }
     if (keepdim || !p.reduced[k]) p.result.push_back(p.kept[k]);
+  }
   return p;
 }
 
@@ -40,15 +40,14 @@ ReductionPlan plan_reduction(const char* op, const Tensor& x, const Dims& dims, 
 // its dg is 0 either way, and U / 0 would be 0 / 0.
 Tensor max_backward(const Tensor& x, const Tensor& kept, const Tensor& g, const ReductionPlan& p) {
   Tensor dx = max_kept_backward(x, kept, g, p);
-  if (!is_grad_enabled()) return dx;  // a first-order pass: record() would return at once
-  record("max_backward", {g}, dx, {x, kept}, [x, kept, p](std::span<const Tensor> u, const std::vector<bool>&) {
+  record_one("max_backward", g, dx, {x, kept}, [x, kept, p](const Tensor& u) {
     const Tensor wins = eq(x, kept), zero = scalar(0.0, x.dtype()), one = scalar(1.0, x.dtype());
     Dims reduced;
     for (std::size_t k = 0; k < p.reduced.size(); ++k)
       if (p.reduced[k]) reduced.push_back(static_cast<std::int64_t>(k));
     Tensor ties = sum(to(wins, x.dtype()), reduced, /*keepdim=*/true);
     ties = where(lt(ties, one), one, ties);
-    return std::vector<Tensor>{div(sum(where(wins, u[0], zero), reduced, /*keepdim=*/true), ties)};
+    return div(sum(where(wins, u, zero), reduced, /*keepdim=*/true), ties);
   });
   return dx;
 }
@@ -60,8 +59,8 @@ Tensor sum(const Tensor& x, const Dims& dims, bool keepdim) {
   Tensor kept = sum_kept(x, p);
   Tensor out = make_view(kept, p.result, contiguous_strides(p.result), 0, "sum");
   // dx = g broadcast back over the reduced dims
-  record("sum", {x}, out, {}, [kept_shape = p.kept, x_shape = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {
-    return std::vector<Tensor>{expand(reshape(g[0], kept_shape), x_shape)};
+  record_one("sum", x, out, {}, [kept_shape = p.kept, x_shape = x.shape()](const Tensor& g) {
+    return expand(reshape(g, kept_shape), x_shape);
   });
   return out;
 }
@@ -80,8 +79,8 @@ Tensor max(const Tensor& x, const Dims& dims, bool keepdim) {
   Tensor out = make_view(kept, p.result, contiguous_strides(p.result), 0, "max");
   // dx = [x == max] g / (number of tied maxima), the gradient shared among ties: the op
   // max_backward, one formula to every order.
-  record("max", {x}, out, {x, out}, [x, kept = kept, p](std::span<const Tensor> g, const std::vector<bool>&) {
-    return std::vector<Tensor>{max_backward(x, kept, contiguous(reshape(g[0], p.kept)), p)};
+  record_one("max", x, out, {x, out}, [x, kept = kept, p](const Tensor& g) {
+    return max_backward(x, kept, contiguous(reshape(g, p.kept)), p);
   });
   return out;
 }

@@ -26,9 +26,7 @@ void check_softmax_args(const char* op, const char* scores_name, const Tensor& s
                      scores_name, shape_str(scores.shape()));
   if (!allowed.defined()) return;
   check_dtype(op, allowed_name, allowed, DType::bool_);
-  if (broadcast_args(op, scores_name, scores.shape(), allowed_name, allowed.shape()) != scores.shape())
-    fail<ShapeError>("{}: argument '{}' with shape {} must broadcast to the shape of '{}', {}", op, allowed_name,
-                     shape_str(allowed.shape()), scores_name, shape_str(scores.shape()));
+  check_broadcasts_to(op, allowed_name, allowed.shape(), scores_name, scores.shape());
 }
 
 // Its own gradient, for the upstream gradient G of dS (both halves derived in docs/gradients.md),
@@ -37,7 +35,6 @@ void check_softmax_args(const char* op, const char* scores_name, const Tensor& s
 //   dA'   = G ⊙ (dA − r) − dA ⊙ t       (0 where A is 0)
 Tensor softmax_backward(const Tensor& a, const Tensor& da) {
   Tensor ds = masked_softmax_backward(a, da);
-  if (!is_grad_enabled()) return ds;  // a first-order pass: record() would return at once
   record("softmax_backward", {a, da}, ds, {a, da}, [a, da](std::span<const Tensor> g, const std::vector<bool>& needs) {
     std::vector<Tensor> grads(2);
     if (needs[1]) grads[1] = sum_to(softmax_backward(a, g[0]), da.shape());
@@ -60,8 +57,8 @@ Tensor masked_softmax(const Tensor& scores, const Tensor& allowed) {
   Tensor a = masked_softmax_forward(scores, allowed);
   // dS = A * (dA - rowsum(A * dA)), one formula to every order (A joined to this node in a
   // create_graph pass); keeps only its output A
-  record("masked_softmax", {scores}, a, {a}, [a = a.detach()](std::span<const Tensor> g, const std::vector<bool>&) {
-    return std::vector<Tensor>{softmax_backward(output_with_history(a, 0), g[0])};
+  record_one("masked_softmax", scores, a, {a}, [a = a.detach()](const Tensor& g) {
+    return softmax_backward(output_with_history(a, 0), g);
   });
   return a;
 }

@@ -11,12 +11,6 @@ namespace tapegrad {
 namespace {
 using namespace detail;
 
-using Backward = std::vector<Tensor>;
-
-Tensor view_of(const char* op, const Tensor& x, Shape shape, Shape strides, std::int64_t offset) {
-  return make_view(x, std::move(shape), std::move(strides), offset, op);
-}
-
 // x's offset moved `index` (0 <= index <= size) steps along dim d. Within one tensor this fits
 // (tensor_impl.hpp); it is checked anyway, as the one offset computed from a caller's integer.
 std::int64_t offset_at(const char* op, const Tensor& x, std::size_t d, std::int64_t index) {
@@ -86,7 +80,7 @@ Shape infer_shape(const char* op, const Tensor& x, Shape shape) {
 template <class Region> Tensor scatter_into_zeros(const char* name, const Shape& shape, const Tensor& g, Region region) {
   Tensor z = zeros(shape, g.dtype());
   copy_into(region(z), g);
-  record(name, {g}, z, {}, [region](std::span<const Tensor> gg, const std::vector<bool>&) { return Backward{region(gg[0])}; });
+  record_one(name, g, z, {}, [region](const Tensor& gg) { return region(gg); });
   return z;
 }
 
@@ -95,12 +89,10 @@ Tensor reshape_as(const char* op, const Tensor& x, Shape shape) {
   shape = infer_shape(op, x, std::move(shape));
   if (shape == x.shape()) return x;
   auto strides = reshape_strides(x.shape(), x.strides(), shape);
-  Tensor out = strides ? view_of(op, x, std::move(shape), std::move(*strides), x.offset())
-                       : view_of(op, copy_of(x), shape, contiguous_strides(shape), 0);
+  Tensor out = strides ? make_view(x, std::move(shape), std::move(*strides), x.offset(), op)
+                       : make_view(copy_of(x), shape, contiguous_strides(shape), 0, op);
   // dx = g reshaped back
-  record(op, {x}, out, {}, [xs = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {
-    return Backward{reshape(g[0], xs)};
-  });
+  record_one(op, x, out, {}, [xs = x.shape()](const Tensor& g) { return reshape(g, xs); });
   return out;
 }
 
@@ -120,11 +112,9 @@ Tensor expand_as(const char* op, const Tensor& x, const Shape& shape) {
     if (i >= lead && have == want) strides[i] = x.strides()[i - lead];
   }
   if (out_shape == x.shape()) return x;
-  Tensor out = view_of(op, x, std::move(out_shape), std::move(strides), x.offset());
+  Tensor out = make_view(x, std::move(out_shape), std::move(strides), x.offset(), op);
   // dx = g summed over the expanded dims
-  record(op, {x}, out, {}, [xs = x.shape()](std::span<const Tensor> g, const std::vector<bool>&) {
-    return Backward{sum_to(g[0], xs)};
-  });
+  record_one(op, x, out, {}, [xs = x.shape()](const Tensor& g) { return sum_to(g, xs); });
   return out;
 }
 
@@ -150,10 +140,10 @@ Tensor permute(const Tensor& x, std::vector<std::int64_t> dims) {
     strides[i] = x.strides()[d];
     inverse[d] = static_cast<std::int64_t>(i);
   }
-  Tensor out = view_of("permute", x, std::move(shape), std::move(strides), x.offset());
+  Tensor out = make_view(x, std::move(shape), std::move(strides), x.offset(), "permute");
   // dx = g permuted by the inverse permutation
-  record("permute", {x}, out, {}, [inverse](std::span<const Tensor> g, const std::vector<bool>&) {
-    return Backward{permute(g[0], std::vector<std::int64_t>(inverse.begin(), inverse.end()))};
+  record_one("permute", x, out, {}, [inverse](const Tensor& g) {
+    return permute(g, std::vector<std::int64_t>(inverse.begin(), inverse.end()));
   });
   return out;
 }
@@ -179,10 +169,11 @@ Tensor slice(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_t
   shape[d] = end == start ? 0 : 1 + (end - start - 1) / step;  // no overflow for any step
   if (shape[d] > 1 && __builtin_mul_overflow(strides[d], step, &strides[d]))
     fail<ValueError>("slice: argument 'step' = {} is too large (input shape {})", step, shape_str(x.shape()));
-  Tensor out = view_of("slice", x, std::move(shape), std::move(strides), offset_at("slice", x, d, start));
+  Tensor out = make_view(x, std::move(shape), std::move(strides), offset_at("slice", x, d, start), "slice");
   // dx = zeros with g written into the sliced region
-  record("slice", {x}, out, {}, [xs = x.shape(), dim, start, end, step](std::span<const Tensor> g, const std::vector<bool>&) {
-    return Backward{scatter_into_zeros("slice_backward", xs, g[0], [=](const Tensor& z) { return slice(z, dim, start, end, step); })};
+  record_one("slice", x, out, {}, [xs = x.shape(), dim, start, end, step](const Tensor& g) {
+    return scatter_into_zeros("slice_backward", xs, g,
+                              [=](const Tensor& z) { return slice(z, dim, start, end, step); });
   });
   return out;
 }
@@ -207,10 +198,10 @@ Tensor select(const Tensor& x, std::int64_t dim, std::int64_t index) {
   Shape shape = x.shape(), strides = x.strides();
   shape.erase(shape.begin() + static_cast<std::ptrdiff_t>(d));
   strides.erase(strides.begin() + static_cast<std::ptrdiff_t>(d));
-  Tensor out = view_of("select", x, std::move(shape), std::move(strides), offset_at("select", x, d, index));
+  Tensor out = make_view(x, std::move(shape), std::move(strides), offset_at("select", x, d, index), "select");
   // dx = zeros with g written into row `index`
-  record("select", {x}, out, {}, [xs = x.shape(), dim, index](std::span<const Tensor> g, const std::vector<bool>&) {
-    return Backward{scatter_into_zeros("select_backward", xs, g[0], [=](const Tensor& z) { return select(z, dim, index); })};
+  record_one("select", x, out, {}, [xs = x.shape(), dim, index](const Tensor& g) {
+    return scatter_into_zeros("select_backward", xs, g, [=](const Tensor& z) { return select(z, dim, index); });
   });
   return out;
 }
@@ -241,25 +232,19 @@ Tensor contiguous(const Tensor& x) {
   if (x.is_contiguous()) return x;
   Tensor out = copy_of(x);
   // dx = g
-  record("contiguous", {x}, out, {}, [](std::span<const Tensor> g, const std::vector<bool>&) { return Backward{g[0]}; });
+  record_one("contiguous", x, out, {}, [](const Tensor& g) { return g; });
   return out;
 }
 
-Tensor Tensor::contiguous() const {
-  check_self("Tensor::contiguous", *this);
-  return tapegrad::contiguous(*this);
-}
+Tensor Tensor::contiguous() const { return tapegrad::contiguous(checked_self("Tensor::contiguous", *this)); }
 Tensor Tensor::reshape(Shape s) const {
-  check_self("Tensor::reshape", *this);
-  return tapegrad::reshape(*this, std::move(s));
+  return tapegrad::reshape(checked_self("Tensor::reshape", *this), std::move(s));
 }
 Tensor Tensor::permute(std::vector<std::int64_t> d) const {
-  check_self("Tensor::permute", *this);
-  return tapegrad::permute(*this, std::move(d));
+  return tapegrad::permute(checked_self("Tensor::permute", *this), std::move(d));
 }
 Tensor Tensor::transpose(std::int64_t a, std::int64_t b) const {
-  check_self("Tensor::transpose", *this);
-  return tapegrad::transpose(*this, a, b);
+  return tapegrad::transpose(checked_self("Tensor::transpose", *this), a, b);
 }
 
 }  // namespace tapegrad

@@ -8,11 +8,7 @@ using namespace detail;
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   check_dtype("where", "cond", cond, DType::bool_);
-  check_defined("where", "a", a);
-  check_defined("where", "b", b);
-  if (a.dtype() != b.dtype())
-    fail<DTypeError>("where: arguments 'a' ({} {}) and 'b' ({} {}) must have the same dtype",
-                     a.dtype(), shape_str(a.shape()), b.dtype(), shape_str(b.shape()));
+  check_same_dtype("where", a, b);
   const Shape ab = broadcast_args("where", "a", a.shape(), "b", b.shape());
   const Shape shape = broadcast_args("where", "a and b (broadcast)", ab, "cond", cond.shape());
   Tensor out = new_tensor(shape, a.dtype(), "where");
@@ -31,10 +27,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   check_defined("masked_fill", "x", x);
   check_dtype("masked_fill", "mask", mask, DType::bool_);
-  if (broadcast_args("masked_fill", "x", x.shape(), "mask", mask.shape()) != x.shape())
-    fail<ShapeError>("masked_fill: argument 'mask' with shape {} must broadcast to the shape of "
-                     "argument 'x', {}",
-                     shape_str(mask.shape()), shape_str(x.shape()));
+  check_broadcasts_to("masked_fill", "mask", mask.shape(), "x", x.shape());
   return where(mask, scalar(value, x.dtype()), x);
 }
 

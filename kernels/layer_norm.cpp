@@ -1,5 +1,5 @@
 // layer_norm's and rms_norm's rows, forward and backward, on the threads (formulas in
-// ops/layer_norm.cpp and ops/rms_norm.cpp). rms_norm is the uncentred case: mu = 0.
+// ops/layer_norm.cpp, which holds rms_norm too). rms_norm is the uncentred case: mu = 0.
 #include "kernels/layer_norm.hpp"
 
 #include <algorithm>

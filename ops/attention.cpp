@@ -114,7 +114,8 @@ AttentionResult no_scores(const AttentionArgs& a, const Shape& scores_shape, con
   std::array<Tensor, 2> outs{zeros(with_matrix(batch, a.q.size(-2), a.v.size(-1)), dtype),
                              a.need_weights ? zeros(scores_shape, dtype) : Tensor()};
   // dq = dk = dv = dbias = dslopes = 0
-  record(a.op, {a.q, a.k, a.v, a.bias, slopes}, std::span<Tensor>(outs.data(), outs[1].defined() ? 2 : 1), {},
+  const std::array<Tensor, 5> inputs{a.q, a.k, a.v, a.bias, slopes};
+  record(a.op, inputs, std::span<Tensor>(outs.data(), outs[1].defined() ? 2 : 1), {},
          [shapes = std::array<Shape, 5>{a.q.shape(), a.k.shape(), a.v.shape(),
                                         a.bias.defined() ? a.bias.shape() : Shape{},
                                         slopes.defined() ? slopes.shape() : Shape{}},

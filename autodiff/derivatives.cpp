@@ -32,17 +32,20 @@ Tensor unit(const Shape& shape, DType dtype, std::int64_t i) {
   return from_vector(std::span<const double>(v), shape).to(dtype);
 }
 
-// Stacks rows (each of shape `inner`) into a tensor of shape outer + inner.
-Tensor stack_rows(const std::vector<Tensor>& rows, const Shape& outer, const Shape& inner, DType dtype) {
+// The rows d y[i] / d leaf, stacked into a tensor of shape y's + leaf's: zero rows where no
+// gradient reaches the leaf (y does not require grad, or depends on other leaves only).
+Tensor jacobian_rows(const Tensor& y, const Tensor& leaf) {
   std::vector<double> v;
-  for (const Tensor& r : rows) {
+  for (std::int64_t i = 0; i < y.numel(); ++i) {
+    const Tensor r =
+        y.requires_grad() ? grad({y}, {leaf}, {unit(y.shape(), y.dtype(), i)}, {.allow_unused = true})[0] : Tensor();
     const std::vector<double> part = r.defined() ? r.to(DType::float64).to_vector<double>()
-                                                 : std::vector<double>(static_cast<std::size_t>(shape_numel(inner)), 0.0);
+                                                 : std::vector<double>(static_cast<std::size_t>(leaf.numel()), 0.0);
     v.insert(v.end(), part.begin(), part.end());
   }
-  Shape shape = outer;
-  shape.insert(shape.end(), inner.begin(), inner.end());
-  return from_vector(std::span<const double>(v), shape).to(dtype);
+  Shape shape = y.shape();
+  shape.insert(shape.end(), leaf.shape().begin(), leaf.shape().end());
+  return from_vector(std::span<const double>(v), shape).to(leaf.dtype());
 }
 
 }  // namespace
@@ -82,10 +85,7 @@ Tensor jacobian(const std::function<Tensor(const Tensor&)>& f, const Tensor& x) 
   EnableGradGuard grad_on;
   const Tensor y = f(leaf);
   if (!y.defined()) fail<Error>("{}: f returned an undefined tensor", op);
-  std::vector<Tensor> rows;
-  for (std::int64_t i = 0; i < y.numel(); ++i)
-    rows.push_back(y.requires_grad() ? grad({y}, {leaf}, {unit(y.shape(), y.dtype(), i)}, {.allow_unused = true})[0] : Tensor());
-  return stack_rows(rows, y.shape(), x.shape(), x.dtype());
+  return jacobian_rows(y, leaf);
 }
 
 Tensor hessian(const std::function<Tensor(const Tensor&)>& f, const Tensor& x) {
@@ -95,11 +95,7 @@ Tensor hessian(const std::function<Tensor(const Tensor&)>& f, const Tensor& x) {
   const Tensor y = scalar_output(op, f(leaf));
   // Undefined when y depends on other leaves only: then H = 0, as jacobian's rows.
   const Tensor g = grad({y}, {leaf}, {}, {.create_graph = true, .allow_unused = true})[0];
-  std::vector<Tensor> rows;
-  for (std::int64_t i = 0; i < x.numel(); ++i)
-    rows.push_back(g.defined() && g.requires_grad() ? grad({g}, {leaf}, {unit(x.shape(), x.dtype(), i)}, {.allow_unused = true})[0]
-                                                    : Tensor());
-  return stack_rows(rows, x.shape(), x.shape(), x.dtype());
+  return jacobian_rows(g.defined() ? g : zeros(x.shape(), x.dtype()), leaf);
 }
 
 }  // namespace tapegrad

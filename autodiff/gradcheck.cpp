@@ -16,16 +16,28 @@ using namespace detail;
 // A new leaf with its own copy of x's whole storage and x's exact layout, so a strided input
 // stays strided and perturbing it never touches the caller's tensor.
 Tensor private_copy(const Tensor& x) {
-  auto impl = std::make_shared<TensorImpl>();
-  const auto& src = *x.impl()->storage;
-  impl->storage = std::make_shared<Storage>(src.bytes);
-  if (src.bytes) std::memcpy(impl->storage->data, src.data, src.bytes);
-  impl->shape = x.shape();
-  impl->strides = x.strides();
-  impl->offset = x.offset();
-  impl->dtype = x.dtype();
-  impl->leaf_requires_grad = x.requires_grad();
-  return Tensor(std::move(impl));
+  Tensor copy = x.detach();
+  const Storage& src = *x.impl()->storage;
+  copy.impl()->storage = std::make_shared<Storage>(src.bytes);
+  if (src.bytes) std::memcpy(copy.impl()->storage->data, src.data, src.bytes);
+  return copy.set_requires_grad(x.requires_grad());
+}
+
+// f's outputs with grad mode on, even if the caller is inside a NoGradGuard.
+template <class F> std::vector<Tensor> evaluate_with_grad(const F& f) {
+  EnableGradGuard grad_on;
+  return f();
+}
+
+// Projection weights for `output` drawn from `gen`: float64 normal, 0 where the output is infinite
+// at the inputs given (a masked log-softmax's -inf), as that element has no finite difference.
+// A NaN keeps its weight and fails the check.
+std::vector<double> projection_weights(const Tensor& output, Generator& gen) {
+  std::vector<double> w = randn(output.shape(), gen, DType::float64).to_vector<double>();
+  const std::vector<double> values = output.to_vector<double>();
+  for (std::size_t i = 0; i < w.size(); ++i)
+    if (std::isinf(values[i])) w[i] = 0.0;
+  return w;
 }
 
 bool has_aliasing(const Tensor& x) {
@@ -108,13 +120,31 @@ void check_something_checked(const char* op, const char* list, const std::vector
                      list, xs.size(), list, shapes_str(xs));
 }
 
-void check_parameters(const char* op, const std::vector<Tensor>& parameters) {
+// The checks of gradcheck_parameters and gradgradcheck_parameters.
+void check_parameters(const char* op, const std::vector<Tensor>& parameters, const GradcheckOptions& options) {
+  check_options(op, options);
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     check_perturbable(op, "parameters", i, parameters[i]);
     if (!parameters[i].requires_grad() || !parameters[i].is_leaf())
       fail<GraphError>("{}: argument 'parameters[{}]' (shape {}) must be a leaf that requires grad", op, i,
                        shape_str(parameters[i].shape()));
   }
+  check_something_checked(op, "parameter", parameters, std::vector<bool>(parameters.size(), true));
+}
+
+// The checks of gradcheck and gradgradcheck, and private copies of the inputs for f to see (so an
+// f that writes its argument never reaches the caller's tensors); checked[i]: input i requires grad.
+std::vector<Tensor> private_inputs(const char* op, const std::vector<Tensor>& inputs, const GradcheckOptions& options,
+                                   std::vector<bool>& checked) {
+  check_options(op, options);
+  std::vector<Tensor> own;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    check_perturbable(op, "inputs", i, inputs[i]);
+    own.push_back(private_copy(inputs[i]));
+    checked.push_back(inputs[i].requires_grad());
+  }
+  check_something_checked(op, "input", own, checked);
+  return own;
 }
 
 // The method of gradcheck.hpp. `evaluate` computes f from the tensors in `perturbed`, whose
@@ -123,25 +153,14 @@ void check_parameters(const char* op, const std::vector<Tensor>& parameters) {
 // nor those of other leaves f uses.
 GradcheckResult check(const char* op, const std::function<std::vector<Tensor>()>& evaluate, const std::vector<Tensor>& perturbed,
                       const std::vector<bool>& checked, const GradcheckOptions& options) {
-  // Analytic: one backward of L = sum_o <w_o, f(x)_o>, i.e. grad_outputs = w, with grad mode on
-  // even if the caller is inside a NoGradGuard.
-  std::vector<Tensor> outputs;
-  {
-    EnableGradGuard grad_on;
-    outputs = evaluate();
-  }
+  // Analytic: one backward of L = sum_o <w_o, f(x)_o>, i.e. grad_outputs = w.
+  const std::vector<Tensor> outputs = evaluate_with_grad(evaluate);
   Generator gen(options.seed);
   std::vector<Tensor> weights, grad_outputs_for, recorded;
   std::vector<std::vector<double>> w;
   for (std::size_t o = 0; o < outputs.size(); ++o) {
     check_dtype(op, fmt::format("f(inputs)[{}]", o).c_str(), outputs[o], DType::float64);
-    // An output element that is infinite at the inputs given (a masked log-softmax's -inf) has
-    // no finite difference: its weight is 0 in both passes, so L leaves it out. A NaN stays in
-    // and fails the check.
-    std::vector<double> wo = randn(outputs[o].shape(), gen, DType::float64).to_vector<double>();
-    const std::vector<double> values = outputs[o].to_vector<double>();
-    for (std::size_t i = 0; i < wo.size(); ++i)
-      if (std::isinf(values[i])) wo[i] = 0.0;
+    std::vector<double> wo = projection_weights(outputs[o], gen);  // 0 in both passes where infinite
     weights.push_back(from_vector(std::span<const double>(wo), outputs[o].shape()));
     w.push_back(std::move(wo));
     if (outputs[o].requires_grad()) {
@@ -209,42 +228,29 @@ GradcheckResult check(const char* op, const std::function<std::vector<Tensor>()>
 }  // namespace
 
 GradcheckResult gradcheck(const GradcheckFn& f, const std::vector<Tensor>& inputs, const GradcheckOptions& options) {
-  check_options("gradcheck", options);
-  std::vector<Tensor> xs;
   std::vector<bool> checked;
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    check_perturbable("gradcheck", "inputs", i, inputs[i]);
-    xs.push_back(private_copy(inputs[i]));
-    checked.push_back(inputs[i].requires_grad());
-  }
-  check_something_checked("gradcheck", "input", xs, checked);
+  const std::vector<Tensor> xs = private_inputs("gradcheck", inputs, options, checked);
   return check("gradcheck", [&] { return f(xs); }, xs, checked, options);
 }
 
 GradcheckResult gradcheck_parameters(const std::function<std::vector<Tensor>()>& f, const std::vector<Tensor>& parameters,
                                      const GradcheckOptions& options) {
   const char* op = "gradcheck_parameters";
-  check_options(op, options);
-  check_parameters(op, parameters);
-  const std::vector<bool> checked(parameters.size(), true);
-  check_something_checked(op, "parameter", parameters, checked);
-  return check(op, f, parameters, checked, options);
+  check_parameters(op, parameters, options);
+  return check(op, f, parameters, std::vector<bool>(parameters.size(), true), options);
 }
 
 namespace {
 
-// Upstream gradients for f's outputs, drawn from `seed`: float64 normal, 0 where an output is
-// infinite (it has no finite difference). `checked`: they require grad, so h is checked in them.
+// Upstream gradients for f's outputs, drawn from `seed` as projection weights are. `checked`:
+// they require grad, so h is checked in them.
 std::vector<Tensor> draw_grad_outputs(const char* op, const char* what, const std::vector<Tensor>& outputs, std::uint64_t seed,
                                       bool checked) {
   std::vector<Tensor> gs;
   Generator gen(seed + 1);
   for (std::size_t o = 0; o < outputs.size(); ++o) {
     check_dtype(op, fmt::format("{}[{}]", what, o).c_str(), outputs[o], DType::float64);
-    std::vector<double> w = randn(outputs[o].shape(), gen, DType::float64).to_vector<double>();
-    const std::vector<double> values = outputs[o].to_vector<double>();
-    for (std::size_t i = 0; i < w.size(); ++i)
-      if (std::isinf(values[i])) w[i] = 0.0;
+    const std::vector<double> w = projection_weights(outputs[o], gen);
     gs.push_back(from_vector(std::span<const double>(w), outputs[o].shape()).set_requires_grad(checked));
   }
   return gs;
@@ -272,22 +278,10 @@ std::vector<Tensor> first_gradients(const std::vector<Tensor>& ys, const std::ve
 GradcheckResult gradgradcheck(const GradcheckFn& f, const std::vector<Tensor>& inputs, const std::vector<Tensor>& grad_outputs,
                               const GradcheckOptions& options) {
   const char* op = "gradgradcheck";
-  check_options(op, options);
-  // f only ever sees private copies: the first evaluation below, which draws the upstream
-  // gradients, must not let an f that writes its argument reach the caller's tensors.
-  std::vector<Tensor> own;
+  // f only ever sees private copies: also the first evaluation below, which draws the upstream gradients.
   std::vector<bool> checked;
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    check_perturbable(op, "inputs", i, inputs[i]);
-    own.push_back(private_copy(inputs[i]));
-    checked.push_back(inputs[i].requires_grad());
-  }
-  check_something_checked(op, "input", own, checked);
-  std::vector<Tensor> outputs;
-  {
-    EnableGradGuard grad_on;
-    outputs = f(own);
-  }
+  const std::vector<Tensor> own = private_inputs(op, inputs, options, checked);
+  const std::vector<Tensor> outputs = evaluate_with_grad([&] { return f(own); });
   std::vector<Tensor> gs = grad_outputs;
   if (grad_outputs.empty()) {
     gs = draw_grad_outputs(op, "f(inputs)", outputs, options.seed, /*checked=*/true);
@@ -320,15 +314,8 @@ GradcheckResult gradgradcheck(const GradcheckFn& f, const std::vector<Tensor>& i
 GradcheckResult gradgradcheck_parameters(const std::function<std::vector<Tensor>()>& f, const std::vector<Tensor>& parameters,
                                          const GradcheckOptions& options) {
   const char* op = "gradgradcheck_parameters";
-  check_options(op, options);
-  check_parameters(op, parameters);
-  check_something_checked(op, "parameter", parameters, std::vector<bool>(parameters.size(), true));
-  std::vector<Tensor> outputs;
-  {
-    EnableGradGuard grad_on;
-    outputs = f();
-  }
-  const std::vector<Tensor> gs = draw_grad_outputs(op, "f()", outputs, options.seed, /*checked=*/false);
+  check_parameters(op, parameters, options);
+  const std::vector<Tensor> gs = draw_grad_outputs(op, "f()", evaluate_with_grad(f), options.seed, /*checked=*/false);
   const auto h = [&] {
     const bool analytic = is_grad_enabled();
     EnableGradGuard grad_on;

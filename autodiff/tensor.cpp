@@ -146,12 +146,11 @@ void check_dtype(const char* op, const char* name, const Tensor& t, DType expect
 
 void check_like(const char* op, const char* name, const Tensor& t, const char* like_name, const Tensor& like) {
   check_defined(op, name, t);
-  if (t.dtype() != like.dtype())
-    fail<DTypeError>("{}: argument '{}' must be {} {} as '{}' is, got {} {}", op, name, like.dtype(), shape_str(like.shape()),
-                     like_name, t.dtype(), shape_str(t.shape()));
-  if (t.shape() != like.shape())
-    fail<ShapeError>("{}: argument '{}' must be {} {} as '{}' is, got {} {}", op, name, like.dtype(), shape_str(like.shape()),
-                     like_name, t.dtype(), shape_str(t.shape()));
+  if (t.dtype() == like.dtype() && t.shape() == like.shape()) return;
+  const auto message = fmt::format("{}: argument '{}' must be {} {} as '{}' is, got {} {}", op, name, like.dtype(),
+                                   shape_str(like.shape()), like_name, t.dtype(), shape_str(t.shape()));
+  if (t.dtype() != like.dtype()) throw DTypeError(message);
+  throw ShapeError(message);
 }
 
 std::int64_t wrap_dim(const char* op, const char* name, std::int64_t dim, std::int64_t rank) {

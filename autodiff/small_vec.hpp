@@ -18,10 +18,7 @@ template <class T, std::size_t N> class SmallVec {
   SmallVec(std::size_t n, T value) { resize(n, value); }
   SmallVec(const SmallVec& other) { assign(other.begin(), other.end()); }
   SmallVec& operator=(const SmallVec& other) {
-    if (this != &other) {
-      size_ = 0;
-      assign(other.begin(), other.end());
-    }
+    if (this != &other) assign(other.begin(), other.end());
     return *this;
   }
 

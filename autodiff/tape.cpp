@@ -122,20 +122,17 @@ class LeafGradients {
   std::unordered_map<const TensorImpl*, std::size_t> index_;
 };
 
-void accumulate(Tensor& slot, const Tensor& g) { slot = slot.defined() ? add_gradients(slot, g) : g; }
-
 // What a backward pass reads of a node, copied under the recording tape's lock: clear_tape() on
-// that thread may release the node while this pass runs on another.
+// that thread may release the node (and null its backward) while this pass runs on another.
 struct NodeView {
   SharedBackward backward;
   std::vector<Edge> inputs;
   std::vector<SavedVersion> saved;
-  bool released = false;
 };
 
 NodeView view_of(const Node& n) {
   std::lock_guard lock(n.tape->mutex);
-  return {n.backward, n.inputs, n.saved, n.released};
+  return {n.backward, n.inputs, n.saved};
 }
 
 // What one pass walks: the nodes reachable from its outputs, newest first, held for the pass,
@@ -154,7 +151,8 @@ struct Walk {
   void send(const Node* n, std::int32_t slot, const Tensor& g) {
     auto& slots = pending[index.at(n)];
     slots.resize(n->outputs.size());
-    accumulate(slots[static_cast<std::size_t>(slot)], g);
+    Tensor& sum = slots[static_cast<std::size_t>(slot)];
+    sum = sum.defined() ? add_gradients(sum, g) : g;
   }
 };
 
@@ -195,7 +193,8 @@ class LeafCountdown {
 // One backward pass: backward() applies its leaf gradients, grad() reads the wanted ones.
 class Pass {
  public:
-  explicit Pass(bool create_graph, const GradientReadyHook* on_ready = nullptr);
+  explicit Pass(bool create_graph, const GradientReadyHook* on_ready = nullptr)
+      : create_graph_(create_graph), on_ready_(on_ready) {}
   // grad(): only these tensors' gradients are wanted (their nodes' and leaves' gradients are
   // kept, and nodes that lead to none of them are skipped).
   void want(const std::vector<Tensor>& inputs);
@@ -281,8 +280,6 @@ void check_pass_arguments(const char* op, const std::vector<Tensor>& outputs, co
     check_like(op, fmt::format("grad_outputs[{}]", i).c_str(), g, fmt::format("outputs[{}]", i).c_str(), out);
   }
 }
-
-Pass::Pass(bool create_graph, const GradientReadyHook* on_ready) : create_graph_(create_graph), on_ready_(on_ready) {}
 
 void Pass::want(const std::vector<Tensor>& inputs) {
   wanting_ = true;
@@ -385,7 +382,7 @@ void Pass::run(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gr
 void Pass::run_node(Walk& walk, std::size_t i) {
   if (walk.pending[i].empty() || (wanting_ && !walk.leads[i])) return;
   const Node& node = *walk.nodes[i];
-  if (walk.views[i].released || !walk.views[i].backward)
+  if (!walk.views[i].backward)
     fail<GraphError>("backward: the graph through {} was released by clear_tape() on the thread that recorded it, "
                      "so the gradients reaching it cannot go further",
                      node.name);
@@ -512,15 +509,8 @@ bool record_op(const char* name, std::span<const Tensor> inputs, std::span<Tenso
   node->needs_grad.reserve(inputs.size());
   for (const auto& t : inputs) {
     detail::Edge e;
-    if (t.defined()) {
-      const auto& impl = *t.impl();
-      if (detail::live_node(impl) != nullptr) {
-        e.node = impl.grad_fn;
-        e.slot = impl.slot;
-      } else if (impl.leaf_requires_grad) {
-        e.leaf = t.impl_ptr();
-      }
-    }
+    if (t.defined() && detail::live_node(*t.impl()) != nullptr) e = {t.impl()->grad_fn, t.impl()->slot, nullptr};
+    else if (t.defined() && t.impl()->leaf_requires_grad) e.leaf = t.impl_ptr();
     node->needs_grad.push_back(e.leaf != nullptr || e.node != nullptr);
     node->inputs.push_back(std::move(e));
   }

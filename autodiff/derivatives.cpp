@@ -11,8 +11,7 @@ using namespace detail;
 
 // A leaf holding x's values, for f to be differentiated at.
 Tensor fresh_leaf(const char* op, const char* name, const Tensor& x) {
-  check_defined(op, name, x);
-  check_floating(op, name, x);
+  check_floating(op, name, x);  // (which names an undefined x too)
   return copy_of(x).set_requires_grad();
 }
 

@@ -70,8 +70,7 @@ Tensor Generator::get_state() const {
 
 void Generator::set_state(const Tensor& state) {
   const char* fn = "Generator::set_state";
-  detail::check_defined(fn, "state", state);
-  detail::check_dtype(fn, "state", state, DType::int64);
+  detail::check_dtype(fn, "state", state, DType::int64);  // (which names an undefined state too)
   static const std::int64_t size = 2 + static_cast<std::int64_t>(engine_words(std::mt19937_64()).size());
   if (state.shape() != Shape{size})
     detail::fail<ShapeError>("{}: argument 'state' must be int64 [{}] as get_state() gives it, got shape {}", fn, size,

@@ -29,17 +29,6 @@ template <class F> std::vector<Tensor> evaluate_with_grad(const F& f) {
   return f();
 }
 
-// Projection weights for `output` drawn from `gen`: float64 normal, 0 where the output is infinite
-// at the inputs given (a masked log-softmax's -inf), as that element has no finite difference.
-// A NaN keeps its weight and fails the check.
-std::vector<double> projection_weights(const Tensor& output, Generator& gen) {
-  std::vector<double> w = randn(output.shape(), gen, DType::float64).to_vector<double>();
-  const std::vector<double> values = output.to_vector<double>();
-  for (std::size_t i = 0; i < w.size(); ++i)
-    if (std::isinf(values[i])) w[i] = 0.0;
-  return w;
-}
-
 bool has_aliasing(const Tensor& x) {
   for (std::size_t d = 0; d < x.shape().size(); ++d)
     if (x.strides()[d] == 0 && x.shape()[d] > 1) return true;
@@ -80,17 +69,6 @@ Shape unravel(std::int64_t flat, const Shape& shape) {
   }
   return index;
 }
-
-}  // namespace
-
-std::string GradcheckResult::report() const {
-  if (elements_checked == 0) return check + ": nothing was checked";
-  return fmt::format(
-      "{}: {} over {} element(s); worst: input {} at {}: analytic {:.10g}, numeric {:.10g}, |diff| {:.3g}",
-      check, ok ? "passed" : "FAILED", elements_checked, input, shape_str(index), analytic, numeric, abs_error);
-}
-
-namespace {
 
 void check_options(const char* op, const GradcheckOptions& options) {
   if (!(options.eps > 0) || !(options.atol >= 0) || !(options.rtol >= 0))
@@ -147,6 +125,41 @@ std::vector<Tensor> private_inputs(const char* op, const std::vector<Tensor>& in
   return own;
 }
 
+// Weights for f's outputs (`what`), drawn from `seed`: float64 normal, 0 where an output is
+// infinite at the inputs given (a masked log-softmax's -inf), as that element has no finite
+// difference; a NaN keeps its weight and fails the check. `checked`: they require grad.
+std::vector<Tensor> draw_weights(const char* op, const char* what, const std::vector<Tensor>& outputs, std::uint64_t seed,
+                                 bool checked) {
+  std::vector<Tensor> ws;
+  Generator gen(seed);
+  for (std::size_t o = 0; o < outputs.size(); ++o) {
+    check_dtype(op, fmt::format("{}[{}]", what, o).c_str(), outputs[o], DType::float64);
+    std::vector<double> w = randn(outputs[o].shape(), gen, DType::float64).to_vector<double>();
+    const std::vector<double> values = outputs[o].to_vector<double>();
+    for (std::size_t i = 0; i < w.size(); ++i)
+      if (std::isinf(values[i])) w[i] = 0.0;
+    ws.push_back(from_vector(std::span<const double>(w), outputs[o].shape()).set_requires_grad(checked));
+  }
+  return ws;
+}
+
+// The gradients of <gs, ys> (the ys that require grad) with respect to `wanted`, zeros where none
+// reaches. With create_graph they are recorded: gradgradcheck's h in gradcheck's analytic pass.
+std::vector<Tensor> first_gradients(const std::vector<Tensor>& ys, const std::vector<Tensor>& wanted, const Tensor* gs,
+                                    std::size_t count, bool create_graph) {
+  std::vector<Tensor> outs, weights;
+  for (std::size_t o = 0; o < ys.size() && o < count; ++o)
+    if (ys[o].requires_grad()) {
+      outs.push_back(ys[o]);
+      weights.push_back(gs[o]);
+    }
+  std::vector<Tensor> grads(wanted.size());
+  if (!outs.empty()) grads = grad(outs, wanted, weights, {.create_graph = create_graph, .allow_unused = true});
+  for (std::size_t i = 0; i < grads.size(); ++i)
+    if (!grads[i].defined()) grads[i] = zeros(wanted[i].shape(), wanted[i].dtype());
+  return grads;
+}
+
 // The method of gradcheck.hpp. `evaluate` computes f from the tensors in `perturbed`, whose
 // elements are changed in place (and restored) one at a time; those with checked[i] are leaves.
 // The analytic gradients come from grad(), so no .grad changes: neither the checked tensors'
@@ -155,24 +168,13 @@ GradcheckResult check(const char* op, const std::function<std::vector<Tensor>()>
                       const std::vector<bool>& checked, const GradcheckOptions& options) {
   // Analytic: one backward of L = sum_o <w_o, f(x)_o>, i.e. grad_outputs = w.
   const std::vector<Tensor> outputs = evaluate_with_grad(evaluate);
-  Generator gen(options.seed);
-  std::vector<Tensor> weights, grad_outputs_for, recorded;
-  std::vector<std::vector<double>> w;
-  for (std::size_t o = 0; o < outputs.size(); ++o) {
-    check_dtype(op, fmt::format("f(inputs)[{}]", o).c_str(), outputs[o], DType::float64);
-    std::vector<double> wo = projection_weights(outputs[o], gen);  // 0 in both passes where infinite
-    weights.push_back(from_vector(std::span<const double>(wo), outputs[o].shape()));
-    w.push_back(std::move(wo));
-    if (outputs[o].requires_grad()) {
-      recorded.push_back(outputs[o]);
-      grad_outputs_for.push_back(weights.back());
-    }
-  }
+  const std::vector<Tensor> weights = draw_weights(op, "f(inputs)", outputs, options.seed, /*checked=*/false);
+  std::vector<std::vector<double>> w;  // the same, for the numeric passes
+  for (const Tensor& wo : weights) w.push_back(wo.to_vector<double>());
   std::vector<Tensor> wanted;
   for (std::size_t i = 0; i < perturbed.size(); ++i)
     if (checked[i]) wanted.push_back(perturbed[i]);
-  std::vector<Tensor> gradients(wanted.size());
-  if (!recorded.empty()) gradients = grad(recorded, wanted, grad_outputs_for, {.allow_unused = true});
+  const std::vector<Tensor> gradients = first_gradients(outputs, wanted, weights.data(), weights.size(), false);
 
   GradcheckResult result;
   result.ok = true;
@@ -181,9 +183,7 @@ GradcheckResult check(const char* op, const std::function<std::vector<Tensor>()>
   for (std::size_t i = 0, k = 0; i < perturbed.size(); ++i) {
     if (!checked[i]) continue;
     const Tensor& x = perturbed[i];
-    const Tensor& g = gradients[k++];
-    const std::vector<double> analytic =
-        g.defined() ? g.to_vector<double>() : std::vector<double>(static_cast<std::size_t>(x.numel()), 0.0);
+    const std::vector<double> analytic = gradients[k++].to_vector<double>();
     double* base = static_cast<double*>(mutable_data(x));
     for (std::int64_t e = 0; e < x.numel(); ++e) {
       const Shape index = unravel(e, x.shape());
@@ -227,6 +227,13 @@ GradcheckResult check(const char* op, const std::function<std::vector<Tensor>()>
 
 }  // namespace
 
+std::string GradcheckResult::report() const {
+  if (elements_checked == 0) return check + ": nothing was checked";
+  return fmt::format(
+      "{}: {} over {} element(s); worst: input {} at {}: analytic {:.10g}, numeric {:.10g}, |diff| {:.3g}",
+      check, ok ? "passed" : "FAILED", elements_checked, input, shape_str(index), analytic, numeric, abs_error);
+}
+
 GradcheckResult gradcheck(const GradcheckFn& f, const std::vector<Tensor>& inputs, const GradcheckOptions& options) {
   std::vector<bool> checked;
   const std::vector<Tensor> xs = private_inputs("gradcheck", inputs, options, checked);
@@ -240,41 +247,6 @@ GradcheckResult gradcheck_parameters(const std::function<std::vector<Tensor>()>&
   return check(op, f, parameters, std::vector<bool>(parameters.size(), true), options);
 }
 
-namespace {
-
-// Upstream gradients for f's outputs, drawn from `seed` as projection weights are. `checked`:
-// they require grad, so h is checked in them.
-std::vector<Tensor> draw_grad_outputs(const char* op, const char* what, const std::vector<Tensor>& outputs, std::uint64_t seed,
-                                      bool checked) {
-  std::vector<Tensor> gs;
-  Generator gen(seed + 1);
-  for (std::size_t o = 0; o < outputs.size(); ++o) {
-    check_dtype(op, fmt::format("{}[{}]", what, o).c_str(), outputs[o], DType::float64);
-    const std::vector<double> w = projection_weights(outputs[o], gen);
-    gs.push_back(from_vector(std::span<const double>(w), outputs[o].shape()).set_requires_grad(checked));
-  }
-  return gs;
-}
-
-// h's value: the gradients of <gs, ys> with respect to `wanted` (zeros where none reaches). Only
-// gradcheck's analytic pass, which runs with grad mode on, needs their graph.
-std::vector<Tensor> first_gradients(const std::vector<Tensor>& ys, const std::vector<Tensor>& wanted, const Tensor* gs,
-                                    std::size_t count, bool create_graph) {
-  std::vector<Tensor> outs, weights;
-  for (std::size_t o = 0; o < ys.size() && o < count; ++o)
-    if (ys[o].requires_grad()) {
-      outs.push_back(ys[o]);
-      weights.push_back(gs[o]);
-    }
-  std::vector<Tensor> grads(wanted.size());
-  if (!outs.empty()) grads = grad(outs, wanted, weights, {.create_graph = create_graph, .allow_unused = true});
-  for (std::size_t i = 0; i < grads.size(); ++i)
-    if (!grads[i].defined()) grads[i] = zeros(wanted[i].shape(), wanted[i].dtype());
-  return grads;
-}
-
-}  // namespace
-
 GradcheckResult gradgradcheck(const GradcheckFn& f, const std::vector<Tensor>& inputs, const std::vector<Tensor>& grad_outputs,
                               const GradcheckOptions& options) {
   const char* op = "gradgradcheck";
@@ -284,7 +256,7 @@ GradcheckResult gradgradcheck(const GradcheckFn& f, const std::vector<Tensor>& i
   const std::vector<Tensor> outputs = evaluate_with_grad([&] { return f(own); });
   std::vector<Tensor> gs = grad_outputs;
   if (grad_outputs.empty()) {
-    gs = draw_grad_outputs(op, "f(inputs)", outputs, options.seed, /*checked=*/true);
+    gs = draw_weights(op, "f(inputs)", outputs, options.seed + 1, /*checked=*/true);
   } else {
     if (grad_outputs.size() != outputs.size())
       fail<ValueError>("{}: f returned {} outputs but {} grad_outputs were given; give one per output", op, outputs.size(),
@@ -315,7 +287,7 @@ GradcheckResult gradgradcheck_parameters(const std::function<std::vector<Tensor>
                                          const GradcheckOptions& options) {
   const char* op = "gradgradcheck_parameters";
   check_parameters(op, parameters, options);
-  const std::vector<Tensor> gs = draw_grad_outputs(op, "f()", evaluate_with_grad(f), options.seed, /*checked=*/false);
+  const std::vector<Tensor> gs = draw_weights(op, "f()", evaluate_with_grad(f), options.seed + 1, /*checked=*/false);
   const auto h = [&] {
     const bool analytic = is_grad_enabled();
     EnableGradGuard grad_on;

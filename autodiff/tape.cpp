@@ -110,11 +110,9 @@ class LeafGradients {
     return it == index_.end() ? Tensor() : pending_[it->second].second;
   }
   void apply(bool create_graph) {
-    GradModeGuard mode(create_graph);
-    for (auto& [leaf, g] : pending_) {
-      if (leaf->grad.defined()) leaf->grad = create_graph ? add_gradients(leaf->grad, g) : add_same_shape(leaf->grad, g);
-      else leaf->grad = own_gradient(g, create_graph);
-    }
+    GradModeGuard mode(create_graph);  // so add_gradients records the sum only with create_graph
+    for (auto& [leaf, g] : pending_)
+      leaf->grad = leaf->grad.defined() ? add_gradients(leaf->grad, g) : own_gradient(g, create_graph);
   }
 
  private:
@@ -459,8 +457,7 @@ void clear_tape() {
       for (auto& e : n->inputs) inputs.push_back(std::move(e));
       n->inputs.clear();
       n->saved.clear();
-      if (n->backward) backwards.push_back(std::move(n->backward));
-      n->backward = nullptr;
+      if (n->backward) backwards.push_back(std::move(n->backward));  // leaves it null
       n = next;
     }
     tape.head = nullptr;

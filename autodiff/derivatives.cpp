@@ -62,7 +62,7 @@ std::vector<Tensor> hessian_vector_product(const std::function<Tensor(const std:
   EnableGradGuard grad_on;
   const Tensor y = scalar_output(op, f(leaves));
   std::vector<Tensor> g = grad({y}, leaves, {}, {.create_graph = true, .allow_unused = true});
-  std::vector<Tensor> outs, directions, wanted;
+  std::vector<Tensor> outs, directions;
   for (std::size_t i = 0; i < g.size(); ++i)
     if (g[i].defined() && g[i].requires_grad()) {
       outs.push_back(g[i]);

@@ -472,10 +472,8 @@ std::size_t tape_size() noexcept {
 }
 
 bool should_record(std::span<const Tensor> inputs) {
-  if (!detail::grad_enabled) return false;
-  for (const auto& t : inputs)
-    if (t.defined() && t.requires_grad()) return true;
-  return false;
+  return detail::grad_enabled &&
+         std::ranges::any_of(inputs, [](const Tensor& t) { return t.defined() && t.requires_grad(); });
 }
 
 bool record_op(const char* name, std::span<const Tensor> inputs, std::span<Tensor> outputs, BackwardFn backward,

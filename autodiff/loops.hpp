@@ -26,7 +26,7 @@
 
 namespace tapegrad::detail {
 
-template <class T> struct Tag { using type = T; };
+template <class T> struct Tag {};
 
 template <class F> decltype(auto) visit_float(DType dtype, const char* op, F&& f) {
   switch (dtype) {

@@ -19,9 +19,7 @@ struct Generator::State {
   double spare = 0.0;
 };
 
-Generator::Generator(std::uint64_t seed) : state_(std::make_shared<State>()) {
-  state_->engine.seed(seed);
-}
+Generator::Generator(std::uint64_t seed) : state_(std::make_shared<State>(State{std::mt19937_64(seed)})) {}
 
 Generator::Generator(const Generator& other) : state_(std::make_shared<State>(*other.state_)) {}
 Generator& Generator::operator=(const Generator& other) {

@@ -446,7 +446,7 @@ void clear_tape() {
   detail::Tape& tape = *detail::this_tape();
   // Taken off the nodes under the lock, destroyed after it: destroying them frees other nodes,
   // whose destructors take the lock.
-  std::vector<detail::Edge> inputs;
+  std::vector<std::vector<detail::Edge>> inputs;
   std::vector<detail::SharedBackward> backwards;
   {
     std::lock_guard lock(tape.mutex);
@@ -454,8 +454,7 @@ void clear_tape() {
       detail::Node* next = n->next;
       n->released = true;
       n->prev = n->next = nullptr;
-      for (auto& e : n->inputs) inputs.push_back(std::move(e));
-      n->inputs.clear();
+      inputs.push_back(std::move(n->inputs));  // leaves it empty
       n->saved.clear();
       if (n->backward) backwards.push_back(std::move(n->backward));  // leaves it null
       n = next;

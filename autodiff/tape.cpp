@@ -320,7 +320,7 @@ Walk Pass::collect_reachable(const std::vector<Tensor>& outputs) const {
       if (e.node && e.node->sequence >= oldest_wanted_ && seen.emplace(e.node.get(), 0).second) found.push_back(e.node);
   }
   std::vector<std::size_t> by_age(found.size());
-  std::iota(by_age.begin(), by_age.end(), 0);
+  std::iota(by_age.begin(), by_age.end(), std::size_t{0});
   std::sort(by_age.begin(), by_age.end(), [&](std::size_t a, std::size_t b) { return found[a]->sequence > found[b]->sequence; });
   Walk walk;
   walk.index = std::move(seen);

@@ -128,8 +128,8 @@ std::vector<Tensor> private_inputs(const char* op, const std::vector<Tensor>& in
 // Weights for f's outputs (`what`), drawn from `seed`: float64 normal, 0 where an output is
 // infinite at the inputs given (a masked log-softmax's -inf), as that element has no finite
 // difference; a NaN keeps its weight and fails the check. `checked`: they require grad.
-std::vector<Tensor> draw_weights(const char* op, const char* what, const std::vector<Tensor>& outputs, std::uint64_t seed,
-                                 bool checked) {
+std::vector<Tensor> draw_weights(const char* op, const char* what, const std::vector<Tensor>& outputs,
+                                 std::uint64_t seed, bool checked) {
   std::vector<Tensor> ws;
   Generator gen(seed);
   for (std::size_t o = 0; o < outputs.size(); ++o) {

@@ -11,8 +11,7 @@ using namespace detail;
 
 // A leaf holding x's values, for f to be differentiated at.
 Tensor fresh_leaf(const char* op, const char* name, const Tensor& x) {
-  check_defined(op, name, x);
-  check_floating(op, name, x);
+  check_floating(op, name, x);  // (which names an undefined x too)
   return copy_of(x).set_requires_grad();
 }
 
@@ -32,17 +31,20 @@ Tensor unit(const Shape& shape, DType dtype, std::int64_t i) {
   return from_vector(std::span<const double>(v), shape).to(dtype);
 }
 
-// Stacks rows (each of shape `inner`) into a tensor of shape outer + inner.
-Tensor stack_rows(const std::vector<Tensor>& rows, const Shape& outer, const Shape& inner, DType dtype) {
+// The rows d y[i] / d leaf, stacked into a tensor of shape y's + leaf's: zero rows where no
+// gradient reaches the leaf (y does not require grad, or depends on other leaves only).
+Tensor jacobian_rows(const Tensor& y, const Tensor& leaf) {
   std::vector<double> v;
-  for (const Tensor& r : rows) {
+  for (std::int64_t i = 0; i < y.numel(); ++i) {
+    const Tensor r =
+        y.requires_grad() ? grad({y}, {leaf}, {unit(y.shape(), y.dtype(), i)}, {.allow_unused = true})[0] : Tensor();
     const std::vector<double> part = r.defined() ? r.to(DType::float64).to_vector<double>()
-                                                 : std::vector<double>(static_cast<std::size_t>(shape_numel(inner)), 0.0);
+                                                 : std::vector<double>(static_cast<std::size_t>(leaf.numel()), 0.0);
     v.insert(v.end(), part.begin(), part.end());
   }
-  Shape shape = outer;
-  shape.insert(shape.end(), inner.begin(), inner.end());
-  return from_vector(std::span<const double>(v), shape).to(dtype);
+  Shape shape = y.shape();
+  shape.insert(shape.end(), leaf.shape().begin(), leaf.shape().end());
+  return from_vector(std::span<const double>(v), shape).to(leaf.dtype());
 }
 
 }  // namespace
@@ -60,7 +62,7 @@ std::vector<Tensor> hessian_vector_product(const std::function<Tensor(const std:
   EnableGradGuard grad_on;
   const Tensor y = scalar_output(op, f(leaves));
   std::vector<Tensor> g = grad({y}, leaves, {}, {.create_graph = true, .allow_unused = true});
-  std::vector<Tensor> outs, directions, wanted;
+  std::vector<Tensor> outs, directions;
   for (std::size_t i = 0; i < g.size(); ++i)
     if (g[i].defined() && g[i].requires_grad()) {
       outs.push_back(g[i]);
@@ -82,10 +84,7 @@ Tensor jacobian(const std::function<Tensor(const Tensor&)>& f, const Tensor& x) 
   EnableGradGuard grad_on;
   const Tensor y = f(leaf);
   if (!y.defined()) fail<Error>("{}: f returned an undefined tensor", op);
-  std::vector<Tensor> rows;
-  for (std::int64_t i = 0; i < y.numel(); ++i)
-    rows.push_back(y.requires_grad() ? grad({y}, {leaf}, {unit(y.shape(), y.dtype(), i)}, {.allow_unused = true})[0] : Tensor());
-  return stack_rows(rows, y.shape(), x.shape(), x.dtype());
+  return jacobian_rows(y, leaf);
 }
 
 Tensor hessian(const std::function<Tensor(const Tensor&)>& f, const Tensor& x) {
@@ -95,11 +94,7 @@ Tensor hessian(const std::function<Tensor(const Tensor&)>& f, const Tensor& x) {
   const Tensor y = scalar_output(op, f(leaf));
   // Undefined when y depends on other leaves only: then H = 0, as jacobian's rows.
   const Tensor g = grad({y}, {leaf}, {}, {.create_graph = true, .allow_unused = true})[0];
-  std::vector<Tensor> rows;
-  for (std::int64_t i = 0; i < x.numel(); ++i)
-    rows.push_back(g.defined() && g.requires_grad() ? grad({g}, {leaf}, {unit(x.shape(), x.dtype(), i)}, {.allow_unused = true})[0]
-                                                    : Tensor());
-  return stack_rows(rows, x.shape(), x.shape(), x.dtype());
+  return jacobian_rows(g.defined() ? g : zeros(x.shape(), x.dtype()), leaf);
 }
 
 }  // namespace tapegrad

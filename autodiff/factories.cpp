@@ -1,6 +1,6 @@
 // Tensor factories: filled, ranges, copies of caller buffers, nested literals.
+#include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "autodiff/check.hpp"
 #include "autodiff/loops.hpp"
@@ -71,21 +71,14 @@ Tensor arange(std::int64_t end, DType dtype) { return arange(0.0, static_cast<do
 
 namespace {
 
-// A tensor of `shape` holding a copy of `values`; `fill` copies them into its buffer.
-template <class T, class Values, class Fill>
-Tensor copy_buffer(const char* op, const Values& values, const Shape& shape, Fill fill) {
+// A tensor of `shape` holding a copy of `values` (std::copy: a memmove for a span).
+template <class T, class Values> Tensor copy_buffer(const char* op, const Values& values, const Shape& shape) {
   const std::int64_t n = detail::check_shape(op, kShapeArg, shape, dtype_of<T>());
   if (static_cast<std::int64_t>(values.size()) != n)
     fail<ShapeError>("{}: argument 'values' has {} elements but shape {} needs {}", op, values.size(), shape_str(shape), n);
   Tensor t = new_tensor(shape, dtype_of<T>(), op, kShapeArg);
-  fill(static_cast<T*>(detail::mutable_data(t)));
+  std::copy(values.begin(), values.end(), static_cast<T*>(detail::mutable_data(t)));
   return t;
-}
-
-template <class T> Tensor copy_span(std::span<const T> values, const Shape& shape) {
-  return copy_buffer<T>("from_vector", values, shape, [&](T* p) {
-    if (!values.empty()) std::memcpy(p, values.data(), values.size() * sizeof(T));
-  });
 }
 
 // Flattens a nested literal, checking it is rectangular.
@@ -120,14 +113,12 @@ Tensor from_literal(const char* op, const Literal& lit, DType dtype) {
 
 }  // namespace
 
-Tensor from_vector(std::span<const float> v, const Shape& s) { return copy_span(v, s); }
-Tensor from_vector(std::span<const double> v, const Shape& s) { return copy_span(v, s); }
-Tensor from_vector(std::span<const std::int64_t> v, const Shape& s) { return copy_span(v, s); }
-Tensor from_bools(const std::vector<bool>& values, const Shape& shape) {
-  return copy_buffer<bool>("from_bools", values, shape, [&](bool* p) {
-    for (std::size_t i = 0; i < values.size(); ++i) p[i] = values[i];
-  });
+Tensor from_vector(std::span<const float> v, const Shape& s) { return copy_buffer<float>("from_vector", v, s); }
+Tensor from_vector(std::span<const double> v, const Shape& s) { return copy_buffer<double>("from_vector", v, s); }
+Tensor from_vector(std::span<const std::int64_t> v, const Shape& s) {
+  return copy_buffer<std::int64_t>("from_vector", v, s);
 }
+Tensor from_bools(const std::vector<bool>& v, const Shape& s) { return copy_buffer<bool>("from_bools", v, s); }
 
 Tensor tensor(const Literal& values, DType dtype) { return from_literal("tensor", values, dtype); }
 Tensor mask(const Literal& values) { return from_literal("mask", values, DType::bool_); }

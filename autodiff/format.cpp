@@ -23,15 +23,7 @@ struct Printer {
     });
   }
 
-  void separator(std::size_t d) {
-    out += ',';
-    if (d + 1 < t.shape().size()) {
-      out += '\n';
-      out.append(d + 1, ' ');
-    } else {
-      out += ' ';
-    }
-  }
+  void separator(std::size_t d) { out += d + 1 < t.shape().size() ? ",\n" + std::string(d + 1, ' ') : ", "; }
 
   void level(std::size_t d, std::int64_t offset) {
     if (d == t.shape().size()) return element(offset);

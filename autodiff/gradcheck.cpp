@@ -16,16 +16,17 @@ using namespace detail;
 // A new leaf with its own copy of x's whole storage and x's exact layout, so a strided input
 // stays strided and perturbing it never touches the caller's tensor.
 Tensor private_copy(const Tensor& x) {
-  auto impl = std::make_shared<TensorImpl>();
-  const auto& src = *x.impl()->storage;
-  impl->storage = std::make_shared<Storage>(src.bytes);
-  if (src.bytes) std::memcpy(impl->storage->data, src.data, src.bytes);
-  impl->shape = x.shape();
-  impl->strides = x.strides();
-  impl->offset = x.offset();
-  impl->dtype = x.dtype();
-  impl->leaf_requires_grad = x.requires_grad();
-  return Tensor(std::move(impl));
+  Tensor copy = x.detach();
+  const Storage& src = *x.impl()->storage;
+  copy.impl()->storage = std::make_shared<Storage>(src.bytes);
+  if (src.bytes) std::memcpy(copy.impl()->storage->data, src.data, src.bytes);
+  return copy.set_requires_grad(x.requires_grad());
+}
+
+// f's outputs with grad mode on, even if the caller is inside a NoGradGuard.
+template <class F> std::vector<Tensor> evaluate_with_grad(const F& f) {
+  EnableGradGuard grad_on;
+  return f();
 }
 
 bool has_aliasing(const Tensor& x) {
@@ -69,17 +70,6 @@ Shape unravel(std::int64_t flat, const Shape& shape) {
   return index;
 }
 
-}  // namespace
-
-std::string GradcheckResult::report() const {
-  if (elements_checked == 0) return check + ": nothing was checked";
-  return fmt::format(
-      "{}: {} over {} element(s); worst: input {} at {}: analytic {:.10g}, numeric {:.10g}, |diff| {:.3g}",
-      check, ok ? "passed" : "FAILED", elements_checked, input, shape_str(index), analytic, numeric, abs_error);
-}
-
-namespace {
-
 void check_options(const char* op, const GradcheckOptions& options) {
   if (!(options.eps > 0) || !(options.atol >= 0) || !(options.rtol >= 0))
     fail<ValueError>("{}: options need eps > 0, atol >= 0 and rtol >= 0, got eps={} atol={} rtol={}", op, options.eps,
@@ -108,13 +98,66 @@ void check_something_checked(const char* op, const char* list, const std::vector
                      list, xs.size(), list, shapes_str(xs));
 }
 
-void check_parameters(const char* op, const std::vector<Tensor>& parameters) {
+// The checks of gradcheck_parameters and gradgradcheck_parameters.
+void check_parameters(const char* op, const std::vector<Tensor>& parameters, const GradcheckOptions& options) {
+  check_options(op, options);
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     check_perturbable(op, "parameters", i, parameters[i]);
     if (!parameters[i].requires_grad() || !parameters[i].is_leaf())
       fail<GraphError>("{}: argument 'parameters[{}]' (shape {}) must be a leaf that requires grad", op, i,
                        shape_str(parameters[i].shape()));
   }
+  check_something_checked(op, "parameter", parameters, std::vector<bool>(parameters.size(), true));
+}
+
+// The checks of gradcheck and gradgradcheck, and private copies of the inputs for f to see (so an
+// f that writes its argument never reaches the caller's tensors); checked[i]: input i requires grad.
+std::vector<Tensor> private_inputs(const char* op, const std::vector<Tensor>& inputs, const GradcheckOptions& options,
+                                   std::vector<bool>& checked) {
+  check_options(op, options);
+  std::vector<Tensor> own;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    check_perturbable(op, "inputs", i, inputs[i]);
+    own.push_back(private_copy(inputs[i]));
+    checked.push_back(inputs[i].requires_grad());
+  }
+  check_something_checked(op, "input", own, checked);
+  return own;
+}
+
+// Weights for f's outputs (`what`), drawn from `seed`: float64 normal, 0 where an output is
+// infinite at the inputs given (a masked log-softmax's -inf), as that element has no finite
+// difference; a NaN keeps its weight and fails the check. `checked`: they require grad.
+std::vector<Tensor> draw_weights(const char* op, const char* what, const std::vector<Tensor>& outputs,
+                                 std::uint64_t seed, bool checked) {
+  std::vector<Tensor> ws;
+  Generator gen(seed);
+  for (std::size_t o = 0; o < outputs.size(); ++o) {
+    check_dtype(op, fmt::format("{}[{}]", what, o).c_str(), outputs[o], DType::float64);
+    std::vector<double> w = randn(outputs[o].shape(), gen, DType::float64).to_vector<double>();
+    const std::vector<double> values = outputs[o].to_vector<double>();
+    for (std::size_t i = 0; i < w.size(); ++i)
+      if (std::isinf(values[i])) w[i] = 0.0;
+    ws.push_back(from_vector(std::span<const double>(w), outputs[o].shape()).set_requires_grad(checked));
+  }
+  return ws;
+}
+
+// The gradients of <gs, ys> (the ys that require grad) with respect to `wanted`, zeros where none
+// reaches. With create_graph they are recorded: gradgradcheck's h in gradcheck's analytic pass.
+std::vector<Tensor> first_gradients(const std::vector<Tensor>& ys, const std::vector<Tensor>& wanted, const Tensor* gs,
+                                    std::size_t count, bool create_graph) {
+  std::vector<Tensor> outs, weights;
+  for (std::size_t o = 0; o < ys.size() && o < count; ++o)
+    if (ys[o].requires_grad()) {
+      outs.push_back(ys[o]);
+      weights.push_back(gs[o]);
+    }
+  std::vector<Tensor> grads(wanted.size());
+  if (!outs.empty()) grads = grad(outs, wanted, weights, {.create_graph = create_graph, .allow_unused = true});
+  for (std::size_t i = 0; i < grads.size(); ++i)
+    if (!grads[i].defined()) grads[i] = zeros(wanted[i].shape(), wanted[i].dtype());
+  return grads;
 }
 
 // The method of gradcheck.hpp. `evaluate` computes f from the tensors in `perturbed`, whose
@@ -123,37 +166,15 @@ void check_parameters(const char* op, const std::vector<Tensor>& parameters) {
 // nor those of other leaves f uses.
 GradcheckResult check(const char* op, const std::function<std::vector<Tensor>()>& evaluate, const std::vector<Tensor>& perturbed,
                       const std::vector<bool>& checked, const GradcheckOptions& options) {
-  // Analytic: one backward of L = sum_o <w_o, f(x)_o>, i.e. grad_outputs = w, with grad mode on
-  // even if the caller is inside a NoGradGuard.
-  std::vector<Tensor> outputs;
-  {
-    EnableGradGuard grad_on;
-    outputs = evaluate();
-  }
-  Generator gen(options.seed);
-  std::vector<Tensor> weights, grad_outputs_for, recorded;
-  std::vector<std::vector<double>> w;
-  for (std::size_t o = 0; o < outputs.size(); ++o) {
-    check_dtype(op, fmt::format("f(inputs)[{}]", o).c_str(), outputs[o], DType::float64);
-    // An output element that is infinite at the inputs given (a masked log-softmax's -inf) has
-    // no finite difference: its weight is 0 in both passes, so L leaves it out. A NaN stays in
-    // and fails the check.
-    std::vector<double> wo = randn(outputs[o].shape(), gen, DType::float64).to_vector<double>();
-    const std::vector<double> values = outputs[o].to_vector<double>();
-    for (std::size_t i = 0; i < wo.size(); ++i)
-      if (std::isinf(values[i])) wo[i] = 0.0;
-    weights.push_back(from_vector(std::span<const double>(wo), outputs[o].shape()));
-    w.push_back(std::move(wo));
-    if (outputs[o].requires_grad()) {
-      recorded.push_back(outputs[o]);
-      grad_outputs_for.push_back(weights.back());
-    }
-  }
+  // Analytic: one backward of L = sum_o <w_o, f(x)_o>, i.e. grad_outputs = w.
+  const std::vector<Tensor> outputs = evaluate_with_grad(evaluate);
+  const std::vector<Tensor> weights = draw_weights(op, "f(inputs)", outputs, options.seed, /*checked=*/false);
+  std::vector<std::vector<double>> w;  // the same, for the numeric passes
+  for (const Tensor& wo : weights) w.push_back(wo.to_vector<double>());
   std::vector<Tensor> wanted;
   for (std::size_t i = 0; i < perturbed.size(); ++i)
     if (checked[i]) wanted.push_back(perturbed[i]);
-  std::vector<Tensor> gradients(wanted.size());
-  if (!recorded.empty()) gradients = grad(recorded, wanted, grad_outputs_for, {.allow_unused = true});
+  const std::vector<Tensor> gradients = first_gradients(outputs, wanted, weights.data(), weights.size(), false);
 
   GradcheckResult result;
   result.ok = true;
@@ -162,9 +183,7 @@ GradcheckResult check(const char* op, const std::function<std::vector<Tensor>()>
   for (std::size_t i = 0, k = 0; i < perturbed.size(); ++i) {
     if (!checked[i]) continue;
     const Tensor& x = perturbed[i];
-    const Tensor& g = gradients[k++];
-    const std::vector<double> analytic =
-        g.defined() ? g.to_vector<double>() : std::vector<double>(static_cast<std::size_t>(x.numel()), 0.0);
+    const std::vector<double> analytic = gradients[k++].to_vector<double>();
     double* base = static_cast<double*>(mutable_data(x));
     for (std::int64_t e = 0; e < x.numel(); ++e) {
       const Shape index = unravel(e, x.shape());
@@ -208,89 +227,36 @@ GradcheckResult check(const char* op, const std::function<std::vector<Tensor>()>
 
 }  // namespace
 
+std::string GradcheckResult::report() const {
+  if (elements_checked == 0) return check + ": nothing was checked";
+  return fmt::format(
+      "{}: {} over {} element(s); worst: input {} at {}: analytic {:.10g}, numeric {:.10g}, |diff| {:.3g}",
+      check, ok ? "passed" : "FAILED", elements_checked, input, shape_str(index), analytic, numeric, abs_error);
+}
+
 GradcheckResult gradcheck(const GradcheckFn& f, const std::vector<Tensor>& inputs, const GradcheckOptions& options) {
-  check_options("gradcheck", options);
-  std::vector<Tensor> xs;
   std::vector<bool> checked;
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    check_perturbable("gradcheck", "inputs", i, inputs[i]);
-    xs.push_back(private_copy(inputs[i]));
-    checked.push_back(inputs[i].requires_grad());
-  }
-  check_something_checked("gradcheck", "input", xs, checked);
+  const std::vector<Tensor> xs = private_inputs("gradcheck", inputs, options, checked);
   return check("gradcheck", [&] { return f(xs); }, xs, checked, options);
 }
 
 GradcheckResult gradcheck_parameters(const std::function<std::vector<Tensor>()>& f, const std::vector<Tensor>& parameters,
                                      const GradcheckOptions& options) {
   const char* op = "gradcheck_parameters";
-  check_options(op, options);
-  check_parameters(op, parameters);
-  const std::vector<bool> checked(parameters.size(), true);
-  check_something_checked(op, "parameter", parameters, checked);
-  return check(op, f, parameters, checked, options);
+  check_parameters(op, parameters, options);
+  return check(op, f, parameters, std::vector<bool>(parameters.size(), true), options);
 }
-
-namespace {
-
-// Upstream gradients for f's outputs, drawn from `seed`: float64 normal, 0 where an output is
-// infinite (it has no finite difference). `checked`: they require grad, so h is checked in them.
-std::vector<Tensor> draw_grad_outputs(const char* op, const char* what, const std::vector<Tensor>& outputs, std::uint64_t seed,
-                                      bool checked) {
-  std::vector<Tensor> gs;
-  Generator gen(seed + 1);
-  for (std::size_t o = 0; o < outputs.size(); ++o) {
-    check_dtype(op, fmt::format("{}[{}]", what, o).c_str(), outputs[o], DType::float64);
-    std::vector<double> w = randn(outputs[o].shape(), gen, DType::float64).to_vector<double>();
-    const std::vector<double> values = outputs[o].to_vector<double>();
-    for (std::size_t i = 0; i < w.size(); ++i)
-      if (std::isinf(values[i])) w[i] = 0.0;
-    gs.push_back(from_vector(std::span<const double>(w), outputs[o].shape()).set_requires_grad(checked));
-  }
-  return gs;
-}
-
-// h's value: the gradients of <gs, ys> with respect to `wanted` (zeros where none reaches). Only
-// gradcheck's analytic pass, which runs with grad mode on, needs their graph.
-std::vector<Tensor> first_gradients(const std::vector<Tensor>& ys, const std::vector<Tensor>& wanted, const Tensor* gs,
-                                    std::size_t count, bool create_graph) {
-  std::vector<Tensor> outs, weights;
-  for (std::size_t o = 0; o < ys.size() && o < count; ++o)
-    if (ys[o].requires_grad()) {
-      outs.push_back(ys[o]);
-      weights.push_back(gs[o]);
-    }
-  std::vector<Tensor> grads(wanted.size());
-  if (!outs.empty()) grads = grad(outs, wanted, weights, {.create_graph = create_graph, .allow_unused = true});
-  for (std::size_t i = 0; i < grads.size(); ++i)
-    if (!grads[i].defined()) grads[i] = zeros(wanted[i].shape(), wanted[i].dtype());
-  return grads;
-}
-
-}  // namespace
 
 GradcheckResult gradgradcheck(const GradcheckFn& f, const std::vector<Tensor>& inputs, const std::vector<Tensor>& grad_outputs,
                               const GradcheckOptions& options) {
   const char* op = "gradgradcheck";
-  check_options(op, options);
-  // f only ever sees private copies: the first evaluation below, which draws the upstream
-  // gradients, must not let an f that writes its argument reach the caller's tensors.
-  std::vector<Tensor> own;
+  // f only ever sees private copies: also the first evaluation below, which draws the upstream gradients.
   std::vector<bool> checked;
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    check_perturbable(op, "inputs", i, inputs[i]);
-    own.push_back(private_copy(inputs[i]));
-    checked.push_back(inputs[i].requires_grad());
-  }
-  check_something_checked(op, "input", own, checked);
-  std::vector<Tensor> outputs;
-  {
-    EnableGradGuard grad_on;
-    outputs = f(own);
-  }
+  const std::vector<Tensor> own = private_inputs(op, inputs, options, checked);
+  const std::vector<Tensor> outputs = evaluate_with_grad([&] { return f(own); });
   std::vector<Tensor> gs = grad_outputs;
   if (grad_outputs.empty()) {
-    gs = draw_grad_outputs(op, "f(inputs)", outputs, options.seed, /*checked=*/true);
+    gs = draw_weights(op, "f(inputs)", outputs, options.seed + 1, /*checked=*/true);
   } else {
     if (grad_outputs.size() != outputs.size())
       fail<ValueError>("{}: f returned {} outputs but {} grad_outputs were given; give one per output", op, outputs.size(),
@@ -320,15 +286,8 @@ GradcheckResult gradgradcheck(const GradcheckFn& f, const std::vector<Tensor>& i
 GradcheckResult gradgradcheck_parameters(const std::function<std::vector<Tensor>()>& f, const std::vector<Tensor>& parameters,
                                          const GradcheckOptions& options) {
   const char* op = "gradgradcheck_parameters";
-  check_options(op, options);
-  check_parameters(op, parameters);
-  check_something_checked(op, "parameter", parameters, std::vector<bool>(parameters.size(), true));
-  std::vector<Tensor> outputs;
-  {
-    EnableGradGuard grad_on;
-    outputs = f();
-  }
-  const std::vector<Tensor> gs = draw_grad_outputs(op, "f()", outputs, options.seed, /*checked=*/false);
+  check_parameters(op, parameters, options);
+  const std::vector<Tensor> gs = draw_weights(op, "f()", evaluate_with_grad(f), options.seed + 1, /*checked=*/false);
   const auto h = [&] {
     const bool analytic = is_grad_enabled();
     EnableGradGuard grad_on;

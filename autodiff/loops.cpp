@@ -3,20 +3,19 @@
 
 namespace tapegrad::detail {
 
-Dims8 broadcast_strides(const Tensor& t, const Shape& shape) {
+// The strides of t's first `own` dims read as broadcast to `shape` (0 on new and stretched dims).
+static Dims8 stretched_strides(const Tensor& t, std::size_t own, std::span<const std::int64_t> shape) {
   Dims8 out(shape.size(), 0);
-  const std::size_t lead = shape.size() - t.shape().size();
-  for (std::size_t i = 0; i < t.shape().size(); ++i)
+  const std::size_t lead = shape.size() - own;
+  for (std::size_t i = 0; i < own; ++i)
     out[lead + i] = t.shape()[i] == 1 && shape[lead + i] != 1 ? 0 : t.strides()[i];
   return out;
 }
 
+Dims8 broadcast_strides(const Tensor& t, const Shape& shape) { return stretched_strides(t, t.shape().size(), shape); }
+
 Dims8 batch_strides(const Tensor& t, std::span<const std::int64_t> batch) {
-  Dims8 out(batch.size(), 0);
-  const std::size_t own = t.shape().size() - 2, lead = batch.size() - own;
-  for (std::size_t i = 0; i < own; ++i)
-    out[lead + i] = t.shape()[i] == 1 && batch[lead + i] != 1 ? 0 : t.strides()[i];
-  return out;
+  return stretched_strides(t, t.shape().size() - 2, batch);
 }
 
 void copy_into(const Tensor& dst, const Tensor& src) {

@@ -26,7 +26,7 @@
 
 namespace tapegrad::detail {
 
-template <class T> struct Tag { using type = T; };
+template <class T> struct Tag {};
 
 template <class F> decltype(auto) visit_float(DType dtype, const char* op, F&& f) {
   switch (dtype) {
@@ -236,9 +236,8 @@ Tensor new_tensor(const Shape& shape, DType dtype, const char* op = "tensor", co
 // Copies src (broadcast to dst's shape) into dst's elements. Internal only: used on tensors a
 // kernel just created, never on a caller's tensor.
 void copy_into(const Tensor& dst, const Tensor& src);
-// A contiguous copy with its own storage (never a view of t), not recorded. Named apart from
-// the public, recorded tapegrad::clone so that op sources with `using namespace detail` stay
-// unambiguous.
+// A contiguous copy with its own storage (never a view of t), not recorded. Named apart from the
+// public, recorded tapegrad::clone so that op sources with `using namespace detail` stay unambiguous.
 Tensor copy_of(const Tensor& t);
 // a + b for two tensors of one shape and floating dtype (the tape's gradient accumulation).
 Tensor add_same_shape(const Tensor& a, const Tensor& b);

@@ -51,9 +51,7 @@ struct Node {
   std::vector<bool> needs_grad;
   std::vector<OutputMeta> outputs;
   std::vector<SavedVersion> saved;
-  // Shared so that a backward pass can hold it while clear_tape() on the recording thread
-  // releases the node.
-  SharedBackward backward;
+  SharedBackward backward;  // shared: a backward pass may hold it while clear_tape() releases the node
   std::atomic<bool> released{false};  // by clear_tape(): its outputs no longer require grad
 
   // Membership in the recording thread's list of live nodes. The tape's mutex also guards
@@ -65,9 +63,7 @@ struct Node {
   Node() = default;
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
-  // Frees the graph behind this node without recursion, so a chain of a million ops cannot
-  // overflow the stack.
-  ~Node();
+  ~Node();  // frees the graph behind it without recursion: a chain of a million ops cannot overflow the stack
 };
 
 }  // namespace tapegrad::detail

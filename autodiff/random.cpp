@@ -19,9 +19,7 @@ struct Generator::State {
   double spare = 0.0;
 };
 
-Generator::Generator(std::uint64_t seed) : state_(std::make_shared<State>()) {
-  state_->engine.seed(seed);
-}
+Generator::Generator(std::uint64_t seed) : state_(std::make_shared<State>(State{std::mt19937_64(seed)})) {}
 
 Generator::Generator(const Generator& other) : state_(std::make_shared<State>(*other.state_)) {}
 Generator& Generator::operator=(const Generator& other) {
@@ -70,8 +68,7 @@ Tensor Generator::get_state() const {
 
 void Generator::set_state(const Tensor& state) {
   const char* fn = "Generator::set_state";
-  detail::check_defined(fn, "state", state);
-  detail::check_dtype(fn, "state", state, DType::int64);
+  detail::check_dtype(fn, "state", state, DType::int64);  // (which names an undefined state too)
   static const std::int64_t size = 2 + static_cast<std::int64_t>(engine_words(std::mt19937_64()).size());
   if (state.shape() != Shape{size})
     detail::fail<ShapeError>("{}: argument 'state' must be int64 [{}] as get_state() gives it, got shape {}", fn, size,

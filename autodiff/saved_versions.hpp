@@ -2,10 +2,8 @@
 // was recorded (each node's SavedVersion list, node.hpp), and the test seam that bends it.
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
 #include <span>
-#include <string>
 #include <vector>
 
 #include "autodiff/node.hpp"
@@ -20,25 +18,19 @@ SavedVersion::Kind describe(const Tensor& t, std::span<const Tensor> inputs, std
 // exists has changed version since the op was recorded.
 void check_saved_versions(const char* name, const std::vector<SavedVersion>& saved);
 
-// Test seam: while one lives, backward on its thread leaves some entries of the nodes' `saved`
-// lists out of the version check, as if the ops had not declared them: entry `index` of ops
-// named `op`, or every entry on the storage of one tensor. The tests use it to prove that their
-// write-after-record check catches an op that forgets a tensor it reads.
+// Test seam: while one lives, backward on its thread leaves every entry of the nodes' `saved`
+// lists on the storage of one tensor out of the version check, as if the ops had not declared
+// it. The tests use it to prove that their write-after-record check catches an op that forgets
+// a tensor it reads.
 class OmitSavedForTesting {
  public:
-  OmitSavedForTesting(std::string op, std::size_t index);
   explicit OmitSavedForTesting(const Tensor& storage_of);
   ~OmitSavedForTesting();
   OmitSavedForTesting(const OmitSavedForTesting&) = delete;
   OmitSavedForTesting& operator=(const OmitSavedForTesting&) = delete;
-  bool omits(const char* op, std::size_t index, const Storage* storage) const {
-    return storage_ != nullptr ? storage == storage_ : index == index_ && op == op_;
-  }
+  const Storage* const storage;
 
  private:
-  std::string op_;
-  std::size_t index_ = 0;
-  const Storage* storage_ = nullptr;
   const OmitSavedForTesting* previous_;
 };
 

@@ -15,13 +15,14 @@ template <class T, std::size_t N> class SmallVec {
 
  public:
   SmallVec() = default;
-  SmallVec(std::size_t n, T value) { resize(n, value); }
+  SmallVec(std::size_t n, T value) {
+    while (capacity_ < n) grow();
+    std::fill(data_, data_ + n, value);
+    size_ = n;
+  }
   SmallVec(const SmallVec& other) { assign(other.begin(), other.end()); }
   SmallVec& operator=(const SmallVec& other) {
-    if (this != &other) {
-      size_ = 0;
-      assign(other.begin(), other.end());
-    }
+    if (this != &other) assign(other.begin(), other.end());
     return *this;
   }
 
@@ -32,11 +33,6 @@ template <class T, std::size_t N> class SmallVec {
   void push_back(T v) {
     if (size_ == capacity_) grow();
     data_[size_++] = v;
-  }
-  void resize(std::size_t n, T value) {
-    while (capacity_ < n) grow();
-    std::fill(data_ + size_, data_ + std::max(n, size_), value);
-    size_ = n;
   }
   T& operator[](std::size_t i) { return data_[i]; }
   const T& operator[](std::size_t i) const { return data_[i]; }

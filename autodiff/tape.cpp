@@ -5,6 +5,7 @@
 #include <atomic>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <unordered_map>
 #include <utility>
@@ -55,34 +56,32 @@ const std::shared_ptr<Tape>& this_tape() {
   return tape;
 }
 
-// Pieces of a graph waiting to be destroyed by the outermost ~Node running on this thread.
-// Destroying a node's inputs (or its backward's saved tensors, which hold their own nodes) from
-// inside its destructor would recurse once per op along a chain.
-struct Graveyard {
-  std::vector<std::shared_ptr<Node>> nodes;
-  std::vector<SharedBackward> backwards;
-  std::vector<std::shared_ptr<TensorImpl>> leaves;  // a leaf's .grad may hold a graph too
-};
-thread_local Graveyard* active_graveyard = nullptr;
+// Pieces of a graph waiting to be destroyed by the outermost ~Node running on this thread:
+// nodes, backwards (their saved tensors hold their own nodes) and leaves (a .grad may hold a
+// graph). Destroying them from inside ~Node would recurse once per op along a chain.
+thread_local std::vector<std::shared_ptr<const void>>* active_graveyard = nullptr;
 
 struct BackwardDepth {
   BackwardDepth() noexcept { ++backward_depth; }
   ~BackwardDepth() { --backward_depth; }
 };
 
+// `out`, computed from `in` by a kernel (which records nothing), recorded as op `name` when grad
+// mode is on and an input requires grad: its gradient passes unchanged to every input.
+Tensor record_pass_through(const char* name, std::vector<Tensor> in, const Tensor& out) {
+  std::vector<Tensor> outs{out};
+  const auto pass_on = [n = in.size()](std::span<const Tensor> g, const std::vector<bool>&) {
+    return std::vector<Tensor>(n, g[0]);
+  };
+  record_op(name, in, outs, pass_on, std::span<const Tensor>());
+  return outs[0];
+}
+
 // a + b recorded when grad mode is on and either requires grad (a create_graph pass sums the
 // gradients reaching one tensor with history); the plain sum otherwise.
 Tensor add_gradients(const Tensor& a, const Tensor& b) {
-  if (!grad_enabled) return add_same_shape(a, b);
-  Tensor out;
-  {
-    NoGradGuard off;
-    out = add_same_shape(a, b);
-  }
-  std::vector<Tensor> in{a, b}, outs{out};
-  record_op("add", in, outs, [](std::span<const Tensor> g, const std::vector<bool>&) { return std::vector<Tensor>{g[0], g[0]}; },
-            std::span<const Tensor>());
-  return outs[0];
+  const Tensor sum = add_same_shape(a, b);
+  return grad_enabled ? record_pass_through("add", {a, b}, sum) : sum;
 }
 
 // A gradient the caller may keep (.grad or grad()'s result): g itself when nothing else can see
@@ -93,16 +92,7 @@ Tensor add_gradients(const Tensor& a, const Tensor& b) {
 Tensor own_gradient(const Tensor& g, bool create_graph) {
   const bool exclusive = g.is_contiguous() && g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1;
   if (!create_graph) return exclusive ? g.detach() : copy_of(g);
-  if (exclusive) return g;
-  Tensor out;
-  {
-    NoGradGuard off;
-    out = copy_of(g);
-  }
-  std::vector<Tensor> in{g}, outs{out};
-  record_op("clone", in, outs, [](std::span<const Tensor> gs, const std::vector<bool>&) { return std::vector<Tensor>{gs[0]}; },
-            std::span<const Tensor>());
-  return outs[0];
+  return exclusive ? g : record_pass_through("clone", {g}, copy_of(g));
 }
 
 // Leaf gradients of one backward pass, applied to the leaves only once the whole pass has
@@ -120,11 +110,9 @@ class LeafGradients {
     return it == index_.end() ? Tensor() : pending_[it->second].second;
   }
   void apply(bool create_graph) {
-    GradModeGuard mode(create_graph);
-    for (auto& [leaf, g] : pending_) {
-      if (leaf->grad.defined()) leaf->grad = create_graph ? add_gradients(leaf->grad, g) : add_same_shape(leaf->grad, g);
-      else leaf->grad = own_gradient(g, create_graph);
-    }
+    GradModeGuard mode(create_graph);  // so add_gradients records the sum only with create_graph
+    for (auto& [leaf, g] : pending_)
+      leaf->grad = leaf->grad.defined() ? add_gradients(leaf->grad, g) : own_gradient(g, create_graph);
   }
 
  private:
@@ -132,20 +120,17 @@ class LeafGradients {
   std::unordered_map<const TensorImpl*, std::size_t> index_;
 };
 
-void accumulate(Tensor& slot, const Tensor& g) { slot = slot.defined() ? add_gradients(slot, g) : g; }
-
 // What a backward pass reads of a node, copied under the recording tape's lock: clear_tape() on
-// that thread may release the node while this pass runs on another.
+// that thread may release the node (and null its backward) while this pass runs on another.
 struct NodeView {
   SharedBackward backward;
   std::vector<Edge> inputs;
   std::vector<SavedVersion> saved;
-  bool released = false;
 };
 
 NodeView view_of(const Node& n) {
   std::lock_guard lock(n.tape->mutex);
-  return {n.backward, n.inputs, n.saved, n.released};
+  return {n.backward, n.inputs, n.saved};
 }
 
 // What one pass walks: the nodes reachable from its outputs, newest first, held for the pass,
@@ -164,7 +149,8 @@ struct Walk {
   void send(const Node* n, std::int32_t slot, const Tensor& g) {
     auto& slots = pending[index.at(n)];
     slots.resize(n->outputs.size());
-    accumulate(slots[static_cast<std::size_t>(slot)], g);
+    Tensor& sum = slots[static_cast<std::size_t>(slot)];
+    sum = sum.defined() ? add_gradients(sum, g) : g;
   }
 };
 
@@ -205,7 +191,8 @@ class LeafCountdown {
 // One backward pass: backward() applies its leaf gradients, grad() reads the wanted ones.
 class Pass {
  public:
-  explicit Pass(bool create_graph, const GradientReadyHook* on_ready = nullptr);
+  explicit Pass(bool create_graph, const GradientReadyHook* on_ready = nullptr)
+      : create_graph_(create_graph), on_ready_(on_ready) {}
   // grad(): only these tensors' gradients are wanted (their nodes' and leaves' gradients are
   // kept, and nodes that lead to none of them are skipped).
   void want(const std::vector<Tensor>& inputs);
@@ -216,7 +203,6 @@ class Pass {
  private:
   Walk collect_reachable(const std::vector<Tensor>& outputs) const;
   void prune_to_wanted(Walk& walk) const;
-  void run_nodes(Walk& walk, LeafCountdown* countdown);
   void run_node(Walk& walk, std::size_t i);
   std::vector<Tensor> call_backward(Walk& walk, std::size_t i, const std::vector<bool>& needs) const;
   void send_on(Walk& walk, std::size_t i, const std::vector<Tensor>& grads, const std::vector<bool>& needs);
@@ -236,26 +222,18 @@ Node::~Node() {
   if (tape) tape->unlink(this);
   // Everything this node holds that may hold other nodes goes to the graveyard of the outermost
   // ~Node on this thread, which frees it in a loop instead of by recursion.
-  Graveyard local;
-  Graveyard& g = active_graveyard != nullptr ? *active_graveyard : local;
+  std::vector<std::shared_ptr<const void>> local;
+  auto& graveyard = active_graveyard != nullptr ? *active_graveyard : local;
   for (auto& e : inputs) {
-    if (e.node) g.nodes.push_back(std::move(e.node));
-    if (e.leaf) g.leaves.push_back(std::move(e.leaf));
+    if (e.node) graveyard.push_back(std::move(e.node));
+    if (e.leaf) graveyard.push_back(std::move(e.leaf));
   }
-  if (backward) g.backwards.push_back(std::move(backward));
+  if (backward) graveyard.push_back(std::move(backward));
   if (active_graveyard != nullptr) return;
   active_graveyard = &local;
-  while (!local.nodes.empty() || !local.backwards.empty() || !local.leaves.empty()) {
-    if (!local.backwards.empty()) {
-      SharedBackward doomed = std::move(local.backwards.back());
-      local.backwards.pop_back();
-    } else if (!local.leaves.empty()) {
-      std::shared_ptr<TensorImpl> doomed = std::move(local.leaves.back());
-      local.leaves.pop_back();
-    } else {
-      std::shared_ptr<Node> doomed = std::move(local.nodes.back());
-      local.nodes.pop_back();
-    }
+  while (!local.empty()) {
+    const std::shared_ptr<const void> doomed = std::move(local.back());
+    local.pop_back();
   }
   active_graveyard = nullptr;
 }
@@ -276,16 +254,10 @@ thread_local const std::shared_ptr<Node>* creating_node = nullptr;
 
 Tensor output_with_history(const Tensor& saved, std::int32_t slot) {
   if (creating_node == nullptr || !grad_enabled || !saved.defined()) return saved;
-  auto impl = std::make_shared<TensorImpl>();
-  const TensorImpl& from = *saved.impl();
-  impl->storage = from.storage;
-  impl->shape = from.shape;
-  impl->strides = from.strides;
-  impl->offset = from.offset;
-  impl->dtype = from.dtype;
-  impl->grad_fn = *creating_node;
-  impl->slot = slot;
-  return Tensor(std::move(impl));
+  Tensor joined = saved.detach();
+  joined.impl()->grad_fn = *creating_node;
+  joined.impl()->slot = slot;
+  return joined;
 }
 
 bool creating_graph() noexcept { return creating_node != nullptr && grad_enabled; }
@@ -306,8 +278,6 @@ void check_pass_arguments(const char* op, const std::vector<Tensor>& outputs, co
     check_like(op, fmt::format("grad_outputs[{}]", i).c_str(), g, fmt::format("outputs[{}]", i).c_str(), out);
   }
 }
-
-Pass::Pass(bool create_graph, const GradientReadyHook* on_ready) : create_graph_(create_graph), on_ready_(on_ready) {}
 
 void Pass::want(const std::vector<Tensor>& inputs) {
   wanting_ = true;
@@ -350,7 +320,7 @@ Walk Pass::collect_reachable(const std::vector<Tensor>& outputs) const {
       if (e.node && e.node->sequence >= oldest_wanted_ && seen.emplace(e.node.get(), 0).second) found.push_back(e.node);
   }
   std::vector<std::size_t> by_age(found.size());
-  for (std::size_t i = 0; i < by_age.size(); ++i) by_age[i] = i;
+  std::iota(by_age.begin(), by_age.end(), std::size_t{0});
   std::sort(by_age.begin(), by_age.end(), [&](std::size_t a, std::size_t b) { return found[a]->sequence > found[b]->sequence; });
   Walk walk;
   walk.index = std::move(seen);
@@ -398,15 +368,11 @@ void Pass::run(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gr
   if (countdown)  // after the loop: a leaf passed twice as an output fires once, with the sum
     for (const Tensor& out : outputs)
       if (live_node(*out.impl()) == nullptr) countdown->output(out.impl_ptr(), leaves);
-  run_nodes(walk, countdown ? &*countdown : nullptr);
-}
-
-// Newest first, every node that gradients reached: its backward, then its gradients sent on to
-// its inputs (micrograd's `for v in reversed(topo): v._backward()`).
-void Pass::run_nodes(Walk& walk, LeafCountdown* countdown) {
+  // Newest first, every node that gradients reached: its backward, then its gradients sent on to
+  // its inputs (micrograd's `for v in reversed(topo): v._backward()`).
   for (std::size_t i = 0; i < walk.nodes.size(); ++i) {
     run_node(walk, i);
-    if (countdown != nullptr) countdown->done(walk, i, leaves);  // run or skipped alike
+    if (countdown) countdown->done(walk, i, leaves);  // run or skipped alike
   }
 }
 
@@ -414,7 +380,7 @@ void Pass::run_nodes(Walk& walk, LeafCountdown* countdown) {
 void Pass::run_node(Walk& walk, std::size_t i) {
   if (walk.pending[i].empty() || (wanting_ && !walk.leads[i])) return;
   const Node& node = *walk.nodes[i];
-  if (walk.views[i].released || !walk.views[i].backward)
+  if (!walk.views[i].backward)
     fail<GraphError>("backward: the graph through {} was released by clear_tape() on the thread that recorded it, "
                      "so the gradients reaching it cannot go further",
                      node.name);
@@ -480,7 +446,7 @@ void clear_tape() {
   detail::Tape& tape = *detail::this_tape();
   // Taken off the nodes under the lock, destroyed after it: destroying them frees other nodes,
   // whose destructors take the lock.
-  std::vector<detail::Edge> inputs;
+  std::vector<std::vector<detail::Edge>> inputs;
   std::vector<detail::SharedBackward> backwards;
   {
     std::lock_guard lock(tape.mutex);
@@ -488,11 +454,9 @@ void clear_tape() {
       detail::Node* next = n->next;
       n->released = true;
       n->prev = n->next = nullptr;
-      for (auto& e : n->inputs) inputs.push_back(std::move(e));
-      n->inputs.clear();
+      inputs.push_back(std::move(n->inputs));  // leaves it empty
       n->saved.clear();
-      if (n->backward) backwards.push_back(std::move(n->backward));
-      n->backward = nullptr;
+      if (n->backward) backwards.push_back(std::move(n->backward));  // leaves it null
       n = next;
     }
     tape.head = nullptr;
@@ -507,10 +471,8 @@ std::size_t tape_size() noexcept {
 }
 
 bool should_record(std::span<const Tensor> inputs) {
-  if (!detail::grad_enabled) return false;
-  for (const auto& t : inputs)
-    if (t.defined() && t.requires_grad()) return true;
-  return false;
+  return detail::grad_enabled &&
+         std::ranges::any_of(inputs, [](const Tensor& t) { return t.defined() && t.requires_grad(); });
 }
 
 bool record_op(const char* name, std::span<const Tensor> inputs, std::span<Tensor> outputs, BackwardFn backward,
@@ -541,15 +503,8 @@ bool record_op(const char* name, std::span<const Tensor> inputs, std::span<Tenso
   node->needs_grad.reserve(inputs.size());
   for (const auto& t : inputs) {
     detail::Edge e;
-    if (t.defined()) {
-      const auto& impl = *t.impl();
-      if (detail::live_node(impl) != nullptr) {
-        e.node = impl.grad_fn;
-        e.slot = impl.slot;
-      } else if (impl.leaf_requires_grad) {
-        e.leaf = t.impl_ptr();
-      }
-    }
+    if (t.defined() && detail::live_node(*t.impl()) != nullptr) e = {t.impl()->grad_fn, t.impl()->slot, nullptr};
+    else if (t.defined() && t.impl()->leaf_requires_grad) e.leaf = t.impl_ptr();
     node->needs_grad.push_back(e.leaf != nullptr || e.node != nullptr);
     node->inputs.push_back(std::move(e));
   }

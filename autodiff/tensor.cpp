@@ -1,12 +1,25 @@
-// Tensor handle, storage and the argument checks every op shares.
+// Tensor handle, storage (a few bytes inline, anything larger a block of the runtime's cache) and
+// the argument checks every op shares.
+#include <numeric>
+
 #include "autodiff/check.hpp"
 #include "autodiff/loops.hpp"
 #include "autodiff/node.hpp"
 #include "autodiff/tensor_impl.hpp"
+#include "runtime/block_cache.hpp"
 #include "tapegrad/autodiff/tape.hpp"
 
 namespace tapegrad {
 namespace detail {
+
+Storage::Storage(std::size_t n) : bytes(n) {
+  data = n <= kInlineBytes ? inline_bytes : static_cast<std::byte*>(take_block(n));
+}
+
+Storage::~Storage() {
+  delete derived.load(std::memory_order_acquire);
+  if (data != inline_bytes) give_block(data, bytes);
+}
 
 std::int64_t shape_numel(const Shape& shape) noexcept {
   std::int64_t n = 1;
@@ -27,7 +40,7 @@ Shape contiguous_strides(const Shape& shape) {
 Shape dense_strides_like(const Shape& shape, const Shape& like) {
   const std::size_t rank = shape.size();
   std::vector<std::size_t> order(rank);  // dims from the outermost in memory to the innermost
-  for (std::size_t d = 0; d < rank; ++d) order[d] = d;
+  std::iota(order.begin(), order.end(), 0);
   const auto reach = [&](std::size_t d) { return like[d] == 0 ? std::numeric_limits<std::int64_t>::max() : like[d]; };
   std::stable_sort(order.begin(), order.end(), [&](std::size_t p, std::size_t q) { return reach(p) > reach(q); });
   Shape strides(rank);
@@ -146,12 +159,11 @@ void check_dtype(const char* op, const char* name, const Tensor& t, DType expect
 
 void check_like(const char* op, const char* name, const Tensor& t, const char* like_name, const Tensor& like) {
   check_defined(op, name, t);
-  if (t.dtype() != like.dtype())
-    fail<DTypeError>("{}: argument '{}' must be {} {} as '{}' is, got {} {}", op, name, like.dtype(), shape_str(like.shape()),
-                     like_name, t.dtype(), shape_str(t.shape()));
-  if (t.shape() != like.shape())
-    fail<ShapeError>("{}: argument '{}' must be {} {} as '{}' is, got {} {}", op, name, like.dtype(), shape_str(like.shape()),
-                     like_name, t.dtype(), shape_str(t.shape()));
+  if (t.dtype() == like.dtype() && t.shape() == like.shape()) return;
+  const auto message = fmt::format("{}: argument '{}' must be {} {} as '{}' is, got {} {}", op, name, like.dtype(),
+                                   shape_str(like.shape()), like_name, t.dtype(), shape_str(t.shape()));
+  if (t.dtype() != like.dtype()) throw DTypeError(message);
+  throw ShapeError(message);
 }
 
 std::int64_t wrap_dim(const char* op, const char* name, std::int64_t dim, std::int64_t rank) {

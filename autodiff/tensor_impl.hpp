@@ -12,9 +12,8 @@
 namespace tapegrad::detail {
 
 // The bytes behind one or more tensors. Up to kInlineBytes live inside the Storage object itself
-// (one allocation for a small tensor); larger buffers are 64-byte aligned and come from a cache
-// of freed blocks (runtime/block_cache.hpp), so repeated shapes reuse memory instead of faulting in fresh
-// pages every call.
+// (one allocation for a small tensor); larger buffers, 64-byte aligned, come from the cache of freed
+// blocks (runtime/block_cache.hpp), so repeated shapes reuse memory instead of faulting in fresh pages.
 struct Storage {
   static constexpr std::size_t kInlineBytes = 64;
   explicit Storage(std::size_t bytes);
@@ -55,10 +54,9 @@ struct TensorImpl {
 // The element count of a shape that keeps the invariant (no check).
 std::int64_t shape_numel(const Shape& shape) noexcept;
 Shape contiguous_strides(const Shape& shape);
-// Dense strides for `shape` that lay its dims out in memory in the order of the strides `like`
-// (one per dim): the largest stride outermost, a stride of 0 (a broadcast dim) outermost of all,
-// ties in dim order. For a fresh tensor laid out as another one (a transposed operand stays
-// transposed).
+// Dense strides for `shape` that lay its dims out in memory in the order of the strides `like` (one
+// per dim): the largest outermost, a 0 (a broadcast dim) outermost of all, ties in dim order. For a
+// fresh tensor laid out as another one (a transposed operand stays transposed).
 Shape dense_strides_like(const Shape& shape, const Shape& like);
 // A view of base's storage. `op` is named if `shape` breaks the invariant. A view with elements
 // must lie inside the storage: anything else is a tapegrad bug, reported as std::logic_error.

@@ -56,4 +56,11 @@ std::int64_t check_shape(const char* op, const char* what, const Shape& shape, D
 // "{op}: {what} [..]: more elements than int64 can count".
 void check_countable(const char* op, const char* what, const Shape& shape);
 
+// The multi-index of row-major position `flat` in `shape` (messages and gradcheck name elements so).
+inline Shape unravel_index(std::int64_t flat, const Shape& shape) {
+  Shape at(shape.size());
+  for (std::size_t d = shape.size(); d-- > 0; flat /= shape[d]) at[d] = flat % shape[d];
+  return at;
+}
+
 }  // namespace tapegrad::detail

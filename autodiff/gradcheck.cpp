@@ -61,15 +61,6 @@ double projected_loss(const char* op, const std::vector<Tensor>& outputs, const 
   return loss;
 }
 
-Shape unravel(std::int64_t flat, const Shape& shape) {
-  Shape index(shape.size());
-  for (std::size_t d = shape.size(); d-- > 0;) {
-    index[d] = flat % shape[d];
-    flat /= shape[d];
-  }
-  return index;
-}
-
 void check_options(const char* op, const GradcheckOptions& options) {
   if (!(options.eps > 0) || !(options.atol >= 0) || !(options.rtol >= 0))
     fail<ValueError>("{}: options need eps > 0, atol >= 0 and rtol >= 0, got eps={} atol={} rtol={}", op, options.eps,
@@ -186,7 +177,7 @@ GradcheckResult check(const char* op, const std::function<std::vector<Tensor>()>
     const std::vector<double> analytic = gradients[k++].to_vector<double>();
     double* base = static_cast<double*>(mutable_data(x));
     for (std::int64_t e = 0; e < x.numel(); ++e) {
-      const Shape index = unravel(e, x.shape());
+      const Shape index = unravel_index(e, x.shape());
       std::int64_t at = 0;
       for (std::size_t d = 0; d < index.size(); ++d) at += index[d] * x.strides()[d];
       // Put the element back however the evaluations end (f may throw, and the tensor may be

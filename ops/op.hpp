@@ -66,11 +66,4 @@ inline const Tensor& checked_self(const char* member, const Tensor& t) {
   return t;
 }
 
-// The multi-index of row-major position `flat` in `shape` (error messages name positions so).
-inline Shape unravel_index(std::int64_t flat, const Shape& shape) {
-  Shape at(shape.size());
-  for (std::size_t d = shape.size(); d-- > 0; flat /= shape[d]) at[d] = flat % shape[d];
-  return at;
-}
-
 }  // namespace tapegrad::detail

@@ -11,8 +11,8 @@
 namespace tapegrad {
 namespace {
 
-// The fields a block's config and a Decoder's share, in `layer`'s name; returns c.
-template <class Config> const Config& check_block_fields(const char* layer, const Config& c) {
+const TransformerBlockConfig& checked(const TransformerBlockConfig& c) {
+  const char* layer = "TransformerBlock";
   detail::check_field(layer, "dim", c.dim);
   detail::check_field(layer, "heads", c.heads);
   detail::check_heads_divide(layer, c.heads, "dim", c.dim);
@@ -24,20 +24,27 @@ template <class Config> const Config& check_block_fields(const char* layer, cons
 }
 
 // Every field is checked here, so that an error names the Decoder's config rather than the
-// layer inside it that would have found the problem.
+// layer inside it that would have found the problem: each field alone first, then the rules
+// that relate fields.
 const DecoderConfig& checked(const DecoderConfig& c) {
   const char* layer = "Decoder";
   detail::check_field(layer, "vocab", c.vocab);
   detail::check_enum(layer, "config.positions", c.positions, PositionKind::alibi,
                      "PositionKind::learned, PositionKind::sinusoidal, PositionKind::rotary or PositionKind::alibi");
-  check_block_fields(layer, c);
+  detail::check_activation(layer, c.activation);
+  detail::check_norm_kind(layer, "config.norm", c.norm);
   if (c.positions == PositionKind::learned || c.positions == PositionKind::sinusoidal)
     detail::check_field(layer, "max_len", c.max_len, 1, " with learned or sinusoidal positions (the table's rows)");
   else
     detail::check_field(layer, "max_len", c.max_len, 0, " (0: no limit, with rotary or alibi positions)");
+  detail::check_field(layer, "dim", c.dim);
+  detail::check_field(layer, "heads", c.heads);
   detail::check_field(layer, "layers", c.layers);
   detail::check_field(layer, "hidden", c.hidden, 0);
   detail::check_float_dtype(layer, c.dtype);
+  detail::check_heads_divide(layer, c.heads, "dim", c.dim);
+  check_kv_heads(layer, "config.", c.heads, c.kv_heads);
+  check_window(layer, "config.window", c.window);
   if (c.positions == PositionKind::rotary) check_rotary_options(c.rotary, c.dim / c.heads, layer, "config.rotary", "dim / heads");
   if (!(c.dropout >= 0 && c.dropout < 1)) detail::fail<ValueError>("Decoder: config.dropout must be in [0, 1), got {}", c.dropout);
   detail::checked_product(layer, "vocab", c.vocab, "dim", c.dim);
@@ -69,7 +76,7 @@ std::variant<LearnedPositions, SinusoidalPositions, std::monostate> make_positio
 }  // namespace
 
 TransformerBlock::TransformerBlock(const TransformerBlockConfig& config)
-    : ln1(check_block_fields("TransformerBlock", config).norm, config.dim, config.dtype),
+    : ln1(checked(config).norm, config.dim, config.dtype),
       attn({.query_dim = config.dim,
             .heads = config.heads,
             .kv_heads = config.kv_heads,

@@ -14,12 +14,11 @@
 namespace tapegrad {
 namespace detail {
 
-void check_bias(const char* op, const Tensor& bias, const Shape& scores, DType dtype) {
+void check_bias(const char* op, const Tensor& bias, const Shape& scores, DType dtype, const char* activations) {
   if (!bias.defined()) return;
   check_floating(op, "bias", bias);
   if (bias.dtype() != dtype)
-    fail<DTypeError>("{}: argument 'bias' is {} but the activations are {}; convert it with to()", op, bias.dtype(),
-                     dtype);
+    fail<DTypeError>("{}: argument 'bias' is {} but {} is {}; convert it with to()", op, bias.dtype(), activations, dtype);
   check_on_scores(op, "bias", bias, scores);
 }
 
@@ -43,7 +42,7 @@ Shape check_attention(const AttentionArgs& a) {
   Shape batch = broadcast_args(a.op, "q (leading dims)", leading(a.q), "k (leading dims)", leading(a.k));
   batch = broadcast_args(a.op, "q and k (leading dims)", batch, "v (leading dims)", leading(a.v));
   const Shape scores = with_matrix(batch, a.q.size(-2), a.k.size(-2));
-  check_bias(a.op, a.bias, scores, dtype);
+  check_bias(a.op, a.bias, scores, dtype, "the activations");
   check_countable(a.op, fmt::format("q {}, k {} and v {} give the scores", shape_str(a.q.shape()), shape_str(a.k.shape()),
                                     shape_str(a.v.shape())).c_str(), scores);
   // What will be allocated is checked before anything is computed.

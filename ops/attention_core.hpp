@@ -23,7 +23,7 @@ std::vector<Tensor> reference_backward(const Tensor& q, const Tensor& k, const T
 // Validates q, k, v and the bias; returns the scores' shape [..., Q, K].
 Shape check_attention(const AttentionArgs& a);
 // An optional floating bias of the activations' dtype that broadcasts to the scores [..., Q, K].
-void check_bias(const char* op, const Tensor& bias, const Shape& scores, DType dtype);
+void check_bias(const char* op, const Tensor& bias, const Shape& scores, DType dtype, const char* activations);
 
 // The single entry, for validated arguments: check_attention's scores shape and the call's
 // masks (built once by masking_rows, for these scores or for their ungrouped view: rows are

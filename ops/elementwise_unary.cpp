@@ -144,8 +144,9 @@ template <class Op> Tensor unary_backward(const Op& op, const Tensor& g, const T
   const Tensor& operand = Op::uses_y ? ys : xs;  // what df reads: undefined when it reads nothing
   const Tensor slope_in = operand.defined() && op.curved() ? operand : Tensor();
   const Tensor keep_g = slope_in.defined() && slope_in.requires_grad() ? g : Tensor();  // read only for the operand's gradient
-  static const std::string backward_name = std::string(Op::name) + "_backward";  // the node keeps the pointer
-  record(backward_name.c_str(), {g, slope_in}, dx, {keep_g, xs, ys},
+  // Nodes keep the pointer, so the string is never destroyed: a graph may outlive static destructors.
+  static const std::string* const backward_name = new std::string(std::string(Op::name) + "_backward");
+  record(backward_name->c_str(), {g, slope_in}, dx, {keep_g, xs, ys},
          [op, keep_g, xs, ys](std::span<const Tensor> u, const std::vector<bool>& needs) {
            return std::vector<Tensor>{needs[0] ? unary_backward(op, u[0], xs, ys) : Tensor(),
                                       needs[1] ? op.d_slope(u[0] * keep_g, xs, ys) : Tensor()};

@@ -115,7 +115,8 @@ Tensor select_rows(const char* op, const char* backward_op, const char* x_name, 
   Take t{op, backward_op, x_name, index_name, wrap_dim(op, "dim", dim, x.dim()), {}, {}, {}};
   for (std::int64_t d = 0; d < x.dim(); ++d) {
     if (d != t.dim) t.add_dim(x.size(d), d, -1);
-    for (std::int64_t k = 0; d == t.dim && k < index.dim(); ++k) t.add_dim(index.size(k), -1, k);
+    else
+      for (std::int64_t k = 0; k < index.dim(); ++k) t.add_dim(index.size(k), -1, k);
   }
   check_ids(t, x, index);
   return take(t, x, index);

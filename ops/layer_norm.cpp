@@ -99,7 +99,8 @@ std::vector<Tensor> normalised_backward(bool centred, const Tensor& x, const Ten
   return out;
 }
 
-// layer_norm (centred) or rms_norm (not, and without bias), checked, computed and recorded.
+// layer_norm (centred) or rms_norm (not, and without bias: its node keeps an undefined third input,
+// so both backwards index x, weight, bias alike), checked, computed and recorded.
 Tensor normalise(bool centred, const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   const char* op = centred ? "layer_norm" : "rms_norm";
   check_norm_args(op, x, weight, bias, eps);

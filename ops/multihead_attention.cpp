@@ -197,7 +197,7 @@ MhaShapes check_mha(const char* op, const MhaActivations& a, const Tensor& conte
                      shape_str(a.query.shape()), s.k);
   const Shape scores{s.b, heads, s.q, s.k};
   check_countable(op, fmt::format("heads = {} gives the attention [B, heads, Q, K] =", heads).c_str(), scores);
-  check_bias(op, a.bias, scores, dtype);
+  check_bias(op, a.bias, scores, dtype, "'query'");
   return s;
 }
 

@@ -31,6 +31,7 @@ struct Angles {
 
 std::shared_ptr<const Angles> angles(const Tensor& x, const Tensor& positions, const RotaryOptions& o) {
   check_floating(kOp, "x", x);
+  check_defined(kOp, "positions", positions);  // undefined arguments first, before any shape rule
   if (x.dim() < 2)
     fail<ShapeError>("{}: argument 'x' must be [..., L, D] with rank >= 2, got shape {}", kOp, shape_str(x.shape()));
   check_dtype(kOp, "positions", positions, DType::int64);

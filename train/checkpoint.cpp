@@ -58,6 +58,7 @@ std::string json_string(const std::string& s) { return nlohmann::json(s).dump();
 
 void detail::write_safetensors(const char* fn, const fs::path& path, const std::vector<NamedTensor>& tensors,
                                const std::map<std::string, std::string>& metadata) {
+  check_path(fn, path);
   std::unordered_map<std::string_view, std::size_t> seen;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const std::string& name = tensors[i].name;

@@ -20,7 +20,7 @@ namespace fs = std::filesystem;
 
 std::string errno_text(int err) { return std::generic_category().message(err); }
 
-static void check_path(const char* fn, const fs::path& path) {
+void check_path(const char* fn, const fs::path& path) {
   if (path.empty()) fail<ValueError>("{}: argument 'path' must name a file, got an empty path", fn);
   if (!path.has_filename())
     fail<ValueError>("{}: argument 'path' must name a file, got '{}', which ends in a directory separator", fn, path.string());
@@ -93,6 +93,16 @@ TempFile::~TempFile() {
 }
 
 void TempFile::write_all(const void* data, std::size_t n) {
+  flush();
+  write_through(data, n);
+}
+
+void TempFile::flush() {
+  write_through(buffer_.data(), buffer_.size());
+  buffer_.clear();
+}
+
+void TempFile::write_through(const void* data, std::size_t n) {
   const auto* p = static_cast<const char*>(data);
   while (n > 0) {
     const ssize_t w = ::write(fd_, p, std::min<std::size_t>(n, std::size_t{1} << 30));
@@ -105,18 +115,15 @@ void TempFile::write_all(const void* data, std::size_t n) {
 
 void TempFile::append(const void* data, std::size_t n) {
   constexpr std::size_t kBuffer = std::size_t{1} << 20;
-  if (buffer_.size() + n > kBuffer) {
-    write_all(buffer_.data(), buffer_.size());
-    buffer_.clear();
-  }
-  if (n >= kBuffer) return write_all(data, n);
+  if (buffer_.size() + n > kBuffer) flush();
+  if (n >= kBuffer) return write_through(data, n);
   buffer_.reserve(kBuffer);
   const auto* p = static_cast<const char*>(data);
   buffer_.insert(buffer_.end(), p, p + n);
 }
 
 void TempFile::commit() {
-  write_all(buffer_.data(), buffer_.size());
+  flush();
   // A file saved over keeps its permissions (a private 0600 checkpoint stays private); a new one
   // gets 0666 less the umask, as any newly created file.
   struct stat old {};

@@ -12,6 +12,10 @@ namespace tapegrad::detail {
 
 std::string errno_text(int err);
 
+// A path must name a file: not empty, not ending in a directory separator (ValueError). Savers
+// call it before any other work, so a bad path is the first error, not one found after the data.
+void check_path(const char* fn, const std::filesystem::path& path);
+
 class Fd {
  public:
   explicit Fd(int fd) noexcept : fd_(fd) {}
@@ -46,6 +50,7 @@ class TempFile {
   TempFile(const TempFile&) = delete;
   TempFile& operator=(const TempFile&) = delete;
 
+  // Writes after what append() has gathered, so the two can be mixed.
   void write_all(const void* data, std::size_t n);
   // Gathers small writes into large ones (the role fwrite's buffer plays); big ones go straight
   // through without a copy. commit() writes what is left.
@@ -56,6 +61,8 @@ class TempFile {
 
  private:
   [[noreturn]] void fail_io(const char* what, int err) const;
+  void flush();  // writes what append() has gathered
+  void write_through(const void* data, std::size_t n);
 
   const char* fn_;
   std::filesystem::path final_, path_;

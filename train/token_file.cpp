@@ -98,6 +98,7 @@ TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
 void write_token_file(const std::filesystem::path& path, std::span<const std::int64_t> ids, std::int64_t vocab_size) {
   constexpr const char* fn = "write_token_file";
   check_vocab_size(fn, vocab_size);
+  detail::check_path(fn, path);
   if (ids.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()))
     fail<ValueError>("{}: argument 'ids' holds {} tokens; the header's int32 count holds at most {}", fn, ids.size(),
                      std::numeric_limits<std::int32_t>::max());

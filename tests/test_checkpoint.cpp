@@ -336,6 +336,8 @@ BOOST_AUTO_TEST_CASE(bad_names_and_arguments_are_refused_before_any_file_exists)
   check_throws<tg::ValueError>([&] { tg::save_safetensors(p, {{"a", t}}, {{"k", "v\xfe"}}); },
                                {"save_safetensors", "metadata value of key 'k'", "UTF-8"});
   check_throws<tg::ValueError>([&] { tg::save_safetensors("", {{"a", t}}); }, {"save_safetensors", "'path'", "empty"});
+  // The path is checked before the tensors and the header are.
+  check_throws<tg::ValueError>([&] { tg::save_safetensors("", {{"", t}}); }, {"save_safetensors", "'path'", "empty"});
   check_throws<tg::ValueError>([&] { tg::save_safetensors(dir.path.string() + "/", {{"a", t}}); },
                                {"save_safetensors", "'path'", "directory separator"});
   BOOST_TEST(dir.entries().empty());

@@ -89,6 +89,8 @@ BOOST_AUTO_TEST_CASE(writing_checks_ids_and_sizes) {
                                {"write_token_file: argument 'ids' holds 10 at position 2", "[0, 10)"});
   check_throws<tg::ValueError>([&] { tg::write_token_file(dir / "t.bin", ids, 0); }, {"write_token_file: argument 'vocab_size'", "got 0"});
   check_throws<tg::ValueError>([&] { tg::write_token_file(dir.path / "", ids, 11); }, {"write_token_file: argument 'path'"});
+  // The path is checked before the ids are read.
+  check_throws<tg::ValueError>([&] { tg::write_token_file(dir.path / "", ids, 10); }, {"write_token_file: argument 'path'"});
   check_throws<tg::IOError>([&] { tg::write_token_file(dir / "no/such/dir/t.bin", ids, 11); }, {"write_token_file", "temporary"});
   BOOST_TEST(dir.entries().empty());  // nothing left behind by a refused write
 }

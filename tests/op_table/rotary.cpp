@@ -86,7 +86,9 @@ void add_rotary(std::vector<OpInfo>& t) {
       {"position past 2^53", [ids] { tg::rotary(f32({2, 4}), ids({0, (std::int64_t{1} << 53) + 1})); }, Raises::value,
        {"rotary", "'positions'", "9007199254740993", "[1]", "2^53"}},
       undefined_arg("rotary", "x", [ids] { tg::rotary(Tensor(), ids({0})); }),
-      undefined_arg("rotary", "positions", [] { tg::rotary(f32({1, 2}), Tensor()); })};
+      undefined_arg("rotary", "positions", [] { tg::rotary(f32({1, 2}), Tensor()); }),
+      // an undefined argument is named before another argument's shape is judged
+      undefined_arg("rotary", "positions", [] { tg::rotary(f32({2}), Tensor()); })};
   info.undefined_inputs_unreachable = "op builds the positions from the input's shape";
   t.push_back(info);
 }

@@ -2,7 +2,10 @@
 // depth, threads, user-defined ops, the gradient-ready hook and misuse.
 #define BOOST_TEST_MODULE tape
 #include <atomic>
+#include <chrono>
+#include <deque>
 #include <functional>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -233,6 +236,46 @@ BOOST_AUTO_TEST_CASE(a_leaf_that_stopped_requiring_grad_gets_no_gradient) {
   w.set_requires_grad(false);
   tg::backward(y);
   BOOST_TEST(!w.grad().defined());
+}
+
+BOOST_AUTO_TEST_CASE(nodes_freed_on_another_thread_while_their_tape_records) {
+  // One thread records onto its tape while another frees the nodes it hands over: both change
+  // the same list, under the tape's lock (`./dev tsan` reports a race if the lock is taken out).
+  const Tensor w = tg::ones({4}, tg::float64).set_requires_grad();
+  std::mutex m;
+  std::deque<Tensor> handed;
+  std::atomic<bool> done{false};
+  std::size_t left_on_tape = 1;
+  std::thread recorder([&] {
+    const std::size_t before = tg::tape_size();
+    for (int i = 0; i < 2000; ++i) {
+      Tensor y = w * 2.0;  // a node on this thread's tape
+      std::lock_guard lock(m);
+      handed.push_back(std::move(y));
+    }
+    done = true;
+    // Every node is freed by the other thread: its count drops back (within a minute, not forever).
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+    while (tg::tape_size() != before && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    left_on_tape = tg::tape_size() - before;
+  });
+  std::thread freer([&] {
+    for (;;) {
+      std::unique_lock lock(m);
+      if (handed.empty()) {
+        if (done) break;
+        lock.unlock();
+        std::this_thread::yield();
+        continue;
+      }
+      Tensor y = std::move(handed.front());
+      handed.pop_front();
+      lock.unlock();  // y's node leaves the recorder's tape here, while it records
+    }
+  });
+  freer.join();
+  recorder.join();
+  BOOST_TEST(left_on_tape == 0u);
 }
 
 BOOST_AUTO_TEST_CASE(clear_tape_on_the_recording_thread_during_another_threads_backward) {

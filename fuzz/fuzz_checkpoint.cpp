@@ -17,7 +17,7 @@
 #include <fstream>
 
 #include "fuzz_support.hpp"
-#include "train/safetensors_header.hpp"
+#include "train/safetensors.hpp"
 
 namespace {
 using namespace fuzz;

@@ -5,7 +5,6 @@
 // out at the end.
 #include <cmath>
 #include <numbers>
-#include <string>
 #include <type_traits>
 
 #include "kernels/fast_math.hpp"
@@ -39,30 +38,35 @@ template <class T> T exp_of(T x) {
 
 struct Neg : Unary<Reads::nothing, 1> {
   static constexpr const char* name = "neg";
+  static constexpr const char* backward_name = "neg_backward";
   template <class T> T f(T x) const { return -x; }
   template <class T> T df(T, T) const { return T(-1); }
   Tensor d_slope(const Tensor&, const Tensor&, const Tensor&) const { return {}; }  // never called: no operand
 };
 struct Exp : Unary<Reads::y, 4> {
   static constexpr const char* name = "exp";
+  static constexpr const char* backward_name = "exp_backward";
   template <class T> T f(T x) const { return exp_of(x); }
   template <class T> T df(T, T y) const { return y; }  // (e^x)' = e^x
   Tensor d_slope(const Tensor& gu, const Tensor&, const Tensor&) const { return gu; }  // d(y)/dy = 1
 };
 struct Log : Unary<Reads::x, 8> {
   static constexpr const char* name = "log";
+  static constexpr const char* backward_name = "log_backward";
   template <class T> T f(T x) const { return std::log(x); }
   template <class T> T df(T x, T) const { return T(1) / x; }
   Tensor d_slope(const Tensor& gu, const Tensor& x, const Tensor&) const { return gu * -pow(x, -2.0); }  // (1/x)' = -x^(-2)
 };
 struct Sqrt : Unary<Reads::y, 2> {
   static constexpr const char* name = "sqrt";
+  static constexpr const char* backward_name = "sqrt_backward";
   template <class T> T f(T x) const { return std::sqrt(x); }
   template <class T> T df(T, T y) const { return T(0.5) / y; }  // 1 / (2 sqrt x)
   Tensor d_slope(const Tensor& gu, const Tensor&, const Tensor& y) const { return gu * (pow(y, -2.0) * -0.5); }  // (0.5/y)' = -0.5 y^(-2)
 };
 struct Pow : Unary<Reads::x, 16> {
   static constexpr const char* name = "pow";
+  static constexpr const char* backward_name = "pow_backward";
   double p;
   template <class T> T f(T x) const { return std::pow(x, convert<T>(p)); }
   // p x^(p-1); exactly 0 for p = 0, where x^(-1) at x = 0 would turn 0 * inf into NaN (so
@@ -78,6 +82,7 @@ struct Pow : Unary<Reads::x, 16> {
 };
 struct Tanh : Unary<Reads::y, 6> {
   static constexpr const char* name = "tanh";
+  static constexpr const char* backward_name = "tanh_backward";
   template <class T> T f(T x) const {
     if constexpr (std::is_same_v<T, float>) return tanh_f32(x);
     else return std::tanh(x);
@@ -93,6 +98,7 @@ struct PiecewiseLinear : Unary<Reads::x, 1> {
 };
 struct Relu : PiecewiseLinear {
   static constexpr const char* name = "relu";
+  static constexpr const char* backward_name = "relu_backward";
   template <class T> T f(T x) const { return x < T(0) ? T(0) : x; }  // NaN stays NaN, as in PyTorch
   template <class T> T df(T x, T) const { return x > T(0) ? T(1) : T(0); }  // 0 at the kink, as PyTorch
 };
@@ -103,12 +109,14 @@ template <class T> T logistic(T x) {
 }
 struct Sigmoid : Unary<Reads::y, 6> {
   static constexpr const char* name = "sigmoid";
+  static constexpr const char* backward_name = "sigmoid_backward";
   template <class T> T f(T x) const { return logistic(x); }
   template <class T> T df(T, T y) const { return y * (T(1) - y); }
   Tensor d_slope(const Tensor& gu, const Tensor&, const Tensor& y) const { return gu * (1.0 - 2.0 * y); }  // (y - y^2)' = 1 - 2y
 };
 struct Silu : Unary<Reads::x, 6> {
   static constexpr const char* name = "silu";
+  static constexpr const char* backward_name = "silu_backward";
   template <class T> T f(T x) const { return x * logistic(x); }
   template <class T> T df(T x, T) const {
     const T s = logistic(x);
@@ -122,6 +130,7 @@ struct Silu : Unary<Reads::x, 6> {
 };
 struct Abs : PiecewiseLinear {
   static constexpr const char* name = "abs";
+  static constexpr const char* backward_name = "abs_backward";
   template <class T> T f(T x) const { return std::abs(x); }
   // sign(x), 0 at 0 (PyTorch's subgradient); NaN stays NaN.
   template <class T> T df(T x, T) const { return x > T(0) ? T(1) : x < T(0) ? T(-1) : x == T(0) ? T(0) : x; }
@@ -141,12 +150,11 @@ template <class Op> Tensor unary_backward(const Op& op, const Tensor& g, const T
     else
       map_into<T, T>(dx, [&](T gv) { return gv * op.template df<T>(T(0), T(0)); }, g);
   });
+  if (!is_grad_enabled()) return dx;  // a first-order pass: record() would return at once
   const Tensor& operand = Op::uses_y ? ys : xs;  // what df reads: undefined when it reads nothing
   const Tensor slope_in = operand.defined() && op.curved() ? operand : Tensor();
   const Tensor keep_g = slope_in.defined() && slope_in.requires_grad() ? g : Tensor();  // read only for the operand's gradient
-  // Nodes keep the pointer, so the string is never destroyed: a graph may outlive static destructors.
-  static const std::string* const backward_name = new std::string(std::string(Op::name) + "_backward");
-  record(backward_name->c_str(), {g, slope_in}, dx, {keep_g, xs, ys},
+  record(Op::backward_name, {g, slope_in}, dx, {keep_g, xs, ys},
          [op, keep_g, xs, ys](std::span<const Tensor> u, const std::vector<bool>& needs) {
            return std::vector<Tensor>{needs[0] ? unary_backward(op, u[0], xs, ys) : Tensor(),
                                       needs[1] ? op.d_slope(u[0] * keep_g, xs, ys) : Tensor()};
@@ -216,6 +224,7 @@ Tensor gelu_backward(const Tensor& g, const Tensor& x) {
         for (std::int64_t i = b; i < e; ++i) pd[i] = pg[i] * (normal_cdf(px[i]) + px[i] * normal_pdf(px[i]));
     });
   });
+  if (!is_grad_enabled()) return dx;  // a first-order pass: record() would return at once
   const Tensor keep_g = x.requires_grad() ? g : Tensor();  // read only for x's gradient
   record("gelu_backward", {g, x}, dx, {keep_g, x}, [keep_g, x](std::span<const Tensor> gg, const std::vector<bool>& needs) {
     return std::vector<Tensor>{needs[0] ? gelu_backward(gg[0], x) : Tensor(), needs[1] ? gg[0] * keep_g * gelu_curvature(x) : Tensor()};

@@ -94,7 +94,7 @@ Tensor rows_of(const Tensor& x, const Tensor& rows) {
 // its own gradient is U broadcast back over the rows.
 Tensor bias_backward(const Tensor& g2, const Shape& shape) {
   Tensor db = bias_gradient(g2, shape);
-  if (!is_grad_enabled()) return db;  // a first-order pass: spares copying the shape
+  if (!is_grad_enabled()) return db;  // a first-order pass: record() would return at once
   record_one("linear_bias_backward", g2, db, {}, [rows = g2.shape()](const Tensor& u) {
     return expand(reshape(u, {1, rows[1]}), rows);
   });

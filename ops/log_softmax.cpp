@@ -33,6 +33,7 @@ using namespace detail;
 // Both read g and U only where F: a -inf entry gets exactly 0 of every order.
 Tensor log_softmax_backward(const Tensor& y, const Tensor& g) {
   Tensor dx = masked_log_softmax_backward(y, g);
+  if (!is_grad_enabled()) return dx;  // a first-order pass: record() would return at once
   record("log_softmax_backward", {y, g}, dx, {y, g}, [y, g](std::span<const Tensor> u, const std::vector<bool>& needs) {
     const Tensor zero = scalar(0.0, y.dtype());
     const Tensor finite = ne(y, scalar(-std::numeric_limits<double>::infinity(), y.dtype()));

@@ -76,6 +76,7 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& ids, const std
   std::vector<double> w = g.to_vector<double>();
   for (double& x : w) x *= scale;
   Tensor dlogits = cross_entropy_rows_backward(logits, ids, rule_of(o), lse->data(), w.data(), per_row);
+  if (!is_grad_enabled()) return dlogits;  // a first-order pass: record() would return at once
   record("cross_entropy_backward", {logits, g}, dlogits, {logits, ids, g},
          [logits, ids, o, scale, g, per_row](std::span<const Tensor> u, const std::vector<bool>& needs) {
            const std::int64_t rows = ids.numel(), classes = logits.shape().back();
@@ -115,6 +116,7 @@ Tensor mse_loss_backward(const Tensor& g, const Tensor& pred, const Tensor& targ
     const T k = convert<T>(c);
     map_into<T, T, T, T>(dpred, [k](T gv, T p, T t) { return k * gv * (p - t); }, g, pred, target);
   });
+  if (!is_grad_enabled()) return dpred;  // a first-order pass: record() would return at once
   record("mse_loss_backward", {g, pred, target}, dpred, {g, pred, target},
          [g, pred, target, c](std::span<const Tensor> u, const std::vector<bool>& needs) {
            std::vector<Tensor> grads(3);

@@ -40,7 +40,7 @@ ReductionPlan plan_reduction(const char* op, const Tensor& x, const Dims& dims, 
 // its dg is 0 either way, and U / 0 would be 0 / 0.
 Tensor max_backward(const Tensor& x, const Tensor& kept, const Tensor& g, const ReductionPlan& p) {
   Tensor dx = max_kept_backward(x, kept, g, p);
-  if (!is_grad_enabled()) return dx;  // a first-order pass: spares copying the plan's vectors
+  if (!is_grad_enabled()) return dx;  // a first-order pass: record() would return at once
   record_one("max_backward", g, dx, {x, kept}, [x, kept, p](const Tensor& u) {
     const Tensor wins = eq(x, kept), zero = scalar(0.0, x.dtype()), one = scalar(1.0, x.dtype());
     Dims reduced;

@@ -35,6 +35,7 @@ void check_softmax_args(const char* op, const char* scores_name, const Tensor& s
 //   dA'   = G ⊙ (dA − r) − dA ⊙ t       (0 where A is 0)
 Tensor softmax_backward(const Tensor& a, const Tensor& da) {
   Tensor ds = masked_softmax_backward(a, da);
+  if (!is_grad_enabled()) return ds;  // a first-order pass: record() would return at once
   record("softmax_backward", {a, da}, ds, {a, da}, [a, da](std::span<const Tensor> g, const std::vector<bool>& needs) {
     std::vector<Tensor> grads(2);
     if (needs[1]) grads[1] = sum_to(softmax_backward(a, g[0]), da.shape());

@@ -22,7 +22,7 @@
 
 #include "autodiff/check.hpp"
 #include "train/files.hpp"
-#include "train/safetensors_header.hpp"
+#include "train/safetensors.hpp"
 #include "tapegrad/autodiff/tape.hpp"
 #include "tapegrad/ops/inplace.hpp"
 #include "tapegrad/ops/view.hpp"

@@ -2,7 +2,7 @@
 // being built, so nothing of the size of the header is kept beyond its text. (nlohmann's
 // callback parser, used before, scans an object's members for a discarded one each time one of
 // them ends: quadratic in the number of tensors, 525 s for 100,000 of them.)
-#include "train/safetensors_header.hpp"
+#include "train/safetensors.hpp"
 
 #include <algorithm>
 #include <array>

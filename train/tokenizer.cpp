@@ -13,7 +13,7 @@
 #include "autodiff/check.hpp"
 #include "tapegrad/train/checkpoint.hpp"
 #include "train/files.hpp"
-#include "train/safetensors_header.hpp"
+#include "train/safetensors.hpp"
 #include "train/windows.hpp"
 
 namespace tapegrad {

@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 
 #include "autodiff/check.hpp"
-#include "train/safetensors_header.hpp"
+#include "train/safetensors.hpp"
 
 namespace tapegrad {
 namespace {

@@ -1,6 +1,7 @@
-// Internal: the JSON header of a safetensors file, read and checked in one pass (checkpoint.cpp
-// reads the rest of the file); checkpoint.cpp's reader, writer and load's check, with `fn` naming
-// the public function in errors, for the other checkpoints of train/ (training_state.cpp).
+// Internal: safetensors files: the JSON header, read and checked in one pass
+// (safetensors_header.cpp), and the whole file's reader and writer and load's check
+// (checkpoint.cpp), with `fn` naming the public function in errors, for every checkpoint of
+// train/ (checkpoint.cpp, training_state.cpp).
 #pragma once
 
 #include <cstdint>
